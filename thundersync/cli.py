@@ -1,0 +1,82 @@
+"""Command line: the composition root (DESIGN §8); imports every package, lazily."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from environments.registry import list_envs
+
+    envs = list_envs()
+    if args.json:
+        import json
+
+        print(json.dumps([{"id": e.id, "entry_point": e.entry_point} for e in envs], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="registered environments")
+    table.add_column("id")
+    table.add_column("entry point")
+    for env in envs:
+        table.add_row(env.id, env.entry_point)
+    Console().print(table)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from thundersync.verify import run_verify_command
+
+    return run_verify_command(args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from harness.eval import run_eval_command
+
+    return run_eval_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thundersync", description="Exact gradient streaming for agentic RL."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    envs = sub.add_parser("envs", help="list registered environments")
+    envs.add_argument("--json", action="store_true", help="print JSON")
+    envs.set_defaults(func=_cmd_envs)
+
+    verify = sub.add_parser("verify", help="certify streaming == sync on random batches")
+    verify.add_argument("--algo", choices=["grpo", "opd", "all"], default="all")
+    verify.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    verify.add_argument("--trials", type=int, default=4, help="random batches per variant")
+    verify.add_argument("--deterministic", action="store_true", help="also require bitwise equality")
+    verify.add_argument("--model", default=None, help="checkpoint directory (default: tiny models)")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--json", action="store_true", help="print a JSON report")
+    verify.set_defaults(func=_cmd_verify)
+
+    evaluate = sub.add_parser("eval", help="run an agent on every task of a suite")
+    evaluate.add_argument("--suite", required=True, help="a registered suite name or a folder")
+    evaluate.add_argument("--agent", choices=["oracle", "nop", "policy"], default="oracle")
+    evaluate.add_argument("--checkpoint", default=None, help="model directory for --agent policy")
+    evaluate.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap")
+    evaluate.add_argument("-k", type=int, default=1, help="attempts per task")
+    evaluate.add_argument("--concurrency", type=int, default=2)
+    evaluate.add_argument("--out", default=None, help="folder for results.json and events.jsonl")
+    evaluate.add_argument("--json", action="store_true", help="print a JSON report")
+    evaluate.set_defaults(func=_cmd_eval)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

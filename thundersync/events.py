@@ -1,0 +1,290 @@
+"""Events: the public protocol between environments, workers and the learner (DESIGN §2).
+
+Every event is a frozen dataclass named ``<Subject><PastVerb>`` with keyword-only fields and a
+``t`` timestamp in seconds on the run's clock. Token arrays are tuples of ints and log-probs
+tuples of floats, exactly as the policy saw them. Fields may be added later; none is renamed.
+
+``to_dict``/``from_dict`` round-trip an event losslessly (for worker processes);
+``summarize`` is what ``events.jsonl`` holds: token arrays replaced by their lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_EPOCH = time.monotonic()
+
+
+def now() -> float:
+    """Seconds on the run's clock (monotonic, from process start or the last ``reset_clock``)."""
+    return time.monotonic() - _EPOCH
+
+
+def reset_clock() -> None:
+    """Start the run's clock at zero (called once when a run starts)."""
+    global _EPOCH
+    _EPOCH = time.monotonic()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event; ``t`` is seconds on the run's clock when it fired."""
+
+    t: float = field(default_factory=now)
+
+
+# --- rollout side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeStarted(Event):
+    """A task was reset: the prompt tokens are fixed."""
+
+    episode_id: str
+    group_id: str
+    group_size: int
+    task_id: str
+    prompt_ids: tuple[int, ...]
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnCompleted(Event):
+    """An action was sampled; fired *before* its tool call runs."""
+
+    episode_id: str
+    turn: int
+    action_ids: tuple[int, ...]
+    action_logprobs: tuple[float, ...]
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolFinished(Event):
+    """The sandbox returned the observation of ``turn``'s action."""
+
+    episode_id: str
+    turn: int
+    observation_ids: tuple[int, ...]
+    duration_s: float
+    exit_code: int | None
+    timed_out: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeCompleted(Event):
+    """The last action is fixed: every token of the trajectory is known (grading may follow)."""
+
+    episode_id: str
+    num_turns: int
+    stop_reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewardReady(Event):
+    """Grading finished. ``infra_failure`` marks a reward that must not be trained on."""
+
+    episode_id: str
+    reward: float
+    infra_failure: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeacherScored(Event):
+    """The OPD teacher scored ``turn``'s action tokens."""
+
+    episode_id: str
+    turn: int
+    teacher_logprobs: tuple[float, ...]
+
+
+# --- learner side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientComputed(Event):
+    """The learner finished one piece of gradient work (``turn`` is None for a whole episode)."""
+
+    episode_id: str
+    turn: int | None
+    started: float
+    finished: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFinished(Event):
+    """The optimizer stepped; ``policy_version`` is the new version."""
+
+    step: int
+    policy_version: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsSynced(Event):
+    """The rollout engine now samples with ``policy_version``."""
+
+    policy_version: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalFinished(Event):
+    """A held-out evaluation finished."""
+
+    step: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSaved(Event):
+    """A checkpoint directory was written."""
+
+    step: int
+    path: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        EpisodeStarted,
+        TurnCompleted,
+        ToolFinished,
+        EpisodeCompleted,
+        RewardReady,
+        TeacherScored,
+        GradientComputed,
+        StepFinished,
+        WeightsSynced,
+        EvalFinished,
+        CheckpointSaved,
+    )
+}
+
+
+# --- serialisation ---------------------------------------------------------------------------
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    """A JSON-able dict that ``from_dict`` turns back into an equal event."""
+    record: dict[str, Any] = {"event": type(event).__name__}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        record[f.name] = list(value) if isinstance(value, tuple) else value
+    return record
+
+
+def from_dict(record: dict[str, Any]) -> Event:
+    """Rebuild an event from ``to_dict`` output; raises ValueError naming what is wrong."""
+    name = record.get("event")
+    cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"unknown event type {name!r}; expected one of {sorted(EVENT_TYPES)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in record:
+            continue
+        value = record[f.name]
+        kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad fields for {name}: {exc}") from exc
+
+
+def summarize(event: Event) -> dict[str, Any]:
+    """The ``events.jsonl`` form: token arrays become ``<name>_len`` lengths."""
+    record: dict[str, Any] = {"event": type(event).__name__}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, tuple):
+            record[f"{f.name}_len"] = len(value)
+        else:
+            record[f.name] = value
+    return record
+
+
+# --- bus and sinks ---------------------------------------------------------------------------
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """In-process publish/subscribe; subscribers run synchronously, in subscription order.
+
+    ``publish`` holds a lock, so events from several threads reach every subscriber in one
+    total order.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.RLock()
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Add a subscriber; returns a function that removes it."""
+        with self._lock:
+            self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if subscriber in self._subscribers:
+                    self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def publish(self, event: Event) -> None:
+        with self._lock:
+            for subscriber in list(self._subscribers):
+                subscriber(event)
+
+    __call__ = publish
+
+
+class JsonlSink:
+    """Appends ``summarize(event)`` as one JSON line per event; flushes every line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        line = json.dumps(summarize(event), default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> JsonlSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read an ``events.jsonl`` file back as dicts (summaries, not events)."""
+    records = []
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line: {exc}") from exc
+    return records
