@@ -1,0 +1,127 @@
+"""Tiny causal LMs built locally from a config, with a locally trained tokenizer (no hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+Arch = Literal["qwen3", "llama", "gpt2"]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = """\
+You are an agent working in a terminal. Run one command per turn inside a ```bash block.
+ls -la /workspace && cat README.md && grep -rn "def " src/ | head -n 20
+python3 -m pytest -q tests/test_parser.py::test_roundtrip
+git status && git diff && git log --oneline -n 5 && git apply fix.patch
+sed -i 's/return a - b/return a + b/' calc.py && echo THUNDERSYNC_SUBMIT
+lookup alpha -> 17, lookup beta -> 25, calc 17+25 -> 42, answer 42
+The tests failed: AssertionError: expected 3, got 4. Traceback (most recent call last):
+File "/testbed/src/module.py", line 12, in main: KeyError: 'name'
+{"reward": 1.0, "metrics": {"accuracy": 0.5}} exit code 0, timed out after 30 s
+"""
+
+
+def train_tokenizer(texts: list[str] | None = None, *, vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained in well under a second, with a chat template.
+
+    Byte-level means every string encodes (no unknown tokens) and decodes back exactly.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts or _CORPUS.splitlines() * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        padding_side="left",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: Arch, vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2):
+    """A Hugging Face config for a tiny model of ``arch`` with dropout off.
+
+    Dropout is off because a learner's gradient must be a function of the parameters and
+    the data only (exactness compares two computations of the same gradient).
+    """
+    from transformers import GPT2Config, LlamaConfig, Qwen3Config
+
+    heads = max(2, hidden_size // 16)
+    common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    if arch == "gpt2":
+        return GPT2Config(
+            n_embd=hidden_size, n_layer=num_layers, n_head=heads, n_positions=2048,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common,
+        )  # fmt: skip
+    cls = Qwen3Config if arch == "qwen3" else LlamaConfig
+    return cls(
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+        head_dim=hidden_size // heads, max_position_embeddings=2048, attention_dropout=0.0,
+        tie_word_embeddings=False, **common,
+    )  # fmt: skip
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    arch: Arch = "qwen3",
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    vocab_size: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Build a randomly initialised tiny model and its tokenizer into ``out_dir``.
+
+    The folder is an ordinary checkpoint: ``AutoModelForCausalLM.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained`` reload it, bit-identically.
+    """
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    tokenizer = train_tokenizer(vocab_size=vocab_size)
+    config = tiny_config(arch, len(tokenizer), hidden_size=hidden_size, num_layers=num_layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
+    """Load a checkpoint folder as a causal LM in ``dtype``, in eval mode (dropout off)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: not a model checkpoint (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(path))

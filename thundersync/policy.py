@@ -1,0 +1,109 @@
+"""Policy: per-token log-probs of a multi-turn trajectory's action tokens from any causal LM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from thundersync.types import Trajectory
+
+
+class Policy:
+    """Wraps a Hugging Face causal LM (anything returning ``.logits`` for ``input_ids``).
+
+    ``action_logprobs`` runs one forward pass over the whole context
+    ``prompt + a_0 + o_0 + ... + a_k`` and returns log π(a_t | s_t) for the action tokens
+    only: observation tokens are context, never trained on. The model is put in eval mode
+    (dropout off), because a gradient must depend only on the parameters and the data.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.model.eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.params[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device
+
+    def action_logprobs(
+        self, trajectory: Trajectory, upto_turn: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the action tokens of turns ``0..upto_turn`` (all when None).
+
+        Returns ``(logp_T, turn_T)``: one entry per action token in order, and the turn
+        index of each. Gradients flow into the model's parameters.
+        """
+        ids, turn_of = trajectory.context_ids(upto_turn)
+        if not trajectory.prompt_ids:
+            raise ValueError(
+                f"episode {trajectory.episode_id}: empty prompt_ids; the first action token "
+                "needs at least one context token before it"
+            )
+        ids_L = torch.tensor(ids, device=self.device)
+        turn_L = torch.tensor(turn_of, device=self.device)
+        logits_LV = self.model(input_ids=ids_L[None]).logits[0]
+        positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
+        logits_TV = logits_LV[positions]
+        logp_TV = torch.log_softmax(logits_TV, dim=-1)
+        logp_T = logp_TV.gather(-1, ids_L[positions + 1][:, None]).squeeze(-1)
+        return logp_T, turn_L[positions + 1]
+
+    def batch_action_logprobs(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """``action_logprobs`` for several trajectories in one right-padded forward pass.
+
+        Right padding keeps every real token's position and causal context unchanged, so the
+        values agree with the one-by-one pass up to the matmul kernels' rounding.
+        """
+        contexts = [t.context_ids() for t in trajectories]
+        length = max(len(ids) for ids, _ in contexts)
+        ids_BL = torch.zeros((len(contexts), length), dtype=torch.long, device=self.device)
+        mask_BL = torch.zeros_like(ids_BL)
+        for b, (ids, _) in enumerate(contexts):
+            ids_BL[b, : len(ids)] = torch.tensor(ids)
+            mask_BL[b, : len(ids)] = 1
+        logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL).logits
+        out = []
+        for b, (ids, turn_of) in enumerate(contexts):
+            turn_L = torch.tensor(turn_of, device=self.device)
+            positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
+            logp_TV = torch.log_softmax(logits_BLV[b, positions], dim=-1)
+            out.append(logp_TV.gather(-1, ids_BL[b, positions + 1][:, None]).squeeze(-1))
+        return out
+
+    @torch.no_grad()
+    def score_turn(self, trajectory: Trajectory, turn: int, cache: dict | None = None) -> tuple:
+        """Teacher scoring of one turn's action tokens, reusing a KV cache across turns.
+
+        ``cache`` is a dict this method fills (``past_key_values`` and the number of tokens
+        it covers); pass the same dict for turns 0, 1, 2, ... of one episode so that each
+        call only runs the new tokens. Returns the turn's log-probs as a tuple of floats.
+        """
+        ids, turn_of = trajectory.context_ids(turn)
+        state = cache if cache is not None else {}
+        done = state.get("num_tokens", 0)
+        past = state.get("past_key_values")
+        if done == 0:
+            new_ids, start = ids, 0
+        else:
+            # Re-run the last cached token so its logits (predicting the next) are available.
+            new_ids, start = ids[done - 1 :], done - 1
+            past.crop(done - 1)
+        out = self.model(
+            input_ids=torch.tensor([new_ids], device=self.device),
+            past_key_values=past,
+            use_cache=True,
+        )
+        state["past_key_values"] = out.past_key_values
+        state["num_tokens"] = len(ids)
+        logp_LV = torch.log_softmax(out.logits[0], dim=-1)
+        values = []
+        for pos in range(start + 1, len(ids)):
+            if turn_of[pos] == turn:
+                values.append(float(logp_LV[pos - 1 - start, ids[pos]]))
+        return tuple(values)
