@@ -1,10 +1,34 @@
-"""ThunderSync: exact gradient streaming for agentic RL of language models (DESIGN §8 API)."""
+"""ThunderSync: exact gradient streaming for agentic RL of language models (DESIGN §8 API).
+
+Names are imported lazily so that the protocol modules (``thundersync.events``,
+``thundersync.types``) stay cheap for environments, which must not pay for torch.
+"""
 
 from __future__ import annotations
 
-from thundersync import events
-from thundersync.learner import IncompleteBatchError, Learner, StaleTokenError
-from thundersync.objectives import GRPO, OPD
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["GRPO", "OPD", "IncompleteBatchError", "Learner", "StaleTokenError", "events"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "GRPO": "thundersync.objectives",
+    "OPD": "thundersync.objectives",
+    "Learner": "thundersync.learner",
+    "StaleTokenError": "thundersync.learner",
+    "IncompleteBatchError": "thundersync.learner",
+    "events": "thundersync.events",
+}
+
+if TYPE_CHECKING:
+    from thundersync import events
+    from thundersync.learner import IncompleteBatchError, Learner, StaleTokenError
+    from thundersync.objectives import GRPO, OPD
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'thundersync' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    return module if name == "events" else getattr(module, name)

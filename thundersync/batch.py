@@ -10,8 +10,8 @@ from thundersync.gradients import flat_grad
 from thundersync.objectives import (
     GRPO,
     OPD,
-    grpo_terms,
     group_advantages,
+    grpo_terms,
     importance_weights,
     opd_term,
     ppo_clip_loss,
@@ -46,7 +46,7 @@ def grpo_batch_grad(
             with torch.no_grad():
                 refs = list(reference.batch_action_logprobs(trajectories))
         loss = torch.zeros((), dtype=policy.dtype, device=policy.device)
-        for (rec, advantage), traj, logp_T, ref_T in zip(chunk, trajectories, logps, refs):
+        for (_, advantage), traj, logp_T, ref_T in zip(chunk, trajectories, logps, refs):
             sampler_T = torch.tensor(
                 [v for t in traj.turns for v in t.action_logprobs], dtype=logp_T.dtype
             )

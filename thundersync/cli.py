@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--algo", choices=["grpo", "opd", "all"], default="all")
     verify.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     verify.add_argument("--trials", type=int, default=4, help="random batches per variant")
-    verify.add_argument("--deterministic", action="store_true", help="also require bitwise equality")
+    verify.add_argument(
+        "--deterministic", action="store_true", help="also require bitwise equality"
+    )
     verify.add_argument("--model", default=None, help="checkpoint directory (default: tiny models)")
     verify.add_argument("--seed", type=int, default=0)
     verify.add_argument("--json", action="store_true", help="print a JSON report")

@@ -116,7 +116,7 @@ class OPDStream:
         for rec in episodes:
             for key in self._keys(rec):
                 if self.deterministic:
-                    (vector,) = self.store.get(key, lambda k=key: (self._compute(rec, k[1]),))
+                    (vector,) = self.store.get(key, lambda k=key, r=rec: (self._compute(r, k[1]),))
                     self.step_grad.add_(vector)
                 elif key not in self.done:
                     self.step_grad.add_(self._compute(rec, key[1]))

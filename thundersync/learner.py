@@ -127,7 +127,8 @@ class Learner:
 
     def _audit(self, event: ev.Event) -> None:
         version = getattr(event, "policy_version", None)
-        if isinstance(event, ev.EpisodeStarted | ev.TurnCompleted) and version != self.policy_version:
+        is_token_event = isinstance(event, ev.EpisodeStarted | ev.TurnCompleted)
+        if is_token_event and version != self.policy_version:
             raise StaleTokenError(
                 f"{type(event).__name__}(episode_id={event.episode_id!r}) was sampled by policy "
                 f"version {version}, but the learner is at version {self.policy_version}: "

@@ -69,7 +69,7 @@ class Policy:
             mask_BL[b, : len(ids)] = 1
         logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL).logits
         out = []
-        for b, (ids, turn_of) in enumerate(contexts):
+        for b, (_, turn_of) in enumerate(contexts):
             turn_L = torch.tensor(turn_of, device=self.device)
             positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
             logp_TV = torch.log_softmax(logits_BLV[b, positions], dim=-1)

@@ -65,10 +65,7 @@ def random_episode_events(
                 duration_s=rng.expovariate(10.0), exit_code=0, timed_out=False,
             ))  # fmt: skip
     out.append(ev.EpisodeCompleted(episode_id=episode_id, num_turns=num_turns, stop_reason="x"))
-    if rng.random() < 0.25:
-        reward = rng.random()
-    else:
-        reward = rng.choice(shape.reward_values)
+    reward = rng.random() if rng.random() < 0.25 else rng.choice(shape.reward_values)
     out.append(ev.RewardReady(
         episode_id=episode_id, reward=reward,
         infra_failure=rng.random() < shape.infra_failure_rate,

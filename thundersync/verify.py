@@ -106,8 +106,8 @@ def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
         for eid in sorted(eps, key=key):
             ep = eps[eid]
             lp = _logprobs(model, ep)
-            teacher = torch.tensor(sum((ep["teacher"][k] for k in sorted(ep["teacher"])), []), dtype=lp.dtype)
-            sampler = torch.tensor(sum((ep["actions"][k][1] for k in sorted(ep["actions"])), []), dtype=lp.dtype)
+            teacher = torch.tensor(_flat(ep["teacher"], None), dtype=lp.dtype)
+            sampler = torch.tensor(_flat(ep["actions"], 1), dtype=lp.dtype)
             w = _weight(objective, lp.numel())
             terms.append(-(w * (teacher - sampler).to(lp.dtype) * lp).sum())
             counts.append(lp.numel())
@@ -134,9 +134,7 @@ def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
             for eid, a in zip(groups[gid], adv.tolist()):
                 ep = eps[eid]
                 lp = _logprobs(model, ep)
-                sampler = torch.tensor(
-                    sum((ep["actions"][k][1] for k in sorted(ep["actions"])), []), dtype=lp.dtype
-                )
+                sampler = torch.tensor(_flat(ep["actions"], 1), dtype=lp.dtype)
                 rho = torch.ones_like(lp)
                 if objective.tis_cap is not None:
                     rho = torch.exp(lp.detach() - sampler).clamp(max=objective.tis_cap)
@@ -159,6 +157,10 @@ def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
                       for g, p in zip(grads, params)])  # fmt: skip
+
+
+def _flat(table: dict[int, Any], index: int | None) -> list[float]:
+    return [x for k in sorted(table) for x in (table[k] if index is None else table[k][index])]
 
 
 def _weight(objective: Objective, n: int) -> float:
@@ -216,9 +218,10 @@ def learner_gradient(model, variant: Variant, events, *, streaming: bool, determ
 
 
 def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: bool,
-            reference=None, shape: BatchShape = BatchShape()) -> dict[str, Any]:  # fmt: skip
+            reference=None, shape: BatchShape | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``trials`` random batches of one variant; returns the errors and the verdict."""
     bound, why = bound_for(model)
+    shape = shape or BatchShape()
     vocab = model.config.vocab_size
     worst_sync = worst_textbook = 0.0
     bitwise = True

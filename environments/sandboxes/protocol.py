@@ -88,5 +88,5 @@ def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
         return data.decode("utf-8", errors="replace"), False
     half = limit // 2
     marker = TRUNCATION_MARKER.format(omitted=len(data) - 2 * half)
-    text = data[:half].decode("utf-8", "replace") + marker + data[-half:].decode("utf-8", "replace")
+    text = data[:half].decode("utf-8", "replace") + marker + data[len(data) - half :].decode("utf-8", "replace")
     return text, True

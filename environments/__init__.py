@@ -1,0 +1,9 @@
+"""The gym side: Gymnasium text envs, their registry, sandboxes, benchmarks and toy tasks."""
+
+from __future__ import annotations
+
+from environments.registry import list_envs, load_plugins, register, register_builtin
+
+__all__ = ["list_envs", "load_plugins", "register", "register_builtin"]
+
+register_builtin()

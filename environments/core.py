@@ -1,0 +1,326 @@
+"""ShellEnv: a Gymnasium env, text in and text out, that runs one task's episode in a sandbox."""
+
+from __future__ import annotations
+
+import string
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from environments.actions import (
+    ActionFormatError,
+    format_error_message,
+    is_submission_output,
+    parse_action,
+    strip_submission_marker,
+)
+from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
+from environments.tasks import Grade, Task
+from thundersync.types import StopReason
+
+SandboxFactory = Callable[[SandboxSpec], Sandbox]
+
+MAX_ACTION_CHARS = 100_000
+MAX_OBSERVATION_CHARS = 1_000_000
+
+
+class UnicodeText(spaces.Text):
+    """Any Unicode string of at most ``max_length`` characters (the empty string included).
+
+    ``spaces.Text`` only contains strings over its charset (alphanumerics by default), which
+    rejects shell commands and tool output. ``contains`` here accepts every ``str``; ``sample``
+    draws printable ASCII strings of at most ``sample_max_length`` characters.
+    """
+
+    def __init__(
+        self, max_length: int, *, sample_max_length: int = 64, seed: int | None = None
+    ) -> None:
+        super().__init__(max_length, min_length=0, charset=string.printable, seed=seed)
+        self.sample_max_length = min(sample_max_length, max_length)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        if mask is None and probability is None:
+            length = int(self.np_random.integers(0, self.sample_max_length + 1))
+            return super().sample(mask=(length, None))
+        return super().sample(mask=mask, probability=probability)
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.max_length})"
+
+
+class ShellEnv(gym.Env[str, str]):
+    """One agentic task per episode: the agent sends shell commands, the env returns output.
+
+    Observations and actions are text (``UnicodeText``). The action protocol is the bash-tool
+    protocol of ``environments.actions``: exactly one ```bash block per action; ``submit``
+    ends the episode without a tool call, output starting with ``THUNDERSYNC_SUBMIT`` ends it
+    after the tool call.
+
+    ``reset(seed=None, options=None) -> (instruction, info)``
+        Closes the previous sandbox, picks the task (``options["task"]``: a Task, a task id or
+        an index into ``tasks``; otherwise one drawn with ``self.np_random``), makes a fresh
+        sandbox and runs ``task.setup``. ``options["defer_grading"]=True`` makes the terminal
+        step skip grading (see ``step``). info: ``task_id``, ``infra_failure``. If making the
+        sandbox or the setup raises ``SandboxError``, the observation is an error message,
+        info has ``infra_failure=True`` and ``error``, and the next ``step`` ends the episode.
+
+    ``step(action) -> (observation, reward, terminated, truncated, info)``
+        Parses the action and runs its command with the task's timeout (capped by what is left
+        of ``max_episode_s``). The observation is the command's output, followed by
+        ``[exit code N]`` when it failed or ``[command timed out after S s]``; for an
+        unparseable action it is a corrective message (no tool runs). ``terminated`` is True
+        on submission; ``truncated`` on ``max_turns`` actions, on ``max_episode_s`` elapsed,
+        after ``max_format_errors`` consecutive unparseable actions, or on an infrastructure
+        failure. info: ``turn`` (from 0), ``tool`` (``exit_code``, ``timed_out``,
+        ``duration_s``, ``output_truncated``; only when a command ran), ``format_error`` (when
+        unparseable), ``termination_reason`` (a ``StopReason``, None while the episode runs),
+        ``infra_failure`` and, on an infrastructure failure, ``error``.
+
+        Reward is 0.0 on every non-terminal step. On the terminal step (terminated or
+        truncated) the final sandbox state is graded with ``task.grade`` and the reward
+        returned, with ``grade_details`` in info; a grading ``SandboxError`` gives reward 0.0
+        and ``infra_failure=True`` (never train on it). With ``defer_grading`` the terminal
+        step returns 0.0 and ``grading_deferred=True`` instead, and the caller calls
+        ``env.unwrapped.grade()``, so it can mark the trajectory complete before grading
+        starts. After an infrastructure failure nothing is graded.
+
+    ``close()`` removes the sandbox (safe to call twice). Wrappers forward nothing: use
+    ``env.unwrapped`` for ``task``, ``grade`` and ``draw_task``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        tasks: Iterable[Task] | None = None,
+        *,
+        sandbox: str | SandboxFactory = "bwrap",
+        max_turns: int | None = None,
+        max_episode_s: float | None = None,
+        max_format_errors: int = 3,
+    ) -> None:
+        if max_format_errors < 1:
+            raise ValueError(f"max_format_errors must be >= 1, got {max_format_errors}")
+        self.tasks: list[Task] = list(tasks) if tasks is not None else []
+        self.max_turns = max_turns
+        self.max_episode_s = max_episode_s
+        self.max_format_errors = max_format_errors
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.action_space = UnicodeText(MAX_ACTION_CHARS)
+        self._sandbox_kind = sandbox
+        self._sandbox: Sandbox | None = None
+        self._task: Task | None = None
+        self._defer_grading = False
+        self._num_turns = 0
+        self._num_format_errors = 0
+        self._started = 0.0
+        self._done = False
+        self._failure: str | None = None
+        self._grade: Grade | None = None
+
+    @property
+    def task(self) -> Task:
+        """The current episode's task (after ``reset``)."""
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before using the task")
+        return self._task
+
+    # --- reset -------------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        self._close_sandbox()
+        self._task = self._select_task(options.get("task"))
+        self._defer_grading = bool(options.get("defer_grading", False))
+        self._num_turns = 0
+        self._num_format_errors = 0
+        self._started = time.monotonic()
+        self._done = False
+        self._failure = None
+        self._grade = None
+        info: dict[str, Any] = {"task_id": self._task.task_id, "infra_failure": False}
+        try:
+            self._sandbox = self._make_sandbox(self._task.sandbox_spec())
+            self._task.setup(self._sandbox)
+        except SandboxError as exc:
+            self._fail(exc)
+            info.update(infra_failure=True, error=self._failure)
+            return self._clip(f"Infrastructure failure: {self._failure}"), info
+        except BaseException:
+            self._close_sandbox()
+            raise
+        return self._clip(self._task.instruction), info
+
+    def draw_task(self, rng: np.random.Generator) -> Task:
+        """A task drawn with ``rng`` (what ``reset`` uses when no task is given)."""
+        if not self.tasks:
+            raise ValueError("this env has no tasks: pass tasks=... or options={'task': Task}")
+        return self.tasks[int(rng.integers(len(self.tasks)))]
+
+    def _select_task(self, choice: Any) -> Task:
+        if choice is None:
+            return self.draw_task(self.np_random)
+        if isinstance(choice, str):
+            for task in self.tasks:
+                if task.task_id == choice:
+                    return task
+            known = [task.task_id for task in self.tasks]
+            raise ValueError(f"options['task']: unknown task id {choice!r}; known: {known}")
+        if isinstance(choice, int | np.integer) and not isinstance(choice, bool):
+            if not 0 <= choice < len(self.tasks):
+                raise ValueError(
+                    f"options['task']: index {choice} out of range 0..{len(self.tasks) - 1}"
+                )
+            return self.tasks[int(choice)]
+        return choice
+
+    def _make_sandbox(self, spec: SandboxSpec) -> Sandbox:
+        if callable(self._sandbox_kind):
+            return self._sandbox_kind(spec)
+        from environments.sandboxes import make_sandbox
+
+        return make_sandbox(spec, kind=self._sandbox_kind)
+
+    # --- step --------------------------------------------------------------------------------
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._task is None or self._done:
+            raise gym.error.ResetNeeded("the episode is over (or never started): call reset()")
+        info: dict[str, Any] = {"turn": self._num_turns, "infra_failure": False}
+        self._num_turns += 1
+        if self._failure is not None:
+            return self._end_with_failure(info)
+        try:
+            parsed = parse_action(action)
+        except ActionFormatError as exc:
+            self._num_format_errors += 1
+            info["format_error"] = str(exc)
+            if self._num_format_errors >= self.max_format_errors:
+                reason = StopReason.FORMAT_ERRORS
+            else:
+                reason = self._limit_reason()
+            return self._finish_step(format_error_message(str(exc)), info, reason)
+        self._num_format_errors = 0
+        if parsed.is_submit:
+            return self._finish_step("", info, StopReason.SUBMITTED)
+        timeout = self._command_timeout()
+        try:
+            result = self._execute(parsed.command, timeout)
+        except SandboxError as exc:
+            self._fail(exc)
+            return self._end_with_failure(info)
+        info["tool"] = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "duration_s": result.duration_s,
+            "output_truncated": result.truncated,
+        }
+        if is_submission_output(result.output):
+            return self._finish_step(
+                strip_submission_marker(result.output), info, StopReason.SUBMITTED
+            )
+        return self._finish_step(self._render(result, timeout), info, self._limit_reason())
+
+    def _execute(self, command: str, timeout: float) -> ExecResult:
+        """Run one agent command in the sandbox (subclasses add latency here)."""
+        assert self._sandbox is not None
+        return self._sandbox.execute(command, timeout)
+
+    def _command_timeout(self) -> float:
+        timeout = float(self.task.timeout_s)
+        if self.max_episode_s is not None:
+            remaining = self.max_episode_s - (time.monotonic() - self._started)
+            timeout = max(0.1, min(timeout, remaining))
+        return timeout
+
+    def _limit_reason(self) -> StopReason | None:
+        max_turns = self.max_turns if self.max_turns is not None else self.task.max_turns
+        if self._num_turns >= max_turns:
+            return StopReason.MAX_TURNS
+        elapsed = time.monotonic() - self._started
+        if self.max_episode_s is not None and elapsed >= self.max_episode_s:
+            return StopReason.TIME_LIMIT
+        return None
+
+    def _render(self, result: ExecResult, timeout: float) -> str:
+        if result.timed_out:
+            return f"{result.output}\n[command timed out after {timeout:g} s]"
+        if result.exit_code != 0:
+            return f"{result.output}\n[exit code {result.exit_code}]"
+        return result.output
+
+    def _finish_step(
+        self, observation: str, info: dict[str, Any], reason: StopReason | None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        info["termination_reason"] = reason
+        reward = 0.0
+        if reason is not None:
+            self._done = True
+            if self._defer_grading:
+                info["grading_deferred"] = True
+            else:
+                grade = self.grade()
+                reward = float(grade.reward)
+                info["infra_failure"] = grade.infra_failure
+                info["grade_details"] = dict(grade.details)
+                if grade.infra_failure:
+                    info["termination_reason"] = StopReason.ERROR
+        terminated = reason is StopReason.SUBMITTED
+        truncated = reason is not None and not terminated
+        return self._clip(observation), reward, terminated, truncated, info
+
+    def _end_with_failure(self, info: dict[str, Any]) -> tuple[str, float, bool, bool, dict]:
+        self._done = True
+        info.update(infra_failure=True, error=self._failure, termination_reason=StopReason.ERROR)
+        return self._clip(f"Infrastructure failure: {self._failure}"), 0.0, False, True, info
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = f"{type(exc).__name__}: {exc}"
+        self._close_sandbox()
+
+    # --- grading and cleanup -----------------------------------------------------------------
+
+    def grade(self) -> Grade:
+        """Grade the finished episode's final sandbox state (once; later calls repeat it).
+
+        A ``SandboxError`` while grading, or an episode that already failed, gives
+        ``Grade(0.0, infra_failure=True)`` with the error in ``details``.
+        """
+        if self._task is None or not self._done:
+            raise gym.error.ResetNeeded("grade() needs a finished episode")
+        if self._grade is None:
+            if self._failure is not None:
+                self._grade = Grade(0.0, infra_failure=True, details={"error": self._failure})
+            else:
+                self._grade = self._run_grading()
+        return self._grade
+
+    def _run_grading(self) -> Grade:
+        assert self._task is not None and self._sandbox is not None
+        try:
+            return self._task.grade(self._sandbox)
+        except SandboxError as exc:
+            self._fail(exc)
+            return Grade(0.0, infra_failure=True, details={"error": self._failure})
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()
+
+    def _close_sandbox(self) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            sandbox.close()
+
+    def _clip(self, text: str) -> str:
+        return text[: self.observation_space.max_length]

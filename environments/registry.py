@@ -1,0 +1,114 @@
+"""The env registry: ids ``ns/Name-vN`` in Gymnasium's registry, plus plugin discovery.
+
+Built-in envs are registered with lazy ``"module:Class"`` entry points (nothing is imported
+until ``gymnasium.make``). Other packages add envs through the entry-point group
+``thundersync.envs``: each entry point is a callable taking no arguments that registers its
+envs (with ``environments.register`` or ``gymnasium.register``). Gymnasium 1.x no longer
+discovers plugins itself, so ``load_plugins`` (called by ``list_envs``) does it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import gymnasium
+
+ENTRY_POINT_GROUP = "thundersync.envs"
+NAMESPACE = "thundersync"
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+-v\d+$")
+_ids: set[str] = set()
+_lock = threading.Lock()
+_plugins_loaded = False
+
+BUILTIN: dict[str, tuple[str, dict[str, Any]]] = {
+    "thundersync/ToySum-v0": ("environments.toy:ToySumEnv", {}),
+    "thundersync/ToyChain-v0": ("environments.toy:ToyChainEnv", {}),
+    "thundersync/SWEBench-v0": ("environments.suites:make_suite_env", {"suite": "swebench-mini"}),
+    "thundersync/TerminalBench-v0": (
+        "environments.suites:make_suite_env",
+        {"suite": "harbor-mini"},
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredEnv:
+    """One registered env as ``thundersync envs`` lists it."""
+
+    id: str
+    entry_point: str
+
+
+def register(env_id: str, entry_point: str, **kwargs: Any) -> None:
+    """Register ``env_id`` (``namespace/Name-vN``) with a lazy ``"module:Class"`` entry point.
+
+    ``kwargs`` are the constructor's defaults; ``gymnasium.make(env_id)`` with no arguments
+    must build a working env. Registering the same id with the same entry point and kwargs
+    again does nothing.
+    """
+    if not _ID.match(env_id):
+        raise ValueError(
+            f"env id {env_id!r}: expected 'namespace/Name-vN', e.g. 'thundersync/Foo-v0'"
+        )
+    if not isinstance(entry_point, str) or ":" not in entry_point:
+        raise ValueError(f"env {env_id}: entry_point {entry_point!r}: expected 'module:Class'")
+    existing = gymnasium.registry.get(env_id)
+    if existing is None or existing.entry_point != entry_point or existing.kwargs != kwargs:
+        gymnasium.register(id=env_id, entry_point=entry_point, kwargs=kwargs)
+    with _lock:
+        _ids.add(env_id)
+
+
+def register_builtin() -> None:
+    """Register the envs that ship with ThunderSync (the ``builtin`` entry point)."""
+    for env_id, (entry_point, kwargs) in BUILTIN.items():
+        register(env_id, entry_point, **kwargs)
+
+
+def load_plugins(*, reload: bool = False) -> None:
+    """Call every ``thundersync.envs`` entry point (once, unless ``reload``); a failing
+    plugin is warned about and skipped."""
+    global _plugins_loaded
+    with _lock:
+        if _plugins_loaded and not reload:
+            return
+        _plugins_loaded = True
+    register_builtin()
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        before = set(gymnasium.registry)
+        try:
+            entry.load()()
+        except Exception as exc:
+            warnings.warn(
+                f"env plugin {entry.name!r} ({entry.value}) failed to register: "
+                f"{type(exc).__name__}: {exc}",
+                stacklevel=2,
+            )
+            continue
+        with _lock:
+            _ids.update(set(gymnasium.registry) - before)
+
+
+def list_envs() -> list[RegisteredEnv]:
+    """Every ThunderSync env (built-in, plugins, ``environments.register``), sorted by id."""
+    load_plugins()
+    with _lock:
+        ids = set(_ids)
+    ids.update(env_id for env_id in gymnasium.registry if env_id.startswith(f"{NAMESPACE}/"))
+    return [
+        RegisteredEnv(env_id, _entry_point_name(gymnasium.registry[env_id].entry_point))
+        for env_id in sorted(ids)
+        if env_id in gymnasium.registry
+    ]
+
+
+def _entry_point_name(entry_point: Any) -> str:
+    if isinstance(entry_point, str):
+        return entry_point
+    return f"{entry_point.__module__}:{entry_point.__qualname__}"

@@ -1,0 +1,318 @@
+"""BwrapSandbox: each command in a fresh bubblewrap namespace over a private host workspace.
+
+Isolation, per ``execute`` call:
+
+- Only what a task needs is visible, read-only: ``/usr`` (and the ``/bin``, ``/lib*``
+  links), a selected part of ``/etc``, and the running interpreter's prefixes (the venv and
+  its base Python). The rest of the host (``/root``, ``/home``, ``/tmp``, the repository) is
+  not mounted at all. ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
+- The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
+  e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls.
+- New network namespace (only ``lo``), PID, IPC and UTS namespaces. When the command's shell
+  exits, the namespace's init exits and the kernel kills every process left in it, so
+  background jobs, ``setsid`` and double-forked daemons never outlive their call; a timeout
+  kills bwrap, and ``--die-with-parent`` takes the namespace down with it.
+- When run as root, the command runs as an unprivileged per-sandbox uid (no capabilities,
+  ``no_new_privs``) rather than in a user namespace: a uid mapped to root is exempt from
+  ``RLIMIT_NPROC``, and the per-sandbox uid is what lets the pids limit stop a fork bomb.
+  Without root, bwrap makes a user namespace (``--unshare-all``) and the same rlimits apply.
+- rlimits via ``prlimit``: address space (``memory_mb``), processes (``pids``), file size
+  (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). ``cpus`` is not enforced (no cgroup).
+
+``PATH`` starts with the directory of the running interpreter (``Path(sys.executable).parent``)
+so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import posixpath
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from environments.sandboxes.capture import OutputCapture, read_fd_until
+from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
+from environments.sandboxes.workspace import copy_in, copy_out, host_path, kill_uid
+
+BWRAP = "bwrap"
+MAX_FILE_BYTES = 256 * 1024 * 1024
+TMPFS_BYTES = 256 * 1024 * 1024
+ETC_ENTRIES = (
+    "alternatives", "bash.bashrc", "ca-certificates", "debian_version", "gitconfig", "hosts",
+    "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "magic", "magic.mime",
+    "mime.types", "nsswitch.conf", "os-release", "protocols", "services", "ssl", "terminfo",
+    "timezone", "tmux.conf",
+)  # fmt: skip
+SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+SANDBOX_USER = "sandbox"
+MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's argv and env
+MAX_ARGV_CMD_BYTES = 64 * 1024  # longer commands go through a file (one argv string <= 128 KiB)
+CMD_FILE = "/run/thundersync/cmd"
+DRAIN_AFTER_KILL_S = 0.5
+
+
+def validate_workdir(workdir: str) -> str:
+    """``workdir`` normalised; a ValueError names it when it is not a usable absolute path."""
+    norm = posixpath.normpath(workdir)
+    if not workdir.startswith("/") or norm == "/":
+        raise ValueError(f"SandboxSpec.workdir must be an absolute path other than /: {workdir!r}")
+    if any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
+        raise ValueError(f"SandboxSpec.workdir {workdir!r} lies in a system folder {SYSTEM_DIRS}")
+    for path in _interpreter_dirs():
+        if path == norm or path.startswith(norm + "/") or norm.startswith(path + "/"):
+            raise ValueError(
+                f"SandboxSpec.workdir {workdir!r} overlaps the interpreter folder {path} "
+                "that the sandbox mounts read-only"
+            )
+    return norm
+
+
+def _interpreter_dirs() -> list[str]:
+    """The running Python's prefixes (venv and base), outside /usr, deduplicated."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    dirs.add(str(Path(sys.executable).parent.parent))
+    dirs.add(str(Path(os.path.realpath(sys.executable)).parent.parent))
+    kept = [d for d in sorted(dirs) if not (d == "/usr" or d.startswith("/usr/"))]
+    return [d for d in kept if not any(d != o and d.startswith(o + "/") for o in kept)]
+
+
+def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    args += ["--perms", "0755", "--dir", "/etc"]
+    for name in ETC_ENTRIES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for path in sorted(Path("/etc").glob("python3*")):
+        args += ["--ro-bind", str(path), str(path)]
+    args += ["--ro-bind", str(etc_dir / "passwd"), "/etc/passwd"]
+    args += ["--ro-bind", str(etc_dir / "group"), "/etc/group"]
+    made: set[str] = set()
+    for path in [*_interpreter_dirs(), workdir]:
+        for parent in reversed(Path(path).parents[:-1]):
+            if str(parent) not in made:
+                made.add(str(parent))
+                args += ["--perms", "0755", "--dir", str(parent)]
+        if path != workdir:
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
+    return [*args, "--bind", str(workspace), workdir, "--chdir", workdir]
+
+
+class BwrapSandbox:
+    """A bubblewrap sandbox; see the module docstring for what it isolates and how."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        if spec.build_context is not None:
+            raise NeedsDockerError(
+                f"SandboxSpec.build_context={spec.build_context} needs a Docker build; "
+                "bubblewrap runs only tasks whose files need no build step"
+            )
+        if shutil.which(BWRAP) is None:
+            raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+        self.spec = spec
+        self.workdir = validate_workdir(spec.workdir)
+        self.is_root = os.geteuid() == 0
+        self.uid = random.randrange(1_000_000, 2_000_000) if self.is_root else os.getuid()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{MARKER_PREFIX}{os.getpid()}-"))
+        self.marker = self.root.name
+        self.workspace = self.root / "workspace"
+        self._closed = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _cleanup, self.root, self.uid, self.is_root)
+        try:
+            self.workspace.mkdir()
+            self._write_identity()
+            if spec.files is not None:
+                copy_in(Path(spec.files), self.workspace, self.uid if self.is_root else None)
+            elif self.is_root:
+                os.chown(self.workspace, self.uid, self.uid)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_identity(self) -> None:
+        etc = self.root / "etc"
+        etc.mkdir()
+        passwd = Path("/etc/passwd").read_text() if Path("/etc/passwd").exists() else ""
+        group = Path("/etc/group").read_text() if Path("/etc/group").exists() else ""
+        line = f"{SANDBOX_USER}:x:{self.uid}:{self.uid}:sandbox:{self.workdir}:/bin/bash\n"
+        (etc / "passwd").write_text(passwd + ("" if self.uid == os.getuid() else line))
+        glines = f"{SANDBOX_USER}:x:{self.uid}:\n"
+        (etc / "group").write_text(group + ("" if self.uid == os.getgid() else glines))
+
+    def _argv(self, cmd: str, timeout: float, ready_fd: int) -> list[str]:
+        argv = [BWRAP, "--die-with-parent", "--new-session"]
+        if self.is_root:
+            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+            argv += ["--unshare-cgroup-try"]
+        else:
+            argv += ["--unshare-all"]
+        cmd, cmd_mount = self._command(cmd)
+        argv += _mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
+        argv += ["--clearenv"]
+        for key, value in self._environment().items():
+            argv += ["--setenv", key, value]
+        if self.is_root:
+            argv += ["--cap-drop", "ALL"]
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+                argv += ["--cap-add", cap]
+            argv += ["--", "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}"]
+            argv += ["--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
+        else:
+            argv += ["--"]
+        spec = self.spec
+        cpu_s = math.ceil(timeout) + 1
+        argv += ["prlimit", f"--as={spec.memory_mb * 1024 * 1024}", f"--nproc={spec.pids}"]
+        argv += [f"--fsize={MAX_FILE_BYTES}", f"--cpu={cpu_s}", "--core=0"]
+        # The prelude proves the sandbox was set up (bwrap's own failures also exit 1) and
+        # closes the pipe before the command runs.
+        prelude = f'printf ok >&{ready_fd}; exec {ready_fd}>&-; exec bash -c "$1"'
+        return [*argv, "--", "bash", "-c", prelude, "bash", cmd]
+
+    def _command(self, cmd: str) -> tuple[str, list[str]]:
+        """``cmd`` itself, or for a long one a line sourcing it from a read-only file."""
+        if len(cmd.encode()) <= MAX_ARGV_CMD_BYTES:
+            return cmd, []
+        path = self.root / "cmd"
+        path.write_text(cmd)
+        dirs = ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/run/thundersync"]
+        return f". {CMD_FILE}", [*dirs, "--ro-bind", str(path), CMD_FILE]
+
+    def _environment(self) -> dict[str, str]:
+        path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+        env = {
+            "PATH": path + ":/sbin:/bin",
+            "HOME": self.workdir,
+            "USER": SANDBOX_USER,
+            "LOGNAME": SANDBOX_USER,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",
+            "THUNDERSYNC_SANDBOX": self.marker,
+        }
+        env.update(self.spec.env)
+        return env
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        with self._lock:
+            self._check_open()
+            ready_r, ready_w = os.pipe()
+            start = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    [*self._argv(cmd, timeout, ready_w)], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    close_fds=True, pass_fds=(ready_w,),
+                )  # fmt: skip
+            except OSError as exc:
+                os.close(ready_r)
+                msg = f"could not start bwrap for sandbox {self.marker}: {exc}"
+                raise SandboxError(msg) from exc
+            finally:
+                os.close(ready_w)
+            self._proc = proc
+            capture = OutputCapture(self.spec.max_output_bytes)
+            try:
+                finished = _run_to_deadline(proc, capture, start + timeout)
+                started = _read_all(ready_r)
+            finally:
+                os.close(ready_r)
+                _kill_group(proc)
+                proc.stdout.close()
+                proc.wait()
+                self._proc = None
+            duration = time.monotonic() - start
+        output, truncated = capture.text()
+        if finished and not started:
+            raise SandboxError(f"bwrap could not set up sandbox {self.marker}: {output.strip()}")
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return ExecResult(
+            output=output, exit_code=code if finished else None, timed_out=not finished,
+            duration_s=duration, truncated=truncated,
+        )  # fmt: skip
+
+    def upload(self, src: Path, dst: str) -> None:
+        """Copy a host file or folder to ``dst`` (inside ``workdir``) in the sandbox."""
+        self._check_open()
+        target = host_path(self.workspace, self.workdir, dst)
+        copy_in(Path(src), target, self.uid if self.is_root else None, root=self.workspace)
+
+    def download(self, src: str, dst: Path) -> None:
+        """Copy ``src`` (inside ``workdir``) to the host; symlinks are copied as links."""
+        self._check_open()
+        copy_out(host_path(self.workspace, self.workdir, src), self.workspace, Path(dst))
+
+    def close(self) -> None:
+        """Kill any running command and the sandbox uid's processes; remove the workspace."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None:
+            _kill_group(proc)
+        self._finalizer()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"bwrap sandbox {self.marker} is closed")
+
+
+def _run_to_deadline(
+    proc: subprocess.Popen[bytes], capture: OutputCapture, deadline: float
+) -> bool:
+    """Capture output until the command exits (True) or ``deadline`` passes (False)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    finished = read_fd_until(fd, capture, deadline)
+    if finished:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            finished = False
+    if not finished:
+        _kill_group(proc)
+        read_fd_until(fd, capture, time.monotonic() + DRAIN_AFTER_KILL_S)
+    return finished
+
+
+def _read_all(fd: int) -> bytes:
+    """What the prelude wrote to the ready pipe (nothing when bwrap failed before it ran)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _cleanup(root: Path, uid: int, is_root: bool) -> None:
+    if is_root:
+        kill_uid(uid)
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,99 @@
+"""Bounded capture of a command's output: head and tail kept, the middle counted and dropped."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Any
+
+from environments.sandboxes.protocol import TRUNCATION_MARKER, truncate_output
+
+READ_CHUNK_BYTES = 64 * 1024
+
+
+class OutputCapture:
+    """Keeps at most ``limit`` + ``limit // 2`` bytes however much is fed.
+
+    ``text()`` equals ``truncate_output(all_bytes, limit)`` without holding ``all_bytes``:
+    the first ``limit`` bytes are kept whole (so short outputs come back verbatim), and past
+    that only a rolling tail of ``limit // 2`` bytes.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"max_output_bytes must be >= 0, got {limit}")
+        self.limit = limit
+        self.num_bytes = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.num_bytes += len(chunk)
+        room = self.limit - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+        half = self.limit // 2
+        if half == 0:
+            return
+        self._tail += chunk[-half:]
+        if len(self._tail) > half:
+            del self._tail[: len(self._tail) - half]
+
+    def text(self) -> tuple[str, bool]:
+        """The captured output as text and whether it was truncated."""
+        if self.num_bytes <= self.limit:
+            return truncate_output(bytes(self._head), self.limit)
+        half = self.limit // 2
+        marker = TRUNCATION_MARKER.format(omitted=self.num_bytes - 2 * half)
+        head = bytes(self._head[:half]).decode("utf-8", "replace")
+        return head + marker + bytes(self._tail).decode("utf-8", "replace"), True
+
+
+def read_fd_until(fd: int, capture: OutputCapture, deadline: float) -> bool:
+    """Feed ``capture`` from ``fd`` until end of file (True) or ``deadline`` (False).
+
+    ``deadline`` is on the ``time.monotonic`` clock; reading never blocks past it.
+    """
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        ready, _, _ = select.select([fd], [], [], min(remaining, 0.25))
+        if not ready:
+            continue
+        chunk = os.read(fd, READ_CHUNK_BYTES)
+        if not chunk:
+            return True
+        capture.feed(chunk)
+
+
+def read_docker_frames_until(sock: Any, capture: OutputCapture, deadline: float) -> bool:
+    """Demultiplex Docker's framed exec stream into ``capture`` until EOF (True) or deadline."""
+    raw = getattr(sock, "_sock", sock)
+    pending = b""
+    need = 0  # payload bytes left in the current frame
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        ready, _, _ = select.select([raw], [], [], min(remaining, 0.25))
+        if not ready:
+            continue
+        chunk = raw.recv(READ_CHUNK_BYTES)
+        if not chunk:
+            return True
+        data = pending + chunk
+        pending = b""
+        while data:
+            if need:
+                capture.feed(data[:need])
+                taken = min(need, len(data))
+                need -= taken
+                data = data[taken:]
+            elif len(data) < 8:
+                pending = data
+                break
+            else:
+                need = int.from_bytes(data[4:8], "big")
+                data = data[8:]

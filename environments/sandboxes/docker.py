@@ -1,0 +1,322 @@
+"""DockerSandbox: commands run by ``docker exec`` in a long-lived, network-less container.
+
+The container runs ``sleep infinity`` under Docker's init with ``network_mode="none"`` and
+memory / CPU / pids limits, labelled ``thundersync=1``. Each ``execute`` runs a small
+``sh`` wrapper that starts ``bash -c CMD`` under ``timeout -s KILL`` and, when the command
+ends, SIGKILLs every other process in the container (so background jobs and ``setsid``
+daemons never outlive their call, as in the bubblewrap sandbox). A host-side deadline backs
+this up: if the exec has not ended shortly after its timeout, or the container died
+(``kill -9 -1`` kills its ``sleep``), the container is killed and restarted; its files persist.
+
+Paths given to ``upload``/``download`` are container paths (relative ones are relative to
+``workdir``); the container is its own filesystem, so unlike bubblewrap any path is allowed.
+Downloads are unpacked with tarfile's ``data`` filter, so links in them cannot reach the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+from environments.sandboxes.bwrap import MAX_ARGV_CMD_BYTES, MAX_FILE_BYTES
+from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
+from environments.sandboxes.image_build import LABEL, build_image
+from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec
+
+BASE_IMAGE = "thundersync/base:bookworm"
+
+API_TIMEOUT_S = 300
+HOST_GRACE_S = 0.5
+CMD_FILE = "/tmp/.thundersync-cmd"
+GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
+WRAPPER = r"""
+ulimit -c 0
+ulimit -f "$4"
+timeout -s KILL "$2" bash -c "$1"
+rc=$?
+for round in 1 2 3 4 5; do
+  alive=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = 1 ] || [ "$pid" = "$3" ] || [ "$pid" = "$$" ] ||
+      { kill -9 "$pid" 2>/dev/null && alive=1; }
+  done
+  [ "$alive" = 0 ] && break
+done
+exit $rc
+"""
+
+
+def docker_available() -> bool:
+    """Whether the docker SDK is installed and a Docker daemon answers a ping."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _client() -> Any:
+    try:
+        import docker
+    except ImportError as exc:
+        raise SandboxError("the docker SDK is not installed: pip install docker") from exc
+    try:
+        client = docker.from_env(timeout=API_TIMEOUT_S)
+        client.ping()
+    except Exception as exc:
+        raise SandboxError(f"no Docker daemon reachable (DOCKER_HOST / socket): {exc}") from exc
+    return client
+
+
+class DockerSandbox:
+    """A Docker sandbox; see the module docstring for how commands are run and bounded."""
+
+    def __init__(self, spec: SandboxSpec, *, client: Any = None) -> None:
+        if not spec.workdir.startswith("/") or posixpath.normpath(spec.workdir) == "/":
+            raise ValueError(f"SandboxSpec.workdir must be absolute, not /: {spec.workdir!r}")
+        self.spec = spec
+        self.workdir = posixpath.normpath(spec.workdir)
+        self.marker = f"thundersync-{uuid.uuid4().hex[:12]}"
+        self._client = client if client is not None else _client()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._container: Any = None
+        self._finalizer = weakref.finalize(self, _remove, self._client, self.marker)
+        try:
+            image = spec.image or BASE_IMAGE
+            if spec.build_context is not None:
+                image = build_image(self._client, Path(spec.build_context))
+            self._container = self._run(image)
+            self._main_pid = self._find_main_pid()
+            if spec.files is not None:
+                self._put(Path(spec.files), self.workdir)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, image: str) -> Any:
+        spec = self.spec
+        try:
+            return self._client.containers.run(
+                image, command=["sleep", "infinity"], name=self.marker, detach=True,
+                network_mode="none", init=True, mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m", nano_cpus=int(spec.cpus * 1e9),
+                pids_limit=spec.pids, working_dir=self.workdir, environment=dict(spec.env),
+                labels=self._labels(), auto_remove=False,
+            )  # fmt: skip
+        except Exception as exc:
+            raise SandboxError(f"could not start container from image {image!r}: {exc}") from exc
+
+    def _labels(self) -> dict[str, str]:
+        return {LABEL: "1", f"{LABEL}.sandbox": self.marker, f"{LABEL}.owner_pid": str(os.getpid())}
+
+    def _find_main_pid(self) -> str:
+        code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
+        pids = out.decode().split() if code == 0 else []
+        if not pids:
+            raise SandboxError(f"container {self.marker}: cannot find its main process: {out!r}")
+        return pids[0]
+
+    def _restart(self) -> None:
+        """Kill every process by restarting the container; the filesystem persists."""
+        with contextlib.suppress(Exception):  # already stopped: start() is what matters
+            self._container.kill()
+        try:
+            self._container.start()
+            self._main_pid = self._find_main_pid()
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker} could not be restarted: {exc}") from exc
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        with self._lock:
+            self._check_open()
+            return self._execute(cmd, timeout)
+
+    def _execute(self, cmd: str, timeout: float) -> ExecResult:
+        # A command may kill the container's main process (``kill -9 -1``), stopping the
+        # container; it is restarted (files persist) and an exec that it broke is retried once.
+        for attempt in (0, 1):
+            if not self._is_running():
+                self._restart()
+            try:
+                result = self._exec_once(cmd, timeout)
+            except SandboxError:
+                if attempt or self._is_running():
+                    raise
+                continue
+            if result.exit_code == 126 and not attempt and not self._is_running():
+                continue
+            return result
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _exec_once(self, cmd: str, timeout: float) -> ExecResult:
+        exec_id = self._create_exec(cmd, timeout)
+        start = time.monotonic()
+        capture = OutputCapture(self.spec.max_output_bytes)
+        try:
+            sock = self._client.api.exec_start(exec_id, socket=True)
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker}: exec failed to start: {exc}") from exc
+        try:
+            ended = read_docker_frames_until(sock, capture, start + timeout + HOST_GRACE_S)
+        finally:
+            sock.close()
+        duration = time.monotonic() - start
+        code = self._exit_code(exec_id) if ended else None
+        if not ended:
+            self._restart()
+        timed_out = not ended or (code == 137 and duration >= timeout - 0.05)
+        output, truncated = capture.text()
+        return ExecResult(
+            output=output, exit_code=None if timed_out else code, timed_out=timed_out,
+            duration_s=duration, truncated=truncated,
+        )  # fmt: skip
+
+    def _is_running(self) -> bool:
+        try:
+            self._container.reload()
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker} is gone: {exc}") from exc
+        return self._container.status == "running"
+
+    def _create_exec(self, cmd: str, timeout: float) -> str:
+        if len(cmd.encode()) > MAX_ARGV_CMD_BYTES:
+            self._put_bytes(cmd.encode(), CMD_FILE)
+            cmd = f". {CMD_FILE}"
+        blocks = str(MAX_FILE_BYTES // 512)
+        argv = [
+            "sh",
+            "-c",
+            WRAPPER,
+            "thundersync-exec",
+            cmd,
+            f"{timeout:.3f}",
+            self._main_pid,
+            blocks,
+        ]
+        try:
+            created = self._client.api.exec_create(
+                self._container.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
+                workdir=self.workdir, environment=dict(self.spec.env),
+            )  # fmt: skip
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
+        return created["Id"]
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        for _ in range(50):
+            info = self._client.api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            time.sleep(0.02)
+        return None
+
+    def upload(self, src: Path, dst: str) -> None:
+        """Copy a host file or folder to container path ``dst`` (its full new name)."""
+        self._check_open()
+        self._put(Path(src), posixpath.join(self.workdir, dst))
+
+    def _put(self, src: Path, dst: str) -> None:
+        """Unpack ``src`` as ``dst`` (a folder's contents merge into an existing folder)."""
+        if not os.path.lexists(src):
+            raise FileNotFoundError(f"upload source {src} does not exist")
+        dst = posixpath.normpath(dst)
+        if not src.is_dir() and self._is_dir(dst):
+            raise IsADirectoryError(f"upload of file {src} onto folder {dst}: name the new file")
+        with tempfile.TemporaryFile() as buf:
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(src, arcname=dst.lstrip("/") or ".")
+            buf.seek(0)
+            try:
+                ok = self._container.put_archive("/", buf)
+            except Exception as exc:
+                msg = f"container {self.marker}: upload to {dst} failed: {exc}"
+                raise SandboxError(msg) from exc
+        if not ok:
+            raise SandboxError(f"container {self.marker}: upload to {dst} was refused")
+
+    def _put_bytes(self, data: bytes, path: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        try:
+            self._container.put_archive("/", buf.getvalue())
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker}: cannot write {path}: {exc}") from exc
+
+    def _is_dir(self, path: str) -> bool:
+        try:
+            stream, stat = self._client.api.get_archive(self._container.id, path)
+        except Exception:
+            return False  # missing: the upload creates it
+        stream.close()
+        return bool(stat.get("mode", 0) & GO_MODE_DIR)
+
+    def download(self, src: str, dst: Path) -> None:
+        """Copy container path ``src`` to host path ``dst`` (its full new name)."""
+        self._check_open()
+        path = posixpath.normpath(posixpath.join(self.workdir, src))
+        try:
+            stream, _ = self._container.get_archive(path)
+        except Exception as exc:
+            raise FileNotFoundError(f"download source {path} not found in {self.marker}") from exc
+        with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryFile() as buf:
+                for chunk in stream:
+                    buf.write(chunk)
+                buf.seek(0)
+                with tarfile.open(fileobj=buf, mode="r") as tar:
+                    tar.extractall(tmp, filter="data")
+            (item,) = Path(tmp).iterdir()
+            dst = Path(dst)
+            if item.is_dir() and dst.is_dir():
+                shutil.copytree(item, dst, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.move(str(item), dst)
+
+    def close(self) -> None:
+        """Remove the container (with force) and everything in it; safe to call twice."""
+        self._closed = True
+        self._finalizer()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"docker sandbox {self.marker} is closed")
+
+
+def _remove(client: Any, name: str) -> None:
+    try:
+        client.containers.get(name).remove(force=True)
+    except Exception as exc:
+        if type(exc).__name__ != "NotFound":
+            raise SandboxError(f"could not remove container {name}: {exc}") from exc

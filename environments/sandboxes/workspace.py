@@ -1,0 +1,159 @@
+"""Host-side access to a sandbox workspace: path mapping, safe copies in and out, process sweep.
+
+The sandboxed command can plant symlinks in its workspace (``ln -s /etc x``); every host-side
+copy therefore refuses a path whose real location leaves the workspace, replaces a symlink it
+is about to write over instead of following it, copies links inside downloaded folders as
+links (never their targets), and skips fifos, sockets and devices (reading a fifo would hang).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import signal
+import stat
+from pathlib import Path
+
+
+def host_path(workspace: Path, workdir: str, path: str) -> Path:
+    """The host path of sandbox ``path`` (absolute, or relative to ``workdir``).
+
+    A ValueError names ``path`` when it lies outside ``workdir``.
+    """
+    full = posixpath.normpath(posixpath.join(workdir, path))
+    if full != workdir and not full.startswith(workdir.rstrip("/") + "/"):
+        raise ValueError(f"sandbox path {path!r} is outside the workspace {workdir!r}")
+    rel = posixpath.relpath(full, workdir)
+    return workspace if rel == "." else workspace / rel
+
+
+def _is_inside(path: Path, root: Path) -> bool:
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root + os.sep)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not os.path.lexists(path):
+        path = path.parent
+    return path
+
+
+def copy_in(src: Path, dst: Path, uid: int | None, *, root: Path | None = None) -> None:
+    """Copy host ``src`` (file or folder) to workspace path ``dst``; chown to ``uid`` if given.
+
+    ``dst`` is the new name (a folder's contents merge into an existing folder there; a file
+    onto an existing folder is an error). ``root`` is the workspace (defaults to ``dst``).
+    """
+    root = dst if root is None else root
+    if not os.path.lexists(src):
+        raise FileNotFoundError(f"upload source {src} does not exist")
+    if dst.is_dir() and not dst.is_symlink() and not src.is_dir():
+        raise IsADirectoryError(f"upload of file {src} onto folder {dst}: name the new file")
+    if dst != root and not _is_inside(_existing_ancestor(dst.parent), root):
+        raise ValueError(f"upload destination {dst} leads outside the workspace {root}")
+    created = _missing_parents(dst.parent)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    _copy_node(src, dst, root)
+    if uid is not None:
+        for path in [*created, dst]:
+            _chown_tree(path, uid)
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _copy_node(src: Path, dst: Path, root: Path) -> None:
+    if dst != root and not _is_inside(dst.parent, root):
+        raise ValueError(f"upload destination {dst} leads outside the workspace {root}")
+    if dst.is_symlink():
+        dst.unlink()
+    if src.is_symlink():
+        if os.path.lexists(dst):
+            _remove(dst)
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        if os.path.lexists(dst) and not dst.is_dir():
+            _remove(dst)
+        dst.mkdir(exist_ok=True)
+        for child in sorted(src.iterdir()):
+            _copy_node(child, dst / child.name, root)
+        if dst != root:  # the workspace itself keeps its own (writable) mode
+            shutil.copystat(src, dst)
+    elif stat.S_ISREG(src.stat().st_mode):
+        if dst.is_dir():
+            _remove(dst)
+        shutil.copy2(src, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    os.lchown(path, uid, uid)
+    if path.is_dir() and not path.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(path):
+            for name in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def copy_out(src: Path, workspace: Path, dst: Path) -> None:
+    """Copy workspace path ``src`` to host ``dst``; refuse one that resolves outside."""
+    if not os.path.lexists(src):
+        raise FileNotFoundError(f"download source {src} does not exist in the sandbox")
+    if not _is_inside(src, workspace):
+        raise ValueError(
+            f"download source {src} resolves to {os.path.realpath(src)}, outside the workspace"
+        )
+    real = Path(os.path.realpath(src))
+    if real.is_dir():
+        shutil.copytree(real, dst, symlinks=True, copy_function=_copy_regular, dirs_exist_ok=True)
+    elif stat.S_ISREG(real.stat().st_mode):
+        shutil.copy2(real, dst)
+    else:
+        raise ValueError(f"download source {src} is not a regular file or folder")
+
+
+def _copy_regular(src: str, dst: str) -> None:
+    if stat.S_ISREG(os.lstat(src).st_mode):
+        shutil.copy2(src, dst)
+
+
+def kill_uid(uid: int, *, rounds: int = 5) -> int:
+    """SIGKILL every process whose real uid is ``uid``; returns how many were signalled."""
+    killed = 0
+    for _ in range(rounds):
+        pids = [pid for pid in _pids() if _real_uid(pid) == uid]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                continue
+    return killed
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,150 @@
+"""Load SWE-bench instances from local JSON/JSONL/parquet files, folders or the Hub."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from environments.swebench.instance import SWEBenchInstance, parse_instance
+from environments.swebench.task import SWEBenchTask
+from environments.tasks import TaskFormatError
+
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
+_SIGNATURE_FIELDS = frozenset({"instance_id", "test_patch", "FAIL_TO_PASS"})
+
+
+@dataclass(frozen=True, slots=True)
+class SWEBenchTaskSet:
+    """SWE-bench instances as tasks (matches ``environments.tasks.TaskSet``)."""
+
+    name: str
+    tasks: tuple[SWEBenchTask, ...]
+
+    def __iter__(self) -> Iterator[SWEBenchTask]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def get(self, instance_id: str) -> SWEBenchTask:
+        """The task of ``instance_id``; KeyError naming the id when absent."""
+        for task in self.tasks:
+            if task.task_id == instance_id:
+                return task
+        raise KeyError(f"{self.name}: no instance {instance_id!r}")
+
+
+def load_instances(
+    source: str | Path, *, split: str = "test", max_turns: int = 50, timeout_s: float = 120.0
+) -> SWEBenchTaskSet:
+    """Load and validate every instance of ``source``.
+
+    ``source``: a local ``.json`` (a list of rows), ``.jsonl`` or ``.parquet`` file; a folder
+    (every such file directly inside it); or else a Hugging Face dataset name, loaded with
+    ``datasets.load_dataset(source, split=split)`` (the only path that may use the network).
+    Raises TaskFormatError naming the file, the instance and the field of the first bad row,
+    or the duplicated instance id.
+    """
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())
+        if not files:
+            raise TaskFormatError(path, "<folder>", f"no {'/'.join(DATA_SUFFIXES)} files")
+        named_rows = [(str(f), f.parent, _read_rows(f)) for f in files]
+        name = path.name
+    elif path.suffix in DATA_SUFFIXES:
+        if not path.is_file():
+            raise TaskFormatError(path, "<file>", "no such file")
+        named_rows = [(str(path), path.parent, _read_rows(path))]
+        name = path.stem
+    else:
+        named_rows = [(str(source), None, _hub_rows(str(source), split))]
+        name = str(source)
+    instances: dict[str, SWEBenchInstance] = {}
+    for origin, base_dir, rows in named_rows:
+        for index, row in enumerate(rows):
+            instance = parse_instance(row, source=origin, index=index, base_dir=base_dir)
+            if instance.instance_id in instances:
+                first = instances[instance.instance_id].source
+                raise TaskFormatError(
+                    origin,
+                    "instance_id",
+                    f"row {index}: duplicate instance id {instance.instance_id!r} "
+                    f"(first in {first})",
+                )
+            instances[instance.instance_id] = instance
+    tasks = tuple(
+        SWEBenchTask(instance, max_turns=max_turns, timeout_s=timeout_s)
+        for instance in instances.values()
+    )
+    return SWEBenchTaskSet(name=name, tasks=tasks)
+
+
+def looks_like_swebench(path: str | Path) -> bool:
+    """Whether ``path`` is a SWE-bench instance file, or a folder holding one (cheap: reads
+    only the first row's keys; never raises)."""
+    path = Path(path)
+    if path.is_dir():
+        return any(looks_like_swebench(p) for p in sorted(path.iterdir()) if p.is_file())
+    if path.suffix not in DATA_SUFFIXES or not path.is_file():
+        return False
+    try:
+        return _first_row_keys(path) >= _SIGNATURE_FIELDS
+    except (OSError, ValueError, ImportError):
+        return False
+
+
+def _read_rows(path: Path) -> Sequence[Any]:
+    if path.suffix == ".parquet":
+        return _parquet_rows(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                rows.append(_json(path, line, f"line {number}"))
+        return rows
+    rows = _json(path, text, "<root>")
+    if not isinstance(rows, list):
+        raise TaskFormatError(path, "<root>", f"expected a list of rows, got {type(rows).__name__}")
+    return rows
+
+
+def _json(path: Path, text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TaskFormatError(path, where, f"invalid JSON: {exc}") from exc
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as exc:
+        raise TaskFormatError(path, "<file>", f"unreadable parquet: {exc}") from exc
+
+
+def _hub_rows(name: str, split: str) -> list[Mapping[str, Any]]:
+    import datasets
+
+    return list(datasets.load_dataset(name, split=split))
+
+
+def _first_row_keys(path: Path) -> set[str]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return set(pq.read_schema(path).names)
+    with path.open(encoding="utf-8") as f:
+        if path.suffix == ".jsonl":
+            first = next((line for line in f if line.strip()), "{}")
+            row = json.loads(first)
+        else:
+            rows = json.load(f)
+            row = rows[0] if isinstance(rows, list) and rows else {}
+    return set(row) if isinstance(row, dict) else set()

@@ -1,0 +1,95 @@
+"""Grade an eval log exactly as the official harness does: swebench's TestSpec and report."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from environments.swebench.instance import START_MARKER, SWEBenchInstance
+from environments.tasks import Grade
+
+MODEL_NAME = "thundersync"
+LOG_TAIL_CHARS = 2000
+_TEST_PATCH_FAILED = re.compile(
+    r"^error: .*(patch failed|patch does not apply|already exists in working directory"
+    r"|does not exist in index|corrupt patch|No valid patches in input)",
+    re.MULTILINE,
+)
+_PATCH_PATH = re.compile(r"^(?:diff --git a/\S+ b/|\+\+\+ b/|--- a/)(\S+)", re.MULTILINE)
+
+
+def make_spec(instance: SWEBenchInstance) -> Any:
+    """swebench's TestSpec for the instance. Its ``eval_script`` is the row's script with the
+    anti-spoofing line added (the tests' own exit status echoed after the end marker)."""
+    from swebench.harness.utils import make_test_spec
+
+    return make_test_spec(instance.swebench_row())
+
+
+def eval_report(instance: SWEBenchInstance, log: str, *, model_patch: str = "") -> dict[str, Any]:
+    """swebench's ``get_eval_report`` on ``log``, for this instance only."""
+    from swebench.harness.grading import get_eval_report
+
+    with tempfile.TemporaryDirectory(prefix="swebench-log-") as tmp:
+        log_path = Path(tmp) / "test_output.txt"
+        log_path.write_text(log)
+        report = get_eval_report(
+            test_spec=make_spec(instance),
+            prediction={
+                "instance_id": instance.instance_id,
+                "model_name_or_path": MODEL_NAME,
+                "model_patch": model_patch,
+            },
+            test_log_path=str(log_path),
+            include_tests_status=True,
+        )
+    return report[instance.instance_id]
+
+
+def patch_paths(patch: str) -> set[str]:
+    """The repository paths a unified diff touches."""
+    return {path for path in _PATCH_PATH.findall(patch) if path != "/dev/null"}
+
+
+def grade_log(
+    instance: SWEBenchInstance,
+    log: str,
+    *,
+    changed_files: Iterable[str] = (),
+    timed_out: bool = False,
+) -> Grade:
+    """Turn an eval log into a Grade: reward 1 iff swebench says resolved.
+
+    Infrastructure failures (the script never reached the tests; the test patch did not
+    apply although the agent left the test patch's files alone; swebench classifies the log
+    as an environment fault) are flagged, not scored. A timeout is the agent's (its code may
+    hang), as in the official harness, which scores it unresolved.
+    """
+    tail = log[-LOG_TAIL_CHARS:]
+    if timed_out:
+        return Grade(0.0, details={"resolved": False, "timed_out": True, "log_tail": tail})
+    if START_MARKER not in log:
+        return _infra("the eval script did not reach the tests", tail)
+    before_tests = log.split(START_MARKER, 1)[0]
+    touched = set(changed_files) & patch_paths(instance.test_patch)
+    if _TEST_PATCH_FAILED.search(before_tests) and not touched:
+        return _infra("the test patch did not apply to the base commit", tail)
+    report = eval_report(instance, log, model_patch="\n".join(changed_files))
+    resolved = bool(report["resolved"])
+    details = {
+        "resolved": resolved,
+        "patch_successfully_applied": report["patch_successfully_applied"],
+        "tests_status": report.get("tests_status", {}),
+        "log_tail": tail,
+    }
+    if not resolved and report.get("infra_failure"):
+        details["error"] = f"swebench: {report.get('infra_failure_reason')}"
+        return Grade(0.0, infra_failure=True, details=details)
+    return Grade(1.0 if resolved else 0.0, details=details)
+
+
+def _infra(problem: str, tail: str) -> Grade:
+    return Grade(0.0, infra_failure=True, details={"error": problem, "log_tail": tail})

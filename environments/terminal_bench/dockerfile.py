@@ -1,0 +1,236 @@
+"""Reads a task's Dockerfile and decides whether bubblewrap can reproduce it without a build.
+
+The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
+without Docker when it has one ``FROM thundersync/base:bookworm`` and otherwise only
+
+- ``WORKDIR`` (absolute; the last one is the workspace),
+- ``ENV`` (becomes the sandbox's environment),
+- ``COPY`` from the build context to a path inside the workspace (``--chown``/``--chmod``
+  ignored): the files are staged on the host and copied into the workspace,
+- ``RUN`` in shell form: replayed in the workspace, in order, by the task's ``setup``; a step
+  that fails there (it installs packages, writes outside the workspace...) raises
+  NeedsDockerError with the step and its output,
+- ``CMD``, ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL``, ``HEALTHCHECK``
+  (ignored: the sandbox runs one command at a time).
+
+Anything else (another base image, ``ADD``, ``USER``, ``ARG``, multi-stage builds, ``COPY``
+outside the workspace, ``RUN`` heredocs or exec form...) is a build step: bubblewrap refuses the
+task with NeedsDockerError naming the line, and Docker builds the Dockerfile as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from environments.tasks import TaskFormatError
+
+BASE_IMAGE = "thundersync/base:bookworm"
+DEFAULT_WORKDIR = "/app"
+_IGNORED = frozenset(
+    {"CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "VOLUME", "STOPSIGNAL", "HEALTHCHECK", "MAINTAINER"}
+)
+_BUILD_ONLY = frozenset({"ADD", "USER", "ARG", "ONBUILD", "SHELL"})
+_KNOWN = _IGNORED | _BUILD_ONLY | {"FROM", "WORKDIR", "ENV", "COPY", "RUN"}
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """One ``COPY``: host sources (inside the build context) to a path relative to the workspace."""
+
+    sources: tuple[Path, ...]
+    dest: str
+    dest_is_dir: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """One ``RUN`` in shell form and the WORKDIR it runs in."""
+
+    command: str
+    cwd: str
+
+
+@dataclass(frozen=True, slots=True)
+class DockerfilePlan:
+    """What a Dockerfile does, as far as bubblewrap is concerned."""
+
+    path: Path
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+    copies: tuple[Copy, ...] = ()
+    run_steps: tuple[RunStep, ...] = ()
+    build_step: str | None = None
+    """The first line that only ``docker build`` can do (None: bubblewrap can run it)."""
+
+
+def _logical_lines(path: Path, text: str) -> list[tuple[int, str]]:
+    """Instruction lines with continuations joined and comments dropped, with line numbers."""
+    lines: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1].strip())
+            continue
+        pending.append(stripped)
+        lines.append((start, " ".join(p for p in pending if p)))
+        pending = []
+    if pending:
+        raise TaskFormatError(path, f"line {start}", "expected a line after the trailing '\\'")
+    return lines
+
+
+def _parse_env(path: Path, number: int, args: str) -> dict[str, str]:
+    try:
+        words = shlex.split(args)
+    except ValueError as err:
+        raise TaskFormatError(path, f"line {number} ENV", f"unbalanced quotes: {err}") from err
+    if words and "=" not in words[0]:
+        if len(words) < 2:
+            raise TaskFormatError(path, f"line {number} ENV", "expected 'ENV KEY=value'")
+        return {words[0]: args.split(None, 1)[1].strip()}
+    pairs: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise TaskFormatError(path, f"line {number} ENV", f"expected KEY=value, got {word!r}")
+        pairs[key] = value
+    return pairs
+
+
+def _copy_words(path: Path, number: int, args: str) -> list[str]:
+    if args.startswith("["):
+        try:
+            words = json.loads(args)
+        except json.JSONDecodeError as err:
+            raise TaskFormatError(path, f"line {number} COPY", f"invalid JSON form: {err}") from err
+    else:
+        words = shlex.split(args)
+    if len(words) < 2 or not all(isinstance(w, str) for w in words):
+        raise TaskFormatError(path, f"line {number} COPY", "expected 'COPY <src>... <dest>'")
+    return words
+
+
+def _resolve_sources(path: Path, number: int, context: Path, patterns: list[str]) -> list[Path]:
+    sources: list[Path] = []
+    root = context.resolve()
+    for pattern in patterns:
+        relative = posixpath.normpath(pattern).lstrip("/")
+        if relative == ".." or relative.startswith("../"):
+            raise TaskFormatError(
+                path, f"line {number} COPY", f"source {pattern!r} is outside the build context"
+            )
+        matches = [context] if relative == "." else sorted(context.glob(relative))
+        if not matches:
+            raise TaskFormatError(
+                path, f"line {number} COPY", f"source {pattern!r} not found in {context}"
+            )
+        for match in matches:
+            if not match.resolve().is_relative_to(root):
+                raise TaskFormatError(
+                    path, f"line {number} COPY", f"source {pattern!r} is outside the build context"
+                )
+        sources.extend(matches)
+    return sources
+
+
+@dataclass(slots=True)
+class _State:
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    copies: list[tuple[int, list[str], str, str | None]] = field(default_factory=list)
+    runs: list[RunStep] = field(default_factory=list)
+    build_step: str | None = None
+    num_from: int = 0
+
+
+def _apply(state: _State, path: Path, number: int, keyword: str, args: str) -> None:
+    where = f"line {number} ({keyword} {args})"[:160]
+    if keyword == "FROM":
+        state.num_from += 1
+        image = args.split()[0] if args else ""
+        if state.num_from > 1:
+            state.build_step = state.build_step or f"{where}: a multi-stage build"
+        elif image != BASE_IMAGE:
+            state.build_step = (
+                state.build_step or f"{where}: base image {image!r}, not {BASE_IMAGE}"
+            )
+    elif keyword == "WORKDIR":
+        target = posixpath.normpath(posixpath.join(state.workdir or "/", args.strip()))
+        state.workdir = target
+    elif keyword == "ENV":
+        state.env.update(_parse_env(path, number, args))
+    elif keyword == "COPY":
+        words = _copy_words(path, number, args)
+        flags = [w for w in words if w.startswith("--")]
+        if any(not f.startswith(("--chown", "--chmod")) for f in flags):
+            state.build_step = state.build_step or f"{where}: COPY with {flags}"
+        if any(f.startswith("--from") for f in flags):
+            return
+        plain = [w for w in words if not w.startswith("--")]
+        state.copies.append((number, plain[:-1], plain[-1], state.workdir))
+    elif keyword == "RUN":
+        if args.startswith("[") or "<<" in args:
+            state.build_step = state.build_step or f"{where}: RUN in exec or heredoc form"
+        state.runs.append(RunStep(command=args, cwd=state.workdir or "/"))
+    elif keyword in _BUILD_ONLY:
+        state.build_step = state.build_step or f"{where}: {keyword}"
+
+
+def _plan_copy(
+    path: Path, context: Path, entry: tuple[int, list[str], str, str | None], workdir: str
+) -> Copy | str:
+    number, patterns, dest, cwd = entry
+    target = posixpath.normpath(posixpath.join(cwd or "/", dest))
+    if target != workdir and not target.startswith(workdir.rstrip("/") + "/"):
+        return f"line {number}: COPY to {target}, outside the workspace {workdir}"
+    sources = _resolve_sources(path, number, context, patterns)
+    is_dir = dest.endswith("/") or dest in (".", "./") or len(sources) > 1 or target == workdir
+    return Copy(tuple(sources), posixpath.relpath(target, workdir), is_dir)
+
+
+def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
+    """Parse ``path`` (built from ``context``) into a plan; malformed files raise."""
+    if not path.is_file():
+        raise TaskFormatError(path, "Dockerfile", "expected a Dockerfile, found none")
+    state = _State()
+    for number, line in _logical_lines(path, path.read_text(encoding="utf-8", errors="replace")):
+        keyword, _, args = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword not in _KNOWN:
+            raise TaskFormatError(path, f"line {number}", f"unknown instruction {keyword!r}")
+        if state.num_from == 0 and keyword not in ("FROM", "ARG"):
+            raise TaskFormatError(path, "FROM", f"expected FROM before line {number} ({keyword})")
+        _apply(state, path, number, keyword, args.strip())
+    if state.num_from == 0:
+        raise TaskFormatError(path, "FROM", "expected a FROM instruction, found none")
+    workdir = state.workdir or DEFAULT_WORKDIR
+    build_step = state.build_step
+    if workdir == "/":
+        build_step = build_step or "WORKDIR /: the workspace cannot be the root folder"
+    copies: list[Copy] = []
+    for entry in state.copies:
+        planned = _plan_copy(path, context, entry, workdir)
+        if isinstance(planned, str):
+            build_step = build_step or planned
+        else:
+            copies.append(planned)
+    return DockerfilePlan(
+        path=path,
+        workdir=workdir,
+        env=state.env,
+        copies=tuple(copies),
+        run_steps=tuple(state.runs),
+        build_step=build_step,
+    )

@@ -1,0 +1,131 @@
+"""A task's sandbox: a Docker build of its Dockerfile, or its files staged for bubblewrap."""
+
+from __future__ import annotations
+
+import atexit
+import shlex
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec
+from environments.terminal_bench.dockerfile import BASE_IMAGE, DockerfilePlan
+
+SETUP_MARKER = ".thundersync-setup-pending"
+"""Staged workspaces whose Dockerfile has RUN steps carry this file; ``setup`` replays the steps
+and removes it. A sandbox built by ``docker build`` has no marker, so nothing is replayed twice."""
+
+_staged: dict[Path, Path] = {}
+_staged_lock = threading.Lock()
+
+
+@atexit.register
+def _remove_staged() -> None:
+    with _staged_lock:
+        for folder in _staged.values():
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        _staged.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEnvironment:
+    """How to make one task's sandbox.
+
+    ``build_context``: the folder ``docker build`` runs in (None when the task names a prebuilt
+    ``image`` instead); ``plan``: what its Dockerfile does; bubblewrap can run the task iff
+    ``needs_docker_reason`` is None.
+    """
+
+    task_id: str
+    workdir: str
+    build_context: Path | None = None
+    plan: DockerfilePlan | None = None
+    image: str | None = None
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    build_timeout_s: float = 600.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_docker_reason(self) -> str | None:
+        """Why only Docker can make this sandbox (None: bubblewrap can)."""
+        if self.plan is not None and self.plan.build_step is not None:
+            return f"its Dockerfile has a build step: {self.plan.build_step}"
+        if self.plan is None and self.image != BASE_IMAGE:
+            return f"it runs in the prebuilt image {self.image!r}"
+        return None
+
+    def spec(self, kind: str | None = None) -> SandboxSpec:
+        """The sandbox spec for ``kind`` ("docker", "bwrap", or None for whichever works in both).
+
+        Docker builds the task's Dockerfile. A task bubblewrap can run gets, for "bwrap" and for
+        None, the base image plus its staged files (Docker runs that too, replaying RUN steps in
+        ``setup`` instead of building); others raise NeedsDockerError for "bwrap".
+        """
+        if kind not in (None, "docker", "bwrap"):
+            raise ValueError(f"sandbox kind: expected 'docker' or 'bwrap', got {kind!r}")
+        reason = self.needs_docker_reason
+        limits = {"memory_mb": self.memory_mb, "cpus": self.cpus}
+        if kind == "docker" or (kind is None and reason is not None):
+            env = {**(self.plan.env if self.plan else {}), **self.env}
+            return SandboxSpec(
+                image=self.image,
+                build_context=self.build_context if self.plan else None,
+                workdir=self.workdir,
+                env=env,
+                **limits,
+            )
+        if reason is not None:
+            raise NeedsDockerError(f"task {self.task_id} needs Docker: {reason}")
+        files = self._staged_files() if self.plan else None
+        env = {**(self.plan.env if self.plan else {}), **self.env}
+        return SandboxSpec(image=BASE_IMAGE, files=files, workdir=self.workdir, env=env, **limits)
+
+    def _staged_files(self) -> Path:
+        if self.plan is None:
+            raise ValueError(f"task {self.task_id} has no Dockerfile to stage files from")
+        with _staged_lock:
+            staged = _staged.get(self.plan.path)
+            if staged is None or not staged.exists():
+                staged = Path(tempfile.mkdtemp(prefix=f"tb-{self.task_id}-")) / "workspace"
+                _stage(self.plan, staged)
+                _staged[self.plan.path] = staged
+            return staged
+
+    def setup(self, sandbox: Sandbox) -> None:
+        """Replay the Dockerfile's RUN steps in a staged workspace (no-op after a Docker build)."""
+        if self.plan is None or not self.plan.run_steps:
+            return
+        marker = shlex.quote(f"{self.workdir.rstrip('/')}/{SETUP_MARKER}")
+        probe = sandbox.execute(f"test -f {marker} && rm -f {marker}", timeout=30)
+        if probe.exit_code != 0:
+            return
+        for step in self.plan.run_steps:
+            cmd = f"cd {shlex.quote(step.cwd)} && sh -c {shlex.quote(step.command)}"
+            result = sandbox.execute(cmd, timeout=self.build_timeout_s)
+            if result.timed_out or result.exit_code != 0:
+                status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+                raise NeedsDockerError(
+                    f"task {self.task_id} needs Docker: its build step `RUN {step.command}` "
+                    f"failed when replayed in the workspace ({status}): {result.output[-2000:]}"
+                )
+
+
+def _stage(plan: DockerfilePlan, root: Path) -> None:
+    """Lay out the Dockerfile's COPY sources as they will appear under the workspace."""
+    root.mkdir(parents=True)
+    for copy in plan.copies:
+        target = root / copy.dest if copy.dest != "." else root
+        for source in copy.sources:
+            if source.is_dir():
+                shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True)
+            elif copy.dest_is_dir or target.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / source.name)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+    if plan.run_steps:
+        (root / SETUP_MARKER).write_text("replay the Dockerfile's RUN steps\n")

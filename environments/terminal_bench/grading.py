@@ -1,0 +1,194 @@
+"""Runs a task's tests in the sandbox after an episode and turns their results into a Grade.
+
+Terminal-Bench 1: ``tests/`` and ``run-tests.sh`` go to ``/tests`` (``$TEST_DIR``), the script
+runs with ``max_test_timeout_sec``; when its output has a pytest ``-rA`` summary the reward is 1
+iff every listed test passed (as Terminal-Bench's pytest parser decides), otherwise 1 iff the
+script exits 0. Harbor: ``tests/`` goes to ``/tests``, ``tests/test.sh`` runs with the verifier
+timeout and must write ``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (a mapping of
+metric names to numbers; the reward is its ``"reward"`` entry, else the mean of the metrics).
+
+A run past its timeout scores 0 (``details["timed_out"]``); a grader that cannot run or a reward
+file that cannot be read is an infrastructure failure, never a score. Where ``/tests`` and
+``/logs`` cannot be created (a read-only host in bubblewrap), both live under
+``<workdir>/.thundersync-grader/`` instead; ``$TEST_DIR`` and ``$VERIFIER_DIR`` always name them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError
+from environments.tasks import Grade
+
+TESTS_DIR = "/tests"
+VERIFIER_DIR = "/logs/verifier"
+FALLBACK_DIR = ".thundersync-grader"
+_OUTPUT_TAIL = 4000
+_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)")
+_FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
+
+
+class RewardFileError(ValueError):
+    """A verifier wrote a reward file that is not in the Harbor format."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraderPaths:
+    """Where the tests and the verifier's logs live in this sandbox."""
+
+    tests: str
+    verifier: str
+    tmp: str | None = None
+    """A writable TMPDIR for the tests, set only when the sandbox's own is not writable."""
+
+    def exports(self) -> str:
+        names = {"TEST_DIR": self.tests, "VERIFIER_DIR": self.verifier, "TMPDIR": self.tmp}
+        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in names.items() if v)
+
+
+def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
+    """Fresh /tests and /logs/verifier, or the same under the workspace where / is read-only."""
+    root = f"{workdir.rstrip('/')}/{FALLBACK_DIR}"
+    candidates = [
+        GraderPaths(TESTS_DIR, VERIFIER_DIR),
+        GraderPaths(f"{root}/tests", f"{root}/logs/verifier", f"{root}/tmp"),
+    ]
+    for paths in candidates:
+        folders = " ".join(shlex.quote(p) for p in (paths.tests, paths.verifier, paths.tmp) if p)
+        made = sandbox.execute(
+            f"rm -rf {folders} && mkdir -p {folders} && test -w {shlex.quote(paths.verifier)} && "
+            'if test -w "${TMPDIR:-/tmp}"; then echo tmp-writable; fi',
+            timeout=60,
+        )
+        if made.exit_code == 0:
+            if "tmp-writable" in made.output:
+                return GraderPaths(paths.tests, paths.verifier)
+            return paths
+    raise SandboxError(f"cannot create the grader's folders: {made.output[-500:]}")
+
+
+def prepare_grader(sandbox: Sandbox, workdir: str, tests: list[tuple[Path, str]]) -> GraderPaths:
+    """Create fresh test and log folders and upload ``tests`` (host file, path under tests)."""
+    paths = _make_folders(sandbox, workdir)
+    parents = sorted({str(Path(paths.tests, rel).parent) for _, rel in tests})
+    if parents:
+        made = sandbox.execute("mkdir -p " + " ".join(shlex.quote(p) for p in parents), 60)
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot create the test folders: {made.output[-500:]}")
+    for source, rel in tests:
+        sandbox.upload(source, f"{paths.tests}/{rel}")
+    return paths
+
+
+def run_script(
+    sandbox: Sandbox, paths: GraderPaths, script: str, timeout: float, env: dict[str, str]
+) -> ExecResult:
+    """Run ``script`` with bash from the workdir, with the grader's variables and ``env``."""
+    extra = "".join(f" {k}={shlex.quote(v)}" for k, v in env.items())
+    return sandbox.execute(
+        f"{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
+    )
+
+
+def _timeout_grade(result: ExecResult, timeout: float) -> Grade:
+    return Grade(
+        reward=0.0,
+        details={
+            "timed_out": True,
+            "reason": f"the tests ran past their {timeout:g} s timeout",
+            "output": result.output[-_OUTPUT_TAIL:],
+        },
+    )
+
+
+def parse_pytest_summary(output: str) -> dict[str, str]:
+    """Test name → status from pytest's ``-rA`` short summary (empty if there is none)."""
+    _, header, summary = output.rpartition("short test summary info")
+    if not header:
+        return {}
+    results: dict[str, str] = {}
+    for line in summary.splitlines():
+        match = _SUMMARY_LINE.match(line.strip())
+        if match:
+            results[match.group(2)] = match.group(1)
+    return results
+
+
+def grade_tb1(result: ExecResult, timeout: float) -> Grade:
+    """Reward of a Terminal-Bench 1 ``run-tests.sh`` run."""
+    if result.timed_out:
+        return _timeout_grade(result, timeout)
+    tests = parse_pytest_summary(result.output)
+    details: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "output": result.output[-_OUTPUT_TAIL:],
+    }
+    if tests:
+        details["tests"] = tests
+        passed = not any(status in _FAILING for status in tests.values())
+    else:
+        passed = result.exit_code == 0
+    return Grade(reward=1.0 if passed else 0.0, details=details)
+
+
+def parse_reward_txt(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise RewardFileError(f"reward.txt: expected a number, got {text.strip()[:80]!r}") from None
+    if not math.isfinite(value):
+        raise RewardFileError(f"reward.txt: expected a finite number, got {value!r}")
+    return value
+
+
+def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
+    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RewardFileError(f"reward.json: expected JSON, got invalid text ({err})") from None
+    if not isinstance(data, dict) or not data:
+        raise RewardFileError(f"reward.json: expected a non-empty object of metrics, got {data!r}")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RewardFileError(f"reward.json: metric {key!r}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise RewardFileError(f"reward.json: metric {key!r}: expected a finite number")
+    metrics = {key: float(value) for key, value in data.items()}
+    reward = metrics.get("reward", sum(metrics.values()) / len(metrics))
+    return reward, metrics
+
+
+def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dict[str, Any]]:
+    """Read the verifier's reward file (reward.txt first, as Harbor does)."""
+    folder = shlex.quote(paths.verifier)
+    for name in ("reward.txt", "reward.json"):
+        shown = sandbox.execute(f"cat {folder}/{name}", timeout=60)
+        if shown.exit_code != 0:
+            continue
+        if name == "reward.txt":
+            return parse_reward_txt(shown.output), {}
+        reward, metrics = parse_reward_json(shown.output)
+        return reward, {"metrics": metrics}
+    raise RewardFileError(f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json")
+
+
+def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
+    """Reward of a Harbor ``tests/test.sh`` run."""
+    if result.timed_out:
+        return _timeout_grade(result, timeout)
+    details: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "output": result.output[-_OUTPUT_TAIL:],
+    }
+    try:
+        reward, extra = read_harbor_reward(sandbox, paths)
+    except RewardFileError as err:
+        return Grade(reward=0.0, infra_failure=True, details={**details, "error": str(err)})
+    return Grade(reward=reward, details={**details, **extra})

@@ -1,0 +1,169 @@
+"""Loads a Harbor (Terminal-Bench 2+) task folder: task.toml, instruction.md, environment/."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from environments.tasks import TaskFormatError
+from environments.terminal_bench import schema
+from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
+from environments.terminal_bench.environment import TaskEnvironment
+from environments.terminal_bench.task import TerminalBenchTask
+
+DEFAULT_AGENT_TIMEOUT_S = 600.0
+DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+DEFAULT_BUILD_TIMEOUT_S = 600.0
+TOP_LEVEL = frozenset(
+    {"version", "task", "metadata", "verifier", "agent", "environment", "solution"}
+)
+"""Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
+unknown keys inside the known tables only warn, since Harbor keeps adding optional ones."""
+_TABLE_KEYS = {
+    "task": frozenset({"name", "description", "authors", "keywords"}),
+    "verifier": frozenset({"timeout_sec", "env", "user"}),
+    "agent": frozenset({"timeout_sec", "user"}),
+    "solution": frozenset({"env"}),
+    "environment": frozenset(
+        {
+            "build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
+            "storage_mb", "gpus", "gpu_types", "allow_internet", "env", "workdir", "os",
+            "mcp_servers", "skills_dir", "healthcheck", "network_mode",
+        }
+    ),
+}  # fmt: skip
+_TASK_NAME = re.compile(r"^([a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*$", re.IGNORECASE)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(schema.read_utf8(path, "<document>"))
+    except tomllib.TOMLDecodeError as err:
+        raise TaskFormatError(path, "<document>", f"expected valid TOML: {err}") from err
+
+
+def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    schema.check_keys(path, data, TOP_LEVEL, strict=True)
+    version = data.get("version", "1.0")
+    if not isinstance(version, str):
+        raise TaskFormatError(path, "version", f"expected a version string, got {version!r}")
+    tables = {
+        name: schema.check_mapping(path, name, data.get(name, {}))
+        for name in ("task", "metadata", "verifier", "agent", "environment", "solution")
+    }
+    for name, known in _TABLE_KEYS.items():
+        schema.check_keys(path, tables[name], known, prefix=f"{name}.", strict=False)
+    name = tables["task"].get("name")
+    if name is not None and (
+        not isinstance(name, str) or not _TASK_NAME.match(name) or ".." in name
+    ):
+        raise TaskFormatError(
+            path, "task.name", f"expected 'name' or 'org/name' without path parts, got {name!r}"
+        )
+    return tables
+
+
+def _metadata(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **table,
+        "difficulty": schema.read_difficulty(path, "metadata.difficulty", table.get("difficulty")),
+        "category": schema.read_optional_str(
+            path, "metadata.category", table.get("category"), "general"
+        ),
+        "tags": schema.read_tags(path, "metadata.tags", table.get("tags")),
+    }
+
+
+def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnvironment:
+    path = task_dir / "task.toml"
+    env_dir = task_dir / "environment"
+    image = table.get("docker_image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise TaskFormatError(path, "environment.docker_image", f"expected an image, got {image!r}")
+    memory_mb = schema.read_memory_mb(path, "environment.memory", table.get("memory"))
+    if "memory_mb" in table:
+        memory_mb = int(schema.read_positive(path, "environment.memory_mb", table["memory_mb"], 1))
+    plan: DockerfilePlan | None = None
+    if image is None:
+        if not env_dir.is_dir():
+            raise TaskFormatError(task_dir, "environment", "expected an environment/ folder")
+        if (env_dir / "docker-compose.yaml").is_file():
+            raise TaskFormatError(
+                env_dir / "docker-compose.yaml",
+                "services",
+                "multi-container tasks are not supported",
+            )
+        plan = read_dockerfile(env_dir / "Dockerfile", env_dir)
+    workdir = schema.read_optional_str(
+        path, "environment.workdir", table.get("workdir"), plan.workdir if plan else DEFAULT_WORKDIR
+    )
+    if not workdir.startswith("/"):
+        raise TaskFormatError(
+            path, "environment.workdir", f"expected an absolute path, got {workdir!r}"
+        )
+    return TaskEnvironment(
+        task_id=task_id,
+        workdir=workdir,
+        build_context=env_dir if plan else None,
+        plan=plan,
+        image=image,
+        memory_mb=memory_mb or 2048,
+        cpus=schema.read_positive(path, "environment.cpus", table.get("cpus"), 1.0),
+        build_timeout_s=schema.read_timeout(
+            path,
+            "environment.build_timeout_sec",
+            table.get("build_timeout_sec"),
+            DEFAULT_BUILD_TIMEOUT_S,
+        ),
+        env=schema.read_env(path, "environment.env", table.get("env")),
+    )
+
+
+def _instruction(task_dir: Path) -> str:
+    path = task_dir / "instruction.md"
+    if not path.is_file():
+        raise TaskFormatError(task_dir, "instruction.md", "expected an instruction.md file")
+    return schema.read_text(path, "instruction", schema.read_utf8(path, "instruction"))
+
+
+def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
+    """Read and validate one Harbor task folder."""
+    task_id = schema.check_task_id(task_dir)
+    path = task_dir / "task.toml"
+    tables = _tables(path, _read_toml(path))
+    instruction = _instruction(task_dir)
+    agent_timeout = schema.read_timeout(
+        path, "agent.timeout_sec", tables["agent"].get("timeout_sec"), DEFAULT_AGENT_TIMEOUT_S
+    )
+    test_timeout = schema.read_timeout(
+        path,
+        "verifier.timeout_sec",
+        tables["verifier"].get("timeout_sec"),
+        DEFAULT_VERIFIER_TIMEOUT_S,
+    )
+    tests_dir = task_dir / "tests"
+    if not tests_dir.is_dir():
+        raise TaskFormatError(task_dir, "tests", "expected a tests/ folder")
+    if not (tests_dir / "test.sh").is_file():
+        raise TaskFormatError(tests_dir, "test.sh", "expected tests/test.sh, the verifier")
+    solve = task_dir / "solution" / "solve.sh"
+    if not solve.is_file():
+        raise TaskFormatError(task_dir, "solution/solve.sh", "expected the reference solution")
+    return TerminalBenchTask(
+        task_id=task_id,
+        instruction=instruction.strip() + "\n",
+        path=task_dir,
+        format="harbor",
+        environment=_environment(task_dir, task_id, tables["environment"]),
+        tests_dir=tests_dir,
+        test_script=tests_dir / "test.sh",
+        test_timeout_s=test_timeout,
+        solution_script=solve,
+        solution_env=schema.read_env(path, "solution.env", tables["solution"].get("env")),
+        test_env=schema.read_env(path, "verifier.env", tables["verifier"].get("env")),
+        timeout_s=agent_timeout,
+        max_turns=max_turns,
+        metadata=_metadata(path, tables["metadata"]),
+    )

@@ -1,0 +1,86 @@
+"""Finds Terminal-Bench 1 and Harbor tasks in a folder and loads them into a task set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from environments.tasks import TaskFormatError
+from environments.terminal_bench.harbor import load_harbor_task
+from environments.terminal_bench.task import TerminalBenchTask
+from environments.terminal_bench.tb1 import load_tb1_task
+
+TASK_FILES = ("task.yaml", "task.toml")
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalBenchTaskSet:
+    """Tasks loaded from one folder, in folder-name order."""
+
+    name: str
+    tasks: tuple[TerminalBenchTask, ...]
+
+    def __iter__(self) -> Iterator[TerminalBenchTask]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def get(self, task_id: str) -> TerminalBenchTask:
+        """The task with this id (KeyError naming the known ids otherwise)."""
+        for task in self.tasks:
+            if task.task_id == task_id:
+                return task
+        raise KeyError(f"no task {task_id!r} in {self.name}; known: {[t.task_id for t in self]}")
+
+
+def _is_task_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in TASK_FILES)
+
+
+def looks_like_terminal_bench(path: str | Path) -> bool:
+    """True if ``path`` is a task folder or holds task folders (task.yaml or task.toml)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return False
+    return _is_task_dir(folder) or any(
+        child.is_dir() and _is_task_dir(child) for child in folder.iterdir()
+    )
+
+
+def load_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
+    """Load one task folder, detecting its format by its task file."""
+    has_yaml, has_toml = ((task_dir / name).is_file() for name in TASK_FILES)
+    if has_yaml and has_toml:
+        raise TaskFormatError(
+            task_dir, "task.yaml", "expected one task file, found both task.yaml and task.toml"
+        )
+    if has_yaml:
+        return load_tb1_task(task_dir, max_turns=max_turns)
+    if has_toml:
+        return load_harbor_task(task_dir, max_turns=max_turns)
+    raise TaskFormatError(
+        task_dir,
+        "task.yaml",
+        "expected task.yaml (Terminal-Bench 1) or task.toml (Harbor), found neither",
+    )
+
+
+def load_tasks(path: str | Path, *, max_turns: int = 50) -> TerminalBenchTaskSet:
+    """Load a task folder or a folder of task folders; every malformed task raises
+    TaskFormatError. Sub-folders whose names start with '.' or '_' are skipped."""
+    root = Path(path)
+    if not root.is_dir():
+        raise TaskFormatError(root, "path", "expected a task folder or a folder of task folders")
+    if _is_task_dir(root):
+        return TerminalBenchTaskSet(name=root.name, tasks=(load_task(root, max_turns=max_turns),))
+    children = sorted(
+        child
+        for child in root.iterdir()
+        if child.is_dir() and not child.name.startswith((".", "_"))
+    )
+    tasks = tuple(load_task(child, max_turns=max_turns) for child in children)
+    if not tasks:
+        raise TaskFormatError(root, "task.yaml", "expected task folders, found none")
+    return TerminalBenchTaskSet(name=root.name, tasks=tasks)

@@ -1,0 +1,145 @@
+"""Typed field readers for task files: a bad value raises TaskFormatError naming file, field."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from environments.tasks import TaskFormatError
+
+DIFFICULTIES = frozenset({"easy", "medium", "hard", "unknown"})
+TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MEMORY_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+_MEMORY_UNIT_MB = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def check_mapping(path: Path, field: str, value: object) -> dict[str, Any]:
+    """``value`` must be a table/mapping with string keys."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TaskFormatError(path, field, f"expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def check_keys(
+    path: Path, table: Mapping[str, Any], known: Iterable[str], *, prefix: str = "", strict: bool
+) -> None:
+    """Unknown keys are an error when ``strict`` (a typo would silently keep a default) and a
+    warning otherwise (newer versions of a format add optional keys)."""
+    unknown = sorted(set(table) - set(known))
+    for key in unknown:
+        name = f"{prefix}{key}"
+        expected = ", ".join(sorted(known))
+        if strict:
+            raise TaskFormatError(path, name, f"unknown key; expected one of: {expected}")
+        warnings.warn(f"{path}: field {name!r}: unknown key, ignored", UserWarning, stacklevel=3)
+
+
+def read_text(path: Path, field: str, value: object) -> str:
+    """A non-empty string (the instruction, a command)."""
+    if not isinstance(value, str):
+        raise TaskFormatError(path, field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise TaskFormatError(path, field, "expected a non-empty string, got an empty one")
+    return value
+
+
+def read_optional_str(path: Path, field: str, value: object, default: str) -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise TaskFormatError(path, field, f"expected a string, got {value!r}")
+    return value
+
+
+def read_timeout(path: Path, field: str, value: object, default: float) -> float:
+    """A finite positive number of seconds (booleans are not numbers here)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TaskFormatError(path, field, f"expected a positive number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise TaskFormatError(path, field, f"expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def read_positive(path: Path, field: str, value: object, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise TaskFormatError(path, field, f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def read_bool(path: Path, field: str, value: object, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise TaskFormatError(path, field, f"expected true or false, got {value!r}")
+    return value
+
+
+def read_difficulty(path: Path, field: str, value: object) -> str:
+    if value is None:
+        return "unknown"
+    if not isinstance(value, str) or value.lower() not in DIFFICULTIES:
+        expected = ", ".join(sorted(DIFFICULTIES))
+        raise TaskFormatError(path, field, f"expected one of {expected}, got {value!r}")
+    return value.lower()
+
+
+def read_tags(path: Path, field: str, value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TaskFormatError(path, field, f"expected a list of strings, got {value!r}")
+    for i, tag in enumerate(value):
+        if not isinstance(tag, str):
+            raise TaskFormatError(path, f"{field}[{i}]", f"expected a string, got {tag!r}")
+    return tuple(value)
+
+
+def read_env(path: Path, field: str, value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    table = check_mapping(path, field, value)
+    for key, item in table.items():
+        if not isinstance(item, str):
+            raise TaskFormatError(path, f"{field}.{key}", f"expected a string, got {item!r}")
+    return table
+
+
+def read_memory_mb(path: Path, field: str, value: object) -> int | None:
+    """A size such as ``"2G"`` or ``"512M"`` (bytes when unitless), in MiB."""
+    if value is None:
+        return None
+    match = _MEMORY_PATTERN.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise TaskFormatError(path, field, f"expected a size such as '2G' or '512M', got {value!r}")
+    size_mb = float(match.group(1)) * _MEMORY_UNIT_MB[match.group(2).upper()]
+    if size_mb < 1:
+        raise TaskFormatError(path, field, f"expected at least 1 MiB, got {value!r}")
+    return int(size_mb)
+
+
+def check_task_id(task_dir: Path) -> str:
+    """The task id is its folder's name: a plain name, never a path."""
+    name = task_dir.name
+    if not TASK_ID_PATTERN.match(name):
+        raise TaskFormatError(
+            task_dir,
+            "task_id",
+            f"expected a folder name of letters, digits, '.', '_' or '-' (no path separators "
+            f"or spaces), got {name!r}",
+        )
+    return name
+
+
+def read_utf8(path: Path, field: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise TaskFormatError(path, field, f"expected UTF-8 text: {err}") from err

@@ -1,0 +1,126 @@
+"""One Terminal-Bench 1 or Harbor task: its instruction, sandbox, grader and reference solution."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shlex
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
+from environments.tasks import Grade
+from environments.terminal_bench import grading
+from environments.terminal_bench.environment import TaskEnvironment
+
+_CHUNK_CHARS = 64 * 1024
+"""Base64 per command: well under Linux's 128 KiB limit on one argument."""
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalBenchTask:
+    """A task loaded from a ``task.yaml`` (``format="tb1"``) or ``task.toml`` (``"harbor"``).
+
+    Matches the ``environments.tasks.Task`` protocol. ``timeout_s`` (per agent command) is the
+    task's agent timeout, so one command (the oracle's solution script) may use all of it.
+    """
+
+    task_id: str
+    instruction: str
+    path: Path
+    format: Literal["tb1", "harbor"]
+    environment: TaskEnvironment
+    tests_dir: Path
+    test_script: Path
+    """run-tests.sh (Terminal-Bench 1) or tests/test.sh (Harbor)."""
+    test_timeout_s: float
+    solution_script: Path | None = None
+    """solution.sh or solution/solve.sh; None when ``solution_commands`` (solution.yaml) is set."""
+    solution_commands: tuple[str, ...] = ()
+    solution_env: dict[str, str] = field(default_factory=dict)
+    test_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the tests (Harbor's ``[verifier] env``)."""
+    timeout_s: float = 600.0
+    max_turns: int = 50
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_docker_reason(self) -> str | None:
+        """Why only the Docker sandbox can run this task (None: bubblewrap can)."""
+        return self.environment.needs_docker_reason
+
+    def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
+        """How to make the sandbox; ``kind="bwrap"`` raises NeedsDockerError for build steps."""
+        return self.environment.spec(kind)
+
+    def setup(self, sandbox: Sandbox) -> None:
+        """Replay the Dockerfile's RUN steps when the workspace was staged rather than built."""
+        self.environment.setup(sandbox)
+
+    def grade(self, sandbox: Sandbox) -> Grade:
+        """Upload the tests, run them with the task's test timeout, and score the result."""
+        workdir = self.environment.workdir
+        try:
+            if self.format == "tb1":
+                uploads = [*_test_files(self.tests_dir, ""), (self.test_script, "run-tests.sh")]
+                paths = grading.prepare_grader(sandbox, workdir, uploads)
+                script = f"{paths.tests}/run-tests.sh"
+                result = grading.run_script(
+                    sandbox, paths, script, self.test_timeout_s, self.test_env
+                )
+                return grading.grade_tb1(result, self.test_timeout_s)
+            paths = grading.prepare_grader(sandbox, workdir, _test_files(self.tests_dir, ""))
+            script = f"{paths.tests}/test.sh"
+            result = grading.run_script(sandbox, paths, script, self.test_timeout_s, self.test_env)
+            return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
+        except SandboxError as err:
+            return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
+
+    def reference_solution(self) -> list[str]:
+        """Commands that unpack the solution into a temporary folder and run it from the
+        workspace; nothing of the solution is in the sandbox before they run. One command when
+        it fits (bubblewrap's /tmp lasts one command); larger ones are staged in the workspace.
+        """
+        if self.solution_script is None:
+            return list(self.solution_commands)
+        folder = self.solution_script.parent if self.format == "harbor" else None
+        payload = _pack(self.solution_script, folder)
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.solution_env.items())
+        run = (
+            'd=$(mktemp -d 2>/dev/null || mktemp -d -p "$PWD" .thundersync-oracle.XXXXXX) && '
+            f'{{ {{SOURCE}} | base64 -d | tar -xzf - -C "$d"; }} && '
+            f'({exports}SOLUTION_DIR="$d" bash "$d/{self.solution_script.name}"); '
+            'status=$?; rm -rf "$d" {STAGED}; exit $status'
+        )
+        if len(payload) <= _CHUNK_CHARS:
+            return [run.replace("{SOURCE}", f"printf %s {payload}").replace(" {STAGED}", "")]
+        staged = ".thundersync-oracle.b64"
+        commands = [f"rm -f {staged}"]
+        for start in range(0, len(payload), _CHUNK_CHARS):
+            commands.append(f"printf %s {payload[start : start + _CHUNK_CHARS]} >> {staged}")
+        commands.append(run.replace("{SOURCE}", f"cat {staged}").replace("{STAGED}", staged))
+        return commands
+
+
+def _test_files(folder: Path, prefix: str) -> list[tuple[Path, str]]:
+    """Every file under ``folder`` with its path relative to it."""
+    return [
+        (path, prefix + path.relative_to(folder).as_posix())
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    ]
+
+
+def _pack(script: Path, folder: Path | None) -> str:
+    """A base64 tar.gz of ``folder`` (Harbor's solution/) or of the single ``script``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        if folder is None:
+            archive.add(script, arcname=script.name)
+        else:
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    archive.add(path, arcname=path.relative_to(folder).as_posix())
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

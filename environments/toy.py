@@ -1,0 +1,258 @@
+"""Toy envs for CPU RL training: table look-ups with real tools run in the sandbox.
+
+``thundersync/ToySum-v0``: the prompt names two keys of a table that is redrawn every
+episode and stored as ``table.txt`` in the sandbox; the agent must ``lookup`` both, ``calc``
+their sum and ``answer`` it (3 tool calls, then the answer submits). ``thundersync/
+ToyChain-v0``: the prompt names a start key; each ``lookup`` returns the next key or, at the
+end of a chain of 1..``max_hops`` hops, a number, which the agent must ``answer``. Episodes
+therefore vary in length.
+
+Every action is one ```bash block holding one of four commands (a small, regular
+vocabulary for a word-level tokenizer): ``lookup KEY``, ``calc A+B``, ``answer N`` and
+``submit``. Reward is 1.0 iff the answered number is right. Tasks are drawn with the env's
+``np_random``, so episodes are deterministic given the seed, and each task's
+``reference_solution()`` is the oracle's play. A latency knob adds a fixed (``sigma=0``) or
+log-normal delay (median ``*_latency_s``) to every tool call and every grading, drawn from a
+generator seeded at reset, to build long-tail workloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from environments.core import SandboxFactory, ShellEnv
+from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
+from environments.tasks import Grade
+
+KEYS = (
+    "red",
+    "blue",
+    "green",
+    "gold",
+    "pink",
+    "gray",
+    "cyan",
+    "lime",
+    "navy",
+    "plum",
+    "rose",
+    "teal",
+)
+TOOL_TIMEOUT_S = 10.0
+
+_SCRIPTS = {
+    "lookup": """#!/bin/sh
+case "$1" in ''|*[!a-z0-9]*) echo "unknown key $1"; exit 1;; esac
+v=$(grep -m1 "^$1=" "$(dirname "$0")/../table.txt" | cut -d= -f2)
+if [ -z "$v" ]; then echo "unknown key $1"; exit 1; fi
+echo "$v"
+""",
+    "calc": """#!/bin/sh
+case "$1" in ''|*[!0-9+*-]*) echo "bad expression $1"; exit 1;; esac
+echo $(( $1 ))
+""",
+    "answer": """#!/bin/sh
+echo "$1" > "$(dirname "$0")/../answer.txt"
+echo THUNDERSYNC_SUBMIT
+""",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    """A per-call delay: ``median_s`` exactly when ``sigma`` is 0, else log-normal."""
+
+    median_s: float = 0.0
+    """Median delay in seconds (0 disables the delay)."""
+    sigma: float = 0.0
+    """Standard deviation of the log of the delay (0: fixed delay)."""
+    max_s: float = 60.0
+    """Cap on one delay, so a long tail stays bounded."""
+
+    def draw(self, rng: np.random.Generator) -> float:
+        if self.median_s <= 0:
+            return 0.0
+        if self.sigma <= 0:
+            return min(self.median_s, self.max_s)
+        return float(min(self.median_s * np.exp(self.sigma * rng.standard_normal()), self.max_s))
+
+
+@dataclass(frozen=True, slots=True)
+class ToyTask:
+    """One table look-up task (matches the ``Task`` protocol)."""
+
+    task_id: str
+    instruction: str
+    table: tuple[tuple[str, str], ...]
+    solution: tuple[str, ...]
+    answer: str
+    max_turns: int = 8
+    timeout_s: float = TOOL_TIMEOUT_S
+    grade_delay_s: float = 0.0
+
+    def sandbox_spec(self) -> SandboxSpec:
+        workdir = SandboxSpec().workdir
+        return SandboxSpec(
+            workdir=workdir,
+            memory_mb=256,
+            pids=64,
+            env={"PATH": f"{workdir}/bin:/usr/local/bin:/usr/bin:/bin"},
+        )
+
+    def setup(self, sandbox: Sandbox) -> None:
+        parts = ["mkdir -p bin"]
+        for name, body in _SCRIPTS.items():
+            parts.append(f"cat > bin/{name} <<'TS_EOF'\n{body}TS_EOF\nchmod +x bin/{name}")
+        rows = "".join(f"{key}={value}\n" for key, value in self.table)
+        parts.append(f"cat > table.txt <<'TS_EOF'\n{rows}TS_EOF")
+        result = sandbox.execute("set -e\n" + "\n".join(parts), TOOL_TIMEOUT_S)
+        if result.exit_code != 0:
+            raise SandboxError(f"toy task {self.task_id}: setup failed: {result.output!r}")
+
+    def grade(self, sandbox: Sandbox) -> Grade:
+        if self.grade_delay_s > 0:
+            time.sleep(self.grade_delay_s)
+        result = sandbox.execute("cat answer.txt", TOOL_TIMEOUT_S)
+        given = result.output.strip() if result.exit_code == 0 else None
+        reward = 1.0 if given == self.answer else 0.0
+        return Grade(reward, details={"answer": given, "expected": self.answer})
+
+    def reference_solution(self) -> list[str]:
+        return list(self.solution)
+
+
+def draw_sum_task(rng: np.random.Generator, *, num_keys: int = 6, max_value: int = 9) -> ToyTask:
+    """A fresh ToySum task: a table of ``num_keys`` keys with values 0..``max_value``."""
+    keys = [str(k) for k in rng.choice(KEYS, size=num_keys, replace=False)]
+    values = [int(v) for v in rng.integers(0, max_value + 1, size=num_keys)]
+    i, j = (int(x) for x in rng.choice(num_keys, size=2, replace=False))
+    total = values[i] + values[j]
+    table = tuple(zip(keys, (str(v) for v in values), strict=True))
+    instruction = (
+        f"Add the values of {keys[i]} and {keys[j]}. Tools: lookup KEY, calc A+B, answer N."
+    )
+    solution = (
+        f"lookup {keys[i]}",
+        f"lookup {keys[j]}",
+        f"calc {values[i]}+{values[j]}",
+        f"answer {total}",
+    )
+    return ToyTask(
+        _task_id("toy-sum", table, instruction), instruction, table, solution, str(total)
+    )
+
+
+def draw_chain_task(rng: np.random.Generator, *, max_hops: int = 3, max_value: int = 9) -> ToyTask:
+    """A fresh ToyChain task: follow 1..``max_hops`` keys to a number."""
+    hops = int(rng.integers(1, max_hops + 1))
+    keys = [str(k) for k in rng.choice(KEYS, size=len(KEYS), replace=False)]
+    chain, decoys = keys[:hops], keys[hops:]
+    value = str(int(rng.integers(0, max_value + 1)))
+    rows = [(chain[n], chain[n + 1] if n + 1 < hops else value) for n in range(hops)]
+    rows += [(key, str(int(rng.integers(0, max_value + 1)))) for key in decoys[:3]]
+    order = rng.permutation(len(rows))
+    table = tuple(rows[int(n)] for n in order)
+    instruction = (
+        f"Start at {chain[0]}. Each lookup gives the next key or a number. "
+        "Tools: lookup KEY, answer N."
+    )
+    solution = tuple(f"lookup {key}" for key in chain) + (f"answer {value}",)
+    return ToyTask(
+        _task_id("toy-chain", table, instruction),
+        instruction,
+        table,
+        solution,
+        value,
+        max_turns=max_hops + 4,
+    )
+
+
+def _task_id(prefix: str, table: tuple[tuple[str, str], ...], instruction: str) -> str:
+    digest = hashlib.sha256(repr((table, instruction)).encode()).hexdigest()[:10]
+    return f"{prefix}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToyTaskSet:
+    """A fixed list of toy tasks (a ``TaskSet``), e.g. the ``toy-sum`` suite."""
+
+    name: str
+    tasks: tuple[ToyTask, ...]
+
+    def __iter__(self) -> Iterator[ToyTask]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> ToyTaskSet:
+    """The ``toy-sum`` evaluation suite: ``num_tasks`` ToySum tasks drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return ToyTaskSet("toy-sum", tuple(draw_sum_task(rng) for _ in range(num_tasks)))
+
+
+class _ToyEnv(ShellEnv):
+    """A ShellEnv whose tasks are drawn fresh every episode, with the latency knob."""
+
+    def __init__(
+        self,
+        *,
+        sandbox: str | SandboxFactory = "bwrap",
+        tool_latency_s: float = 0.0,
+        tool_latency_sigma: float = 0.0,
+        grade_latency_s: float = 0.0,
+        grade_latency_sigma: float = 0.0,
+        max_episode_s: float | None = None,
+        max_format_errors: int = 3,
+        **task_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            sandbox=sandbox, max_episode_s=max_episode_s, max_format_errors=max_format_errors
+        )
+        self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
+        self.grade_latency = LatencyModel(grade_latency_s, grade_latency_sigma)
+        self.task_kwargs = task_kwargs
+        self._latency_rng = np.random.default_rng(0)
+
+    def _select_task(self, choice: Any) -> Any:
+        task = self.draw_task(self.np_random) if choice is None else choice
+        self._latency_rng = np.random.default_rng(int(self.np_random.integers(2**63)))
+        if not isinstance(task, ToyTask):
+            return super()._select_task(task)
+        return replace(task, grade_delay_s=self.grade_latency.draw(self._latency_rng))
+
+    def _execute(self, command: str, timeout: float) -> ExecResult:
+        delay = self.tool_latency.draw(self._latency_rng)
+        if delay > 0:
+            time.sleep(delay)
+        result = super()._execute(command, timeout)
+        return replace(result, duration_s=result.duration_s + delay)
+
+
+class ToySumEnv(_ToyEnv):
+    """``thundersync/ToySum-v0``: look up two keys, add them, answer (see module docstring).
+
+    Keyword arguments: ``num_keys`` (table size, default 6), ``max_value`` (default 9), the
+    latency knob and ``sandbox``.
+    """
+
+    def draw_task(self, rng: np.random.Generator) -> ToyTask:
+        return draw_sum_task(rng, **self.task_kwargs)
+
+
+class ToyChainEnv(_ToyEnv):
+    """``thundersync/ToyChain-v0``: follow a chain of keys to a number (see module docstring).
+
+    Keyword arguments: ``max_hops`` (default 3), ``max_value`` (default 9), the latency knob
+    and ``sandbox``.
+    """
+
+    def draw_task(self, rng: np.random.Generator) -> ToyTask:
+        return draw_chain_task(rng, **self.task_kwargs)

@@ -1,0 +1,172 @@
+"""``thundersync eval`` end to end: the toy suite and every shipped suite folder, in bwrap."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thundersync.cli import main
+from thundersync.events import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "environments" / "fixtures"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(["eval", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@needs_bwrap
+def test_oracle_scores_one_on_the_toy_suite_and_writes_the_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    report = run_json(capsys, "--suite", "toy-sum", "--agent", "oracle", "--out", str(out))
+    assert report["mean_reward"] == 1.0
+    assert len(report["tasks"]) == 8
+    for row in report["tasks"]:
+        assert {"task_id", "reward", "infra_failure"} <= row.keys()
+        assert row["reward"] == 1.0 and row["infra_failure"] is False
+    assert json.loads((out / "results.json").read_text()) == report
+    assert json.loads((out / "config.json").read_text())["agent"] == "oracle"
+    events = read_jsonl(out / "events.jsonl")
+    assert sum(e["event"] == "RewardReady" for e in events) == 8
+    assert sum(e["event"] == "TurnCompleted" for e in events) == 8 * 4
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_the_console_script_path_runs_in_a_fresh_process():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thundersync.cli",
+            "eval",
+            "--suite",
+            "toy-sum",
+            "--agent",
+            "oracle",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mean_reward"] == 1.0
+
+
+@needs_bwrap
+def test_nop_scores_zero_on_the_toy_suite_and_reports_per_task(capsys):
+    report = run_json(capsys, "--suite", "toy-sum", "--agent", "nop", "--concurrency", "4")
+    assert report["mean_reward"] == 0.0
+    assert [row["reward"] for row in report["tasks"]] == [0.0] * 8
+
+
+@needs_bwrap
+def test_k_attempts_per_task(capsys):
+    report = run_json(capsys, "--suite", "toy-sum", "--agent", "oracle", "-k", "2")
+    assert all(len(row["attempts"]) == 2 for row in report["tasks"])
+    ids = {a["episode_id"] for row in report["tasks"] for a in row["attempts"]}
+    assert len(ids) == 16
+
+
+@needs_bwrap
+def test_the_human_report_names_the_mean_and_the_infra_failure_rule(capsys):
+    assert main(["eval", "--suite", "toy-sum", "--agent", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "mean reward: 1.000 over 8 task(s)" in out
+    assert "excluded from the mean" in out
+
+
+def test_an_unknown_suite_is_a_clear_error(capsys):
+    assert main(["eval", "--suite", "no-such-suite", "--agent", "oracle"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown suite 'no-such-suite'" in err and "toy-sum" in err
+
+
+def test_an_unrecognised_folder_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["eval", "--suite", str(tmp_path), "--agent", "nop"]) == 2
+    assert "unrecognised suite folder" in capsys.readouterr().err
+
+
+def test_the_policy_agent_is_not_yet_available(capsys):
+    assert main(["eval", "--suite", "toy-sum", "--agent", "policy"]) == 2
+    assert "not yet" in capsys.readouterr().err
+
+
+SHIPPED = {
+    "swebench": (FIXTURES / "swebench", "environments.swebench"),
+    "tb1": (FIXTURES / "terminal_bench" / "tb1", "environments.terminal_bench"),
+    "harbor": (FIXTURES / "terminal_bench" / "harbor", "environments.terminal_bench"),
+}
+
+
+@pytest.mark.slow
+@needs_bwrap
+@pytest.mark.parametrize("agent,expected", [("oracle", 1.0), ("nop", 0.0)])
+@pytest.mark.parametrize("suite", sorted(SHIPPED))
+def test_shipped_suite_folders_score_oracle_one_and_nop_zero(suite, agent, expected, capsys):
+    folder, loader = SHIPPED[suite]
+    if importlib.util.find_spec(loader) is None or not folder.is_dir():
+        pytest.skip(f"{loader} or {folder} has not landed yet")
+    report = run_json(
+        capsys, "--suite", str(folder), "--agent", agent, "--sandbox", "bwrap", "--concurrency", "2"
+    )
+    failures = {
+        row["task_id"]: row["attempts"][0].get("error")
+        for row in report["tasks"]
+        if row["infra_failure"]
+    }
+    assert failures == {}
+    assert {row["task_id"]: row["reward"] for row in report["tasks"]} == {
+        row["task_id"]: expected for row in report["tasks"]
+    }
+    assert report["mean_reward"] == expected
+
+
+def test_docker_without_a_daemon_is_a_clear_error(monkeypatch, capsys):
+    import environments.sandboxes
+
+    monkeypatch.setattr(environments.sandboxes, "docker_available", lambda: False)
+    assert main(["eval", "--suite", "toy-sum", "--agent", "nop", "--sandbox", "docker"]) == 2
+    assert "no Docker daemon" in capsys.readouterr().err
+
+
+def _result(task_id: str, reward: float, infra: bool, episode: str):
+    from environments.runner import EpisodeResult
+    from thundersync.types import Trajectory
+
+    trajectory = Trajectory(episode, "g", 2, task_id, (), ())
+    details = {"error": "SandboxError: died"} if infra else {}
+    return EpisodeResult(
+        trajectory, task_id, reward, infra, "error" if infra else "submitted", details
+    )
+
+
+def test_infra_failures_are_reported_and_excluded_from_the_mean():
+    from harness.eval import EvalConfig, build_report
+
+    groups = [
+        [_result("a", 1.0, False, "e0"), _result("a", 0.0, True, "e1")],
+        [_result("b", 0.0, True, "e2"), _result("b", 0.0, True, "e3")],
+        [_result("c", 0.0, False, "e4"), _result("c", 1.0, False, "e5")],
+    ]
+    report = build_report(EvalConfig("s", "oracle", "bwrap", 2, 1), groups)
+    rows = {row["task_id"]: row for row in report["tasks"]}
+    assert rows["a"]["reward"] == 1.0 and not rows["a"]["infra_failure"]
+    assert rows["b"]["reward"] is None and rows["b"]["infra_failure"]
+    assert rows["b"]["attempts"][0]["error"] == "SandboxError: died"
+    assert rows["c"]["reward"] == 0.5
+    assert report["mean_reward"] == 0.75 and report["num_infra_failures"] == 1

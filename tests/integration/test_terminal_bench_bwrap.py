@@ -1,0 +1,112 @@
+"""The shipped Terminal-Bench 1 and Harbor tasks, run for real in bubblewrap: the oracle scores
+1, doing nothing scores 0, and grading failures are reported as such."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes import NeedsDockerError, Sandbox, make_sandbox
+from environments.tasks import Grade
+from environments.terminal_bench import TerminalBenchTask, load_tasks
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+FIXTURES = Path(__file__).resolve().parents[2] / "environments" / "fixtures" / "terminal_bench"
+TASKS = [task for fmt in ("tb1", "harbor") for task in load_tasks(FIXTURES / fmt)]
+
+
+@contextmanager
+def bwrap_sandbox(task: TerminalBenchTask) -> Iterator[Sandbox]:
+    sandbox = make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap")
+    try:
+        task.setup(sandbox)
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+def run_agent(task: TerminalBenchTask, agent: str, commands: list[str] = ()) -> Grade:
+    with bwrap_sandbox(task) as sandbox:
+        for cmd in task.reference_solution() if agent == "oracle" else commands:
+            done = sandbox.execute(cmd, timeout=task.timeout_s)
+            assert done.exit_code == 0, done.output[-2000:]
+        return task.grade(sandbox)
+
+
+def by_id(fmt: str, task_id: str) -> TerminalBenchTask:
+    return next(t for t in TASKS if t.format == fmt and t.task_id == task_id)
+
+
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_multi_metric_task_oracle_and_nop(fmt: str) -> None:
+    task = by_id(fmt, "sales-report")
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+    if fmt == "harbor":
+        assert oracle.details["metrics"] == {
+            "valid_json": 1.0, "total_revenue": 1.0, "revenue_by_region": 1.0, "top_product": 1.0,
+        }  # fmt: skip
+
+
+def test_partial_report_gets_partial_harbor_reward_but_fails_tb1() -> None:
+    partial = ['echo \'{"total_revenue": 1370.12, "top_product": "toaster"}\' > report.json']
+    harbor = run_agent(by_id("harbor", "sales-report"), "scripted", partial)
+    assert harbor.reward == pytest.approx(0.5), harbor.details
+    assert harbor.details["metrics"]["revenue_by_region"] == 0.0
+    assert run_agent(by_id("tb1", "sales-report"), "scripted", partial).reward == 0.0
+
+
+def test_tampered_reward_file_is_an_infra_failure(tmp_path: Path) -> None:
+    task_dir = tmp_path / "sales-report"
+    shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
+    (task_dir / "tests" / "test.sh").write_text(
+        '#!/bin/bash\necho "all good" > "${VERIFIER_DIR:-/logs/verifier}/reward.txt"\n'
+    )
+    grade = run_agent(load_tasks(task_dir).get("sales-report"), "nop")
+    assert grade.infra_failure
+    assert "reward.txt: expected a number, got 'all good'" in grade.details["error"]
+
+
+def test_task_with_a_build_step_refuses_bwrap(tmp_path: Path) -> None:
+    task_dir = tmp_path / "sort-files"
+    shutil.copytree(FIXTURES / "tb1" / "sort-files", task_dir)
+    dockerfile = task_dir / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("thundersync/base:bookworm", "ubuntu"))
+    task = load_tasks(task_dir).get("sort-files")
+    with pytest.raises(NeedsDockerError, match="task sort-files needs Docker: .*'ubuntu'"):
+        task.sandbox_spec("bwrap")
+    with pytest.raises(NeedsDockerError):
+        make_sandbox(task.sandbox_spec(), kind="bwrap")
+
+
+def test_replayed_build_step_that_writes_outside_the_workspace_needs_docker(
+    tmp_path: Path,
+) -> None:
+    task_dir = tmp_path / "sort-files"
+    shutil.copytree(FIXTURES / "harbor" / "sort-files", task_dir)
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo x > /usr/local/bin/tool\n")
+    task = load_tasks(task_dir).get("sort-files")
+    sandbox = make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap")
+    try:
+        with pytest.raises(NeedsDockerError, match=r"RUN echo x > /usr/local/bin/tool.*failed"):
+            task.setup(sandbox)
+    finally:
+        sandbox.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
+def test_every_shipped_task_oracle_scores_1_and_nop_scores_0(task: TerminalBenchTask) -> None:
+    oracle = run_agent(task, "oracle")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    nop = run_agent(task, "nop")
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+    if task.task_id == "fast-pair-count":
+        assert nop.details["timed_out"] is True

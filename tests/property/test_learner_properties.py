@@ -1,0 +1,134 @@
+"""Properties of the streaming learner: exact zeros, the memory budget, event round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.property import textbook
+from thundersync import GRPO, Learner
+from thundersync import events as ev
+from thundersync.models import load_model
+from thundersync.rollouts import BatchShape, random_batch
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dirs):
+    return load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
+
+
+def run(model, objective, events, **kwargs) -> tuple[torch.Tensor, Learner, dict]:
+    learner = Learner(
+        model, objective, torch.optim.SGD(model.parameters(), lr=0.0), max_grad_norm=None,
+        **kwargs,
+    )  # fmt: skip
+    for event in events:
+        learner.consume(event)
+    metrics = learner.step()
+    return learner.last_gradient, learner, metrics
+
+
+def flat_group(model, reward: float, size: int, seed: int) -> list[ev.Event]:
+    """One group whose rewards are all ``reward``."""
+    events = random_batch(seed, model.config.vocab_size, BatchShape(max_groups=1,
+                          max_group_size=size, max_turns=3, max_tokens=48,
+                          infra_failure_rate=0.0))  # fmt: skip
+    return [
+        ev.RewardReady(episode_id=e.episode_id, reward=reward) if isinstance(e, ev.RewardReady)
+        else e
+        for e in events
+    ]  # fmt: skip
+
+
+@given(
+    reward=st.sampled_from([0.0, 1.0, 0.1, 0.3, 1e-9, 7.77]),
+    seed=st.integers(0, 10**6),
+    options=st.sampled_from([{}, {"early_start": True}, {"buffer_budget_bytes": 0},
+                             {"deterministic": True}]),  # fmt: skip
+    scale=st.booleans(),
+)
+def test_an_all_equal_group_contributes_exactly_zero(model, reward, seed, options, scale):
+    # 0.1 and 0.3: the mean of equal floats is not always the value itself (0.1*3/3 != 0.1),
+    # so r - mean(r) would leave a residue; sync and streaming must both give exact zeros.
+    events = flat_group(model, reward, size=4, seed=seed)
+    for streaming in (False, True):
+        grad, _, _ = run(model, GRPO(scale_by_std=scale), events, streaming=streaming, **options)
+        assert torch.count_nonzero(grad) == 0
+
+
+@given(
+    seed=st.integers(0, 10**6),
+    budget_buffers=st.integers(0, 5),
+    early_start=st.booleans(),
+    kl=st.sampled_from([0.0, 0.1]),
+    deterministic=st.booleans(),
+)
+def test_open_group_memory_never_exceeds_the_budget_and_stays_exact(
+    model, tiny_model_dirs, seed, budget_buffers, early_start, kl, deterministic
+):
+    reference = load_model(tiny_model_dirs["gpt2"], dtype=torch.float64) if kl else None
+    objective = GRPO(kl_coef=kl)
+    shape = BatchShape(max_groups=4, max_group_size=5, max_turns=3, max_tokens=48)
+    events = random_batch(seed, model.config.vocab_size, shape)
+    numel = sum(p.numel() for p in model.parameters())
+    budget = budget_buffers * numel * 8
+    grad, learner, metrics = run(
+        model, objective, events, streaming=True, early_start=early_start,
+        buffer_budget_bytes=budget, reference=reference, deterministic=deterministic,
+    )  # fmt: skip
+    assert metrics["peak_buffer_bytes"] <= budget
+    book = textbook.gradient(model, objective, events, reference)
+    assert float((grad - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
+
+
+def test_an_unlimited_budget_really_holds_groups_open(model):
+    """The budget test above must be able to fail: without a budget, buffers are used."""
+    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=2, max_tokens=40,
+                       infra_failure_rate=0.0)  # fmt: skip
+    events = random_batch(11, model.config.vocab_size, shape, arrival="interleaved")
+    _, _, metrics = run(model, GRPO(), events, streaming=True, early_start=True)
+    assert metrics["peak_buffer_bytes"] >= 2 * metrics["buffer_bytes"]
+
+
+token_ids = st.lists(st.integers(0, 2**31 - 1), max_size=20).map(tuple)
+logprobs = st.lists(st.floats(max_value=0.0, allow_nan=False), max_size=20).map(tuple)
+names = st.text(min_size=1, max_size=12)
+any_event = st.one_of(
+    st.builds(ev.EpisodeStarted, episode_id=names, group_id=names, group_size=st.integers(1, 64),
+              task_id=names, prompt_ids=token_ids, policy_version=st.integers(0, 10**6)),
+    st.builds(ev.TurnCompleted, episode_id=names, turn=st.integers(0, 99), action_ids=token_ids,
+              action_logprobs=logprobs, policy_version=st.integers(0, 10**6)),
+    st.builds(ev.ToolFinished, episode_id=names, turn=st.integers(0, 99),
+              observation_ids=token_ids, duration_s=st.floats(0, 1e4),
+              exit_code=st.none() | st.integers(-255, 255), timed_out=st.booleans()),
+    st.builds(ev.EpisodeCompleted, episode_id=names, num_turns=st.integers(1, 99),
+              stop_reason=names),
+    st.builds(ev.RewardReady, episode_id=names, reward=st.floats(-1e6, 1e6),
+              infra_failure=st.booleans(), details=st.dictionaries(names, st.integers())),
+    st.builds(ev.TeacherScored, episode_id=names, turn=st.integers(0, 99),
+              teacher_logprobs=logprobs),
+)  # fmt: skip
+
+
+@given(event=any_event)
+def test_events_round_trip_through_json(event):
+    assert ev.from_dict(json.loads(json.dumps(ev.to_dict(event)))) == event
+
+
+@given(events=st.lists(any_event, max_size=10))
+def test_the_jsonl_log_holds_lengths_not_token_arrays(tmp_path_factory, events):
+    path = tmp_path_factory.mktemp("log") / "events.jsonl"
+    with ev.JsonlSink(path) as sink:
+        for event in events:
+            sink(event)
+    records = ev.read_jsonl(path)
+    assert [r["event"] for r in records] == [type(e).__name__ for e in events]
+    for record, event in zip(records, events):
+        for name in ("prompt_ids", "action_ids", "observation_ids", "teacher_logprobs"):
+            if hasattr(event, name):
+                assert name not in record
+                assert record[f"{name}_len"] == len(getattr(event, name))

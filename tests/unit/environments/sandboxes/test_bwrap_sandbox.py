@@ -1,0 +1,190 @@
+"""BwrapSandbox: workspace, paths, environment, copies, limits and life cycle."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes import BwrapSandbox, NeedsDockerError, SandboxError, SandboxSpec
+
+
+@pytest.fixture
+def task_files(tmp_path: Path) -> Path:
+    files = tmp_path / "task"
+    (files / "pkg").mkdir(parents=True)
+    (files / "pkg" / "mod.py").write_text("VALUE = 42\n")
+    (files / "README").write_text("hello\n")
+    return files
+
+
+@pytest.fixture
+def sandbox(task_files: Path) -> Iterator[BwrapSandbox]:
+    sb = BwrapSandbox(SandboxSpec(files=task_files, workdir="/testbed", env={"FOO": "a b"}))
+    try:
+        yield sb
+    finally:
+        sb.close()
+
+
+def test_task_files_are_in_the_workdir_and_the_host_copy_is_untouched(
+    sandbox: BwrapSandbox, task_files: Path
+) -> None:
+    result = sandbox.execute("pwd; cat README; echo changed > README; ls pkg", 10)
+    assert result.output == "/testbed\nhello\nmod.py\n" and result.exit_code == 0
+    assert (task_files / "README").read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("workdir", ["/workspace", "/testbed", "/tmp/work", "/srv/app/deep"])
+def test_any_absolute_workdir_is_the_cwd_and_home(workdir: str) -> None:
+    with BwrapSandbox(SandboxSpec(workdir=workdir)) as sb:
+        result = sb.execute('pwd; echo "$HOME"; touch made && ls', 10)
+    assert result.output == f"{workdir}\n{workdir}\nmade\n"
+
+
+@pytest.mark.parametrize("workdir", ["relative", "/", "/usr/src", "/proc/x", "/etc"])
+def test_unusable_workdir_is_rejected_by_name(workdir: str) -> None:
+    with pytest.raises(ValueError, match="SandboxSpec.workdir"):
+        BwrapSandbox(SandboxSpec(workdir=workdir))
+
+
+def test_spec_env_is_set_and_host_env_is_not_leaked(
+    sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("THUNDERSYNC_HOST_ONLY", "leak")
+    result = sandbox.execute('echo "$FOO|${THUNDERSYNC_HOST_ONLY:-unset}"', 10)
+    assert result.output == "a b|unset\n"
+
+
+def test_python_and_pytest_are_the_projects_interpreter(sandbox: BwrapSandbox) -> None:
+    script = 'echo "${PATH%%:*}"; python3 -c "import sys; print(sys.prefix)"; pytest --version'
+    result = sandbox.execute(script, 30)
+    path_head, prefix, pytest_version = result.output.splitlines()[:3]
+    assert path_head == str(Path(sys.executable).parent)
+    assert prefix == sys.prefix
+    assert pytest_version.startswith("pytest ")
+
+
+def test_files_persist_between_calls_but_shell_state_does_not(sandbox: BwrapSandbox) -> None:
+    sandbox.execute("export X=1; cd pkg; echo data > new.txt", 10)
+    result = sandbox.execute('pwd; echo "${X:-none}"; cat pkg/new.txt', 10)
+    assert result.output == "/testbed\nnone\ndata\n"
+
+
+def test_exit_code_and_interleaved_stderr(sandbox: BwrapSandbox) -> None:
+    result = sandbox.execute("echo out; echo err >&2; exit 3", 10)
+    assert (result.output, result.exit_code, result.timed_out) == ("out\nerr\n", 3, False)
+
+
+def test_signal_death_is_reported_as_128_plus_signal(sandbox: BwrapSandbox) -> None:
+    assert sandbox.execute("kill -9 $$", 10).exit_code == 137
+
+
+def test_output_is_truncated_to_the_spec_limit() -> None:
+    with BwrapSandbox(SandboxSpec(max_output_bytes=100)) as sb:
+        result = sb.execute("printf 'a%.0s' $(seq 1000); printf 'z%.0s' $(seq 50)", 10)
+    assert result.truncated
+    assert result.output.startswith("a" * 50 + "\n[... output truncated: 950 bytes omitted")
+    assert result.output.endswith("z" * 50)
+
+
+def test_upload_and_download_round_trip_files_and_folders(
+    sandbox: BwrapSandbox, tmp_path: Path
+) -> None:
+    src = tmp_path / "in"
+    (src / "deep").mkdir(parents=True)
+    (src / "deep" / "x.txt").write_text("x")
+    (tmp_path / "one.txt").write_text("one")
+    sandbox.upload(src, "/testbed/uploaded")
+    sandbox.upload(tmp_path / "one.txt", "new/dir/one.txt")
+    result = sandbox.execute("cat uploaded/deep/x.txt new/dir/one.txt; echo y >>new/dir/one.txt", 9)
+    assert result.output == "xone" and result.exit_code == 0
+    sandbox.download("/testbed/uploaded", tmp_path / "back")
+    sandbox.download("new/dir/one.txt", tmp_path / "one_back.txt")
+    assert (tmp_path / "back" / "deep" / "x.txt").read_text() == "x"
+    assert (tmp_path / "one_back.txt").read_text() == "oney\n"
+
+
+def test_upload_errors_name_the_path(sandbox: BwrapSandbox, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("f")
+    with pytest.raises(ValueError, match="outside the workspace"):
+        sandbox.upload(tmp_path / "f", "/etc/f")
+    with pytest.raises(IsADirectoryError, match="pkg"):
+        sandbox.upload(tmp_path / "f", "pkg")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        sandbox.upload(tmp_path / "missing", "x")
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        sandbox.download("nothing", tmp_path / "nothing")
+
+
+def test_files_made_in_the_sandbox_are_downloadable_and_removable(
+    sandbox: BwrapSandbox, tmp_path: Path
+) -> None:
+    sandbox.execute("mkdir -p a/b && echo z > a/b/c && chmod 000 a/b/c && chmod 500 a/b", 10)
+    sandbox.download("a", tmp_path / "a")
+    assert (tmp_path / "a" / "b" / "c").read_text() == "z\n"
+    root = sandbox.root
+    sandbox.close()
+    assert not root.exists()
+
+
+def test_closed_sandbox_refuses_every_call_and_closes_twice(tmp_path: Path) -> None:
+    sb = BwrapSandbox(SandboxSpec())
+    sb.close()
+    sb.close()
+    with pytest.raises(SandboxError, match="closed"):
+        sb.execute("true", 5)
+    with pytest.raises(SandboxError, match="closed"):
+        sb.upload(tmp_path, "x")
+    with pytest.raises(SandboxError, match="closed"):
+        sb.download("x", tmp_path / "x")
+
+
+def test_a_build_context_needs_docker(tmp_path: Path) -> None:
+    with pytest.raises(NeedsDockerError, match="build_context"):
+        BwrapSandbox(SandboxSpec(build_context=tmp_path))
+
+
+def test_a_non_positive_timeout_is_rejected(sandbox: BwrapSandbox) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        sandbox.execute("true", 0)
+
+
+def test_missing_task_files_fail_creation_without_leaving_a_workspace(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope"):
+        BwrapSandbox(SandboxSpec(files=tmp_path / "nope"))
+    pattern = f"thundersync-bwrap-{os.getpid()}-*"
+    assert list(Path(tempfile.gettempdir()).glob(pattern)) == []
+
+
+def test_a_workdir_over_the_interpreter_is_rejected() -> None:
+    with pytest.raises(ValueError, match="interpreter folder"):
+        BwrapSandbox(SandboxSpec(workdir=str(Path(sys.prefix).parent)))
+
+
+def test_read_only_task_files_still_leave_the_workdir_writable(tmp_path: Path) -> None:
+    files = tmp_path / "ro"
+    files.mkdir()
+    (files / "a.txt").write_text("a")
+    files.chmod(0o500)
+    try:
+        with BwrapSandbox(SandboxSpec(files=files)) as sb:
+            result = sb.execute("touch new && cat a.txt", 10)
+    finally:
+        files.chmod(0o700)
+    assert (result.output, result.exit_code) == ("a", 0)
+
+
+def test_a_bwrap_setup_failure_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from environments.sandboxes import bwrap
+
+    real = bwrap._mount_args
+    monkeypatch.setattr(
+        bwrap, "_mount_args", lambda *a: [*real(*a), "--ro-bind", "/nonexistent-src", "/x"]
+    )
+    with BwrapSandbox(SandboxSpec()) as sb, pytest.raises(SandboxError, match="nonexistent-src"):
+        sb.execute("echo never", 5)

@@ -1,0 +1,128 @@
+"""DockerSandbox against the real daemon (marked ``docker``; skipped loudly without one)."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from environments.sandboxes import BASE_IMAGE, DockerSandbox, SandboxError, SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    from environments.sandboxes import docker_available
+
+    if not docker_available():
+        pytest.skip("DOCKER TESTS SKIPPED: no Docker daemon reachable (see MACHINE.md)")
+    import docker
+
+    client = docker.from_env(timeout=60)
+    try:
+        client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        client.close()
+        pytest.skip(f"DOCKER TESTS SKIPPED: run images/build_base_image.sh to build {BASE_IMAGE}")
+    yield client
+    client.close()
+
+
+def my_containers(client: Any) -> list[str]:
+    label = f"thundersync.owner_pid={os.getpid()}"
+    return [c.name for c in client.containers.list(all=True, filters={"label": label})]
+
+
+@pytest.fixture
+def sandbox(client: Any, tmp_path: Path) -> Iterator[DockerSandbox]:
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "README").write_text("hello\n")
+    spec = SandboxSpec(files=tmp_path / "task", workdir="/testbed", env={"FOO": "a b"})
+    sb = DockerSandbox(spec)
+    try:
+        yield sb
+    finally:
+        sb.close()
+    assert my_containers(client) == []
+
+
+def test_files_env_and_workdir(sandbox: DockerSandbox) -> None:
+    result = sandbox.execute('pwd; cat README; echo "$FOO"; exit 4', 10)
+    assert (result.output, result.exit_code) == ("/testbed\nhello\na b\n", 4)
+
+
+def test_container_has_no_network_and_the_limits_of_the_spec(
+    sandbox: DockerSandbox, client: Any
+) -> None:
+    attrs = client.containers.get(sandbox.marker).attrs["HostConfig"]
+    assert attrs["NetworkMode"] == "none" and attrs["Init"] is True
+    assert attrs["Memory"] == 2048 * 2**20 and attrs["PidsLimit"] == 256
+    assert attrs["NanoCpus"] == 10**9
+
+
+def test_upload_and_download_round_trip(sandbox: DockerSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    (src / "deep").mkdir(parents=True)
+    (src / "deep" / "x.txt").write_text("x")
+    (tmp_path / "one.txt").write_text("one")
+    sandbox.upload(src, "uploaded")
+    sandbox.upload(tmp_path / "one.txt", "/opt/new/one.txt")
+    result = sandbox.execute("cat uploaded/deep/x.txt /opt/new/one.txt; echo y >> README", 10)
+    assert result.output == "xone"
+    sandbox.download("uploaded", tmp_path / "back")
+    sandbox.download("/testbed/README", tmp_path / "README")
+    assert (tmp_path / "back" / "deep" / "x.txt").read_text() == "x"
+    assert (tmp_path / "README").read_text() == "hello\ny\n"
+    with pytest.raises(IsADirectoryError, match="uploaded"):
+        sandbox.upload(tmp_path / "one.txt", "uploaded")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        sandbox.download("missing", tmp_path / "missing")
+
+
+def test_close_removes_the_container_and_later_calls_fail(client: Any, tmp_path: Path) -> None:
+    sb = DockerSandbox(SandboxSpec())
+    assert my_containers(client) == [sb.marker]
+    sb.close()
+    sb.close()
+    assert my_containers(client) == []
+    with pytest.raises(SandboxError, match="closed"):
+        sb.execute("true", 5)
+    with pytest.raises(SandboxError, match="closed"):
+        sb.download("x", tmp_path / "x")
+
+
+def test_a_dropped_sandbox_is_removed_by_garbage_collection(client: Any) -> None:
+    DockerSandbox(SandboxSpec()).execute("true", 5)
+    gc.collect()
+    assert my_containers(client) == []
+
+
+def test_a_missing_image_fails_cleanly(client: Any) -> None:
+    with pytest.raises(SandboxError, match="thundersync/no-such-image:1"):
+        DockerSandbox(SandboxSpec(image="thundersync/no-such-image:1"))
+    assert my_containers(client) == []
+
+
+def test_build_context_builds_offline_from_the_base_image(client: Any, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo built > /built.txt\n")
+    with DockerSandbox(SandboxSpec(build_context=tmp_path)) as sb:
+        assert sb.execute("cat /built.txt", 10).output == "built\n"
+        image = client.containers.get(sb.marker).image
+    with DockerSandbox(SandboxSpec(build_context=tmp_path)) as again:
+        assert client.containers.get(again.marker).image.id == image.id
+    client.images.remove(image.id, force=True)
+
+
+def test_a_failing_build_names_its_context(client: Any, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN exit 3\n")
+    with pytest.raises(SandboxError, match=str(tmp_path)):
+        DockerSandbox(SandboxSpec(build_context=tmp_path))
+    assert my_containers(client) == []
+    (tmp_path / "Dockerfile").unlink()
+    with pytest.raises(SandboxError, match="no Dockerfile"):
+        DockerSandbox(SandboxSpec(build_context=tmp_path))

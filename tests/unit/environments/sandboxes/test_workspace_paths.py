@@ -1,0 +1,75 @@
+"""Host-side workspace access: path mapping and copies that never follow the sandbox's links."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes.workspace import copy_in, copy_out, host_path
+
+
+@pytest.mark.parametrize(
+    ("path", "rel"),
+    [("/testbed", "."), ("/testbed/a/b.txt", "a/b.txt"), ("a/b.txt", "a/b.txt"), ("./x/../y", "y")],
+)
+def test_host_path_maps_inside_paths(tmp_path: Path, path: str, rel: str) -> None:
+    assert host_path(tmp_path, "/testbed", path) == (tmp_path / rel if rel != "." else tmp_path)
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "/testbed/../etc", "/testbedx/y"])
+def test_host_path_rejects_outside_paths(tmp_path: Path, path: str) -> None:
+    with pytest.raises(ValueError, match="outside the workspace"):
+        host_path(tmp_path, "/testbed", path)
+
+
+def test_copy_in_replaces_a_planted_link_instead_of_following_it(tmp_path: Path) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    outside.write_text("original")
+    (ws / "f").symlink_to(outside)
+    src = tmp_path / "src"
+    src.write_text("new")
+    copy_in(src, ws / "f", None, root=ws)
+    assert outside.read_text() == "original"
+    assert (ws / "f").read_text() == "new" and not (ws / "f").is_symlink()
+
+
+def test_copy_in_refuses_a_folder_link_leading_outside(tmp_path: Path) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    (ws / "evil").symlink_to(outside)
+    src = tmp_path / "src"
+    src.write_text("x")
+    with pytest.raises(ValueError, match="outside the workspace"):
+        copy_in(src, ws / "evil" / "f", None, root=ws)
+    assert list(outside.iterdir()) == []
+
+
+def test_copy_in_merges_folders_and_keeps_links_as_links(tmp_path: Path) -> None:
+    src, ws = tmp_path / "src", tmp_path / "ws"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("a")
+    (src / "link").symlink_to("sub/a.txt")
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "old.txt").write_text("old")
+    copy_in(src, ws, None)
+    assert sorted(p.name for p in (ws / "sub").iterdir()) == ["a.txt", "old.txt"]
+    assert os.readlink(ws / "link") == "sub/a.txt"
+
+
+def test_copy_out_skips_fifos_and_refuses_links_outside(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_text("f")
+    os.mkfifo(ws / "d" / "pipe")
+    (ws / "out").symlink_to("/etc/hostname")
+    copy_out(ws / "d", ws, tmp_path / "got")
+    assert [p.name for p in (tmp_path / "got").iterdir()] == ["f"]
+    with pytest.raises(ValueError, match="outside the workspace"):
+        copy_out(ws / "out", ws, tmp_path / "leak")
+    with pytest.raises(ValueError, match="not a regular file"):
+        copy_out(ws / "d" / "pipe", ws, tmp_path / "pipe")
+    assert not (tmp_path / "leak").exists()

@@ -1,0 +1,228 @@
+"""SWEBenchTask without a real sandbox: instruction, spec, setup, reference solution, grading
+plumbing (chunked file transfer, infra failures) on a host-subprocess stand-in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes.protocol import ExecResult, SandboxError, truncate_output
+from environments.swebench import SWEBenchTask, load_instances
+from environments.swebench.transfer import read_text, write_text
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+FIXTURES = REPO_ROOT / "environments/fixtures/swebench"
+
+
+class SubprocessSandbox:
+    """Runs each command with ``bash -c`` on the host in ``root``, with the literal path
+    ``/testbed`` in the command rewritten to ``root``; output truncated like a real sandbox.
+    Not isolated: only for the tests' own commands."""
+
+    def __init__(self, root: Path, *, max_output_bytes: int = 64 * 1024) -> None:
+        self.root = root
+        self.workdir = "/testbed"
+        self.max_output_bytes = max_output_bytes
+        self.commands: list[str] = []
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        self.commands.append(cmd)
+        start = time.monotonic()
+        try:
+            done = subprocess.run(
+                ["bash", "-c", cmd.replace("/testbed", str(self.root))],
+                cwd=self.root,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            text, truncated = truncate_output(exc.stdout or b"", self.max_output_bytes)
+            return ExecResult(text, None, True, time.monotonic() - start, truncated)
+        text, truncated = truncate_output(done.stdout, self.max_output_bytes)
+        return ExecResult(text, done.returncode, False, time.monotonic() - start, truncated)
+
+    def upload(self, src: Path, dst: str) -> None:
+        raise NotImplementedError
+
+    def download(self, src: str, dst: Path) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class BrokenSandbox:
+    """A sandbox whose every command fails the way a dead container does."""
+
+    workdir = "/testbed"
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        raise SandboxError("container vanished")
+
+    def upload(self, src: Path, dst: str) -> None: ...
+
+    def download(self, src: str, dst: Path) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@pytest.fixture
+def shipped() -> SWEBenchTask:
+    return load_instances(FIXTURES).get("thundersync__intervals-1")
+
+
+@pytest.fixture
+def testbed(tmp_path: Path, shipped: SWEBenchTask) -> Path:
+    """The shipped snapshot copied and committed, as setup leaves /testbed."""
+    root = tmp_path / "testbed"
+    subprocess.run(["cp", "-r", str(shipped.instance.repo_snapshot), str(root)], check=True)
+    return root
+
+
+def test_instruction_describes_issue_and_protocol(shipped: SWEBenchTask) -> None:
+    text = shipped.instruction
+    assert shipped.instance.problem_statement.strip() in text
+    assert "/testbed" in text and "```bash" in text and "submit" in text
+    assert shipped.task_id == "thundersync__intervals-1"
+
+
+def test_snapshot_spec_uses_base_image_and_copies_snapshot(shipped: SWEBenchTask) -> None:
+    from environments.sandboxes import BASE_IMAGE
+
+    spec = shipped.sandbox_spec()
+    assert spec.image == BASE_IMAGE
+    assert spec.files == shipped.instance.repo_snapshot
+    assert spec.workdir == "/testbed"
+
+
+def test_setup_commits_snapshot_at_base_commit(shipped: SWEBenchTask, testbed: Path) -> None:
+    shipped.setup(SubprocessSandbox(testbed))
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=testbed, capture_output=True, text=True, check=True
+    )
+    assert head.stdout.strip() == shipped.instance.base_commit
+
+
+def test_setup_rejects_a_snapshot_that_drifted(shipped: SWEBenchTask, testbed: Path) -> None:
+    (testbed / "intervals" / "ops.py").write_text("# edited after the instance was built\n")
+    with pytest.raises(SandboxError, match="expected base_commit"):
+        shipped.setup(SubprocessSandbox(testbed))
+
+
+@pytest.mark.parametrize("fenced", [False, True])
+def test_reference_solution_applies_gold_patch(
+    shipped: SWEBenchTask, testbed: Path, fenced: bool
+) -> None:
+    task = shipped
+    if fenced:  # a patch holding a Markdown fence must survive the action protocol
+        task = SWEBenchTask(replace(shipped.instance, patch=_readme_patch()))
+    sandbox = SubprocessSandbox(testbed)
+    task.setup(sandbox)
+    commands = task.reference_solution()
+    assert not any("```" in c for c in commands)
+    for command in commands:
+        result = sandbox.execute(command, timeout=30)
+        assert result.exit_code == 0, result.output
+    diff = subprocess.run(["git", "diff"], cwd=testbed, capture_output=True, text=True).stdout
+    assert ("```" in diff) is fenced
+    assert ("start <= merged[-1][1]" in diff) is not fenced
+
+
+def _readme_patch() -> str:
+    return (
+        "diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n"
+        "@@ -1,2 +1,3 @@\n # intervals\n+```text\n \n"
+    )
+
+
+def _grade_with_script(task: SWEBenchTask, testbed: Path, body: str, **kw: object):
+    script = f": '>>>>> Start Test Output'\n{body}\n: '>>>>> End Test Output'\n"
+    instance = replace(task.instance, eval_script=script)
+    scripted = SWEBenchTask(instance, **kw)  # type: ignore[arg-type]
+    sandbox = SubprocessSandbox(testbed)
+    scripted.setup(sandbox)
+    return scripted.grade(sandbox)
+
+
+def _summary(task: SWEBenchTask, failing: set[str] = frozenset()) -> str:
+    tests = task.instance.fail_to_pass + task.instance.pass_to_pass
+    lines = [f"{'FAILED' if t in failing else 'PASSED'} {t}" for t in tests]
+    return "\n".join(f"echo '{line}'" for line in lines)
+
+
+def test_grade_resolved_and_unresolved(shipped: SWEBenchTask, testbed: Path) -> None:
+    passing = _grade_with_script(shipped, testbed, _summary(shipped))
+    assert passing.reward == 1.0 and not passing.infra_failure
+    failing_body = _summary(shipped, {shipped.instance.fail_to_pass[0]}) + "\nfalse"
+    failing = _grade_with_script(shipped, testbed, failing_body)
+    assert failing.reward == 0.0 and not failing.infra_failure
+
+
+def test_grade_reads_logs_far_over_the_output_limit(shipped: SWEBenchTask, testbed: Path) -> None:
+    noise = "python3 -c \"print(('é' * 99 + chr(10)) * 3000)\""  # ~600 KB, multibyte
+    grade = _grade_with_script(shipped, testbed, noise + "\n" + _summary(shipped))
+    assert grade.reward == 1.0, grade.details
+
+
+def test_grade_eval_timeout_scores_zero(shipped: SWEBenchTask, testbed: Path) -> None:
+    grade = _grade_with_script(shipped, testbed, "sleep 5", eval_timeout_s=0.5)
+    assert grade.reward == 0.0 and not grade.infra_failure
+    assert grade.details["timed_out"] is True
+
+
+def test_grade_on_dead_sandbox_is_infra_failure(shipped: SWEBenchTask) -> None:
+    grade = shipped.grade(BrokenSandbox())
+    assert grade.infra_failure and grade.reward == 0.0
+    assert "container vanished" in grade.details["error"]
+
+
+def test_agent_deleting_git_scores_zero_not_infra(shipped: SWEBenchTask, testbed: Path) -> None:
+    sandbox = SubprocessSandbox(testbed)
+    shipped.setup(sandbox)
+    sandbox.execute("rm -rf /testbed/.git", timeout=10)
+    grade = shipped.grade(sandbox)
+    assert grade.reward == 0.0 and not grade.infra_failure
+
+
+def test_transfer_round_trip_in_small_chunks(tmp_path: Path) -> None:
+    sandbox = SubprocessSandbox(tmp_path, max_output_bytes=4096)
+    text = "".join(f"line {i}: ünïcødé ✓ {'x' * (i % 70)}\n" for i in range(1000))
+    path = str(tmp_path / "deep" / "file.txt")
+    write_text(sandbox, path, text)
+    assert Path(path).read_text() == text
+    assert read_text(sandbox, path, chunk_bytes=3001) == text  # odd size: splits characters
+    assert len(sandbox.commands) > 20
+
+
+def test_transfer_read_shrinks_chunks_that_overflow_the_output_limit(tmp_path: Path) -> None:
+    sandbox = SubprocessSandbox(tmp_path, max_output_bytes=4096)
+    text = "ü" * 20_000
+    (tmp_path / "big.txt").write_text(text)
+    assert read_text(sandbox, str(tmp_path / "big.txt"), chunk_bytes=1_000_000) == text
+
+
+def test_transfer_errors_are_sandbox_errors(tmp_path: Path) -> None:
+    sandbox = SubprocessSandbox(tmp_path)
+    with pytest.raises(SandboxError, match="cannot stat"):
+        read_text(sandbox, str(tmp_path / "absent"), chunk_bytes=1000)
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if subprocess.run(["test", "-w", str(tmp_path / "ro")]).returncode != 0:
+        with pytest.raises(SandboxError):
+            write_text(sandbox, str(tmp_path / "ro" / "f"), "x")
+
+
+def test_setup_refuses_an_official_instance_without_its_image(tmp_path: Path) -> None:
+    from environments.swebench.instance import parse_instance
+
+    row = json.loads((FIXTURES / "instances.jsonl").read_text().splitlines()[0])
+    del row["repo_snapshot"]
+    task = SWEBenchTask(parse_instance(row, source="rows.jsonl", index=0, base_dir=None))
+    assert task.sandbox_spec().image.startswith("swebench/sweb.eval.x86_64.thundersync_1776_")
+    with pytest.raises(SandboxError, match="run it in Docker with the image"):
+        task.setup(SubprocessSandbox(tmp_path))  # an empty /testbed, as bubblewrap would give

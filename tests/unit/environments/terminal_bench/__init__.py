@@ -1,0 +1,1 @@
+"""Tests of environments.terminal_bench."""

@@ -1,0 +1,144 @@
+"""Turning test runs and reward files into Grades, for both formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes.protocol import SandboxError
+from environments.terminal_bench import load_tasks
+from environments.terminal_bench.grading import (
+    GraderPaths,
+    grade_harbor,
+    grade_tb1,
+    parse_pytest_summary,
+    parse_reward_json,
+)
+
+from .fakes import ScriptedSandbox, result
+
+FIXTURES = Path(__file__).resolve().parents[4] / "environments" / "fixtures" / "terminal_bench"
+SUMMARY = """..F
+=========================== short test summary info ============================
+PASSED tests/test_outputs.py::test_a
+PASSED tests/test_outputs.py::test_b[x]
+FAILED tests/test_outputs.py::test_c - assert 1 == 2
+1 failed, 2 passed in 0.10s
+"""
+
+
+def test_pytest_summary_is_parsed() -> None:
+    assert parse_pytest_summary(SUMMARY) == {
+        "tests/test_outputs.py::test_a": "PASSED",
+        "tests/test_outputs.py::test_b[x]": "PASSED",
+        "tests/test_outputs.py::test_c": "FAILED",
+    }
+    assert parse_pytest_summary("no summary here\nPASSED x") == {}
+
+
+def test_tb1_reward_needs_every_listed_test_to_pass() -> None:
+    failed = grade_tb1(result(SUMMARY, 1), timeout=60)
+    assert failed.reward == 0.0 and not failed.infra_failure
+    assert failed.details["tests"]["tests/test_outputs.py::test_c"] == "FAILED"
+    passing = SUMMARY.replace("FAILED tests/test_outputs.py::test_c - assert 1 == 2", "")
+    assert grade_tb1(result(passing, 0), timeout=60).reward == 1.0
+
+
+def test_tb1_without_pytest_output_uses_the_exit_code() -> None:
+    assert grade_tb1(result("all good", 0), timeout=60).reward == 1.0
+    assert grade_tb1(result("check failed", 3), timeout=60).reward == 0.0
+
+
+def test_a_test_run_past_its_timeout_scores_zero_and_says_so() -> None:
+    grade = grade_tb1(result("....", None, timed_out=True), timeout=20)
+    assert grade.reward == 0.0 and not grade.infra_failure
+    assert grade.details["timed_out"] is True
+    assert "20 s timeout" in grade.details["reason"]
+    sandbox = ScriptedSandbox({"/logs/verifier/reward.txt": "1"})
+    paths = GraderPaths("/tests", "/logs/verifier")
+    late = grade_harbor(sandbox, paths, result("", None, timed_out=True), timeout=20)
+    assert late.reward == 0.0 and late.details["timed_out"] is True
+
+
+@pytest.mark.parametrize(("text", "reward"), [("1\n", 1.0), ("0", 0.0), (" 0.25 \n", 0.25)])
+def test_reward_txt(text: str, reward: float) -> None:
+    sandbox = ScriptedSandbox({"/logs/verifier/reward.txt": text})
+    grade = grade_harbor(sandbox, GraderPaths("/tests", "/logs/verifier"), result("", 0), 30)
+    assert grade.reward == reward and not grade.infra_failure
+
+
+def test_reward_json_mean_of_metrics_with_all_metrics_in_details() -> None:
+    sandbox = ScriptedSandbox(
+        {"/logs/verifier/reward.json": '{"valid": 1, "total": 0.5, "top": 0}'}
+    )
+    grade = grade_harbor(sandbox, GraderPaths("/tests", "/logs/verifier"), result("", 0), 30)
+    assert grade.reward == pytest.approx(0.5)
+    assert grade.details["metrics"] == {"valid": 1.0, "total": 0.5, "top": 0.0}
+
+
+def test_reward_json_reward_key_wins() -> None:
+    assert parse_reward_json('{"reward": 0.9, "speed": 0.1}') == (
+        0.9,
+        {"reward": 0.9, "speed": 0.1},
+    )
+
+
+def test_reward_txt_is_read_before_reward_json() -> None:
+    sandbox = ScriptedSandbox(
+        {"/logs/verifier/reward.txt": "0", "/logs/verifier/reward.json": '{"reward": 1}'}
+    )
+    grade = grade_harbor(sandbox, GraderPaths("/tests", "/logs/verifier"), result("", 0), 30)
+    assert grade.reward == 0.0
+
+
+def test_grader_uses_workspace_folders_when_root_is_read_only() -> None:
+    task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
+
+    class ReadOnlyRoot(ScriptedSandbox):
+        def execute(self, cmd: str, timeout: float):
+            self.commands.append(cmd)
+            if "mkdir -p /tests" in cmd:
+                return result("mkdir: cannot create directory '/tests': Read-only", 1)
+            if cmd.startswith("cat /app/.thundersync-grader/logs/verifier/reward.json"):
+                return result('{"a": 1, "b": 0}', 0)
+            if cmd.startswith("cat "):
+                return result("", 1)
+            return result("", 0)
+
+    sandbox = ReadOnlyRoot()
+    grade = task.grade(sandbox)
+    assert grade.reward == 0.5, grade.details
+    assert {dst for _, dst in sandbox.uploads} == {
+        "/app/.thundersync-grader/tests/test.sh",
+        "/app/.thundersync-grader/tests/checks.py",
+        "/app/.thundersync-grader/tests/score.py",
+    }
+    run = next(c for c in sandbox.commands if c.endswith("tests/test.sh"))
+    assert "TEST_DIR=/app/.thundersync-grader/tests" in run
+    assert "VERIFIER_DIR=/app/.thundersync-grader/logs/verifier" in run
+    assert "TMPDIR=" in run
+
+
+def test_tb1_grade_uploads_tests_and_run_tests_script() -> None:
+    task = load_tasks(FIXTURES / "tb1" / "sales-report").get("sales-report")
+    sandbox = ScriptedSandbox()
+    task.grade(sandbox)
+    assert sorted(dst for _, dst in sandbox.uploads) == [
+        "/tests/checks.py",
+        "/tests/run-tests.sh",
+        "/tests/test_outputs.py",
+    ]
+    assert any("TEST_DIR=/tests" in c and "run-tests.sh" in c for c in sandbox.commands)
+
+
+def test_a_grader_that_cannot_run_is_an_infra_failure() -> None:
+    task = load_tasks(FIXTURES / "tb1" / "sales-report").get("sales-report")
+
+    class Broken(ScriptedSandbox):
+        def upload(self, src: Path, dst: str) -> None:
+            raise SandboxError("container vanished")
+
+    grade = task.grade(Broken())
+    assert grade.infra_failure and grade.reward == 0.0
+    assert "container vanished" in grade.details["error"]

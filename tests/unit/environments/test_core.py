@@ -1,0 +1,162 @@
+"""ShellEnv: spaces, reset/step semantics, submission, limits, grading and infra failures."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+from environments.actions import format_action
+from environments.core import ShellEnv, UnicodeText
+from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
+from thundersync.types import StopReason
+
+
+def make_env(maker: SandboxMaker | None = None, **kwargs) -> ShellEnv:
+    return ShellEnv([FileTask()], sandbox=maker or SandboxMaker(), **kwargs)
+
+
+def test_text_space_accepts_any_unicode_up_to_its_length():
+    space = UnicodeText(40)
+    assert "ls -la | grep 'x' && echo $?" in space
+    assert "héllo wörld ✓\n\t" in space
+    assert "" in space
+    assert "x" * 41 not in space
+    assert b"bytes" not in space
+    assert all(space.sample() in space for _ in range(20))
+
+
+def test_reset_returns_instruction_and_makes_a_fresh_sandbox_each_time():
+    maker = SandboxMaker()
+    env = make_env(maker)
+    obs, info = env.reset(seed=0)
+    assert obs == "Write ok to answer.txt."
+    assert info == {"task_id": "file-task", "infra_failure": False}
+    env.reset(seed=1)
+    assert len(maker.made) == 2 and maker.made[0].closed and not maker.made[1].closed
+    env.close()
+    assert maker.num_open == 0
+
+
+def test_step_runs_the_command_and_files_persist():
+    env = make_env()
+    env.reset(options={"task": "file-task"})
+    obs, reward, terminated, truncated, info = env.step(format_action("echo hi > f.txt"))
+    assert (obs, reward, terminated, truncated) == ("", 0.0, False, False)
+    assert info["tool"]["exit_code"] == 0 and info["turn"] == 0
+    assert info["termination_reason"] is None
+    obs, *_, info = env.step("Now read it.\n```bash\ncat f.txt\n```")
+    assert obs == "hi\n" and info["turn"] == 1
+    obs, *_ = env.step(format_action("exit 3"))
+    assert obs.endswith("[exit code 3]")
+    env.close()
+
+
+def test_submit_word_terminates_without_a_tool_call_and_grades():
+    env = make_env()
+    env.reset(options={"task": 0})
+    env.step(format_action("echo ok > answer.txt"))
+    obs, reward, terminated, truncated, info = env.step(format_action("submit"))
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert "tool" not in info
+    assert info["termination_reason"] == StopReason.SUBMITTED
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step(format_action("ls"))
+    env.close()
+
+
+def test_submission_marker_output_terminates_after_the_tool_call():
+    env = make_env()
+    env.reset()
+    obs, reward, terminated, _, info = env.step(
+        format_action("echo nope > answer.txt; echo THUNDERSYNC_SUBMIT; echo done")
+    )
+    assert terminated and reward == 0.0 and info["tool"]["exit_code"] == 0
+    assert obs == "done\n"
+    env.close()
+
+
+def test_unparseable_actions_get_a_correction_and_truncate_at_the_limit():
+    env = make_env(max_format_errors=2)
+    env.reset()
+    obs, _, terminated, truncated, info = env.step("just talking, no command")
+    assert "exactly one ```bash block" in obs and not (terminated or truncated)
+    assert "format_error" in info and "tool" not in info
+    env.step(format_action("echo fine"))  # a good action resets the consecutive count
+    env.step("```bash\nls\n```\n```bash\npwd\n```")
+    obs, _, terminated, truncated, info = env.step("```bash\n\n```")
+    assert truncated and not terminated
+    assert info["termination_reason"] == StopReason.FORMAT_ERRORS
+    env.close()
+
+
+def test_max_turns_truncates_and_still_grades():
+    env = make_env(max_turns=2)
+    env.reset()
+    env.step(format_action("echo ok > answer.txt"))
+    _, reward, terminated, truncated, info = env.step(format_action("true"))
+    assert truncated and not terminated and reward == 1.0
+    assert info["termination_reason"] == StopReason.MAX_TURNS
+
+
+def test_episode_time_limit_truncates():
+    env = make_env(max_episode_s=0.3)
+    env.reset()
+    _, _, _, truncated, info = env.step(format_action("sleep 1"))
+    assert truncated and info["termination_reason"] == StopReason.TIME_LIMIT
+    assert info["tool"]["timed_out"]
+    env.close()
+
+
+def test_command_timeout_is_reported():
+    task = FileTask(timeout_s=0.2)
+    env = ShellEnv([task], sandbox=SandboxMaker())
+    env.reset()
+    obs, *_, info = env.step(format_action("sleep 2"))
+    assert info["tool"]["timed_out"] and info["tool"]["exit_code"] is None
+    assert "[command timed out after 0.2 s]" in obs
+    env.close()
+
+
+def test_deferred_grading_returns_zero_then_grade_gives_the_reward():
+    env = make_env()
+    env.reset(options={"defer_grading": True})
+    env.step(format_action("echo ok > answer.txt"))
+    _, reward, terminated, _, info = env.step(format_action("submit"))
+    assert terminated and reward == 0.0 and info["grading_deferred"]
+    grade = env.grade()
+    assert grade.reward == 1.0 and not grade.infra_failure
+    env.close()
+
+
+def test_sandbox_failure_during_a_step_is_an_infra_failure_not_a_zero():
+    maker = SandboxMaker(fail_on_call=2)  # call 1 is the task's setup
+    env = make_env(maker)
+    env.reset()
+    _, reward, terminated, truncated, info = env.step(format_action("echo hi"))
+    assert truncated and not terminated and reward == 0.0
+    assert info["infra_failure"] and info["termination_reason"] == StopReason.ERROR
+    assert "fake sandbox died" in info["error"]
+    assert maker.num_open == 0
+
+
+def test_sandbox_failure_at_reset_ends_the_episode_on_the_next_step():
+    env = make_env(SandboxMaker(fail_on_create=True))
+    obs, info = env.reset()
+    assert info["infra_failure"] and "could not start" in info["error"]
+    _, _, _, truncated, info = env.step(format_action("ls"))
+    assert truncated and info["termination_reason"] == StopReason.ERROR
+
+
+def test_grading_failure_is_an_infra_failure():
+    maker = SandboxMaker(fail_on_call=2)
+    env = make_env(maker)
+    env.reset()
+    _, reward, _, _, info = env.step(format_action("submit"))
+    assert reward == 0.0 and info["infra_failure"]
+    assert info["termination_reason"] == StopReason.ERROR
+
+
+def test_unknown_task_id_names_it():
+    env = make_env()
+    with pytest.raises(ValueError, match="unknown task id 'nope'"):
+        env.reset(options={"task": "nope"})

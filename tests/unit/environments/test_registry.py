@@ -1,0 +1,98 @@
+"""Registry: built-in ids, environments.register, and plugin discovery via entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from environments import list_envs, load_plugins, register
+from environments.core import ShellEnv
+
+ROOT = Path(__file__).resolve().parents[3]
+PLUGIN_DIR = ROOT / "tests" / "fixtures" / "plugin_env"
+PLUGIN_ID = "demoplugin/Greet-v0"
+
+
+@pytest.fixture
+def plugin_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    load_plugins(reload=True)
+    yield
+
+
+def test_builtin_envs_are_registered_with_lazy_entry_points():
+    envs = {env.id: env.entry_point for env in list_envs()}
+    for env_id in (
+        "thundersync/ToySum-v0",
+        "thundersync/ToyChain-v0",
+        "thundersync/SWEBench-v0",
+        "thundersync/TerminalBench-v0",
+    ):
+        assert env_id in envs
+        assert ":" in envs[env_id]
+    assert envs["thundersync/ToySum-v0"] == "environments.toy:ToySumEnv"
+
+
+def test_register_adds_an_env_that_gymnasium_makes():
+    register("thundersync/TestRegistered-v0", "environments.toy:ToyChainEnv", max_hops=1)
+    assert "thundersync/TestRegistered-v0" in {env.id for env in list_envs()}
+    env = gym.make("thundersync/TestRegistered-v0")
+    assert isinstance(env.unwrapped, ShellEnv)
+    assert env.unwrapped.task_kwargs == {"max_hops": 1}
+    env.close()
+
+
+@pytest.mark.parametrize("bad_id", ["NoNamespace-v0", "thundersync/NoVersion", "a/b/c-v0"])
+def test_register_rejects_malformed_ids(bad_id):
+    with pytest.raises(ValueError, match="expected 'namespace/Name-vN'"):
+        register(bad_id, "environments.toy:ToySumEnv")
+
+
+def test_register_rejects_a_non_lazy_entry_point():
+    with pytest.raises(ValueError, match="expected 'module:Class'"):
+        register("thundersync/Bad-v0", "environments.toy.ToySumEnv")
+
+
+def test_plugin_env_is_discovered_listed_and_made(plugin_on_path):
+    envs = {env.id: env.entry_point for env in list_envs()}
+    assert envs[PLUGIN_ID] == "thundersync_demo_plugin.env:GreetEnv"
+    env = gym.make(PLUGIN_ID)
+    obs, info = env.reset(seed=0)
+    assert obs.startswith("Write hello") and not info["infra_failure"]
+    env.step("```bash\necho hello > greeting.txt\n```")
+    _, reward, terminated, _, _ = env.step("```bash\nsubmit\n```")
+    assert terminated and reward == 1.0
+    env.close()
+
+
+def test_thundersync_envs_cli_lists_the_plugin():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGIN_DIR), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", "envs", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = {item["id"]: item["entry_point"] for item in json.loads(proc.stdout)}
+    assert listed[PLUGIN_ID] == "thundersync_demo_plugin.env:GreetEnv"
+    assert listed["thundersync/ToySum-v0"] == "environments.toy:ToySumEnv"
+
+
+def test_a_failing_plugin_is_warned_about_not_fatal(tmp_path, monkeypatch):
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[thundersync.envs]\nbroken = no_such_module:go\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(UserWarning, match="env plugin 'broken'"):
+        load_plugins(reload=True)
+    assert "thundersync/ToySum-v0" in {env.id for env in list_envs()}

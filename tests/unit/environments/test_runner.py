@@ -1,0 +1,193 @@
+"""EpisodeRunner: event order and timing, token ids, infra failures, groups, concurrency."""
+
+from __future__ import annotations
+
+import threading
+
+from environments.actions import format_action
+from environments.agents import NopAgent, OracleAgent, ScriptedAgent
+from environments.core import ShellEnv
+from environments.runner import EpisodeRunner
+from environments.toy import ToySumEnv
+from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
+from thundersync.events import (
+    EpisodeStarted,
+    RewardReady,
+    ToolFinished,
+    TurnCompleted,
+)
+
+
+def words(text: str) -> tuple[int, ...]:
+    return tuple(len(word) for word in text.split())
+
+
+def names(events) -> list[str]:
+    return [type(event).__name__ for event in events]
+
+
+def run_one(agent, task=None, maker=None, **env_kwargs):
+    task = task or FileTask()
+    maker = maker or SandboxMaker()
+    events = []
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=maker, **env_kwargs), agent, events.append
+    )
+    result = runner.run_episode(task)
+    return result, events, maker, task
+
+
+def test_event_order_and_timestamps_tool_and_grading_start_after_their_events():
+    agent = ScriptedAgent([format_action("echo ok > answer.txt"), format_action("ls")])
+    result, events, maker, task = run_one(agent)
+    assert names(events) == [
+        "EpisodeStarted",
+        "TurnCompleted",
+        "ToolFinished",
+        "TurnCompleted",
+        "ToolFinished",
+        "TurnCompleted",
+        "EpisodeCompleted",
+        "RewardReady",
+    ]
+    assert [e.turn for e in events if isinstance(e, TurnCompleted)] == [0, 1, 2]
+    sandbox = maker.made[0]
+    tool_starts = sandbox.exec_started[1:3]  # call 0 is the task's setup
+    turns = [e for e in events if isinstance(e, TurnCompleted)]
+    finished = [e for e in events if isinstance(e, ToolFinished)]
+    for turn, tool_start, tool_end in zip(turns, tool_starts, finished, strict=False):
+        assert turn.t < tool_start < tool_end.t
+    completed = events[-2]
+    assert completed.t < task.grade_started[0] < events[-1].t
+    assert completed.num_turns == 3 and completed.stop_reason == "submitted"
+    assert events[-1].reward == 1.0 and not events[-1].infra_failure
+    assert result.reward == 1.0 and maker.num_open == 0
+    assert len({e.episode_id for e in events}) == 1
+
+
+def test_token_ids_flow_into_events_and_the_trajectory():
+    agent = ScriptedAgent([format_action("echo a b c")], tokenize=words, policy_version=7)
+    result, events, _, _ = run_one(agent)
+    started = events[0]
+    assert isinstance(started, EpisodeStarted)
+    assert started.prompt_ids == words("Write ok to answer.txt.") and started.policy_version == 7
+    first_turn = events[1]
+    assert first_turn.action_ids == words(format_action("echo a b c"))
+    assert first_turn.action_logprobs == (0.0,) * len(first_turn.action_ids)
+    assert events[2].observation_ids == words("a b c\n")
+    trajectory = result.trajectory
+    assert trajectory.prompt_ids == started.prompt_ids
+    assert [t.observation_ids for t in trajectory.turns] == [words("a b c\n"), ()]
+    assert trajectory.turns[0].policy_version == 7
+
+
+def test_a_submitting_command_gets_its_tool_finished():
+    agent = ScriptedAgent([format_action("echo ok > answer.txt; echo THUNDERSYNC_SUBMIT")])
+    result, events, _, _ = run_one(agent)
+    assert names(events) == [
+        "EpisodeStarted",
+        "TurnCompleted",
+        "ToolFinished",
+        "EpisodeCompleted",
+        "RewardReady",
+    ]
+    assert result.reward == 1.0
+
+
+def test_unparseable_actions_get_tool_finished_except_the_last():
+    agent = ScriptedAgent(["no block", "still none"], tokenize=words)
+    result, events, _, _ = run_one(agent, max_format_errors=2)
+    assert names(events) == [
+        "EpisodeStarted",
+        "TurnCompleted",
+        "ToolFinished",
+        "TurnCompleted",
+        "EpisodeCompleted",
+        "RewardReady",
+    ]
+    assert events[2].exit_code is None and events[2].observation_ids
+    assert result.stop_reason == "format_errors" and result.reward == 0.0
+
+
+def test_max_turns_truncation_is_reported():
+    agent = ScriptedAgent([format_action("true")] * 10)
+    result, events, _, _ = run_one(agent, max_turns=3)
+    assert result.stop_reason == "max_turns" and events[-2].num_turns == 3
+
+
+def test_a_crashing_sandbox_becomes_an_infra_failure_not_a_crash():
+    agent = ScriptedAgent([format_action("echo hi"), format_action("echo again")])
+    result, events, maker, _ = run_one(agent, maker=SandboxMaker(fail_on_call=3))
+    assert names(events)[-2:] == ["EpisodeCompleted", "RewardReady"]
+    assert events[-2].stop_reason == "error"
+    assert events[-1].infra_failure and "fake sandbox died" in events[-1].details["error"]
+    assert result.infra_failure and maker.num_open == 0
+
+
+def test_a_sandbox_that_never_starts_still_yields_the_event_skeleton():
+    result, events, _, _ = run_one(OracleAgent(), maker=SandboxMaker(fail_on_create=True))
+    assert names(events) == ["EpisodeStarted", "EpisodeCompleted", "RewardReady"]
+    assert result.infra_failure and result.stop_reason == "error"
+
+
+class ExplodingAgent:
+    policy_version = 0
+
+    def act(self, task, messages):
+        raise RuntimeError("agent blew up")
+
+    def encode(self, text):
+        return ()
+
+
+def test_an_agent_exception_is_recorded_and_the_sandbox_closed():
+    result, events, maker, _ = run_one(ExplodingAgent())
+    assert names(events) == ["EpisodeStarted", "EpisodeCompleted", "RewardReady"]
+    assert "agent blew up" in events[-1].details["error"] and events[-1].infra_failure
+    assert maker.num_open == 0 and result.reward == 0.0
+
+
+class CountingMaker(SandboxMaker):
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.peak = 0
+
+    def __call__(self, spec):
+        sandbox = super().__call__(spec)
+        with self.lock:
+            self.peak = max(self.peak, self.num_open)
+        return sandbox
+
+
+def test_groups_run_concurrently_with_bounded_concurrency_and_unique_ids():
+    tasks = [FileTask(task_id=f"t{i}", expected=f"v{i}") for i in range(3)]
+    maker = CountingMaker()
+    events = []
+    runner = EpisodeRunner(
+        lambda: ShellEnv(tasks, sandbox=maker), OracleAgent(), events.append, max_concurrency=2
+    )
+    groups = runner.run_groups(tasks, group_size=2, seed=0)
+    assert [[r.task_id for r in group] for group in groups] == [
+        ["t0", "t0"],
+        ["t1", "t1"],
+        ["t2", "t2"],
+    ]
+    assert all(r.reward == 1.0 for group in groups for r in group)
+    episode_ids = [r.episode_id for group in groups for r in group]
+    assert len(set(episode_ids)) == 6 and all(isinstance(i, str) for i in episode_ids)
+    group_ids = [{r.trajectory.group_id for r in group} for group in groups]
+    assert all(len(ids) == 1 for ids in group_ids) and len(set().union(*group_ids)) == 3
+    starts = [e for e in events if isinstance(e, EpisodeStarted)]
+    assert all(e.group_size == 2 for e in starts)
+    assert 1 <= maker.peak <= 2 and maker.num_open == 0
+    assert sum(isinstance(e, RewardReady) for e in events) == 6
+
+
+def test_a_drawn_group_plays_one_task_in_every_episode():
+    maker = SandboxMaker()
+    runner = EpisodeRunner(lambda: ToySumEnv(sandbox=maker), NopAgent(), lambda e: None)
+    group = runner.run_group(None, 3, seed=5)
+    assert len({r.task_id for r in group}) == 1
+    assert all(r.reward == 0.0 and not r.infra_failure for r in group)
+    assert maker.num_open == 0
