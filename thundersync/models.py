@@ -95,7 +95,9 @@ def build_tiny_model(
     ``AutoTokenizer.from_pretrained`` reload it, bit-identically.
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     out = Path(out_dir)
     tokenizer = train_tokenizer(vocab_size=vocab_size)
     config = tiny_config(arch, len(tokenizer), hidden_size=hidden_size, num_layers=num_layers)
@@ -112,6 +114,9 @@ def build_tiny_model(
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
     """Load a checkpoint folder as a causal LM in ``dtype``, in eval mode (dropout off)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     folder = Path(path)
     if not (folder / "config.json").is_file():

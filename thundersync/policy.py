@@ -87,23 +87,22 @@ class Policy:
         ids, turn_of = trajectory.context_ids(turn)
         state = cache if cache is not None else {}
         done = state.get("num_tokens", 0)
-        past = state.get("past_key_values")
-        if done == 0:
-            new_ids, start = ids, 0
-        else:
-            # Re-run the last cached token so its logits (predicting the next) are available.
-            new_ids, start = ids[done - 1 :], done - 1
-            past.crop(done - 1)
         out = self.model(
-            input_ids=torch.tensor([new_ids], device=self.device),
-            past_key_values=past,
+            input_ids=torch.tensor([ids[done:]], device=self.device),
+            past_key_values=state.get("past_key_values"),
             use_cache=True,
         )
-        state["past_key_values"] = out.past_key_values
-        state["num_tokens"] = len(ids)
+        # Row j predicts token done + j + 1; the first new token's predictor is the last row of
+        # the previous call, kept from then.
         logp_LV = torch.log_softmax(out.logits[0], dim=-1)
-        values = []
-        for pos in range(start + 1, len(ids)):
-            if turn_of[pos] == turn:
-                values.append(float(logp_LV[pos - 1 - start, ids[pos]]))
+        if done:
+            logp_LV = torch.cat([state["last_logp_V"][None], logp_LV])
+        state.update(past_key_values=out.past_key_values, num_tokens=len(ids),
+                     last_logp_V=logp_LV[-1])  # fmt: skip
+        start = max(done - 1, 0)
+        values = [
+            float(logp_LV[pos - 1 - start, ids[pos]])
+            for pos in range(max(done, 1), len(ids))
+            if turn_of[pos] == turn
+        ]
         return tuple(values)

@@ -1,22 +1,4 @@
-"""Reads a task's Dockerfile and decides whether bubblewrap can reproduce it without a build.
-
-The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
-without Docker when it has one ``FROM thundersync/base:bookworm`` and otherwise only
-
-- ``WORKDIR`` (absolute; the last one is the workspace),
-- ``ENV`` (becomes the sandbox's environment),
-- ``COPY`` from the build context to a path inside the workspace (``--chown``/``--chmod``
-  ignored): the files are staged on the host and copied into the workspace,
-- ``RUN`` in shell form: replayed in the workspace, in order, by the task's ``setup``; a step
-  that fails there (it installs packages, writes outside the workspace...) raises
-  NeedsDockerError with the step and its output,
-- ``CMD``, ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL``, ``HEALTHCHECK``
-  (ignored: the sandbox runs one command at a time).
-
-Anything else (another base image, ``ADD``, ``USER``, ``ARG``, multi-stage builds, ``COPY``
-outside the workspace, ``RUN`` heredocs or exec form...) is a build step: bubblewrap refuses the
-task with NeedsDockerError naming the line, and Docker builds the Dockerfile as it is.
-"""
+"""Reads a task's Dockerfile and decides whether bubblewrap can reproduce it without a build."""
 
 from __future__ import annotations
 
@@ -201,7 +183,25 @@ def _plan_copy(
 
 
 def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
-    """Parse ``path`` (built from ``context``) into a plan; malformed files raise."""
+    """Parse ``path`` (built from ``context``) into a plan; malformed files raise.
+
+    The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
+    without Docker when it has one ``FROM thundersync/base:bookworm`` and otherwise only
+
+    - ``WORKDIR`` (absolute; the last one is the workspace),
+    - ``ENV`` (becomes the sandbox's environment),
+    - ``COPY`` from the build context to a path inside the workspace (``--chown``/``--chmod``
+      ignored): the files are staged on the host and copied into the workspace,
+    - ``RUN`` in shell form: replayed in the workspace, in order, by the task's ``setup``; a step
+      that fails there (it installs packages, writes outside the workspace...) raises
+      NeedsDockerError with the step and its output,
+    - ``CMD``, ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL``, ``HEALTHCHECK``
+      (ignored: the sandbox runs one command at a time).
+
+    Anything else (another base image, ``ADD``, ``USER``, ``ARG``, multi-stage builds, ``COPY``
+    outside the workspace, ``RUN`` heredocs or exec form...) is a build step: bubblewrap refuses the
+    task with NeedsDockerError naming the line, and Docker builds the Dockerfile as it is.
+    """
     if not path.is_file():
         raise TaskFormatError(path, "Dockerfile", "expected a Dockerfile, found none")
     state = _State()

@@ -1,17 +1,4 @@
-"""Runs a task's tests in the sandbox after an episode and turns their results into a Grade.
-
-Terminal-Bench 1: ``tests/`` and ``run-tests.sh`` go to ``/tests`` (``$TEST_DIR``), the script
-runs with ``max_test_timeout_sec``; when its output has a pytest ``-rA`` summary the reward is 1
-iff every listed test passed (as Terminal-Bench's pytest parser decides), otherwise 1 iff the
-script exits 0. Harbor: ``tests/`` goes to ``/tests``, ``tests/test.sh`` runs with the verifier
-timeout and must write ``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (a mapping of
-metric names to numbers; the reward is its ``"reward"`` entry, else the mean of the metrics).
-
-A run past its timeout scores 0 (``details["timed_out"]``); a grader that cannot run or a reward
-file that cannot be read is an infrastructure failure, never a score. Where ``/tests`` and
-``/logs`` cannot be created (a read-only host in bubblewrap), both live under
-``<workdir>/.thundersync-grader/`` instead; ``$TEST_DIR`` and ``$VERIFIER_DIR`` always name them.
-"""
+"""Runs a task's tests in the sandbox after an episode and turns their results into a Grade."""
 
 from __future__ import annotations
 
@@ -53,7 +40,8 @@ class GraderPaths:
 
 
 def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
-    """Fresh /tests and /logs/verifier, or the same under the workspace where / is read-only."""
+    """Fresh /tests and /logs/verifier, or the same under ``<workdir>/.thundersync-grader/``
+    where the host is read-only (bubblewrap); scripts find them in $TEST_DIR and $VERIFIER_DIR."""
     root = f"{workdir.rstrip('/')}/{FALLBACK_DIR}"
     candidates = [
         GraderPaths(TESTS_DIR, VERIFIER_DIR),
@@ -121,7 +109,9 @@ def parse_pytest_summary(output: str) -> dict[str, str]:
 
 
 def grade_tb1(result: ExecResult, timeout: float) -> Grade:
-    """Reward of a Terminal-Bench 1 ``run-tests.sh`` run."""
+    """Reward of a Terminal-Bench 1 ``run-tests.sh`` run: when its output has a pytest ``-rA``
+    summary, 1 iff no listed test failed (as Terminal-Bench's pytest parser decides), otherwise
+    1 iff the script exited 0. A run past its timeout scores 0 (``details["timed_out"]``)."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     tests = parse_pytest_summary(result.output)
@@ -180,7 +170,9 @@ def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dic
 
 
 def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
-    """Reward of a Harbor ``tests/test.sh`` run."""
+    """Reward of a Harbor ``tests/test.sh`` run, from ``reward.txt`` (a number) or else
+    ``reward.json`` (metric names to numbers: its ``"reward"`` entry, else their mean). A run past
+    its timeout scores 0; an unreadable reward file is an infrastructure failure, not a score."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     details: dict[str, Any] = {

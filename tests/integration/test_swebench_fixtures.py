@@ -17,23 +17,6 @@ FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench
 TASKS = {task.task_id: task for task in load_instances(FIXTURES)}
 
 
-def docker_ready() -> bool:
-    from environments.sandboxes import BASE_IMAGE, docker_available
-
-    if not docker_available():
-        return False
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        return False
-    finally:
-        client.close()
-    return True
-
-
 KINDS = [
     pytest.param(
         "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
@@ -44,8 +27,8 @@ KINDS = [
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "docker" and not docker_ready():
-        pytest.skip("no Docker daemon or no base image (see .ci/run)")
+    """The sandbox kind; tests/integration/conftest.py skips ``docker`` loudly without a
+    daemon or base image."""
     return request.param
 
 

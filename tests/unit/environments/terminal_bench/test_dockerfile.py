@@ -143,3 +143,26 @@ def test_single_service_compose_uses_its_build_context(tmp_path: Path) -> None:
     task = load_tasks(task_dir).get("sales-report")
     assert task.sandbox_spec("docker").build_context == env.resolve()
     assert (task.sandbox_spec("bwrap").files / "sales.csv").is_file()
+
+
+@pytest.mark.parametrize(
+    ("image", "reason"), [(BASE_IMAGE, None), ("ghcr.io/acme/tool:1", "prebuilt image")]
+)
+def test_harbor_prebuilt_image_without_environment_folder(
+    tmp_path: Path, image: str, reason: str | None
+) -> None:
+    task_dir = tmp_path / "sales-report"
+    shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
+    shutil.rmtree(task_dir / "environment")
+    toml = task_dir / "task.toml"
+    toml.write_text(
+        toml.read_text().replace("[environment]", f'[environment]\ndocker_image = "{image}"')
+    )
+    task = load_tasks(task_dir).get("sales-report")
+    assert task.sandbox_spec("docker").image == image
+    if reason is None:
+        assert task.sandbox_spec("bwrap").files is None
+    else:
+        assert reason in (task.needs_docker_reason or "")
+        with pytest.raises(NeedsDockerError, match=reason):
+            task.sandbox_spec("bwrap")

@@ -1,0 +1,175 @@
+"""The Learner's contract: staleness audit, complete batches, one optimizer step, events."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from thundersync import GRPO, OPD, IncompleteBatchError, Learner, StaleTokenError
+from thundersync import events as ev
+from thundersync.assembly import EventOrderError
+from thundersync.models import load_model
+from thundersync.rollouts import BatchShape, random_batch
+
+SHAPE = BatchShape(max_groups=2, max_group_size=3, max_turns=2, max_tokens=32,
+                   infra_failure_rate=0.0)  # fmt: skip
+
+
+@pytest.fixture
+def model(tiny_model_dirs):
+    return load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
+
+
+def learner(model, streaming=True, lr=0.0, **kwargs) -> Learner:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return Learner(model, kwargs.pop("objective", GRPO()), opt, streaming=streaming, **kwargs)
+
+
+def informative_batch(model, seed=0):
+    """A batch with at least one group whose rewards differ (so the gradient is nonzero)."""
+    for s in range(seed, seed + 200):
+        events = random_batch(s, model.config.vocab_size, SHAPE)
+        rewards: dict[str, set] = {}
+        group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+        for e in events:
+            if isinstance(e, ev.RewardReady):
+                rewards.setdefault(group[e.episode_id], set()).add(e.reward)
+        if any(len(r) > 1 for r in rewards.values()):
+            return events
+    raise AssertionError("no informative batch found")
+
+
+def test_streaming_refuses_a_stale_token(model):
+    lrn = learner(model)
+    events = informative_batch(model)
+    stale = next(e for e in events if isinstance(e, ev.TurnCompleted))
+    for e in events[: events.index(stale)]:
+        lrn.consume(e)
+    bad = ev.TurnCompleted(
+        episode_id=stale.episode_id, turn=stale.turn, action_ids=stale.action_ids,
+        action_logprobs=stale.action_logprobs, policy_version=stale.policy_version - 1,
+    )  # fmt: skip
+    with pytest.raises(StaleTokenError, match="version -1.*version 0"):
+        lrn.consume(bad)
+
+
+def test_after_a_step_tokens_of_the_old_version_are_stale(model):
+    lrn = learner(model)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert metrics["policy_version"] == lrn.policy_version == 1
+    with pytest.raises(StaleTokenError):
+        lrn.consume(next(e for e in informative_batch(model) if isinstance(e, ev.EpisodeStarted)))
+
+
+def test_sync_accepts_tokens_of_any_version(model):
+    lrn = learner(model, streaming=False)
+    for e in random_batch(0, model.config.vocab_size, SHAPE, policy_version=5):
+        lrn.consume(e)
+    lrn.step()
+
+
+def test_step_takes_one_optimizer_step_with_the_clipped_gradient(model):
+    before = [p.detach().clone() for p in model.parameters()]
+    lrn = learner(model, lr=0.5, max_grad_norm=1e-3)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert metrics["grad_norm"] > 1e-3
+    assert float(lrn.last_gradient.norm()) == pytest.approx(1e-3, rel=1e-3)
+    moved = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+    assert torch.allclose(moved, 0.5 * lrn.last_gradient, atol=1e-15)
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.equal(grads, lrn.last_gradient)
+
+
+@pytest.mark.parametrize("missing", ["RewardReady", "EpisodeCompleted", "EpisodeStarted"])
+def test_step_on_an_incomplete_batch_says_what_is_missing(model, missing):
+    lrn = learner(model)
+    events = informative_batch(model)
+    drop = next(e for e in events if type(e).__name__ == missing)
+    for e in events:
+        if e is not drop:
+            lrn.consume(e)
+    with pytest.raises(IncompleteBatchError, match=drop.episode_id[:2]):
+        lrn.step()
+
+
+def test_step_on_an_empty_batch_fails_clearly(model):
+    with pytest.raises(IncompleteBatchError, match="empty batch"):
+        learner(model).step()
+
+
+def test_opd_needs_every_teacher_score(model):
+    lrn = learner(model, objective=OPD())
+    events = random_batch(1, model.config.vocab_size, SHAPE, teacher=True)
+    dropped = next(e for e in events if isinstance(e, ev.TeacherScored))
+    for e in events:
+        if e is not dropped:
+            lrn.consume(e)
+    with pytest.raises(IncompleteBatchError, match="teacher"):
+        lrn.step()
+
+
+def test_contradictory_events_are_rejected(model):
+    lrn = learner(model)
+    start = next(e for e in informative_batch(model) if isinstance(e, ev.EpisodeStarted))
+    lrn.consume(start)
+    with pytest.raises(EventOrderError, match="already started"):
+        lrn.consume(start)
+    with pytest.raises(EventOrderError, match="2 action_ids but 1 action_logprobs"):
+        lrn.consume(ev.TurnCompleted(episode_id=start.episode_id, turn=0, action_ids=(5, 6),
+                                     action_logprobs=(-1.0,), policy_version=0))  # fmt: skip
+
+
+def test_kl_without_a_reference_model_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="reference"):
+        learner(model, objective=GRPO(kl_coef=0.1))
+
+
+def test_streaming_publishes_gradient_work_as_it_happens(model):
+    published: list[ev.Event] = []
+    lrn = learner(model, publish=published.append)
+    events = informative_batch(model)
+    first_reward = next(i for i, e in enumerate(events) if isinstance(e, ev.RewardReady))
+    for e in events[: first_reward + 1]:
+        lrn.consume(e)
+    # The first trajectory's backward ran at its reward, long before the step.
+    assert [type(e).__name__ for e in published] == ["GradientComputed"]
+    for e in events[first_reward + 1 :]:
+        lrn.consume(e)
+    lrn.step()
+    assert isinstance(published[-1], ev.StepFinished)
+
+
+def test_infra_failures_are_excluded_not_scored_zero(model):
+    events = informative_batch(model)
+    failed = next(e for e in events if isinstance(e, ev.RewardReady))
+    flagged = [
+        ev.RewardReady(episode_id=e.episode_id, reward=0.0, infra_failure=True)
+        if e is failed else e for e in events
+    ]  # fmt: skip
+    without = [e for e in events if getattr(e, "episode_id", None) != failed.episode_id]
+    groups = {e.group_id: e.group_size for e in without if isinstance(e, ev.EpisodeStarted)}
+    without = [
+        ev.EpisodeStarted(episode_id=e.episode_id, group_id=e.group_id,
+                          group_size=groups[e.group_id] - (e.group_id == _group(events, failed)),
+                          task_id=e.task_id, prompt_ids=e.prompt_ids, policy_version=0)
+        if isinstance(e, ev.EpisodeStarted) else e
+        for e in without
+    ]  # fmt: skip
+    a = learner(model, max_grad_norm=None)
+    b = learner(model, max_grad_norm=None)
+    for e in flagged:
+        a.consume(e)
+    for e in without:
+        b.consume(e)
+    a.step()
+    b.step()
+    assert torch.allclose(a.last_gradient, b.last_gradient, rtol=0, atol=1e-15)
+
+
+def _group(events, reward_event) -> str:
+    return next(e.group_id for e in events
+                if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id)

@@ -1,0 +1,76 @@
+"""Policy log-probs: action tokens only, one forward, and the teacher's KV-cached scoring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from thundersync.models import load_model
+from thundersync.policy import Policy
+from thundersync.types import Trajectory, Turn
+
+
+@pytest.fixture(scope="module", params=["gpt2", "qwen3"])
+def policy(request, tiny_model_dirs):
+    return Policy(load_model(tiny_model_dirs[request.param], dtype=torch.float64))
+
+
+def trajectory(obs0=(40, 41, 42)) -> Trajectory:
+    return Trajectory(
+        episode_id="e0", group_id="g0", group_size=1, task_id="t", prompt_ids=(10, 11, 12),
+        turns=(
+            Turn(action_ids=(20, 21), action_logprobs=(-1.0, -1.0), policy_version=0,
+                 observation_ids=obs0),
+            Turn(action_ids=(30, 31, 32), action_logprobs=(-1.0,) * 3, policy_version=0,
+                 observation_ids=(50,)),
+        ),
+    )  # fmt: skip
+
+
+def manual_logprobs(model, ids: list[int], positions: list[int]) -> torch.Tensor:
+    """log p(ids[pos] | ids[:pos]) by running the model on each prefix separately."""
+    values = []
+    for pos in positions:
+        logits = model(input_ids=torch.tensor([ids[:pos]])).logits[0, -1]
+        values.append(torch.log_softmax(logits, -1)[ids[pos]])
+    return torch.stack(values)
+
+
+def test_action_logprobs_cover_action_tokens_only(policy):
+    traj = trajectory()
+    logp_T, turn_T = policy.action_logprobs(traj)
+    assert turn_T.tolist() == [0, 0, 1, 1, 1]
+    ids = [10, 11, 12, 20, 21, 40, 41, 42, 30, 31, 32]  # the last observation is not context
+    expected = manual_logprobs(policy.model, ids, [3, 4, 8, 9, 10])
+    assert torch.allclose(logp_T, expected, rtol=0, atol=1e-6)
+
+
+def test_observations_are_context_for_later_actions(policy):
+    a, _ = policy.action_logprobs(trajectory(obs0=(40, 41, 42)))
+    b, _ = policy.action_logprobs(trajectory(obs0=(43, 44)))
+    assert torch.equal(a[:2], b[:2])
+    assert not torch.allclose(a[2:], b[2:])
+
+
+def test_batched_logprobs_match_one_by_one(policy):
+    trajs = [trajectory(), trajectory(obs0=(43,))]
+    batched = policy.batch_action_logprobs(trajs)
+    for traj, logp in zip(trajs, batched):
+        assert torch.allclose(logp, policy.action_logprobs(traj)[0], rtol=0, atol=1e-6)
+
+
+def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy):
+    traj = trajectory()
+    cache: dict = {}
+    turn0 = policy.score_turn(traj, 0, cache)
+    turn1 = policy.score_turn(traj, 1, cache)
+    full, turn_T = policy.action_logprobs(traj)
+    assert len(turn0) == 2 and len(turn1) == 3
+    assert torch.allclose(torch.tensor(turn0 + turn1, dtype=full.dtype), full.detach(), atol=1e-6)
+
+
+def test_an_empty_prompt_is_rejected_with_the_episode_named(policy):
+    traj = Trajectory(episode_id="e9", group_id="g", group_size=1, task_id="t", prompt_ids=(),
+                      turns=(Turn(action_ids=(5,), action_logprobs=(-1.0,), policy_version=0),))
+    with pytest.raises(ValueError, match="e9.*empty prompt_ids"):
+        policy.action_logprobs(traj)
