@@ -34,9 +34,25 @@ def grpo_batch_grad(
     for gid in selected:
         kept = [m for m in groups[gid] if not m.is_infra_failure]
         advantages = group_advantages([m.reward.reward for m in kept], objective)
-        items += [
-            (m, a) for m, a in zip(kept, advantages) if a != 0.0 or objective.kl_coef != 0.0
-        ]
+        items += list(zip(kept, advantages))
+    return weighted_grad(
+        policy, objective, items, reference, micro_batch_size=micro_batch_size, total=total
+    )
+
+
+def weighted_grad(
+    policy: Policy,
+    objective: GRPO,
+    items: list[tuple[EpisodeRecord, float]],
+    reference: Policy | None,
+    *,
+    micro_batch_size: int,
+    total: torch.Tensor,
+) -> torch.Tensor:
+    """Add Σ_i ∇[PPO-clip surrogate with advantage A_i + KL_i] for (trajectory, A_i) items,
+    one padded forward and one backward per micro-batch; items that contribute nothing
+    (A = 0 and no KL term) are skipped."""
+    items = [(m, a) for m, a in items if a != 0.0 or objective.kl_coef != 0.0]
     for start in range(0, len(items), micro_batch_size):
         chunk = items[start : start + micro_batch_size]
         trajectories = [m.trajectory() for m, _ in chunk]

@@ -15,6 +15,7 @@ import torch
 
 from thundersync import events as ev
 from thundersync.assembly import EpisodeRecord
+from thundersync.batch import opd_batch_grad
 from thundersync.canonical import PieceStore
 from thundersync.gradients import BufferPool, opd_piece
 from thundersync.objectives import OPD
@@ -36,10 +37,13 @@ class OPDStream:
         *,
         deterministic: bool,
         streaming: bool,
+        micro_batch_size: int,
         publish: Callable[[ev.Event], None] | None,
     ) -> None:
         self.policy, self.objective, self.publish = policy, objective, publish
         self.deterministic, self.streaming = deterministic, streaming
+        self.micro_batch_size = micro_batch_size
+        self.queue: dict[str, EpisodeRecord] = {}
         self.store = PieceStore(pool)
         self.step_grad = pool.zeros()
         self.done: set[tuple[str, int]] = set()
@@ -80,13 +84,15 @@ class OPDStream:
         else:
             vector = opd_piece(self.policy, self.objective, rec.trajectory(turn), [turn])
             self.turn_backward_s = _ema(self.turn_backward_s, ev.now() - started)
+        self._published(rec.episode_id, None if turn == EPISODE else turn, started)
+        return vector
+
+    def _published(self, episode_id: str, turn: int | None, started: float) -> None:
         self.num_backward += 1
         if self.publish is not None:
             self.publish(ev.GradientComputed(
-                episode_id=rec.episode_id, turn=None if turn == EPISODE else turn,
-                started=started, finished=ev.now(),
+                episode_id=episode_id, turn=turn, started=started, finished=ev.now()
             ))  # fmt: skip
-        return vector
 
     def _ready(self, rec: EpisodeRecord, turn: int) -> bool:
         if turn == EPISODE:
@@ -94,8 +100,31 @@ class OPDStream:
         return rec.turn_ready(turn) and turn in rec.teacher
 
     def update(self, rec: EpisodeRecord) -> None:
-        if rec.started is None:
-            return
+        if rec.started is not None:
+            self.queue[rec.episode_id] = rec
+
+    def drain(self) -> None:
+        """Run queued pieces. Outside deterministic mode, episodes that became wholly ready
+        with no piece done yet are batched at episode granularity (exact, and one padded
+        backward per micro-batch instead of one per turn)."""
+        queued, self.queue = list(self.queue.values()), {}
+        if not self.deterministic:
+            whole = [
+                rec for rec in queued
+                if rec.tokens_ready and rec.teacher_ready
+                and not any(key in self.done for key in self._keys(rec))
+            ]  # fmt: skip
+            if len(whole) > 1:
+                started = ev.now()
+                opd_batch_grad(self.policy, self.objective, whole,
+                               micro_batch_size=self.micro_batch_size, total=self.step_grad)
+                for rec in whole:
+                    self.done.update(self._keys(rec))
+                    self._published(rec.episode_id, None, started)
+        for rec in queued:
+            self._run_ready(rec)
+
+    def _run_ready(self, rec: EpisodeRecord) -> None:
         if self._resolve(rec) == "turn":
             candidates = [(rec.episode_id, k) for k in sorted(rec.actions)]
         else:
@@ -113,6 +142,7 @@ class OPDStream:
 
     def finish(self, episodes: list[EpisodeRecord]) -> torch.Tensor:
         """Complete every missing piece; sum in canonical order when deterministic."""
+        self.drain()
         for rec in episodes:
             for key in self._keys(rec):
                 if self.deterministic:

@@ -59,6 +59,7 @@ class Learner:
         reference: torch.nn.Module | None = None,
         deterministic: bool = False,
         early_start: bool = False,
+        eager: bool = True,
         max_grad_norm: float | None = 1.0,
         buffer_budget_bytes: int | None = None,
         micro_batch_size: int = 8,
@@ -73,6 +74,7 @@ class Learner:
             raise ValueError("GRPO(kl_coef != 0) needs reference=<a frozen reference model>")
         self.objective, self.optimizer = objective, optimizer
         self.streaming, self.deterministic, self.early_start = streaming, deterministic, early_start
+        self.eager = eager
         self.max_grad_norm, self.micro_batch_size = max_grad_norm, micro_batch_size
         self.policy_version, self.publish = policy_version, publish
         self.budget_bytes = buffer_budget_bytes
@@ -93,12 +95,14 @@ class Learner:
         if isinstance(self.objective, OPD) and (self.streaming or self.deterministic):
             self.opd = OPDStream(
                 self.policy, self.objective, self.pool, deterministic=self.deterministic,
-                streaming=self.streaming, publish=self.publish,
+                streaming=self.streaming, micro_batch_size=self.micro_batch_size,
+                publish=self.publish,
             )  # fmt: skip
         elif isinstance(self.objective, GRPO) and self.streaming and not self.deterministic:
             self.grpo = GRPOStream(
                 self.policy, self.objective, self.pool, reference=self.reference,
-                early_start=self.early_start, publish=self.publish,
+                early_start=self.early_start, micro_batch_size=self.micro_batch_size,
+                publish=self.publish,
             )  # fmt: skip
 
     # --- consuming events ----------------------------------------------------------------------
@@ -123,6 +127,24 @@ class Learner:
             self.store.offer(key, count, lambda: self._grpo_piece(rec))
         if rec.is_infra_failure:
             self.store.discard(rec.episode_id)
+        self.learner_time_s += time.perf_counter() - started
+        if self.eager:
+            self.drain()
+
+    def drain(self) -> None:
+        """Run the gradient work that consumed events unblocked.
+
+        With ``eager=True`` (default) ``consume`` calls this itself, so work starts the moment
+        its inputs are fixed. A worker that receives events in bursts passes ``eager=False``
+        and calls ``drain()`` whenever its inbox is empty: work that became ready together
+        is then batched (one padded backward per micro-batch), which is what keeps streaming's
+        learner time at sync's when nothing overlaps. Exact either way.
+        """
+        started = time.perf_counter()
+        if self.grpo is not None:
+            self.grpo.drain()
+        elif self.opd is not None:
+            self.opd.drain()
         self.learner_time_s += time.perf_counter() - started
 
     def _audit(self, event: ev.Event) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from thundersync import events as ev
 from thundersync.assembly import EpisodeRecord, natural_key
+from thundersync.batch import weighted_grad
 from thundersync.gradients import BufferPool, grpo_piece
 from thundersync.objectives import GRPO, group_stats, is_degenerate
 from thundersync.policy import Policy
@@ -64,11 +65,14 @@ class GRPOStream:
         *,
         reference: Policy | None,
         early_start: bool,
+        micro_batch_size: int,
         publish: Callable[[ev.Event], None] | None,
     ) -> None:
         self.policy, self.objective, self.pool = policy, objective, pool
         self.reference, self.early_start, self.publish = reference, early_start, publish
+        self.micro_batch_size = micro_batch_size
         self.groups: dict[str, GroupState] = {}
+        self.queue: dict[str, EpisodeRecord] = {}
         self.pending: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.handled: set[str] = set()
         self.step_grad = pool.zeros()
@@ -77,6 +81,7 @@ class GRPOStream:
     # --- event-driven work -------------------------------------------------------------------
 
     def update(self, rec: EpisodeRecord) -> None:
+        """Note what ``rec``'s new event unblocked; the work itself runs in ``drain``."""
         if rec.started is None:
             return
         g = self.groups.setdefault(rec.group_id, GroupState(rec.group_id, rec.started.group_size))
@@ -86,14 +91,53 @@ class GRPOStream:
             if rec.is_infra_failure:
                 self._release_pending(eid)
                 self.handled.add(eid)
-            elif rec.tokens_ready and g.closed:
-                self._final(g, rec)
-            elif rec.tokens_ready and rec.has_reward:
-                self._deposit(g, rec)
-            elif rec.tokens_ready and self.early_start and eid not in self.pending:
-                self._precompute(rec)
+                self.queue.pop(eid, None)
+            elif rec.tokens_ready and (rec.has_reward or g.closed or self.early_start):
+                self.queue[eid] = rec
         if not g.closed and g.rewards_known():
             self._close(g)
+
+    def drain(self) -> None:
+        """Run the queued work. Trajectories of closed groups have final advantages and are
+        batched (one padded backward per micro-batch, like sync); trajectories of open groups
+        are deposited into their group's accumulators one by one."""
+        finals: list[tuple[GroupState, EpisodeRecord]] = []
+        queued, self.queue = list(self.queue.values()), {}
+        for rec in queued:
+            g = self.groups[rec.group_id]
+            if rec.episode_id in self.handled:
+                continue
+            if g.closed and rec.episode_id in self.pending:
+                self._final(g, rec)
+            elif g.closed:
+                finals.append((g, rec))
+            elif rec.has_reward:
+                self._deposit(g, rec)
+            elif self.early_start and rec.episode_id not in self.pending:
+                self._precompute(rec)
+        self._run_finals(finals)
+
+    def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
+        by_target: dict[int, tuple[torch.Tensor, list]] = {}
+        for g, rec in finals:
+            if g.dropped:
+                self.handled.add(rec.episode_id)
+                continue
+            target = self._target(g)
+            if target is None:
+                continue  # max_groups over budget: computed at the step, once selected
+            by_target.setdefault(id(target), (target, []))[1].append(
+                (rec, self._advantage(g, rec))
+            )
+        for target, items in by_target.values():
+            started = ev.now()
+            weighted_grad(
+                self.policy, self.objective, items, self.reference,
+                micro_batch_size=self.micro_batch_size, total=target,
+            )  # fmt: skip
+            for rec, _ in items:
+                self.handled.add(rec.episode_id)
+                self._published(rec.episode_id, started)
 
     def _buffers_per_group(self) -> int:
         o = self.objective
@@ -159,7 +203,7 @@ class GRPOStream:
             self._fold(g, degenerate)
         for m in kept:
             if m.tokens_ready and m.episode_id not in self.handled:
-                self._final(g, m)
+                self.queue[m.episode_id] = m
         self._admit_waiting()
 
     def _fold(self, g: GroupState, degenerate: bool) -> None:
@@ -184,25 +228,27 @@ class GRPOStream:
                 target.add_(g.K)
         self._free(g, keep_result=True)
 
-    def _target(self, g: GroupState) -> torch.Tensor:
+    def _target(self, g: GroupState) -> torch.Tensor | None:
+        """Where the group's contributions go: the step's gradient, or with ``max_groups``
+        the group's own result (None when the budget cannot hold one: wait for the step)."""
         if self.objective.max_groups is None:
             return self.step_grad
         if g.result is None and g.R is not None:
             return g.R
         if g.result is None and self.pool.fits(1):
             g.result = self.pool.take()
-        return g.result if g.result is not None else self.step_grad
+        return g.result
 
     def _final(self, g: GroupState, rec: EpisodeRecord) -> None:
         """Process a trajectory whose advantage is final (its group closed)."""
         if g.dropped or rec.is_infra_failure:
             self.handled.add(rec.episode_id)
             return
-        if self.objective.max_groups is not None and g.result is None and not self.pool.fits(1):
+        target = self._target(g)
+        if target is None:
             return  # held for the step, when the selection is known
         advantage = self._advantage(g, rec)
         vectors = self._release_pending(rec.episode_id)
-        target = self._target(g)
         if vectors is not None:
             h, k = vectors
             if advantage != 0.0:
@@ -238,9 +284,8 @@ class GRPOStream:
                 if m.episode_id not in self.handled and m.tokens_ready and m.has_reward
                 and not m.is_infra_failure
             ]  # fmt: skip
-            if waiting and self._open(g):
-                for m in waiting:
-                    self._deposit(g, m)
+            for m in waiting:
+                self.queue[m.episode_id] = m
 
     def _backward(self, rec: EpisodeRecord, *, advantage: float | None):
         started = ev.now()
@@ -248,30 +293,32 @@ class GRPOStream:
             self.policy, self.objective, rec.trajectory(), self.reference, advantage=advantage
         )
         if out[0] is not None:
-            self.num_backward += 1
-            if self.publish is not None:
-                self.publish(ev.GradientComputed(
-                    episode_id=rec.episode_id, turn=None,
-                    started=started, finished=ev.now(),
-                ))  # fmt: skip
+            self._published(rec.episode_id, started)
         return out
+
+    def _published(self, episode_id: str, started: float) -> None:
+        self.num_backward += 1
+        if self.publish is not None:
+            self.publish(ev.GradientComputed(
+                episode_id=episode_id, turn=None, started=started, finished=ev.now()
+            ))  # fmt: skip
 
     # --- the step ----------------------------------------------------------------------------
 
     def finish(self, selected: list[str]) -> torch.Tensor:
         """The batch's gradient sum over ``selected`` groups (canonical order)."""
+        self.drain()
+        late = []
         for gid in selected:
             g = self.groups[gid]
-            for m in g.kept():
-                if m.episode_id not in self.handled:
-                    if g.result is None:
-                        v, _ = self._backward(m, advantage=self._advantage(g, m))
-                        if v is not None:
-                            self.step_grad.add_(v)
-                    else:
-                        self._final(g, m)
+            waiting = [m for m in g.kept() if m.episode_id not in self.handled]
+            late += [(m, self._advantage(g, m)) for m in waiting]
             if g.result is not None:
                 self.step_grad.add_(g.result)
+        weighted_grad(
+            self.policy, self.objective, late, self.reference,
+            micro_batch_size=self.micro_batch_size, total=self.step_grad,
+        )  # fmt: skip
         for g in self.groups.values():
             self._free(g, keep_result=False)
         for eid in list(self.pending):

@@ -25,6 +25,10 @@ VARIANTS = {
     "dynamic-max-groups": (GRPO(dynamic_sampling=True, max_groups=1, kl_coef=0.05), {}),
     "early-start": (GRPO(), {"early_start": True}),
     "dr-grpo-early": (GRPO(scale_by_std=False, kl_coef=0.05), {"early_start": True}),
+    "lazy-drain": (GRPO(kl_coef=0.05), {"eager": False}),
+    "lazy-early-budget": (GRPO(), {"eager": False, "early_start": True,
+                                   "buffer_budget_bytes": 10**6}),
+    "opd-lazy": (OPD(granularity="turn"), {"eager": False}),
     "opd-turn": (OPD(granularity="turn"), {}),
     "opd-episode": (OPD(granularity="episode"), {}),
     "opd-auto": (OPD(), {}),
@@ -40,7 +44,7 @@ def models(tiny_model_dirs):
         for dtype in (torch.float64, torch.float32):
             out[arch, dtype] = load_model(tiny_model_dirs[arch], dtype=dtype)
     reference = {}
-    for key, model in out.items():
+    for key in out:
         ref = load_model(tiny_model_dirs[key[0]], dtype=key[1])
         with torch.no_grad():
             gen = torch.Generator().manual_seed(7)
@@ -75,7 +79,9 @@ arrivals = st.sampled_from(["interleaved", "shuffled", "batch"])
 
 
 @given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(VARIANTS)), arrival=arrivals)
-def test_deterministic_streaming_is_bitwise_equal_to_deterministic_sync(models, seed, name, arrival):
+def test_deterministic_streaming_is_bitwise_equal_to_deterministic_sync(
+    models, seed, name, arrival
+):
     out, refs = models
     key = ("gpt2", torch.float64) if seed % 2 else ("qwen3", torch.float32)
     objective, kwargs = VARIANTS[name]

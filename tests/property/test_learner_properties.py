@@ -85,6 +85,31 @@ def test_open_group_memory_never_exceeds_the_budget_and_stays_exact(
     assert float((grad - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
 
 
+@given(
+    seed=st.integers(0, 10**6),
+    drains=st.lists(st.integers(0, 400), max_size=8),
+    early_start=st.booleans(),
+    opd=st.booleans(),
+)
+def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, opd):
+    """A worker drains whenever its inbox runs dry: at arbitrary points of the stream."""
+    from thundersync import OPD
+
+    objective = OPD(granularity="turn") if opd else GRPO()
+    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
+    events = random_batch(seed, model.config.vocab_size, shape, teacher=opd)
+    kwargs = {} if opd else {"early_start": early_start}
+    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
+                      streaming=True, eager=False, max_grad_norm=None, **kwargs)  # fmt: skip
+    for i, event in enumerate(events):
+        learner.consume(event)
+        if i in drains:
+            learner.drain()
+    learner.step()
+    book = textbook.gradient(model, objective, events)
+    assert float((learner.last_gradient - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
+
+
 def test_an_unlimited_budget_really_holds_groups_open(model):
     """The budget test above must be able to fail: without a budget, buffers are used."""
     shape = BatchShape(max_groups=3, max_group_size=4, max_turns=2, max_tokens=40,
