@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import string
 import time
 from collections.abc import Callable, Iterable
@@ -150,7 +151,7 @@ class ShellEnv(gym.Env[str, str]):
         self._grade = None
         info: dict[str, Any] = {"task_id": self._task.task_id, "infra_failure": False}
         try:
-            self._sandbox = self._make_sandbox(self._task.sandbox_spec())
+            self._sandbox = self._make_sandbox(self._task_spec())
             self._task.setup(self._sandbox)
         except SandboxError as exc:
             self._fail(exc)
@@ -183,6 +184,17 @@ class ShellEnv(gym.Env[str, str]):
                 )
             return self.tasks[int(choice)]
         return choice
+
+    def _task_spec(self) -> SandboxSpec:
+        """The task's sandbox spec, for this env's sandbox kind when the task takes one (so a
+        task that needs Docker can say so by name under bubblewrap)."""
+        assert self._task is not None
+        kind = self._sandbox_kind if isinstance(self._sandbox_kind, str) else None
+        try:
+            inspect.signature(self._task.sandbox_spec).bind(kind)
+        except TypeError:
+            return self._task.sandbox_spec()
+        return self._task.sandbox_spec(kind)
 
     def _make_sandbox(self, spec: SandboxSpec) -> Sandbox:
         if callable(self._sandbox_kind):

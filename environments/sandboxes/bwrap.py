@@ -108,7 +108,9 @@ def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
                 args += ["--perms", "0755", "--dir", str(parent)]
         if path != workdir:
             args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    # Sticky and world-writable like a real /tmp: the sandbox user must be able to mktemp.
+    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
     return [*args, "--bind", str(workspace), workdir, "--chdir", workdir]
 
 

@@ -88,5 +88,7 @@ def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
         return data.decode("utf-8", errors="replace"), False
     half = limit // 2
     marker = TRUNCATION_MARKER.format(omitted=len(data) - 2 * half)
-    text = data[:half].decode("utf-8", "replace") + marker + data[len(data) - half :].decode("utf-8", "replace")
+    head = data[:half].decode("utf-8", "replace")
+    tail = data[len(data) - half :].decode("utf-8", "replace")
+    text = head + marker + tail
     return text, True
