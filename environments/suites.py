@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from environments.tasks import Task, TaskSet
+from environments.tasks import TaskList, TaskSet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SWEBENCH_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -44,18 +43,7 @@ SUITES: dict[str, Callable[[], TaskSet]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class CombinedTaskSet:
-    """Several task sets as one (e.g. Terminal-Bench 1 and Harbor tasks together)."""
-
-    name: str
-    tasks: tuple[Task, ...]
-
-    def __iter__(self) -> Iterator[Task]:
-        return iter(self.tasks)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
+CombinedTaskSet = TaskList  # TaskList[Task]: several task sets as one
 
 
 def resolve_suite(name_or_path: str | Path) -> TaskSet:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from environments.sandboxes.protocol import Sandbox, SandboxSpec
 
@@ -65,3 +65,28 @@ class TaskSet(Protocol):
     def __iter__(self) -> Iterator[Task]: ...
 
     def __len__(self) -> int: ...
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskList(Generic[T]):
+    """A named, fixed sequence of tasks (a ``TaskSet``): what every loader returns."""
+
+    name: str
+    tasks: tuple[T, ...]
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def get(self, task_id: str) -> T:
+        """The task with this id; KeyError naming the set and the known ids otherwise."""
+        for task in self.tasks:
+            if task.task_id == task_id:  # type: ignore[attr-defined]
+                return task
+        known = [t.task_id for t in self.tasks]  # type: ignore[attr-defined]
+        raise KeyError(f"{self.name}: no task {task_id!r}; known: {known}")

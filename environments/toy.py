@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from environments.core import SandboxFactory, ShellEnv
 from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade
+from environments.tasks import Grade, TaskList
 
 KEYS = (
     "red",
@@ -178,18 +177,7 @@ def _task_id(prefix: str, table: tuple[tuple[str, str], ...], instruction: str) 
     return f"{prefix}-{digest}"
 
 
-@dataclass(frozen=True, slots=True)
-class ToyTaskSet:
-    """A fixed list of toy tasks (a ``TaskSet``), e.g. the ``toy-sum`` suite."""
-
-    name: str
-    tasks: tuple[ToyTask, ...]
-
-    def __iter__(self) -> Iterator[ToyTask]:
-        return iter(self.tasks)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
+ToyTaskSet = TaskList  # TaskList[ToyTask], e.g. the toy-sum suite
 
 
 def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> ToyTaskSet:

@@ -1,10 +1,17 @@
-"""Shared test configuration: hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev)."""
+"""Shared test configuration: hypothesis profiles (HYPOTHESIS_PROFILE=ci|dev), tiny models,
+Docker availability (loud skip) and the check that no sandbox outlives the tests."""
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from environments.sandboxes import BASE_IMAGE, docker_available
+from environments.sandboxes.bwrap import MARKER_PREFIX
 
 settings.register_profile(
     "dev", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -15,9 +22,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-import pytest  # noqa: E402
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """Tiny checkpoints built once per session: {"gpt2": Path, "qwen3": Path, "llama": Path}."""
@@ -25,3 +29,96 @@ def tiny_model_dirs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny-models")
     return {arch: build_tiny_model(root / arch, arch) for arch in ("gpt2", "qwen3", "llama")}
+
+DOCKER_HINT = (
+    "start one with `dockerd --bridge=none --iptables=false &` and build the base image with "
+    "`environments/sandboxes/images/build_base_image.sh`"
+)
+
+
+def _docker_missing_reason() -> str | None:
+    """Why Docker tests cannot run here, or None when they can."""
+    if not docker_available():
+        return f"DOCKER TESTS SKIPPED: no Docker daemon reachable; {DOCKER_HINT}"
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"DOCKER TESTS SKIPPED: base image {BASE_IMAGE} is missing; {DOCKER_HINT}"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    """Skip (loudly, with the fix) when no Docker daemon or base image is available."""
+    reason = _docker_missing_reason()
+    if reason is not None:
+        warnings.warn(reason, stacklevel=1)
+        pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _skip_docker_marked(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("docker") is not None:
+        request.getfixturevalue("docker_ready")
+
+
+def leftover_sandbox_processes(owner_pid: int | None = None) -> list[str]:
+    """``pid: cmdline`` of live processes carrying a bubblewrap sandbox marker of ``owner_pid``
+    (default: this process) in their command line or environment."""
+    marker = f"{MARKER_PREFIX}{owner_pid or os.getpid()}-".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if marker in cmdline or marker in environ:
+            shown = cmdline.replace(b"\0", b" ")[:200]
+            found.append(f"{name}: {shown!r}")
+    return found
+
+
+def leftover_containers(owner_pid: int | None = None) -> list[str]:
+    """Names of containers (running or not) made by ``owner_pid``'s DockerSandboxes."""
+    if not docker_available():
+        return []
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        label = f"thundersync.owner_pid={owner_pid or os.getpid()}"
+        return [c.name for c in client.containers.list(all=True, filters={"label": label})]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def leftovers() -> object:
+    """The leftover checks, for tests that assert after each sandbox: (processes, containers)."""
+
+    def check() -> tuple[list[str], list[str]]:
+        return leftover_sandbox_processes(), leftover_containers()
+
+    return check
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sandbox_left_behind() -> Iterator[None]:
+    """Fail the session when any sandbox process or labelled container outlives the tests."""
+    yield
+    processes, containers = leftover_sandbox_processes(), leftover_containers()
+    if processes or containers:
+        pytest.fail(
+            f"sandboxes left behind: processes {processes}, containers {containers}",
+            pytrace=False,
+        )

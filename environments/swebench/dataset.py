@@ -3,38 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.swebench.instance import SWEBenchInstance, parse_instance
 from environments.swebench.task import SWEBenchTask
-from environments.tasks import TaskFormatError
+from environments.tasks import TaskFormatError, TaskList
 
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 _SIGNATURE_FIELDS = frozenset({"instance_id", "test_patch", "FAIL_TO_PASS"})
 
 
-@dataclass(frozen=True, slots=True)
-class SWEBenchTaskSet:
-    """SWE-bench instances as tasks (matches ``environments.tasks.TaskSet``)."""
-
-    name: str
-    tasks: tuple[SWEBenchTask, ...]
-
-    def __iter__(self) -> Iterator[SWEBenchTask]:
-        return iter(self.tasks)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def get(self, instance_id: str) -> SWEBenchTask:
-        """The task of ``instance_id``; KeyError naming the id when absent."""
-        for task in self.tasks:
-            if task.task_id == instance_id:
-                return task
-        raise KeyError(f"{self.name}: no instance {instance_id!r}")
+SWEBenchTaskSet = TaskList  # TaskList[SWEBenchTask]: SWE-bench instances as tasks
 
 
 def load_instances(

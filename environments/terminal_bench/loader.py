@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from environments.tasks import TaskFormatError
+from environments.tasks import TaskFormatError, TaskList
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
 from environments.terminal_bench.tb1 import load_tb1_task
@@ -14,25 +12,7 @@ from environments.terminal_bench.tb1 import load_tb1_task
 TASK_FILES = ("task.yaml", "task.toml")
 
 
-@dataclass(frozen=True, slots=True)
-class TerminalBenchTaskSet:
-    """Tasks loaded from one folder, in folder-name order."""
-
-    name: str
-    tasks: tuple[TerminalBenchTask, ...]
-
-    def __iter__(self) -> Iterator[TerminalBenchTask]:
-        return iter(self.tasks)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def get(self, task_id: str) -> TerminalBenchTask:
-        """The task with this id (KeyError naming the known ids otherwise)."""
-        for task in self.tasks:
-            if task.task_id == task_id:
-                return task
-        raise KeyError(f"no task {task_id!r} in {self.name}; known: {[t.task_id for t in self]}")
+TerminalBenchTaskSet = TaskList  # TaskList[TerminalBenchTask], in folder-name order
 
 
 def _is_task_dir(path: Path) -> bool:
