@@ -100,7 +100,11 @@ def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
         args += ["--ro-bind", str(path), str(path)]
     args += ["--ro-bind", str(etc_dir / "passwd"), "/etc/passwd"]
     args += ["--ro-bind", str(etc_dir / "group"), "/etc/group"]
-    made: set[str] = set()
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    # Sticky and world-writable like a real /tmp: the sandbox user must be able to mktemp.
+    # Mounted before the interpreter's folders, so a checkout under /tmp stays visible.
+    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
+    made: set[str] = {"/tmp", "/proc", "/dev"}
     for path in [*_interpreter_dirs(), workdir]:
         for parent in reversed(Path(path).parents[:-1]):
             if str(parent) not in made:
@@ -108,9 +112,6 @@ def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
                 args += ["--perms", "0755", "--dir", str(parent)]
         if path != workdir:
             args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    # Sticky and world-writable like a real /tmp: the sandbox user must be able to mktemp.
-    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
     return [*args, "--bind", str(workspace), workdir, "--chdir", workdir]
 
 

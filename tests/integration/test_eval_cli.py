@@ -1,4 +1,5 @@
-"""``thundersync eval`` end to end: the toy suite and every shipped suite folder, in bwrap."""
+"""``thundersync eval`` end to end: the toy suite, and every shipped suite folder in bwrap and
+in Docker."""
 
 from __future__ import annotations
 
@@ -114,15 +115,19 @@ SHIPPED = {
 
 
 @pytest.mark.slow
-@needs_bwrap
+@pytest.mark.parametrize(
+    "sandbox",
+    [pytest.param("bwrap", marks=needs_bwrap), pytest.param("docker", marks=pytest.mark.docker)],
+)
 @pytest.mark.parametrize("agent,expected", [("oracle", 1.0), ("nop", 0.0)])
 @pytest.mark.parametrize("suite", sorted(SHIPPED))
-def test_shipped_suite_folders_score_oracle_one_and_nop_zero(suite, agent, expected, capsys):
+def test_shipped_suite_folders_score_oracle_one_and_nop_zero(
+    suite, agent, expected, sandbox, capsys
+):
     folder, loader = SHIPPED[suite]
-    if importlib.util.find_spec(loader) is None or not folder.is_dir():
-        pytest.skip(f"{loader} or {folder} has not landed yet")
+    assert importlib.util.find_spec(loader) is not None and folder.is_dir()
     report = run_json(
-        capsys, "--suite", str(folder), "--agent", agent, "--sandbox", "bwrap", "--concurrency", "2"
+        capsys, "--suite", str(folder), "--agent", agent, "--sandbox", sandbox, "--concurrency", "2"
     )
     failures = {
         row["task_id"]: row["attempts"][0].get("error")

@@ -188,3 +188,29 @@ def test_a_bwrap_setup_failure_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatc
     )
     with BwrapSandbox(SandboxSpec()) as sb, pytest.raises(SandboxError, match="nonexistent-src"):
         sb.execute("echo never", 5)
+
+
+def test_an_interpreter_under_tmp_stays_visible_and_tmp_is_writable(monkeypatch) -> None:
+    """CI may clone the project (and its .venv) under /tmp: the sandbox's private /tmp must
+    not hide it, and the sandbox user must be able to create temp files."""
+    from environments.sandboxes import bwrap
+
+    host_dir = Path(tempfile.mkdtemp(prefix="fake-venv-", dir="/tmp"))
+    try:
+        (host_dir / "probe.txt").write_text("visible")
+        host_dir.chmod(0o755)
+        (host_dir / "probe.txt").chmod(0o644)
+        real = bwrap._interpreter_dirs
+        monkeypatch.setattr(bwrap, "_interpreter_dirs", lambda: [*real(), str(host_dir)])
+        sandbox = BwrapSandbox(SandboxSpec())
+        try:
+            result = sandbox.execute(f"cat {host_dir}/probe.txt && mktemp && stat -c %a /tmp", 10)
+        finally:
+            sandbox.close()
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith("visible")
+        assert result.output.strip().endswith("1777")
+    finally:
+        import shutil
+
+        shutil.rmtree(host_dir)
