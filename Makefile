@@ -26,6 +26,7 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/thundersync envs
 	$(BIN)/thundersync verify --trials 1 --deterministic
+	$(BIN)/python benchmarks/learner_overhead.py --repeats 3 --groups 4
 	$(BIN)/thundersync eval --suite tb1-mini --agent oracle
 	$(BIN)/thundersync eval --suite tb1-mini --agent nop
 

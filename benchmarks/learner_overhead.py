@@ -5,8 +5,8 @@ the ratio streaming/sync of learner time is its pure overhead (target <= 1.05). 
 worker that receives the whole burst drains it once (``eager=False``), batching trajectories
 whose advantages are final; the eager ratio (a backward per trajectory the moment its reward
 arrives, what consume() alone does) is reported too. Runs are interleaved side by side
-(sync, streaming, eager, sync, ...) because this machine is shared and noisy; the report
-gives the median of the per-run ratios.
+(sync, streaming, eager, then the reverse order, ...) because this machine is shared and
+noisy; the report gives the median of the per-run ratios.
 
     python benchmarks/learner_overhead.py [--hidden 128 --layers 4 --groups 8 --group-size 8]
 """
@@ -38,7 +38,8 @@ def learner_seconds(model, events, *, streaming: bool, **kwargs) -> tuple[float,
 
 
 def batch_events(model, args: argparse.Namespace, seed: int):
-    shape = BatchShape(max_groups=args.groups, max_group_size=args.group_size,
+    shape = BatchShape(max_groups=args.groups, min_groups=args.groups,
+                       max_group_size=args.group_size, min_group_size=args.group_size,
                        max_turns=args.turns, max_tokens=args.tokens, infra_failure_rate=0.0,
                        reward_values=(0.0, 1.0))  # fmt: skip
     events = random_batch(seed, model.config.vocab_size, shape, arrival="batch")
@@ -70,9 +71,14 @@ def main() -> None:
     learner_seconds(model, batch_events(model, args, 0), streaming=True)  # warm-up
     for r in range(args.repeats):
         events = batch_events(model, args, 100 + r)
-        a, _ = learner_seconds(model, events, streaming=False)
-        b, _ = learner_seconds(model, events, streaming=True, eager=False)
-        c, _ = learner_seconds(model, events, streaming=True, eager=True)
+        runs = {
+            "sync": lambda e=events: learner_seconds(model, e, streaming=False)[0],
+            "lazy": lambda e=events: learner_seconds(model, e, streaming=True, eager=False)[0],
+            "eager": lambda e=events: learner_seconds(model, e, streaming=True, eager=True)[0],
+        }
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))  # no first-run bias
+        seconds = {name: runs[name]() for name in order}
+        a, b, c = seconds["sync"], seconds["lazy"], seconds["eager"]
         sync_s.append(a)
         stream_s.append(b)
         ratios.append(b / a)

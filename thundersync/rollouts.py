@@ -14,14 +14,16 @@ class BatchShape:
     """Bounds for ``random_batch``; defaults are the certificate's (DESIGN §3, issue 2)."""
 
     max_groups: int = 3
-    """Groups per batch: 1..max_groups."""
+    """Groups per batch: min_groups..max_groups."""
     max_group_size: int = 16
-    """Episodes per group: 1..max_group_size."""
+    """Episodes per group: min_group_size..max_group_size."""
     max_turns: int = 8
     """Actions per episode: 1..max_turns."""
     max_tokens: int = 300
     """Upper bound on an episode's total context length."""
     infra_failure_rate: float = 0.05
+    min_groups: int = 1
+    min_group_size: int = 1
     reward_values: tuple[float, ...] = (0.0, 0.0, 1.0, 1.0, 0.5)
     """Rewards are drawn from these (ties and all-equal groups happen) or, 1 time in 4,
     uniformly from [0, 1)."""
@@ -82,8 +84,8 @@ def random_batch(
     ``batch`` (episode after episode)."""
     rng = random.Random(seed)
     streams = []
-    for g in range(rng.randint(1, shape.max_groups)):
-        size = rng.randint(1, shape.max_group_size)
+    for g in range(rng.randint(shape.min_groups, shape.max_groups)):
+        size = rng.randint(shape.min_group_size, shape.max_group_size)
         for i in range(size):
             streams.append(random_episode_events(
                 rng, vocab_size, shape, episode_id=f"g{g}-e{i}", group_id=f"g{g}",

@@ -302,7 +302,7 @@ def run_verify_command(args: argparse.Namespace) -> int:
         table = Table(title="streaming == sync certificate")
         for column in ("model", "variant", "stream vs sync", "stream vs textbook", "bitwise",
                        "bound", "ok"):  # fmt: skip
-            table.add_column(column)
+            table.add_column(column, no_wrap=True)
         for r in results:
             bit = r["bitwise_equal_deterministic"]
             table.add_row(r["model"], r["variant"], f"{r['max_rel_err_stream_vs_sync']:.1e}",
