@@ -41,6 +41,7 @@ import weakref
 from pathlib import Path
 
 from environments.sandboxes.capture import OutputCapture, read_fd_until
+from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
 from environments.sandboxes.workspace import copy_in, copy_out, host_path, kill_uid
 
@@ -126,6 +127,7 @@ class BwrapSandbox:
             )
         if shutil.which(BWRAP) is None:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+        reap_once("bwrap", lambda: remove_orphan_workspaces(MARKER_PREFIX))
         self.spec = spec
         self.workdir = validate_workdir(spec.workdir)
         self.is_root = os.geteuid() == 0

@@ -32,6 +32,7 @@ from typing import Any
 from environments.sandboxes.bwrap import MAX_ARGV_CMD_BYTES, MAX_FILE_BYTES
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.image_build import LABEL, build_image
+from environments.sandboxes.orphans import reap_once, remove_orphan_containers
 from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec
 
 BASE_IMAGE = "thundersync/base:bookworm"
@@ -97,6 +98,7 @@ class DockerSandbox:
         self.workdir = posixpath.normpath(spec.workdir)
         self.marker = f"thundersync-{uuid.uuid4().hex[:12]}"
         self._client = client if client is not None else _client()
+        reap_once("docker", lambda: remove_orphan_containers(self._client, LABEL))
         self._closed = False
         self._lock = threading.Lock()
         self._container: Any = None
@@ -133,7 +135,10 @@ class DockerSandbox:
             raise SandboxError(f"could not start container from image {image!r}: {exc}") from exc
 
     def _labels(self) -> dict[str, str]:
-        return {LABEL: "1", f"{LABEL}.sandbox": self.marker, f"{LABEL}.owner_pid": str(os.getpid())}
+        return {
+            LABEL: "1", f"{LABEL}.sandbox": self.marker, f"{LABEL}.owner_pid": str(os.getpid()),
+            f"{LABEL}.host": os.uname().nodename,
+        }  # fmt: skip
 
     def _find_main_pid(self) -> str:
         code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])

@@ -1,0 +1,65 @@
+"""Reaping what a killed run left behind: containers and workspaces whose owner is gone.
+
+A run killed by SIGKILL (or SIGTERM without a handler) cannot remove its sandboxes. Every
+container carries its owner's pid as a label and every bubblewrap workspace has it in its
+folder name, so the next process that makes a sandbox removes those whose owner no longer
+runs. A pid that is alive (even if reused by another process) is left alone: never a live
+run's sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_lock = threading.Lock()
+_reaped: set[str] = set()
+
+
+def owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_once(kind: str, reap: Callable[[], object]) -> None:
+    """Run ``reap`` the first time this process makes a sandbox of ``kind``."""
+    with _lock:
+        if kind in _reaped:
+            return
+        _reaped.add(kind)
+    reap()
+
+
+def remove_orphan_workspaces(prefix: str, root: str | None = None) -> list[Path]:
+    """Remove ``<tmp>/<prefix><pid>-*`` folders whose ``pid`` is not running."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{prefix}*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not owner_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def remove_orphan_containers(client: Any, label: str) -> list[str]:
+    """Remove containers labelled ``label`` whose ``<label>.owner_pid`` is not running here."""
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": label}):
+        owner = container.labels.get(f"{label}.owner_pid", "")
+        host = container.labels.get(f"{label}.host")
+        if host not in (None, os.uname().nodename):
+            continue  # another machine's run on a shared daemon
+        if owner.isdigit() and not owner_alive(int(owner)):
+            container.remove(force=True)
+            removed.append(container.name)
+    return removed
