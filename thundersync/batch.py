@@ -64,8 +64,9 @@ def weighted_grad(
         loss = torch.zeros((), dtype=policy.dtype, device=policy.device)
         for (_, advantage), traj, logp_T, ref_T in zip(chunk, trajectories, logps, refs):
             sampler_T = torch.tensor(
-                [v for t in traj.turns for v in t.action_logprobs], dtype=logp_T.dtype
-            )
+                [v for t in traj.turns for v in t.action_logprobs],
+                dtype=logp_T.dtype, device=logp_T.device,
+            )  # fmt: skip
             rho_T = importance_weights(logp_T, sampler_T, objective.tis_cap)
             # On-policy sync: π_old is the learner itself before the step (ratio exactly 1).
             loss = loss + ppo_clip_loss(objective, logp_T, logp_T.detach(), advantage, rho_T)
@@ -95,8 +96,8 @@ def opd_batch_grad(
             loss = loss + opd_term(
                 objective,
                 logp_T,
-                torch.tensor(teacher, dtype=logp_T.dtype),
-                torch.tensor(sampler, dtype=logp_T.dtype),
+                torch.tensor(teacher, dtype=logp_T.dtype, device=logp_T.device),
+                torch.tensor(sampler, dtype=logp_T.dtype, device=logp_T.device),
                 num_episode_tokens=traj.num_action_tokens,
             )
         total.add_(flat_grad(policy.params, loss))
