@@ -46,6 +46,42 @@ def batch_events(model, args: argparse.Namespace, seed: int):
     return events
 
 
+def measure_overhead(model, args: argparse.Namespace) -> tuple[list, list, list, list]:
+    """Learner seconds of sync, lazy and eager streaming on the same batches, interleaved."""
+    ratios, eager_ratios, sync_s, stream_s = [], [], [], []
+    learner_seconds(model, batch_events(model, args, 0), streaming=True)  # warm-up
+    for r in range(args.repeats):
+        events = batch_events(model, args, 100 + r)
+        runs = {
+            "sync": lambda e=events: learner_seconds(model, e, streaming=False)[0],
+            "lazy": lambda e=events: learner_seconds(model, e, streaming=True, eager=False)[0],
+            "eager": lambda e=events: learner_seconds(model, e, streaming=True, eager=True)[0],
+        }
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))  # no first-run bias
+        seconds = {name: runs[name]() for name in order}
+        sync_s.append(seconds["sync"])
+        stream_s.append(seconds["lazy"])
+        ratios.append(seconds["lazy"] / seconds["sync"])
+        eager_ratios.append(seconds["eager"] / seconds["sync"])
+    return sync_s, stream_s, ratios, eager_ratios
+
+
+def measure_memory(model, args: argparse.Namespace, param_bytes: int) -> list[dict]:
+    """Peak accumulator memory of streaming configurations on one batch."""
+    memory = []
+    events = batch_events(model, args, 7)
+    for label, kwargs in [
+        ("streaming, groups open as rewards arrive", {}),
+        ("streaming + early start (buffers from EpisodeCompleted)", {"early_start": True}),
+        ("streaming, budget = 2 buffers", {"buffer_budget_bytes": 2 * param_bytes}),
+        ("streaming, budget = 0 (wait for groups)", {"buffer_budget_bytes": 0}),
+    ]:
+        _, metrics = learner_seconds(model, events, streaming=True, **kwargs)
+        memory.append({"config": label, "peak_buffer_bytes": metrics["peak_buffer_bytes"],
+                       "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes})
+    return memory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="qwen3", choices=["qwen3", "llama", "gpt2"])
@@ -67,34 +103,8 @@ def main() -> None:
     num_params = sum(p.numel() for p in model.parameters())
     param_bytes = num_params * 4
 
-    ratios, eager_ratios, sync_s, stream_s = [], [], [], []
-    learner_seconds(model, batch_events(model, args, 0), streaming=True)  # warm-up
-    for r in range(args.repeats):
-        events = batch_events(model, args, 100 + r)
-        runs = {
-            "sync": lambda e=events: learner_seconds(model, e, streaming=False)[0],
-            "lazy": lambda e=events: learner_seconds(model, e, streaming=True, eager=False)[0],
-            "eager": lambda e=events: learner_seconds(model, e, streaming=True, eager=True)[0],
-        }
-        order = list(runs) if r % 2 == 0 else list(reversed(runs))  # no first-run bias
-        seconds = {name: runs[name]() for name in order}
-        a, b, c = seconds["sync"], seconds["lazy"], seconds["eager"]
-        sync_s.append(a)
-        stream_s.append(b)
-        ratios.append(b / a)
-        eager_ratios.append(c / a)
-
-    memory = []
-    events = batch_events(model, args, 7)
-    for label, kwargs in [
-        ("streaming, groups open as rewards arrive", {}),
-        ("streaming + early start (buffers from EpisodeCompleted)", {"early_start": True}),
-        ("streaming, budget = 2 buffers", {"buffer_budget_bytes": 2 * param_bytes}),
-        ("streaming, budget = 0 (wait for groups)", {"buffer_budget_bytes": 0}),
-    ]:
-        _, metrics = learner_seconds(model, events, streaming=True, **kwargs)
-        memory.append({"config": label, "peak_buffer_bytes": metrics["peak_buffer_bytes"],
-                       "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes})
+    sync_s, stream_s, ratios, eager_ratios = measure_overhead(model, args)
+    memory = measure_memory(model, args, param_bytes)
 
     report = {
         "model": f"{args.arch} hidden={args.hidden} layers={args.layers}",

@@ -98,8 +98,7 @@ def _logprobs(model: torch.nn.Module, ep: dict[str, Any]) -> torch.Tensor:
 
 def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
     """One backward of the whole batch loss, computed from the equations (no learner code)."""
-    eps = _episodes(events)
-    key = _natural
+    eps, key = _episodes(events), _natural
     params = [p for p in model.parameters() if p.requires_grad]
     terms, counts = [], []
     if isinstance(objective, OPD):
