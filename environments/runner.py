@@ -69,6 +69,17 @@ class _Episode:
     completed: bool = False
 
 
+class SinkError(RuntimeError):
+    """A subscriber of the runner's events raised: the consumer broke, not the episode. It
+    propagates out of the runner (after the other episodes are stopped and their sandboxes
+    removed) instead of being recorded as the episode's infrastructure failure."""
+
+
+class RunCancelled(RuntimeError):
+    """The run is stopping (an interrupt or another episode's sink error): the episode ends at
+    its next turn boundary as an infrastructure failure."""
+
+
 class EpisodeRunner:
     """Runs episodes of ``make_env()`` envs with ``agent``, publishing events to ``sink``.
 
@@ -94,6 +105,7 @@ class EpisodeRunner:
         self._episode_ids = itertools.count()
         self._group_ids = itertools.count()
         self._ids_lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def new_group_id(self) -> str:
         with self._ids_lock:
@@ -129,18 +141,24 @@ class EpisodeRunner:
             for _ in range(group_size):
                 episode_seed = int(rng.integers(2**31))
                 jobs.append((chosen, group_id, episode_seed))
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            futures = [
-                pool.submit(
-                    self.run_episode,
-                    task,
-                    group_id=group_id,
-                    group_size=group_size,
-                    seed=episode_seed,
-                )
-                for task, group_id, episode_seed in jobs
-            ]
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrency)
+        futures = [
+            pool.submit(
+                self.run_episode, task, group_id=group_id, group_size=group_size, seed=episode_seed
+            )
+            for task, group_id, episode_seed in jobs
+        ]
+        try:
             results = [future.result() for future in futures]
+        except BaseException:
+            # Ctrl-C, SIGTERM (the CLI turns it into SystemExit) or a sink error: queued
+            # episodes never start, running ones stop at their next turn boundary, and we wait
+            # for them so that every sandbox is removed before the exception leaves.
+            self._stopping.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._stopping.clear()
+            raise
+        pool.shutdown(wait=True)
         return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
     def _draw_task(self, rng: np.random.Generator) -> Task:
@@ -168,6 +186,8 @@ class EpisodeRunner:
         try:
             env = self.make_env()
             return self._play(env, episode, task, seed)
+        except SinkError:
+            raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             return self._conclude(episode, StopReason.ERROR, Grade(0.0, True, {"error": error}))
@@ -191,10 +211,12 @@ class EpisodeRunner:
             return self._conclude(episode, StopReason.ERROR, failed)
         messages = [Message("user", observation)]
         while True:
+            if self._stopping.is_set():
+                raise RunCancelled("the run was interrupted")
             action = self.agent.act(task, messages)
             turn = len(episode.turns)
             version = self._version(action.policy_version)
-            self.sink(
+            self._publish(
                 TurnCompleted(
                     episode_id=episode.episode_id,
                     turn=turn,
@@ -203,13 +225,15 @@ class EpisodeRunner:
                     policy_version=version,
                 )
             )
+            # Recorded before the tool runs, so a failing step still counts this published turn.
+            episode.turns.append(Turn(action.token_ids, action.logprobs, version))
             observation, _, terminated, truncated, info = env.step(action.text)
             is_last = terminated or truncated
             observation_ids: tuple[int, ...] = ()
             if "tool" in info or not is_last:
                 observation_ids = tuple(self.agent.encode(observation))
                 tool = info.get("tool", {})
-                self.sink(
+                self._publish(
                     ToolFinished(
                         episode_id=episode.episode_id,
                         turn=turn,
@@ -219,7 +243,7 @@ class EpisodeRunner:
                         timed_out=bool(tool.get("timed_out", False)),
                     )
                 )
-            episode.turns.append(Turn(action.token_ids, action.logprobs, version, observation_ids))
+            episode.turns[-1] = Turn(action.token_ids, action.logprobs, version, observation_ids)
             messages += [Message("assistant", action.text), Message("user", observation)]
             if is_last:
                 break
@@ -233,8 +257,15 @@ class EpisodeRunner:
     def _version(self, action_version: int | None) -> int:
         return self.agent.policy_version if action_version is None else action_version
 
+    def _publish(self, event: Event) -> None:
+        try:
+            self.sink(event)
+        except Exception as exc:
+            raise SinkError(f"event sink failed on {type(event).__name__}: {exc}") from exc
+
     def _start(self, episode: _Episode) -> None:
-        self.sink(
+        episode.started = True
+        self._publish(
             EpisodeStarted(
                 episode_id=episode.episode_id,
                 group_id=episode.group_id,
@@ -244,17 +275,16 @@ class EpisodeRunner:
                 policy_version=self.agent.policy_version,
             )
         )
-        episode.started = True
 
     def _complete(self, episode: _Episode, reason: StopReason) -> None:
-        self.sink(
+        episode.completed = True
+        self._publish(
             EpisodeCompleted(
                 episode_id=episode.episode_id,
                 num_turns=len(episode.turns),
                 stop_reason=reason.value,
             )
         )
-        episode.completed = True
 
     def _conclude(self, episode: _Episode, reason: StopReason, grade: Grade) -> EpisodeResult:
         """Publish whatever of the skeleton is missing, then ``RewardReady``."""
@@ -263,7 +293,7 @@ class EpisodeRunner:
         if not episode.completed:
             self._complete(episode, reason)
         details = dict(grade.details)
-        self.sink(
+        self._publish(
             RewardReady(
                 episode_id=episode.episode_id,
                 reward=float(grade.reward),

@@ -191,3 +191,64 @@ def test_a_drawn_group_plays_one_task_in_every_episode():
     assert len({r.task_id for r in group}) == 1
     assert all(r.reward == 0.0 and not r.infra_failure for r in group)
     assert maker.num_open == 0
+
+
+def test_a_failing_tool_call_still_counts_its_published_turn():
+    """The sandbox dies during turn 1's tool call (call 0 is setup, 1 is turn 0): the episode
+    has 2 published actions, so EpisodeCompleted must say 2 turns."""
+    from environments.runner import EpisodeRunner as Runner
+    from thundersync.events import EpisodeCompleted
+
+    agent = ScriptedAgent([format_action("ls"), format_action("ls")], tokenize=words)
+    events = []
+    maker = SandboxMaker(fail_on_call=3)
+    runner = Runner(lambda: ShellEnv([FileTask()], sandbox=maker), agent, events.append)
+    result = runner.run_episode()
+    published = [e for e in events if isinstance(e, TurnCompleted)]
+    completed = next(e for e in events if isinstance(e, EpisodeCompleted))
+    assert len(published) == completed.num_turns == len(result.trajectory.turns) == 2
+    assert result.infra_failure and maker.num_open == 0
+
+
+def test_a_failing_sink_propagates_and_never_contradicts_a_published_reward():
+    import pytest
+
+    from environments.runner import SinkError
+
+    seen = []
+
+    def sink(event):
+        seen.append(event)
+        if isinstance(event, RewardReady):
+            raise OSError("disk full")
+
+    maker = SandboxMaker()
+    runner = EpisodeRunner(lambda: ShellEnv([FileTask()], sandbox=maker), NopAgent(), sink)
+    with pytest.raises(SinkError, match="RewardReady: disk full"):
+        runner.run_episode()
+    assert sum(isinstance(e, RewardReady) for e in seen) == 1
+    assert maker.num_open == 0
+
+
+def test_a_stopping_run_starts_no_more_episodes_and_removes_every_sandbox():
+    import pytest
+
+    from environments.runner import SinkError
+
+    started = []
+
+    def sink(event):
+        if isinstance(event, EpisodeStarted):
+            started.append(event)
+            if len(started) == 2:
+                raise OSError("consumer crashed")
+
+    maker = SandboxMaker()
+    agent = ScriptedAgent([format_action("sleep 0.2")] * 3)
+    runner = EpisodeRunner(
+        lambda: ShellEnv([FileTask()], sandbox=maker), agent, sink, max_concurrency=2
+    )
+    with pytest.raises(SinkError):
+        runner.run_groups([FileTask()] * 4, group_size=2)
+    assert len(started) < 8
+    assert maker.num_open == 0
