@@ -14,8 +14,10 @@ class EventOrderError(ValueError):
 
 
 def natural_key(text: str) -> tuple:
-    """Sort key so that 'g2' < 'g10': the canonical batch order of group and episode ids."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+    """Sort key so that 'g2' < 'g10': the canonical batch order of group and episode ids.
+    The raw id breaks ties ('g1' vs 'g01'), so the order is total and never arrival order."""
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text))
+    return (parts, text)
 
 
 @dataclass(slots=True)
@@ -64,7 +66,7 @@ class EpisodeRecord:
     def trajectory(self, upto_turn: int | None = None) -> Trajectory:
         """The trajectory of turns ``0..upto_turn`` (all known turns when None)."""
         assert self.started is not None
-        last = (self.num_turns - 1 if self.num_turns is not None else len(self.actions) - 1)
+        last = self.num_turns - 1 if self.num_turns is not None else len(self.actions) - 1
         last = last if upto_turn is None else upto_turn
         turns = tuple(
             Turn(
@@ -94,6 +96,8 @@ class Assembler:
 
     def __init__(self) -> None:
         self.records: dict[str, EpisodeRecord] = {}
+        self.group_sizes: dict[str, int] = {}
+        self.group_members: dict[str, int] = {}
 
     def record(self, episode_id: str) -> EpisodeRecord:
         if episode_id not in self.records:
@@ -111,10 +115,15 @@ class Assembler:
             case ev.EpisodeStarted():
                 if rec.started is not None:
                     raise EventOrderError(f"{where}: episode already started")
-                if event.group_size < 1:
-                    raise EventOrderError(f"{where}: group_size must be >= 1")
+                self._join_group(event, where)
+                if not event.prompt_ids:
+                    raise EventOrderError(
+                        f"{where}: empty prompt_ids; a policy's first token needs context (an "
+                        "agent without a tokenizer cannot feed a learner)"
+                    )
                 rec.started = event
             case ev.TurnCompleted():
+                self._check_turn(rec, event.turn, where)
                 if event.turn in rec.actions:
                     raise EventOrderError(f"{where}: turn {event.turn} already completed")
                 if len(event.action_ids) != len(event.action_logprobs):
@@ -130,18 +139,49 @@ class Assembler:
             case ev.EpisodeCompleted():
                 if rec.num_turns is not None:
                     raise EventOrderError(f"{where}: episode already completed")
-                if event.num_turns < 1:
-                    raise EventOrderError(f"{where}: num_turns must be >= 1")
+                beyond = [k for k in (*rec.actions, *rec.teacher) if k >= event.num_turns]
+                if event.num_turns < 0 or beyond:
+                    raise EventOrderError(
+                        f"{where}: num_turns={event.num_turns} but turn(s) {sorted(beyond)} exist"
+                    )
                 rec.num_turns, rec.stop_reason = event.num_turns, event.stop_reason
+                self._check_empty(rec, where)
             case ev.RewardReady():
                 if rec.reward is not None:
                     raise EventOrderError(f"{where}: reward already consumed")
                 rec.reward = event
+                self._check_empty(rec, where)
             case ev.TeacherScored():
+                self._check_turn(rec, event.turn, where)
                 rec.teacher[event.turn] = event.teacher_logprobs
             case _:
                 return None
         return rec
+
+    def _join_group(self, event: ev.EpisodeStarted, where: str) -> None:
+        size = self.group_sizes.setdefault(event.group_id, event.group_size)
+        if event.group_size < 1 or event.group_size != size:
+            raise EventOrderError(
+                f"{where}: group_size={event.group_size}, but group {event.group_id!r} has "
+                f"group_size={size} (expected one size >= 1 for every member)"
+            )
+        members = self.group_members.get(event.group_id, 0) + 1
+        if members > size:
+            raise EventOrderError(
+                f"{where}: group {event.group_id!r} already has its {size} episodes"
+            )
+        self.group_members[event.group_id] = members
+
+    @staticmethod
+    def _check_turn(rec: EpisodeRecord, turn: int, where: str) -> None:
+        if turn < 0 or (rec.num_turns is not None and turn >= rec.num_turns):
+            raise EventOrderError(f"{where}: turn {turn} outside 0..num_turns-1 ({rec.num_turns})")
+
+    @staticmethod
+    def _check_empty(rec: EpisodeRecord, where: str) -> None:
+        """An episode without actions has nothing to train on: only an infra failure may."""
+        if rec.num_turns == 0 and rec.reward is not None and not rec.reward.infra_failure:
+            raise EventOrderError(f"{where}: an episode with 0 turns must be an infra failure")
 
     def groups(self) -> dict[str, list[EpisodeRecord]]:
         """Started episodes by group, both in canonical (natural id) order."""

@@ -100,7 +100,7 @@ class OPDStream:
         return rec.turn_ready(turn) and turn in rec.teacher
 
     def update(self, rec: EpisodeRecord) -> None:
-        if rec.started is not None:
+        if rec.started is not None and rec.num_turns != 0:  # no actions, nothing to train
             self.queue[rec.episode_id] = rec
 
     def drain(self) -> None:

@@ -31,7 +31,14 @@ from thundersync.batch import grpo_batch_grad, opd_batch_grad
 from thundersync.canonical import PieceStore, reduce_grpo, select_groups
 from thundersync.distill import OPDStream
 from thundersync.gradients import BufferPool, grpo_piece, write_grads
-from thundersync.objectives import GRPO, OPD, Objective, clip_coefficient, denominator
+from thundersync.objectives import (
+    GRPO,
+    OPD,
+    Objective,
+    clip_coefficient,
+    denominator,
+    is_degenerate,
+)
 from thundersync.policy import Policy
 from thundersync.streaming import GRPOStream
 
@@ -127,6 +134,7 @@ class Learner:
             self.store.offer(key, count, lambda: self._grpo_piece(rec))
         if rec.is_infra_failure:
             self.store.discard(rec.episode_id)
+        self._discard_dropped(rec)
         self.learner_time_s += time.perf_counter() - started
         if self.eager:
             self.drain()
@@ -146,6 +154,20 @@ class Learner:
         elif self.opd is not None:
             self.opd.drain()
         self.learner_time_s += time.perf_counter() - started
+
+    def _discard_dropped(self, rec: EpisodeRecord) -> None:
+        """Deterministic streaming: free the pieces of a group dynamic sampling drops."""
+        objective = self.objective
+        if not (isinstance(objective, GRPO) and objective.dynamic_sampling and self.store.pieces):
+            return
+        members = [m for m in self.episodes.records.values() if m.group_id == rec.group_id]
+        if len(members) < (rec.started.group_size if rec.started else 0):
+            return
+        if all(m.has_reward for m in members):
+            rewards = [m.reward.reward for m in members if not m.is_infra_failure]
+            if is_degenerate(rewards):
+                for m in members:
+                    self.store.discard(m.episode_id)
 
     def _audit(self, event: ev.Event) -> None:
         version = getattr(event, "policy_version", None)
@@ -191,7 +213,7 @@ class Learner:
     def _gradient_sum(self, groups: dict[str, list[EpisodeRecord]]) -> tuple[torch.Tensor, list]:
         """Σ of the batch's loss gradients before 1/D, and the trained-on episodes."""
         if isinstance(self.objective, OPD):
-            episodes = [m for members in groups.values() for m in members]
+            episodes = [m for members in groups.values() for m in members if m.num_turns]
             if self.opd is not None:
                 return self.opd.finish(episodes), episodes
             total = opd_batch_grad(
@@ -226,7 +248,7 @@ class Learner:
         groups = self._check_complete()
         started = time.perf_counter()
         total, trained = self._gradient_sum(groups)
-        counts = [sum(len(a.action_ids) for a in m.actions.values()) for m in trained]
+        counts = [m.trajectory().num_action_tokens for m in trained]
         denom = denominator(self.objective.loss_agg, counts) if trained else 1.0
         total.div_(denom)
         grad_norm = float(total.norm())
@@ -237,6 +259,7 @@ class Learner:
         self.optimizer.step()
         self.last_gradient = total
         self.learner_time_s += time.perf_counter() - started
+        self.store.clear()
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.pool.peak_bytes)
         rewards = [m.reward.reward for m in trained if m.reward is not None]
         metrics = {

@@ -171,7 +171,9 @@ def _weight(objective: Objective, n: int) -> float:
 def _natural(text: str) -> tuple:
     import re
 
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+    return tuple(
+        (0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text)
+    ), text
 
 
 # --- running the certificate ------------------------------------------------------------------
