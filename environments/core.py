@@ -86,7 +86,9 @@ class ShellEnv(gym.Env[str, str]):
 
         Reward is 0.0 on every non-terminal step. On the terminal step (terminated or
         truncated) the final sandbox state is graded with ``task.grade`` and the reward
-        returned, with ``grade_details`` in info; a grading ``SandboxError`` gives reward 0.0
+        returned, with ``grade_details`` in info (a task whose ``grade`` takes a
+        ``fresh_sandbox`` keyword also gets a factory for a new sandbox made like the episode's,
+        closed when grading returns); a grading ``SandboxError`` gives reward 0.0
         and ``infra_failure=True`` (never train on it). With ``defer_grading`` the terminal
         step returns 0.0 and ``grading_deferred=True`` instead, and the caller calls
         ``env.unwrapped.grade()``, so it can mark the trajectory complete before grading
@@ -319,11 +321,32 @@ class ShellEnv(gym.Env[str, str]):
 
     def _run_grading(self) -> Grade:
         assert self._task is not None and self._sandbox is not None
+        fresh: list[Sandbox] = []
         try:
-            return self._task.grade(self._sandbox)
+            return self._call_grade(fresh)
         except SandboxError as exc:
             self._fail(exc)
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
+        finally:
+            for sandbox in fresh:
+                sandbox.close()
+
+    def _call_grade(self, fresh: list[Sandbox]) -> Grade:
+        """``task.grade(sandbox)``, plus ``fresh_sandbox=`` when the task takes it: a factory
+        for a new sandbox made like the episode's (graders that must not trust the agent's
+        final state grade its output there). Sandboxes it made are appended to ``fresh``."""
+        assert self._task is not None and self._sandbox is not None
+
+        def make_fresh() -> Sandbox:
+            sandbox = self._make_sandbox(self._task_spec())
+            fresh.append(sandbox)
+            return sandbox
+
+        try:
+            inspect.signature(self._task.grade).bind(self._sandbox, fresh_sandbox=make_fresh)
+        except TypeError:
+            return self._task.grade(self._sandbox)
+        return self._task.grade(self._sandbox, fresh_sandbox=make_fresh)  # type: ignore[call-arg]
 
     def close(self) -> None:
         self._close_sandbox()

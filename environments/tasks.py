@@ -49,7 +49,13 @@ class Task(Protocol):
         ...
 
     def grade(self, sandbox: Sandbox) -> Grade:
-        """Run the task's tests in the sandbox after the episode and return the reward."""
+        """Run the task's tests in the sandbox after the episode and return the reward.
+
+        A task may also accept a keyword ``fresh_sandbox``: a zero-argument callable making a
+        new sandbox like the episode's. ShellEnv passes it when the signature takes it, so a
+        task can grade only the agent's diff in a clean sandbox, as SWE-bench's official
+        harness does (the agent's final state then cannot touch the grader).
+        """
         ...
 
     def reference_solution(self) -> list[str]:

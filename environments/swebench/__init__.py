@@ -14,6 +14,16 @@ of the instance's eval script, run through swebench's own ``make_test_spec`` (wh
 test exit-code anti-spoofing line). A grader that could not run gives
 ``Grade(infra_failure=True)``, never a plain 0.
 
+Grading, as the official harness does it, sees only the agent's patch: ``git add -A`` into a
+throwaway index and ``git diff --cached --binary <base_commit>`` in the agent's sandbox, with
+git hooks, fsmonitor and user config off (so tracked edits and new files count; files git
+ignores, through ``.gitignore`` or ``.git/info/exclude``, do not). ShellEnv passes the task a
+``fresh_sandbox`` factory: the patch is applied there with ``git apply`` (a patch that does
+not apply, or a repository the agent broke, scores 0) and the eval script runs there, so git
+hooks, config, ignored files, leftover processes and edits outside the repository never reach
+the tests. ``grade(sandbox)`` without the factory is a fallback that runs the eval in the
+agent's sandbox with hooks removed and disabled; it is not official-equivalent.
+
 Offline instances: the field ``repo_snapshot``. Instead of an official image
 (``swebench/sweb.eval.x86_64.<id>:latest``, ``__`` written ``_1776_``), a row may carry
 ``repo_snapshot``: a path, relative to the file holding the row (or absolute), of a folder with

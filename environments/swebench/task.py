@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import base64
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from environments.actions import SUBMIT_WORD
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
-from environments.swebench.grading import grade_log, make_spec
+from environments.swebench.grading import grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.snapshot import commit_script
-from environments.swebench.transfer import read_text, write_text
+from environments.swebench.transfer import read_bytes, read_text, write_bytes, write_text
 from environments.tasks import Grade
 
 TESTBED = "/testbed"
@@ -22,6 +23,13 @@ OFFICIAL_IMAGE_PATH = (
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 _GIT = "git -c safe.directory='*'"
+_GIT_NO_HOOKS = f"{_GIT} -c core.hooksPath=/dev/null -c core.fsmonitor="
+_GIT_NO_USER_CONFIG = "GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1"
+_HOOKS_OFF_ENV = "GIT_CONFIG_PARAMETERS=\"'core.hooksPath=/dev/null' 'core.fsmonitor='\""
+"""For the eval script: its own ``export GIT_CONFIG_COUNT=...`` (snapshot instances) would
+override settings passed that way; GIT_CONFIG_PARAMETERS (what ``git -c`` uses) survives."""
+PATCH_FILE = f"{SCRATCH}/model.patch"
+MAX_PATCH_BYTES = 16 * 1024 * 1024
 _PATCH_DELIMITER = "THUNDERSYNC_GOLD_PATCH_EOF"
 _BROKEN_REPO = (
     "git diff against the base commit failed after the episode: the agent broke the "
@@ -62,9 +70,9 @@ class SWEBenchTask:
 
     Sandbox: the official image with the repository at /testbed, or, for an instance with a
     ``repo_snapshot``, the project's base image (Docker) or bubblewrap with the snapshot
-    copied to /testbed and committed by ``setup`` as the base commit. Grading runs the
-    instance's eval script (through swebench's TestSpec, anti-spoofing included) in the
-    agent's sandbox and grades the log with swebench.
+    copied to /testbed and committed by ``setup`` as the base commit. Grading applies the
+    agent's patch in a fresh sandbox, runs the instance's eval script there (through
+    swebench's TestSpec, anti-spoofing included) and grades the log with swebench.
     """
 
     instance: SWEBenchInstance
@@ -123,20 +131,93 @@ class SWEBenchTask:
             f"{self.instance.base_commit}: {fix}"
         )
 
-    def grade(self, sandbox: Sandbox) -> Grade:
-        """Run the eval script in ``sandbox`` (the agent's final state) and grade its log."""
-        script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
+    def grade(
+        self, sandbox: Sandbox, *, fresh_sandbox: Callable[[], Sandbox] | None = None
+    ) -> Grade:
+        """Grade the agent's patch: ``git diff`` of its tracked and new, non-ignored files
+        against the base commit, taken from ``sandbox`` with git hooks and fsmonitor off.
+
+        With ``fresh_sandbox`` (a factory for a sandbox made like the episode's; ShellEnv
+        passes one), the official harness's flow: set up a new sandbox, ``git apply`` the
+        patch there (one that does not apply scores 0), run the eval script, grade its log.
+        Nothing else the agent left behind (git hooks and config, ignored files, processes,
+        edits outside the repository) reaches the tests. The new sandbox is closed on return.
+
+        Without it (a fallback, not official-equivalent): the eval script runs in ``sandbox``
+        itself with git hooks removed and hooks and fsmonitor disabled; other tampering with
+        the repository's git config or the environment is not ruled out.
+        """
         try:
-            changed = self._changed_files(sandbox)
-            if changed is None:
-                return Grade(0.0, details={"resolved": False, "error": _BROKEN_REPO})
-            write_text(sandbox, script, make_spec(self.instance).eval_script)
-            result = sandbox.execute(f"bash {script} > {log} 2>&1", timeout=self.eval_timeout_s)
-            chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
-            text = read_text(sandbox, log, chunk_bytes=max(chunk, 1024))
+            patch = self._extract_patch(sandbox)
+            if fresh_sandbox is None:
+                return self._run_eval(sandbox, patch)
+            return self._grade_in_fresh_sandbox(fresh_sandbox, patch)
+        except _BadPatch as exc:
+            return Grade(0.0, details={"resolved": False, "error": str(exc)})
         except SandboxError as exc:
             return Grade(0.0, infra_failure=True, details={"error": f"sandbox: {exc}"})
+
+    def _grade_in_fresh_sandbox(self, make: Callable[[], Sandbox], patch: bytes) -> Grade:
+        sandbox = make()
+        try:
+            self.setup(sandbox)
+            if patch:
+                write_bytes(sandbox, PATCH_FILE, patch)
+                applied = sandbox.execute(
+                    f"cd {TESTBED} && {_GIT_NO_HOOKS} apply --verbose {PATCH_FILE}", timeout=300
+                )
+                if applied.timed_out:
+                    raise SandboxError("git apply of the agent's patch timed out")
+                if applied.exit_code != 0:
+                    problem = f"the agent's patch does not apply: {applied.output[-1000:]}"
+                    details = {"resolved": False, "patch_successfully_applied": False}
+                    return Grade(0.0, details={**details, "error": problem})
+            return self._run_eval(sandbox, patch)
+        finally:
+            sandbox.close()
+
+    def _run_eval(self, sandbox: Sandbox, patch: bytes) -> Grade:
+        script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
+        write_text(sandbox, script, make_spec(self.instance).eval_script)
+        result = sandbox.execute(
+            f"rm -rf {TESTBED}/.git/hooks; {_HOOKS_OFF_ENV} bash {script} > {log} 2>&1",
+            timeout=self.eval_timeout_s,
+        )
+        chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
+        text = read_text(sandbox, log, chunk_bytes=max(chunk, 1024))
+        changed = sorted(patch_paths(patch.decode("utf-8", errors="replace")))
         return grade_log(self.instance, text, changed_files=changed, timed_out=result.timed_out)
+
+    def _extract_patch(self, sandbox: Sandbox) -> bytes:
+        """The agent's patch; _BadPatch when git fails (the agent broke the repository) or
+        the patch is over MAX_PATCH_BYTES.
+
+        A throwaway index built from the base commit, so the agent's own index (e.g.
+        ``--skip-worktree`` bits) cannot hide edits; ``.gitignore`` and ``.git/info/exclude``
+        do hide new files, as in the official harness's ``git add -A && git diff --cached``.
+        """
+        base = self.instance.base_commit
+        index, out = f"{SCRATCH}/index", PATCH_FILE
+        diff = (
+            "diff --cached --binary --no-color --no-ext-diff --no-textconv "
+            f"--src-prefix=a/ --dst-prefix=b/ {base}"
+        )
+        result = sandbox.execute(
+            f"cd {TESTBED} && rm -rf {SCRATCH} && mkdir -p {SCRATCH} && "
+            f"export GIT_INDEX_FILE={index} {_GIT_NO_USER_CONFIG} && "
+            f"{_GIT_NO_HOOKS} read-tree {base} && {_GIT_NO_HOOKS} add -A && "
+            f"{_GIT_NO_HOOKS} {diff} > {out}",
+            timeout=300,
+        )
+        if result.timed_out:
+            raise SandboxError("extracting the agent's patch timed out")
+        if result.exit_code != 0:
+            raise _BadPatch(f"{_BROKEN_REPO}: {result.output[-500:]}")
+        size = sandbox.execute(f"stat -c %s {out}", timeout=60).output.strip()
+        if size.isdigit() and int(size) > MAX_PATCH_BYTES:
+            raise _BadPatch(f"the agent's patch is {size} bytes, over {MAX_PATCH_BYTES}")
+        chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
+        return read_bytes(sandbox, out, chunk_bytes=max(chunk, 1024))
 
     def reference_solution(self) -> list[str]:
         """One command applying the gold patch with ``git apply`` (base64-wrapped when the
@@ -149,13 +230,6 @@ class SWEBenchTask:
             return [f"printf %s {shlex.quote(encoded)} | base64 -d | ({apply} -)"]
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
 
-    def _changed_files(self, sandbox: Sandbox) -> list[str] | None:
-        base = self.instance.base_commit
-        result = sandbox.execute(
-            f"cd {TESTBED} && {_GIT} diff --name-only {base} && "
-            f"{_GIT} ls-files --others --exclude-standard",
-            timeout=120,
-        )
-        if result.exit_code != 0:
-            return None
-        return [line for line in result.output.splitlines() if line.strip()]
+
+class _BadPatch(Exception):
+    """The agent left no gradable patch: its 0, not an infrastructure failure."""

@@ -19,7 +19,11 @@ MIN_READ_CHUNK_BYTES = 512
 
 def write_text(sandbox: Sandbox, path: str, text: str, *, timeout: float = 60.0) -> None:
     """Write ``text`` to ``path`` inside the sandbox, creating its folder."""
-    data = text.encode()
+    write_bytes(sandbox, path, text.encode(), timeout=timeout)
+
+
+def write_bytes(sandbox: Sandbox, path: str, data: bytes, *, timeout: float = 60.0) -> None:
+    """Write ``data`` to ``path`` inside the sandbox, creating its folder."""
     quoted = shlex.quote(path)
     _run(sandbox, f'mkdir -p "$(dirname {quoted})" && : > {quoted}', timeout)
     for start in range(0, len(data), WRITE_CHUNK_BYTES):
@@ -28,6 +32,12 @@ def write_text(sandbox: Sandbox, path: str, text: str, *, timeout: float = 60.0)
 
 
 def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float = 60.0) -> str:
+    """Read ``path`` from the sandbox as UTF-8 (undecodable bytes replaced); see read_bytes."""
+    data = read_bytes(sandbox, path, chunk_bytes=chunk_bytes, timeout=timeout)
+    return data.decode("utf-8", errors="replace")
+
+
+def read_bytes(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float = 60.0) -> bytes:
     """Read ``path`` from the sandbox. ``chunk_bytes`` should keep one chunk's base64 (4/3 of
     it) under the sandbox's output limit; a truncated chunk is retried at half the size."""
     quoted = shlex.quote(path)
@@ -52,7 +62,7 @@ def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float =
         if not chunk:
             raise SandboxError(f"{path} in the sandbox shrank while being read")
         data += chunk
-    return data.decode("utf-8", errors="replace")
+    return bytes(data)
 
 
 def _run(sandbox: Sandbox, cmd: str, timeout: float) -> str:

@@ -1,8 +1,11 @@
-"""The shipped SWE-bench instances, graded for real: gold patch resolves, no patch does not,
-in bubblewrap and (marked ``docker``) in the project's base image."""
+"""The shipped SWE-bench instances, graded for real through the episode runner (the path real
+episodes take: the agent's patch graded in a fresh sandbox): gold patch resolves, no patch
+does not, tampering gains nothing, in bubblewrap and (marked ``docker``) in the project's
+base image."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from environments.actions import format_action
+from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
+from environments.core import ShellEnv
+from environments.runner import EpisodeResult, EpisodeRunner
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 
@@ -47,16 +54,24 @@ def run(sandbox: Sandbox, command: str) -> None:
     assert result.exit_code == 0, result.output
 
 
+def play(task: SWEBenchTask, kind: str, agent: Agent) -> EpisodeResult:
+    """One episode through EpisodeRunner and ShellEnv; the result's details are the grade's."""
+    runner = EpisodeRunner(lambda: ShellEnv([task], sandbox=kind), agent, lambda event: None)
+    result = runner.run_episode(task)
+    assert not result.infra_failure, result.details
+    return result
+
+
+def scripted(*commands: str) -> ScriptedAgent:
+    return ScriptedAgent([format_action(command) for command in commands])
+
+
 @pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_gold_patch_resolves(kind: str, task_id: str) -> None:
     task = TASKS[task_id]
-    with open_sandbox(task, kind) as sandbox:
-        for command in task.reference_solution():
-            run(sandbox, command)
-        grade = task.grade(sandbox)
-    assert grade.reward == 1.0, grade.details
-    assert not grade.infra_failure
-    status = grade.details["tests_status"]
+    result = play(task, kind, OracleAgent())
+    assert result.reward == 1.0, result.details
+    status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["success"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
@@ -64,23 +79,19 @@ def test_gold_patch_resolves(kind: str, task_id: str) -> None:
 @pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_empty_patch_does_not_resolve(kind: str, task_id: str) -> None:
     task = TASKS[task_id]
-    with open_sandbox(task, kind) as sandbox:
-        grade = task.grade(sandbox)
-    assert grade.reward == 0.0, grade.details
-    assert not grade.infra_failure
-    status = grade.details["tests_status"]
+    result = play(task, kind, NopAgent())
+    assert result.reward == 0.0, result.details
+    status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
 
 def test_agent_editing_the_tests_gains_nothing(kind: str) -> None:
     """Tests the agent rewrites are reset to the base commit before the test patch applies."""
-    task = TASKS["thundersync__intervals-1"]
-    with open_sandbox(task, kind) as sandbox:
-        fake = "def test_merge_touching_endpoints():\\n    pass\\n"
-        run(sandbox, f"printf '{fake}' > tests/test_ops.py")
-        grade = task.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure
+    fake = "def test_merge_touching_endpoints():\\n    pass\\n"
+    agent = scripted(f"printf '{fake}' > tests/test_ops.py")
+    result = play(TASKS["thundersync__intervals-1"], kind, agent)
+    assert result.reward == 0.0, result.details
 
 
 def test_spoofed_pass_lines_are_caught_by_the_exit_code(kind: str) -> None:
@@ -91,16 +102,69 @@ def test_spoofed_pass_lines_are_caught_by_the_exit_code(kind: str) -> None:
     hook = "def pytest_unconfigure(config):\n" + "".join(
         f"    print('PASSED {t}')\n" for t in tests
     )
-    with open_sandbox(task, kind) as sandbox:
-        run(sandbox, f"cat > conftest.py <<'EOF'\n{hook}EOF")
-        grade = task.grade(sandbox)
-    assert grade.reward == 0.0
-    assert grade.details["patch_successfully_applied"] is False
+    result = play(task, kind, scripted(f"cat > conftest.py <<'EOF'\n{hook}EOF"))
+    assert result.reward == 0.0
+    assert result.details["patch_successfully_applied"] is False
 
 
 def test_broken_agent_patch_scores_zero_not_infra(kind: str) -> None:
-    task = TASKS["thundersync__csvline-1"]
+    agent = scripted("echo 'def split_row(:' > csvline/parser.py")
+    result = play(TASKS["thundersync__csvline-1"], kind, agent)
+    assert result.reward == 0.0, result.details
+
+
+def _fake_pass_hook(task: SWEBenchTask) -> str:
+    """A command installing a post-checkout hook (in .git/hooks and, through core.hooksPath,
+    in a folder of the agent's) that prints a passing test block before the real tests."""
+    tests = task.instance.fail_to_pass + task.instance.pass_to_pass
+    block = "".join(f"PASSED {t}\\n" for t in tests)
+    hook = (
+        "#!/bin/sh\nprintf '>>>>> Start Test Output\\n"
+        f"{block}>>>>> End Test Output\\n>>>>> Test Exit Code: 0\\n'\n"
+    )
+    return (
+        "mkdir -p .agent-hooks && for d in .git/hooks .agent-hooks; do "
+        f"printf %s {shlex.quote(hook)} > $d/post-checkout && chmod +x $d/post-checkout; "
+        "done && git config core.hooksPath .agent-hooks"
+    )
+
+
+def test_git_hook_faking_a_passing_log_scores_zero(kind: str) -> None:
+    task = TASKS["thundersync__intervals-1"]
+    result = play(task, kind, scripted(_fake_pass_hook(task)))
+    assert result.reward == 0.0, result.details
+    status = result.details["tests_status"]
+    assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
+
+
+def test_git_hook_is_disabled_in_the_in_place_fallback(kind: str) -> None:
+    """``grade(sandbox)`` without a fresh sandbox runs the eval in the agent's sandbox."""
+    task = TASKS["thundersync__intervals-1"]
     with open_sandbox(task, kind) as sandbox:
-        run(sandbox, "echo 'def split_row(:' > csvline/parser.py")
+        run(sandbox, _fake_pass_hook(task))
         grade = task.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure
+    assert grade.reward == 0.0 and not grade.infra_failure, grade.details
+
+
+_MONKEYPATCH_FIX = """\
+import inspect
+
+import intervals.ops as ops
+
+source = inspect.getsource(ops).replace("start < merged", "start <= merged")
+namespace = {}
+exec(compile(source, ops.__file__, "exec"), namespace)
+ops.merge.__code__ = namespace["merge"].__code__
+"""
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_only_files_in_the_patch_are_graded(kind: str, hidden: bool) -> None:
+    """A fix in a new conftest.py counts when it is part of the patch; hidden from git by
+    .git/info/exclude it is not in the patch (as in the official harness), so not graded."""
+    task = TASKS["thundersync__intervals-1"]
+    commands = [f"cat > conftest.py <<'EOF'\n{_MONKEYPATCH_FIX}EOF"]
+    if hidden:
+        commands.append("echo conftest.py >> .git/info/exclude")
+    result = play(task, kind, scripted(*commands))
+    assert result.reward == (0.0 if hidden else 1.0), result.details

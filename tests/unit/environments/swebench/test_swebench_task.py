@@ -29,6 +29,7 @@ class SubprocessSandbox:
         self.workdir = "/testbed"
         self.max_output_bytes = max_output_bytes
         self.commands: list[str] = []
+        self.closed = False
 
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         self.commands.append(cmd)
@@ -54,7 +55,7 @@ class SubprocessSandbox:
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 class BrokenSandbox:
@@ -226,3 +227,178 @@ def test_setup_refuses_an_official_instance_without_its_image(tmp_path: Path) ->
     assert task.sandbox_spec().image.startswith("swebench/sweb.eval.x86_64.thundersync_1776_")
     with pytest.raises(SandboxError, match="run it in Docker with the image"):
         task.setup(SubprocessSandbox(tmp_path))  # an empty /testbed, as bubblewrap would give
+
+
+# --- grading the agent's patch in a fresh sandbox ---------------------------------------------
+
+
+class FreshSandboxes:
+    """A ``fresh_sandbox`` factory: each call copies the snapshot to a new host folder."""
+
+    def __init__(self, tmp_path: Path, task: SWEBenchTask) -> None:
+        self.tmp_path = tmp_path
+        self.snapshot = task.instance.repo_snapshot
+        self.made: list[SubprocessSandbox] = []
+
+    def __call__(self) -> SubprocessSandbox:
+        root = self.tmp_path / f"fresh-{len(self.made)}"
+        subprocess.run(["cp", "-r", str(self.snapshot), str(root)], check=True)
+        self.made.append(SubprocessSandbox(root))
+        return self.made[-1]
+
+
+def _hook_hack_task(task: SWEBenchTask) -> SWEBenchTask:
+    """The instance with an eval script shaped like the official ones (``git checkout`` of
+    the base before the tests) whose tests fail."""
+    failing = _summary(task, {task.instance.fail_to_pass[0]}) + "\nfalse"
+    script = (
+        f"git checkout {task.instance.base_commit} -- README.md\n"
+        f": '>>>>> Start Test Output'\n{failing}\n: '>>>>> End Test Output'\n"
+    )
+    return SWEBenchTask(replace(task.instance, eval_script=script))
+
+
+def _install_fake_pass_hook(task: SWEBenchTask, root: Path) -> None:
+    tests = task.instance.fail_to_pass + task.instance.pass_to_pass
+    block = "".join(f"PASSED {t}\\n" for t in tests)
+    hook = (
+        "#!/bin/sh\n"
+        f"printf '>>>>> Start Test Output\\n{block}>>>>> End Test Output\\n"
+        ">>>>> Test Exit Code: 0\\n'\n"
+    )
+    for folder in (root / ".git/hooks", root / ".agent-hooks"):
+        folder.mkdir(exist_ok=True)
+        (folder / "post-checkout").write_text(hook)
+        (folder / "post-checkout").chmod(0o755)
+    subprocess.run(["git", "config", "core.hooksPath", ".agent-hooks"], cwd=root, check=True)
+
+
+def test_git_hook_faking_a_passing_log_scores_zero(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    task = _hook_hack_task(shipped)
+    sandbox = SubprocessSandbox(testbed)
+    task.setup(sandbox)
+    _install_fake_pass_hook(task, testbed)
+    from environments.swebench.grading import grade_log, make_spec
+
+    unprotected = subprocess.run(  # the hack works when the hooks run
+        ["bash", "-c", make_spec(task.instance).eval_script],
+        cwd=testbed,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert grade_log(task.instance, unprotected.stdout).reward == 1.0
+    fresh = FreshSandboxes(tmp_path, task)
+    official = task.grade(sandbox, fresh_sandbox=fresh)
+    assert official.reward == 0.0 and not official.infra_failure, official.details
+    assert len(fresh.made) == 1 and fresh.made[0].closed
+    in_place = task.grade(sandbox)
+    assert in_place.reward == 0.0 and not in_place.infra_failure, in_place.details
+
+
+def test_fresh_sandbox_gets_the_agents_patch_and_nothing_else(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    """Tracked edits (even ones hidden from the agent's index), new files and binary files
+    reach the fresh sandbox; files git ignores (.gitignore, .git/info/exclude) do not."""
+    script = f": '>>>>> Start Test Output'\n{_summary(shipped)}\n: '>>>>> End Test Output'\n"
+    task = SWEBenchTask(replace(shipped.instance, eval_script=script))
+    sandbox = SubprocessSandbox(testbed)
+    task.setup(sandbox)
+    (testbed / "README.md").write_text("edited\n")
+    subprocess.run(["git", "update-index", "--skip-worktree", "README.md"], cwd=testbed)
+    (testbed / "new.py").write_text("x = 1\n")
+    (testbed / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (testbed / "hidden.py").write_text("secret = 1\n")
+    (testbed / ".git/info/exclude").write_text("hidden.py\n")
+    (testbed / "intervals/__pycache__").mkdir(exist_ok=True)
+    (testbed / "intervals/__pycache__/junk.pyc").write_bytes(b"junk")
+    fresh = FreshSandboxes(tmp_path, task)
+    grade = task.grade(sandbox, fresh_sandbox=fresh)
+    assert grade.reward == 1.0, grade.details
+    graded = fresh.made[0].root
+    assert (graded / "README.md").read_text() == "edited\n"
+    assert (graded / "new.py").read_text() == "x = 1\n"
+    assert (graded / "blob.bin").read_bytes() == bytes(range(256)) * 4
+    assert not (graded / "hidden.py").exists()
+    assert not (graded / "intervals/__pycache__/junk.pyc").exists()
+
+
+class FailingApply(SubprocessSandbox):
+    """A fresh sandbox in which ``git apply`` fails, as it would for a patch git rejects."""
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        if " apply " in cmd:
+            return ExecResult("error: patch failed: README.md:1", 1, False, 0.0)
+        return super().execute(cmd, timeout)
+
+
+def test_fresh_sandbox_is_closed_on_every_path(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    sandbox = SubprocessSandbox(testbed)
+    shipped.setup(sandbox)
+    (testbed / "README.md").write_text("edited\n")
+    fresh = FreshSandboxes(tmp_path, shipped)
+
+    def drifted() -> SubprocessSandbox:
+        made = fresh()
+        (made.root / "README.md").write_text("drifted\n")
+        return made
+
+    setup_fails = shipped.grade(sandbox, fresh_sandbox=drifted)
+    assert setup_fails.infra_failure and "expected base_commit" in setup_fails.details["error"]
+    assert fresh.made[-1].closed
+
+    def failing_apply() -> SubprocessSandbox:
+        made = fresh()
+        fresh.made[-1] = FailingApply(made.root)
+        return fresh.made[-1]
+
+    not_applied = shipped.grade(sandbox, fresh_sandbox=failing_apply)
+    assert not_applied.reward == 0.0 and not not_applied.infra_failure
+    assert not_applied.details["patch_successfully_applied"] is False
+    assert "does not apply" in not_applied.details["error"]
+    assert fresh.made[-1].closed
+
+
+def test_agent_deleting_git_scores_zero_with_a_fresh_sandbox(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    sandbox = SubprocessSandbox(testbed)
+    shipped.setup(sandbox)
+    sandbox.execute("rm -rf /testbed/.git", timeout=10)
+    fresh = FreshSandboxes(tmp_path, shipped)
+    grade = shipped.grade(sandbox, fresh_sandbox=fresh)
+    assert grade.reward == 0.0 and not grade.infra_failure
+    assert not fresh.made
+
+
+def test_shell_env_grades_in_a_fresh_sandbox_it_closes(
+    shipped: SWEBenchTask, tmp_path: Path
+) -> None:
+    """The call site real episodes use: ShellEnv passes ``fresh_sandbox`` (a sandbox made
+    from the same spec as the episode's) and closes it once grading returns."""
+    from environments.actions import SUBMIT_WORD, format_action
+    from environments.core import ShellEnv
+
+    task = _hook_hack_task(shipped)
+    made: list[SubprocessSandbox] = []
+
+    def make(spec: object) -> SubprocessSandbox:
+        root = tmp_path / f"sandbox-{len(made)}"
+        subprocess.run(["cp", "-r", str(spec.files), str(root)], check=True)  # type: ignore[attr-defined]
+        made.append(SubprocessSandbox(root))
+        return made[-1]
+
+    env = ShellEnv([task], sandbox=make)
+    env.reset(options={"task": task})
+    _install_fake_pass_hook(task, made[0].root)
+    env.step(format_action("git status --short"))
+    _, reward, terminated, _, info = env.step(format_action(SUBMIT_WORD))
+    assert terminated and reward == 0.0 and not info["infra_failure"], info
+    assert len(made) == 2 and made[1].closed and not made[0].closed
+    env.close()
+    assert made[0].closed
