@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from environments.sandboxes.bwrap import validate_workdir
 from environments.tasks import TaskFormatError
 
 BASE_IMAGE = "thundersync/base:bookworm"
@@ -98,8 +99,11 @@ def _copy_words(path: Path, number: int, args: str) -> list[str]:
         except json.JSONDecodeError as err:
             raise TaskFormatError(path, f"line {number} COPY", f"invalid JSON form: {err}") from err
     else:
-        words = shlex.split(args)
-    if len(words) < 2 or not all(isinstance(w, str) for w in words):
+        try:
+            words = shlex.split(args)
+        except ValueError as err:
+            raise TaskFormatError(path, f"line {number} COPY", f"unbalanced quotes: {err}") from err
+    if not isinstance(words, list) or len(words) < 2 or not all(isinstance(w, str) for w in words):
         raise TaskFormatError(path, f"line {number} COPY", "expected 'COPY <src>... <dest>'")
     return words
 
@@ -113,7 +117,12 @@ def _resolve_sources(path: Path, number: int, context: Path, patterns: list[str]
             raise TaskFormatError(
                 path, f"line {number} COPY", f"source {pattern!r} is outside the build context"
             )
-        matches = [context] if relative == "." else sorted(context.glob(relative))
+        try:
+            matches = [context] if relative == "." else sorted(context.glob(relative))
+        except (ValueError, NotImplementedError, OSError) as err:
+            raise TaskFormatError(
+                path, f"line {number} COPY", f"invalid source pattern {pattern!r}: {err}"
+            ) from err
         if not matches:
             raise TaskFormatError(
                 path, f"line {number} COPY", f"source {pattern!r} not found in {context}"
@@ -161,6 +170,10 @@ def _apply(state: _State, path: Path, number: int, keyword: str, args: str) -> N
         if any(f.startswith("--from") for f in flags):
             return
         plain = [w for w in words if not w.startswith("--")]
+        if len(plain) < 2:
+            raise TaskFormatError(
+                path, f"line {number} COPY", "expected 'COPY [--flags] <src>... <dest>'"
+            )
         state.copies.append((number, plain[:-1], plain[-1], state.workdir))
     elif keyword == "RUN":
         if args.startswith("[") or "<<" in args:
@@ -188,7 +201,8 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
     without Docker when it has one ``FROM thundersync/base:bookworm`` and otherwise only
 
-    - ``WORKDIR`` (absolute; the last one is the workspace),
+    - ``WORKDIR`` (the last one is the workspace: not ``/``, outside the system folders and the
+      interpreter's, as ``environments.sandboxes.bwrap.validate_workdir`` checks),
     - ``ENV`` (becomes the sandbox's environment),
     - ``COPY`` from the build context to a path inside the workspace (``--chown``/``--chmod``
       ignored): the files are staged on the host and copied into the workspace,
@@ -212,13 +226,22 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
             raise TaskFormatError(path, f"line {number}", f"unknown instruction {keyword!r}")
         if state.num_from == 0 and keyword not in ("FROM", "ARG"):
             raise TaskFormatError(path, "FROM", f"expected FROM before line {number} ({keyword})")
-        _apply(state, path, number, keyword, args.strip())
+        try:
+            _apply(state, path, number, keyword, args.strip())
+        except TaskFormatError:
+            raise
+        except (ValueError, IndexError, TypeError) as err:
+            raise TaskFormatError(path, f"line {number} {keyword}", f"cannot parse: {err}") from err
     if state.num_from == 0:
         raise TaskFormatError(path, "FROM", "expected a FROM instruction, found none")
     workdir = state.workdir or DEFAULT_WORKDIR
     build_step = state.build_step
     if workdir == "/":
         build_step = build_step or "WORKDIR /: the workspace cannot be the root folder"
+    try:
+        validate_workdir(workdir)
+    except ValueError as err:
+        build_step = build_step or f"WORKDIR {workdir}: bubblewrap cannot use it: {err}"
     copies: list[Copy] = []
     for entry in state.copies:
         planned = _plan_copy(path, context, entry, workdir)

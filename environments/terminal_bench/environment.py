@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import shlex
 import shutil
 import tempfile
@@ -10,12 +11,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from environments.sandboxes.bwrap import validate_workdir
+from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec
 from environments.terminal_bench.dockerfile import BASE_IMAGE, DockerfilePlan
 
 SETUP_MARKER = ".thundersync-setup-pending"
 """Staged workspaces whose Dockerfile has RUN steps carry this file; ``setup`` replays the steps
 and removes it. A sandbox built by ``docker build`` has no marker, so nothing is replayed twice."""
+
+STAGING_PREFIX = "thundersync-tb-"
+"""Staged files live in ``<tmp>/thundersync-tb-<pid>-<task>-*``; a run killed before its atexit
+hook leaves them behind, and the next process that stages files removes those of dead pids."""
 
 _staged: dict[Path, Path] = {}
 _staged_lock = threading.Lock()
@@ -55,6 +62,10 @@ class TaskEnvironment:
             return f"its Dockerfile has a build step: {self.plan.build_step}"
         if self.plan is None and self.image != BASE_IMAGE:
             return f"it runs in the prebuilt image {self.image!r}"
+        try:
+            validate_workdir(self.workdir)
+        except ValueError as err:
+            return f"bubblewrap cannot use its workdir: {err}"
         return None
 
     def spec(self, kind: str | None = None) -> SandboxSpec:
@@ -86,10 +97,12 @@ class TaskEnvironment:
     def _staged_files(self) -> Path:
         if self.plan is None:
             raise ValueError(f"task {self.task_id} has no Dockerfile to stage files from")
+        reap_once("terminal-bench-staging", lambda: remove_orphan_workspaces(STAGING_PREFIX))
         with _staged_lock:
             staged = _staged.get(self.plan.path)
             if staged is None or not staged.exists():
-                staged = Path(tempfile.mkdtemp(prefix=f"tb-{self.task_id}-")) / "workspace"
+                prefix = f"{STAGING_PREFIX}{os.getpid()}-{self.task_id}-"
+                staged = Path(tempfile.mkdtemp(prefix=prefix)) / "workspace"
                 _stage(self.plan, staged)
                 _staged[self.plan.path] = staged
             return staged

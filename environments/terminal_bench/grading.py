@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError
+from environments.sandboxes.protocol import ExecResult, Sandbox
 from environments.tasks import Grade
 
 TESTS_DIR = "/tests"
@@ -39,36 +39,64 @@ class GraderPaths:
         return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in names.items() if v)
 
 
+class GraderSetupError(Exception):
+    """A grader preparation command ran but failed because of the state the agent left the
+    sandbox in (a read-only workspace, deleted tools...): the episode scores 0. Only a
+    SandboxError (the sandbox could not run a command at all) is an infrastructure failure;
+    otherwise an agent could turn its own failure into an episode that is never trained on."""
+
+
+def _reset_command(paths: GraderPaths, root: str | None) -> str:
+    """Remove old grader folders and create them afresh. Under ``root`` (our own folder in the
+    workspace) an agent-made file, link or read-only tree of that name is removed first; ``find``
+    never follows links, so no folder outside is touched."""
+    folders = " ".join(shlex.quote(p) for p in (paths.tests, paths.verifier, paths.tmp) if p)
+    reset = f"rm -rf {folders}"
+    if root is not None:
+        quoted = shlex.quote(root)
+        reset = (
+            f"{{ find {quoted} -type d -exec chmod u+rwx {{}} + 2>/dev/null; true; }} && "
+            f"rm -rf {quoted}"
+        )
+    return (
+        f"{reset} && mkdir -p {folders} && test -w {shlex.quote(paths.verifier)} && "
+        'if test -w "${TMPDIR:-/tmp}"; then echo tmp-writable; fi'
+    )
+
+
 def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
     """Fresh /tests and /logs/verifier, or the same under ``<workdir>/.thundersync-grader/``
-    where the host is read-only (bubblewrap); scripts find them in $TEST_DIR and $VERIFIER_DIR."""
+    where the host is read-only (bubblewrap); scripts find them in $TEST_DIR and $VERIFIER_DIR.
+    Raises GraderSetupError when neither can be made (a SandboxError when the sandbox fails)."""
     root = f"{workdir.rstrip('/')}/{FALLBACK_DIR}"
     candidates = [
-        GraderPaths(TESTS_DIR, VERIFIER_DIR),
-        GraderPaths(f"{root}/tests", f"{root}/logs/verifier", f"{root}/tmp"),
+        (GraderPaths(TESTS_DIR, VERIFIER_DIR), None),
+        (GraderPaths(f"{root}/tests", f"{root}/logs/verifier", f"{root}/tmp"), root),
     ]
-    for paths in candidates:
-        folders = " ".join(shlex.quote(p) for p in (paths.tests, paths.verifier, paths.tmp) if p)
-        made = sandbox.execute(
-            f"rm -rf {folders} && mkdir -p {folders} && test -w {shlex.quote(paths.verifier)} && "
-            'if test -w "${TMPDIR:-/tmp}"; then echo tmp-writable; fi',
-            timeout=60,
-        )
+    failures = []
+    for paths, owned in candidates:
+        made = sandbox.execute(_reset_command(paths, owned), timeout=60)
         if made.exit_code == 0:
             if "tmp-writable" in made.output:
                 return GraderPaths(paths.tests, paths.verifier)
             return paths
-    raise SandboxError(f"cannot create the grader's folders: {made.output[-500:]}")
+        status = "timed out" if made.timed_out else f"exit {made.exit_code}"
+        failures.append(f"{paths.tests} ({status}): {made.output.strip()[-300:]}")
+    raise GraderSetupError(
+        "cannot create the grader's folders in the state the agent left the sandbox "
+        f"(is the workspace writable, are mkdir and rm there?): {'; '.join(failures)}"
+    )
 
 
 def prepare_grader(sandbox: Sandbox, workdir: str, tests: list[tuple[Path, str]]) -> GraderPaths:
-    """Create fresh test and log folders and upload ``tests`` (host file, path under tests)."""
+    """Create fresh test and log folders and upload ``tests`` (host file, path under tests).
+    Raises GraderSetupError when a preparation command fails, SandboxError when the sandbox does."""
     paths = _make_folders(sandbox, workdir)
     parents = sorted({str(Path(paths.tests, rel).parent) for _, rel in tests})
     if parents:
         made = sandbox.execute("mkdir -p " + " ".join(shlex.quote(p) for p in parents), 60)
         if made.exit_code != 0:
-            raise SandboxError(f"cannot create the test folders: {made.output[-500:]}")
+            raise GraderSetupError(f"cannot create the test folders: {made.output[-500:]}")
     for source, rel in tests:
         sandbox.upload(source, f"{paths.tests}/{rel}")
     return paths

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from environments.sandboxes.bwrap import SYSTEM_DIRS
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
@@ -76,6 +78,21 @@ def _metadata(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_workdir(path: Path, workdir: str) -> str:
+    """An absolute folder other than / outside the system folders (bubblewrap's rule that does
+    not depend on the host; TaskEnvironment refuses bubblewrap for the rest)."""
+    norm = posixpath.normpath(workdir)
+    in_system = any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS)
+    if not workdir.startswith("/") or norm == "/" or in_system:
+        raise TaskFormatError(
+            path,
+            "environment.workdir",
+            f"expected an absolute path other than / outside {', '.join(SYSTEM_DIRS)}, "
+            f"got {workdir!r}",
+        )
+    return norm
+
+
 def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnvironment:
     path = task_dir / "task.toml"
     env_dir = task_dir / "environment"
@@ -84,7 +101,7 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
         raise TaskFormatError(path, "environment.docker_image", f"expected an image, got {image!r}")
     memory_mb = schema.read_memory_mb(path, "environment.memory", table.get("memory"))
     if "memory_mb" in table:
-        memory_mb = int(schema.read_positive(path, "environment.memory_mb", table["memory_mb"], 1))
+        memory_mb = schema.read_memory_number(path, "environment.memory_mb", table["memory_mb"])
     plan: DockerfilePlan | None = None
     if image is None:
         if not env_dir.is_dir():
@@ -99,10 +116,8 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
     workdir = schema.read_optional_str(
         path, "environment.workdir", table.get("workdir"), plan.workdir if plan else DEFAULT_WORKDIR
     )
-    if not workdir.startswith("/"):
-        raise TaskFormatError(
-            path, "environment.workdir", f"expected an absolute path, got {workdir!r}"
-        )
+    if "workdir" in table:
+        workdir = _check_workdir(path, workdir)
     return TaskEnvironment(
         task_id=task_id,
         workdir=workdir,
@@ -110,7 +125,9 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
         plan=plan,
         image=image,
         memory_mb=memory_mb or 2048,
-        cpus=schema.read_positive(path, "environment.cpus", table.get("cpus"), 1.0),
+        cpus=schema.read_positive(
+            path, "environment.cpus", table.get("cpus"), 1.0, maximum=schema.MAX_CPUS
+        ),
         build_timeout_s=schema.read_timeout(
             path,
             "environment.build_timeout_sec",

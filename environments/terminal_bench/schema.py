@@ -16,6 +16,14 @@ TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MEMORY_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _MEMORY_UNIT_MB = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
+MAX_TIMEOUT_S = 86_400.0
+"""Every timeout (agent, verifier, build, solution step) is at most one day: a longer one is a
+typo, and bubblewrap turns a timeout into a ``prlimit`` CPU limit, which rejects absurd values."""
+MAX_MEMORY_MB = 1024 * 1024
+"""Memory limits are at most 1 TiB."""
+MAX_CPUS = 1024.0
+"""CPU limits are at most 1024 cores."""
+
 
 def check_mapping(path: Path, field: str, value: object) -> dict[str, Any]:
     """``value`` must be a table/mapping with string keys."""
@@ -56,21 +64,21 @@ def read_optional_str(path: Path, field: str, value: object, default: str) -> st
 
 
 def read_timeout(path: Path, field: str, value: object, default: float) -> float:
-    """A finite positive number of seconds (booleans are not numbers here)."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TaskFormatError(path, field, f"expected a positive number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise TaskFormatError(path, field, f"expected a positive number of seconds, got {value!r}")
-    return float(value)
+    """A positive number of seconds, at most ``MAX_TIMEOUT_S`` (booleans are not numbers here)."""
+    return read_positive(path, field, value, default, maximum=MAX_TIMEOUT_S, unit=" of seconds")
 
 
-def read_positive(path: Path, field: str, value: object, default: float) -> float:
+def read_positive(
+    path: Path, field: str, value: object, default: float, *, maximum: float, unit: str = ""
+) -> float:
+    """A finite number in (0, ``maximum``]; never a boolean, NaN or infinity."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise TaskFormatError(path, field, f"expected a positive number, got {value!r}")
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value) or not 0 < value <= maximum:
+        raise TaskFormatError(
+            path, field, f"expected a positive number{unit} of at most {maximum:.0f}, got {value!r}"
+        )
     return float(value)
 
 
@@ -120,6 +128,16 @@ def read_memory_mb(path: Path, field: str, value: object) -> int | None:
     if match is None:
         raise TaskFormatError(path, field, f"expected a size such as '2G' or '512M', got {value!r}")
     size_mb = float(match.group(1)) * _MEMORY_UNIT_MB[match.group(2).upper()]
+    if not 1 <= size_mb <= MAX_MEMORY_MB:
+        raise TaskFormatError(
+            path, field, f"expected between 1 MiB and {MAX_MEMORY_MB} MiB (1T), got {value!r}"
+        )
+    return int(size_mb)
+
+
+def read_memory_number(path: Path, field: str, value: object) -> int:
+    """A number of MiB (``memory_mb``), between 1 and ``MAX_MEMORY_MB``."""
+    size_mb = read_positive(path, field, value, 0.0, maximum=MAX_MEMORY_MB, unit=" of MiB")
     if size_mb < 1:
         raise TaskFormatError(path, field, f"expected at least 1 MiB, got {value!r}")
     return int(size_mb)

@@ -60,7 +60,12 @@ class TerminalBenchTask:
         self.environment.setup(sandbox)
 
     def grade(self, sandbox: Sandbox) -> Grade:
-        """Upload the tests, run them with the task's test timeout, and score the result."""
+        """Upload the tests, run them with the task's test timeout, and score the result.
+
+        Only a SandboxError (the sandbox could not run a command) is an infrastructure failure.
+        A preparation step that ran but failed in the state the agent left (a read-only
+        workspace, deleted tools) scores 0 with ``details["reason"]``: otherwise an agent could
+        turn its own failure into an episode that is excluded from training."""
         workdir = self.environment.workdir
         try:
             if self.format == "tb1":
@@ -75,6 +80,8 @@ class TerminalBenchTask:
             script = f"{paths.tests}/test.sh"
             result = grading.run_script(sandbox, paths, script, self.test_timeout_s, self.test_env)
             return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
+        except grading.GraderSetupError as err:
+            return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
 

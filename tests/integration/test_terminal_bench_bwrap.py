@@ -73,6 +73,32 @@ def test_tampered_reward_file_is_an_infra_failure(tmp_path: Path) -> None:
     assert "reward.txt: expected a number, got 'all good'" in grade.details["error"]
 
 
+PRANKS = [
+    "mkdir -p .thundersync-grader/tests && touch .thundersync-grader/tests/x && "
+    "chmod -R 555 .thundersync-grader",
+    "ln -s /usr .thundersync-grader",
+    "echo not a folder > .thundersync-grader",
+]
+
+
+@pytest.mark.parametrize("prank", PRANKS, ids=["read-only-folder", "symlink", "file"])
+def test_an_agent_made_grader_folder_is_replaced(prank: str) -> None:
+    task = by_id("harbor", "sales-report")
+    oracle = run_agent(task, "scripted", [*task.reference_solution(), prank])
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    nop = run_agent(task, "scripted", [prank])
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+
+
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_a_read_only_workspace_left_by_the_agent_scores_zero_not_infra(fmt: str) -> None:
+    task = by_id(fmt, "sales-report")
+    grade = run_agent(task, "scripted", [*task.reference_solution(), "chmod 555 ."])
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert grade.details["grader_setup_failed"] is True
+    assert "Permission denied" in grade.details["reason"]
+
+
 def test_task_with_a_build_step_refuses_bwrap(tmp_path: Path) -> None:
     task_dir = tmp_path / "sort-files"
     shutil.copytree(FIXTURES / "tb1" / "sort-files", task_dir)

@@ -67,3 +67,14 @@ def test_docker_builds_what_bubblewrap_cannot(tmp_path: Path) -> None:
     with docker_sandbox(task) as sandbox:
         assert sandbox.execute("tool", timeout=30).output.strip() == "built"
         assert task.grade(sandbox).reward == 0.0
+
+
+def test_an_agent_that_deletes_mkdir_scores_zero_not_infra() -> None:
+    task = next(t for t in TASKS if t.format == "harbor" and t.task_id == "sort-files")
+    with docker_sandbox(task) as sandbox:
+        for cmd in [*task.reference_solution(), "rm -f /usr/bin/mkdir /bin/mkdir"]:
+            assert sandbox.execute(cmd, timeout=task.timeout_s).exit_code == 0
+        grade = task.grade(sandbox)
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert grade.details["grader_setup_failed"] is True
+    assert "mkdir" in grade.details["reason"]

@@ -53,9 +53,10 @@ def test_copy_workdir_env_and_run_are_reproducible(tmp_path: Path) -> None:
         (f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY --from=build /x /app/x\n", "COPY with"),
         (f'FROM {BASE_IMAGE}\nRUN ["echo", "hi"]\n', "exec or heredoc"),
         (f"FROM {BASE_IMAGE}\nWORKDIR /\n", "root folder"),
+        (f"FROM {BASE_IMAGE}\nWORKDIR /usr/src/app\n", "system folder"),
     ],
     ids=["other-base", "add", "user", "arg", "multi-stage", "copy-outside", "copy-from",
-         "run-exec-form", "workdir-root"],
+         "run-exec-form", "workdir-root", "workdir-system-folder"],
 )  # fmt: skip
 def test_build_steps_need_docker(tmp_path: Path, text: str, reason: str) -> None:
     plan = plan_for(tmp_path, text, {"f.txt": "f"})

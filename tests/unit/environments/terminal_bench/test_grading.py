@@ -142,3 +142,57 @@ def test_a_grader_that_cannot_run_is_an_infra_failure() -> None:
     grade = task.grade(Broken())
     assert grade.infra_failure and grade.reward == 0.0
     assert "container vanished" in grade.details["error"]
+
+
+class AgentBrokeMkdir(ScriptedSandbox):
+    """``mkdir`` fails (the agent deleted it or made the workspace read-only)."""
+
+    def execute(self, cmd: str, timeout: float):
+        self.commands.append(cmd)
+        if "mkdir" in cmd:
+            return result("mkdir: cannot create directory: Permission denied", 1)
+        return result("", 0)
+
+
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_grader_folders_the_agent_broke_score_zero_not_infra(fmt: str) -> None:
+    task = load_tasks(FIXTURES / fmt / "sales-report").get("sales-report")
+    sandbox = AgentBrokeMkdir()
+    grade = task.grade(sandbox)
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert grade.details["grader_setup_failed"] is True
+    assert "Permission denied" in grade.details["reason"]
+    assert not sandbox.uploads
+    assert not any("test.sh" in c or "run-tests.sh" in c for c in sandbox.commands)
+
+
+def test_grader_removes_an_agent_made_fallback_folder_first() -> None:
+    task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
+    sandbox = ScriptedSandbox()
+    task.grade(sandbox)
+    first = sandbox.commands[0]
+    assert first.startswith("rm -rf /tests /logs/verifier && mkdir -p")
+
+    class ReadOnlyRoot(ScriptedSandbox):
+        def execute(self, cmd: str, timeout: float):
+            self.commands.append(cmd)
+            return result("read-only", 1) if "mkdir -p /tests" in cmd else result("", 0)
+
+    sandbox = ReadOnlyRoot()
+    task.grade(sandbox)
+    fallback = sandbox.commands[1]
+    root = "/app/.thundersync-grader"
+    assert f"find {root} -type d -exec chmod u+rwx" in fallback
+    assert fallback.index(f"rm -rf {root}") < fallback.index("mkdir -p")
+
+
+def test_a_grader_whose_sandbox_fails_to_run_mkdir_is_an_infra_failure() -> None:
+    task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
+
+    class Dead(ScriptedSandbox):
+        def execute(self, cmd: str, timeout: float):
+            raise SandboxError("bwrap could not set up the sandbox")
+
+    grade = task.grade(Dead())
+    assert grade.infra_failure and grade.reward == 0.0
+    assert "could not set up" in grade.details["error"]
