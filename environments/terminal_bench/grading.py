@@ -200,7 +200,10 @@ def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dic
 def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
     """Reward of a Harbor ``tests/test.sh`` run, from ``reward.txt`` (a number) or else
     ``reward.json`` (metric names to numbers: its ``"reward"`` entry, else their mean). A run past
-    its timeout scores 0; an unreadable reward file is an infrastructure failure, not a score."""
+    its timeout scores 0. Without a valid reward file: a verifier that failed (non-zero exit)
+    scores 0, since the agent's final state can break a verifier (delete python3, leave output
+    that crashes it) and must not thereby escape its score; a verifier that exited 0 yet wrote
+    no valid file is a broken task, an infrastructure failure."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     details: dict[str, Any] = {
@@ -210,5 +213,7 @@ def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeo
     try:
         reward, extra = read_harbor_reward(sandbox, paths)
     except RewardFileError as err:
-        return Grade(reward=0.0, infra_failure=True, details={**details, "error": str(err)})
+        verifier_failed = result.exit_code != 0
+        return Grade(reward=0.0, infra_failure=not verifier_failed,
+                     details={**details, "error": str(err)})  # fmt: skip
     return Grade(reward=reward, details={**details, **extra})

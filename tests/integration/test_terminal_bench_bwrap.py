@@ -73,6 +73,17 @@ def test_tampered_reward_file_is_an_infra_failure(tmp_path: Path) -> None:
     assert "reward.txt: expected a number, got 'all good'" in grade.details["error"]
 
 
+def test_a_verifier_the_agent_broke_scores_zero_not_infra(tmp_path: Path) -> None:
+    """The verifier fails without writing a reward (as when the agent deleted what it needs):
+    the agent's 0, never an infra failure that would drop the episode from training."""
+    task_dir = tmp_path / "sales-report"
+    shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
+    (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho crashed >&2\nexit 3\n")
+    grade = run_agent(load_tasks(task_dir).get("sales-report"), "nop")
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "neither" in grade.details["error"]
+
+
 PRANKS = [
     "mkdir -p .thundersync-grader/tests && touch .thundersync-grader/tests/x && "
     "chmod -R 555 .thundersync-grader",
