@@ -97,9 +97,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    folder = build_tiny_model(tempfile.mkdtemp(), args.arch, hidden_size=args.hidden,
-                              num_layers=args.layers)  # fmt: skip
-    model = load_model(folder)
+    with tempfile.TemporaryDirectory(prefix="thundersync-bench-") as tmp:
+        folder = build_tiny_model(tmp, args.arch, hidden_size=args.hidden,
+                                  num_layers=args.layers)  # fmt: skip
+        model = load_model(folder)
     num_params = sum(p.numel() for p in model.parameters())
     param_bytes = num_params * 4
 

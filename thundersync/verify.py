@@ -260,24 +260,30 @@ def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: b
 
 
 def _models(args: argparse.Namespace) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:
-    from thundersync.models import build_tiny_model, load_model
+    """(label, model, reference) for ``--model`` or for the two tiny models, built in a
+    temporary folder that is gone once they are loaded."""
+    if args.model:
+        return [_load_pair(args.model, args.model, args)]
+    from thundersync.models import build_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="thundersync-verify-") as tmp:
+        return [
+            _load_pair(f"tiny-{arch}", str(build_tiny_model(f"{tmp}/{arch}", arch)), args)
+            for arch in ("gpt2", "qwen3")
+        ]
+
+
+def _load_pair(label: str, path: str, args: argparse.Namespace) -> tuple:
+    from thundersync.models import load_model
 
     dtype = getattr(torch, args.dtype)
-    if args.model:
-        sources = [(args.model, args.model)]
-    else:
-        tmp = tempfile.mkdtemp(prefix="thundersync-verify-")
-        sources = [(f"tiny-{a}", str(build_tiny_model(f"{tmp}/{a}", a))) for a in ("gpt2", "qwen3")]
-    out = []
-    for label, path in sources:
-        model = load_model(path, dtype=dtype)
-        reference = load_model(path, dtype=dtype)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(args.seed)
-            for p in reference.parameters():
-                p.add_(torch.randn_like(p), alpha=0.02)
-        out.append((label, model, reference))
-    return out
+    model = load_model(path, dtype=dtype)
+    reference = load_model(path, dtype=dtype)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        for p in reference.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
+    return label, model, reference
 
 
 def run_verify_command(args: argparse.Namespace) -> int:
