@@ -17,7 +17,10 @@ Isolation, per ``execute`` call:
   ``RLIMIT_NPROC``, and the per-sandbox uid is what lets the pids limit stop a fork bomb.
   Without root, bwrap makes a user namespace (``--unshare-all``) and the same rlimits apply.
 - rlimits via ``prlimit``: address space (``memory_mb``), processes (``pids``), file size
-  (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). ``cpus`` is not enforced (no cgroup).
+  (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). Where a memory cgroup can be made
+  (``cgroup.py``; root with cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
+  memory; otherwise the total is only bounded by ``pids × memory_mb``. ``cpus`` is not
+  enforced, and the workspace's total size is not bounded (each file is).
 
 ``PATH`` starts with the directory of the running interpreter (``Path(sys.executable).parent``)
 so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's own.
@@ -40,6 +43,7 @@ import time
 import weakref
 from pathlib import Path
 
+from environments.sandboxes import cgroup
 from environments.sandboxes.capture import OutputCapture, read_fd_until
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
@@ -127,7 +131,8 @@ class BwrapSandbox:
             )
         if shutil.which(BWRAP) is None:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-        reap_once("bwrap", lambda: remove_orphan_workspaces(MARKER_PREFIX))
+        reap_once("bwrap", lambda: (remove_orphan_workspaces(MARKER_PREFIX),
+                                    cgroup.remove_orphans(MARKER_PREFIX)))  # fmt: skip
         self.spec = spec
         self.workdir = validate_workdir(spec.workdir)
         self.is_root = os.geteuid() == 0
@@ -138,7 +143,10 @@ class BwrapSandbox:
         self._closed = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _cleanup, self.root, self.uid, self.is_root)
+        self.cgroup = cgroup.create(self.marker, spec.memory_mb)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.root, self.uid, self.is_root, self.cgroup
+        )
         try:
             self.workspace.mkdir()
             self._write_identity()
@@ -229,7 +237,8 @@ class BwrapSandbox:
             start = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    [*self._argv(cmd, timeout, ready_w)], stdin=subprocess.DEVNULL,
+                    cgroup.wrap(self.cgroup, self._argv(cmd, timeout, ready_w)),
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                     close_fds=True, pass_fds=(ready_w,),
                 )  # fmt: skip
@@ -317,7 +326,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _cleanup(root: Path, uid: int, is_root: bool) -> None:
+def _cleanup(root: Path, uid: int, is_root: bool, group: Path | None) -> None:
     if is_root:
         kill_uid(uid)
+    cgroup.remove(group)
     shutil.rmtree(root, ignore_errors=True)

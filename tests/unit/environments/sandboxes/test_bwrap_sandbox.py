@@ -214,3 +214,24 @@ def test_an_interpreter_under_tmp_stays_visible_and_tmp_is_writable(monkeypatch)
         import shutil
 
         shutil.rmtree(host_dir)
+
+
+def test_memory_mb_bounds_the_sandboxs_total_memory_where_cgroups_exist() -> None:
+    """Four processes of 150 MiB each fit the per-process limit but not a 400 MiB total: the
+    kernel kills some of them, and the sandbox's peak stays at the limit."""
+    from environments.sandboxes import cgroup
+
+    if not cgroup.available():
+        pytest.skip("no writable cgroup v1 memory controller: only per-process limits apply")
+    sandbox = BwrapSandbox(SandboxSpec(memory_mb=400))
+    try:
+        hog = 'python3 -c "import time; x = bytearray(150 * 2**20); time.sleep(2); print(1)"'
+        result = sandbox.execute(f"for i in 1 2 3 4; do {hog} & done; wait", 30)
+        assert sandbox.cgroup is not None
+        peak = int((sandbox.cgroup / "memory.max_usage_in_bytes").read_text())
+        group = sandbox.cgroup
+    finally:
+        sandbox.close()
+    assert "Killed" in result.output
+    assert peak <= 400 * 2**20
+    assert not group.exists()
