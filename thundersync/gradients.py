@@ -62,18 +62,10 @@ def grpo_piece(
     objective: GRPO,
     trajectory: Trajectory,
     reference: Policy | None,
-    *,
-    advantage: float | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One trajectory's backward pass.
-
-    With ``advantage=None``: returns (h_i, k_i) = (∇ℓ_i, ∇κ_i), kept apart because h_i is
-    scaled by an advantage not known yet (k_i is None without a KL term). With a known
-    advantage A: one backward of A·ℓ_i + κ_i, returned as (vector, None); None when the
-    trajectory contributes nothing (A = 0 and no KL term).
-    """
-    if advantage == 0.0 and objective.kl_coef == 0.0:
-        return None, None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One trajectory's backward pass: (h_i, k_i) = (∇ℓ_i, ∇κ_i), kept apart because h_i is
+    scaled by an advantage not known yet (k_i is None without a KL term). Trajectories whose
+    advantage is already final go through ``batch.weighted_grad`` instead."""
     logp_T, _ = policy.action_logprobs(trajectory)
     sampler_T = _sampler_logprobs(trajectory, logp_T)
     ref_T = None
@@ -81,9 +73,6 @@ def grpo_piece(
         with torch.no_grad():
             ref_T, _ = reference.action_logprobs(trajectory)
     pg, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
-    if advantage is not None:
-        loss = pg * advantage if kl is None else pg * advantage + kl
-        return flat_grad(policy.params, loss), None
     if kl is None:
         return flat_grad(policy.params, pg), None
     return flat_grad(policy.params, pg, retain=True), flat_grad(policy.params, kl)

@@ -108,7 +108,7 @@ class GRPOStream:
             if rec.episode_id in self.handled:
                 continue
             if g.closed and rec.episode_id in self.pending:
-                self._final(g, rec)
+                self._apply_pending(g, rec)
             elif g.closed:
                 finals.append((g, rec))
             elif rec.has_reward:
@@ -162,7 +162,7 @@ class GRPOStream:
         count = 1 + int(self.objective.kl_coef != 0.0)
         if not self.pool.fits(count):
             return
-        h, k = self._backward(rec, advantage=None)
+        h, k = self._backward(rec)
         self.pending[rec.episode_id] = (self.pool.take(h), None if k is None else self.pool.take(k))
 
     def _release_pending(self, eid: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -175,7 +175,7 @@ class GRPOStream:
         if not self._open(g):
             return  # over budget: waits for its group (or keeps its early buffer)
         vectors = self._release_pending(rec.episode_id)
-        h, k = vectors if vectors is not None else self._backward(rec, advantage=None)
+        h, k = vectors if vectors is not None else self._backward(rec)
         assert rec.reward is not None and g.H is not None
         r = rec.reward.reward
         g.shift = r if g.shift is None else g.shift
@@ -239,9 +239,10 @@ class GRPOStream:
             g.result = self.pool.take()
         return g.result
 
-    def _final(self, g: GroupState, rec: EpisodeRecord) -> None:
-        """Process a trajectory whose advantage is final (its group closed)."""
-        if g.dropped or rec.is_infra_failure:
+    def _apply_pending(self, g: GroupState, rec: EpisodeRecord) -> None:
+        """Scale an early-start trajectory's held h_i by its now final advantage."""
+        if g.dropped:
+            self._release_pending(rec.episode_id)
             self.handled.add(rec.episode_id)
             return
         target = self._target(g)
@@ -249,16 +250,12 @@ class GRPOStream:
             return  # held for the step, when the selection is known
         advantage = self._advantage(g, rec)
         vectors = self._release_pending(rec.episode_id)
-        if vectors is not None:
-            h, k = vectors
-            if advantage != 0.0:
-                target.add_(h, alpha=advantage)
-            if k is not None:
-                target.add_(k)
-        else:
-            v, _ = self._backward(rec, advantage=advantage)
-            if v is not None:
-                target.add_(v)
+        assert vectors is not None
+        h, k = vectors
+        if advantage != 0.0:
+            target.add_(h, alpha=advantage)
+        if k is not None:
+            target.add_(k)
         self.handled.add(rec.episode_id)
 
     def _advantage(self, g: GroupState, rec: EpisodeRecord) -> float:
@@ -287,13 +284,10 @@ class GRPOStream:
             for m in waiting:
                 self.queue[m.episode_id] = m
 
-    def _backward(self, rec: EpisodeRecord, *, advantage: float | None):
+    def _backward(self, rec: EpisodeRecord) -> tuple[torch.Tensor, torch.Tensor | None]:
         started = ev.now()
-        out = grpo_piece(
-            self.policy, self.objective, rec.trajectory(), self.reference, advantage=advantage
-        )
-        if out[0] is not None:
-            self._published(rec.episode_id, started)
+        out = grpo_piece(self.policy, self.objective, rec.trajectory(), self.reference)
+        self._published(rec.episode_id, started)
         return out
 
     def _published(self, episode_id: str, started: float) -> None:
