@@ -1,10 +1,13 @@
 """Agents: the policy side of an episode (scripted, oracle and nop agents ship here).
 
-An agent is stateless between calls: ``act(task, messages)`` sees the whole conversation so
-far (the instruction first, then alternating assistant actions and user observations) and
-returns the next ``Action``. ``encode`` turns the prompt and each observation into the token
-ids the policy saw, so the runner can put them in events; agents without a tokenizer return
-``()``.
+An agent is stateless between calls: ``act(task, messages, episode_id=...)`` sees the whole
+conversation so far (the instruction first, then alternating assistant actions and user
+observations, each with the token ids the policy saw for it) and returns the next ``Action``.
+``encode_prompt`` and ``encode_observation`` turn the instruction and each observation into
+token ids exactly as the policy will see them appended to the conversation (a chat template
+wraps the first as the opening user turn and each later one as a user turn after an action);
+the runner puts those ids in the events and in the next ``messages``, so a policy never
+re-tokenises text. Agents without a tokenizer return ``()``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class Message:
 
     role: str
     content: str
+    token_ids: tuple[int, ...] = ()
+    """The ids the policy saw for this message: ``encode_prompt``/``encode_observation``'s
+    for user messages, the sampled ids for actions (empty for agents without a tokenizer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +53,17 @@ class Agent(Protocol):
     policy_version: int
     """The weights version that samples this agent's actions (0 for fixed agents)."""
 
-    def act(self, task: Task, messages: Sequence[Message]) -> Action:
-        """The next action given the conversation so far (instruction first)."""
+    def act(self, task: Task, messages: Sequence[Message], *, episode_id: str) -> Action:
+        """The next action given the conversation so far (instruction first). ``episode_id``
+        identifies the episode (a policy seeds its sampling from it and the turn)."""
         ...
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        """Token ids of a prompt or observation, exactly as the policy sees them."""
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        """Token ids of the instruction as the opening of the conversation."""
+        ...
+
+    def encode_observation(self, text: str) -> tuple[int, ...]:
+        """Token ids of an observation appended after an action."""
         ...
 
 
@@ -78,42 +89,47 @@ class ScriptedAgent:
         self.policy_version = policy_version
         self._tokenize = tokenize
 
-    def act(self, task: Task, messages: Sequence[Message]) -> Action:
+    def act(self, task: Task, messages: Sequence[Message], *, episode_id: str = "") -> Action:
         index = _num_actions(messages)
         text = self.actions[index] if index < len(self.actions) else SUBMIT_ACTION
-        ids = self.encode(text)
+        ids = self.encode_observation(text)
         return Action(text=text, token_ids=ids, logprobs=(0.0,) * len(ids))
 
-    def encode(self, text: str) -> tuple[int, ...]:
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        return self.encode_observation(text)
+
+    def encode_observation(self, text: str) -> tuple[int, ...]:
         return self._tokenize(text) if self._tokenize is not None else ()
 
 
-class OracleAgent:
-    """Runs the task's ``reference_solution()`` commands one per turn, then submits."""
+class _TextAgent:
+    """An agent without a tokenizer: its episodes cannot feed a learner."""
 
     policy_version = 0
 
-    def act(self, task: Task, messages: Sequence[Message]) -> Action:
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        return ()
+
+    def encode_observation(self, text: str) -> tuple[int, ...]:
+        return ()
+
+
+class OracleAgent(_TextAgent):
+    """Runs the task's ``reference_solution()`` commands one per turn, then submits."""
+
+    def act(self, task: Task, messages: Sequence[Message], *, episode_id: str = "") -> Action:
         commands = task.reference_solution()
         index = _num_actions(messages)
         if index < len(commands):
             return Action(text=format_action(commands[index]))
         return Action(text=SUBMIT_ACTION)
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        return ()
 
-
-class NopAgent:
+class NopAgent(_TextAgent):
     """Submits immediately: validates that an untouched task scores 0."""
 
-    policy_version = 0
-
-    def act(self, task: Task, messages: Sequence[Message]) -> Action:
+    def act(self, task: Task, messages: Sequence[Message], *, episode_id: str = "") -> Action:
         return Action(text=SUBMIT_ACTION)
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        return ()
 
 
 def make_agent(name: str) -> Agent:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import string
 import time
 from collections.abc import Callable, Iterable
@@ -20,10 +19,11 @@ from environments.actions import (
     strip_submission_marker,
 )
 from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade, Task
+from environments.tasks import Grade, GradingContext, Task
 from thundersync.types import StopReason
 
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
+BeforeGrading = Callable[[str, dict[str, Any]], None]
 
 MAX_ACTION_CHARS = 100_000
 MAX_OBSERVATION_CHARS = 1_000_000
@@ -67,10 +67,13 @@ class ShellEnv(gym.Env[str, str]):
     ``reset(seed=None, options=None) -> (instruction, info)``
         Closes the previous sandbox, picks the task (``options["task"]``: a Task, a task id or
         an index into ``tasks``; otherwise one drawn with ``self.np_random``), makes a fresh
-        sandbox and runs ``task.setup``. ``options["defer_grading"]=True`` makes the terminal
-        step skip grading (see ``step``). info: ``task_id``, ``infra_failure``. If making the
-        sandbox or the setup raises ``SandboxError``, the observation is an error message,
-        info has ``infra_failure=True`` and ``error``, and the next ``step`` ends the episode.
+        sandbox and runs ``task.setup``. ``options["before_grading"]``: a callable
+        ``(observation, info)`` that the terminal step calls once the last action is fixed
+        (and its tool call, if any, has run) and *before* grading starts, with what ``step``
+        will return minus the grade: an event publisher uses it to say "all tokens known"
+        while a slow grader runs. info: ``task_id``, ``infra_failure``. If making the sandbox
+        or the setup raises ``SandboxError``, the observation is an error message, info has
+        ``infra_failure=True`` and ``error``, and the next ``step`` ends the episode.
 
     ``step(action) -> (observation, reward, terminated, truncated, info)``
         Parses the action and runs its command with the task's timeout (capped by what is left
@@ -85,17 +88,18 @@ class ShellEnv(gym.Env[str, str]):
         ``infra_failure`` and, on an infrastructure failure, ``error``.
 
         Reward is 0.0 on every non-terminal step. On the terminal step (terminated or
-        truncated) the final sandbox state is graded with ``task.grade`` and the reward
-        returned, with ``grade_details`` in info (a task whose ``grade`` takes a
-        ``fresh_sandbox`` keyword also gets a factory for a new sandbox made like the episode's,
-        closed when grading returns); a grading ``SandboxError`` gives reward 0.0
-        and ``infra_failure=True`` (never train on it). With ``defer_grading`` the terminal
-        step returns 0.0 and ``grading_deferred=True`` instead, and the caller calls
-        ``env.unwrapped.grade()``, so it can mark the trajectory complete before grading
-        starts. After an infrastructure failure nothing is graded.
+        truncated) the final sandbox state is graded with ``task.grade(sandbox, context)``
+        and the graded reward is returned — so reward wrappers see it — with
+        ``grade_details`` in info. The context carries a factory for fresh sandboxes made
+        like the episode's (closed when grading returns) and ``strict_grading``. A grading
+        ``SandboxError`` gives reward 0.0 and ``infra_failure=True`` (never train on it).
+        After an infrastructure failure nothing is graded.
+
+    ``strict_grading`` (default True, what training uses) asks tasks to grade strictly:
+    docs/design.md §6 and ``environments.tasks.GradingContext``.
 
     ``close()`` removes the sandbox (safe to call twice). Wrappers forward nothing: use
-    ``env.unwrapped`` for ``task``, ``grade`` and ``draw_task``.
+    ``env.get_wrapper_attr("task")`` (or ``env.unwrapped``) for ``task`` and ``draw_task``.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -108,6 +112,7 @@ class ShellEnv(gym.Env[str, str]):
         max_turns: int | None = None,
         max_episode_s: float | None = None,
         max_format_errors: int = 3,
+        strict_grading: bool = True,
     ) -> None:
         if max_format_errors < 1:
             raise ValueError(f"max_format_errors must be >= 1, got {max_format_errors}")
@@ -115,18 +120,18 @@ class ShellEnv(gym.Env[str, str]):
         self.max_turns = max_turns
         self.max_episode_s = max_episode_s
         self.max_format_errors = max_format_errors
+        self.strict_grading = strict_grading
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self._sandbox_kind = sandbox
         self._sandbox: Sandbox | None = None
         self._task: Task | None = None
-        self._defer_grading = False
+        self._before_grading: BeforeGrading | None = None
         self._num_turns = 0
         self._num_format_errors = 0
         self._started = 0.0
         self._done = False
         self._failure: str | None = None
-        self._grade: Grade | None = None
 
     @property
     def task(self) -> Task:
@@ -144,13 +149,12 @@ class ShellEnv(gym.Env[str, str]):
         options = options or {}
         self._close_sandbox()
         self._task = self._select_task(options.get("task"))
-        self._defer_grading = bool(options.get("defer_grading", False))
+        self._before_grading = options.get("before_grading")
         self._num_turns = 0
         self._num_format_errors = 0
         self._started = time.monotonic()
         self._done = False
         self._failure = None
-        self._grade = None
         info: dict[str, Any] = {"task_id": self._task.task_id, "infra_failure": False}
         try:
             self._sandbox = self._make_sandbox(self._task_spec())
@@ -188,14 +192,9 @@ class ShellEnv(gym.Env[str, str]):
         return choice
 
     def _task_spec(self) -> SandboxSpec:
-        """The task's sandbox spec, for this env's sandbox kind when the task takes one (so a
-        task that needs Docker can say so by name under bubblewrap)."""
-        assert self._task is not None
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before making a sandbox")
         kind = self._sandbox_kind if isinstance(self._sandbox_kind, str) else None
-        try:
-            inspect.signature(self._task.sandbox_spec).bind(kind)
-        except TypeError:
-            return self._task.sandbox_spec()
         return self._task.sandbox_spec(kind)
 
     def _make_sandbox(self, spec: SandboxSpec) -> Sandbox:
@@ -247,7 +246,8 @@ class ShellEnv(gym.Env[str, str]):
 
     def _execute(self, command: str, timeout: float) -> ExecResult:
         """Run one agent command in the sandbox (subclasses add latency here)."""
-        assert self._sandbox is not None
+        if self._sandbox is None:
+            raise SandboxError("the episode's sandbox is gone")
         return self._sandbox.execute(command, timeout)
 
     def _command_timeout(self) -> float:
@@ -277,21 +277,22 @@ class ShellEnv(gym.Env[str, str]):
         self, observation: str, info: dict[str, Any], reason: StopReason | None
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         info["termination_reason"] = reason
+        observation = self._clip(observation)
         reward = 0.0
         if reason is not None:
             self._done = True
-            if self._defer_grading:
-                info["grading_deferred"] = True
-            else:
-                grade = self.grade()
-                reward = float(grade.reward)
-                info["infra_failure"] = grade.infra_failure
-                info["grade_details"] = dict(grade.details)
-                if grade.infra_failure:
-                    info["termination_reason"] = StopReason.ERROR
+            if self._before_grading is not None:
+                self._before_grading(observation, dict(info))
+            grade = self._graded()
+            reward = float(grade.reward)
+            info["infra_failure"] = grade.infra_failure
+            info["grade_details"] = dict(grade.details)
+            if grade.infra_failure:
+                info["termination_reason"] = StopReason.ERROR
+                info["error"] = grade.details.get("error")
         terminated = reason is StopReason.SUBMITTED
         truncated = reason is not None and not terminated
-        return self._clip(observation), reward, terminated, truncated, info
+        return observation, reward, terminated, truncated, info
 
     def _end_with_failure(self, info: dict[str, Any]) -> tuple[str, float, bool, bool, dict]:
         self._done = True
@@ -304,49 +305,27 @@ class ShellEnv(gym.Env[str, str]):
 
     # --- grading and cleanup -----------------------------------------------------------------
 
-    def grade(self) -> Grade:
-        """Grade the finished episode's final sandbox state (once; later calls repeat it).
-
-        A ``SandboxError`` while grading, or an episode that already failed, gives
-        ``Grade(0.0, infra_failure=True)`` with the error in ``details``.
-        """
-        if self._task is None or not self._done:
-            raise gym.error.ResetNeeded("grade() needs a finished episode")
-        if self._grade is None:
-            if self._failure is not None:
-                self._grade = Grade(0.0, infra_failure=True, details={"error": self._failure})
-            else:
-                self._grade = self._run_grading()
-        return self._grade
-
-    def _run_grading(self) -> Grade:
-        assert self._task is not None and self._sandbox is not None
+    def _graded(self) -> Grade:
+        """Grade the finished episode's final sandbox state. A ``SandboxError`` while grading
+        gives ``Grade(0.0, infra_failure=True)`` with the error in ``details``."""
+        if self._task is None or self._sandbox is None:
+            raise gym.error.ResetNeeded("grading needs a finished episode with its sandbox")
         fresh: list[Sandbox] = []
-        try:
-            return self._call_grade(fresh)
-        except SandboxError as exc:
-            self._fail(exc)
-            return Grade(0.0, infra_failure=True, details={"error": self._failure})
-        finally:
-            for sandbox in fresh:
-                sandbox.close()
-
-    def _call_grade(self, fresh: list[Sandbox]) -> Grade:
-        """``task.grade(sandbox)``, plus ``fresh_sandbox=`` when the task takes it: a factory
-        for a new sandbox made like the episode's (graders that must not trust the agent's
-        final state grade its output there). Sandboxes it made are appended to ``fresh``."""
-        assert self._task is not None and self._sandbox is not None
 
         def make_fresh() -> Sandbox:
             sandbox = self._make_sandbox(self._task_spec())
             fresh.append(sandbox)
             return sandbox
 
+        context = GradingContext(fresh_sandbox=make_fresh, strict=self.strict_grading)
         try:
-            inspect.signature(self._task.grade).bind(self._sandbox, fresh_sandbox=make_fresh)
-        except TypeError:
-            return self._task.grade(self._sandbox)
-        return self._task.grade(self._sandbox, fresh_sandbox=make_fresh)  # type: ignore[call-arg]
+            return self._task.grade(self._sandbox, context)
+        except SandboxError as exc:
+            self._fail(exc)
+            return Grade(0.0, infra_failure=True, details={"error": self._failure})
+        finally:
+            for sandbox in fresh:
+                sandbox.close()
 
     def close(self) -> None:
         self._close_sandbox()

@@ -2,8 +2,9 @@
 
 Per episode, in this order: ``EpisodeStarted`` → for each action ``TurnCompleted`` (before the
 tool runs) and ``ToolFinished`` (after; every non-final action has one, the final one only if
-its command ran) → ``EpisodeCompleted`` (the last action is fixed; before grading starts,
-thanks to ``defer_grading``) → ``RewardReady`` (after grading). An exception anywhere in an
+its command ran) → ``EpisodeCompleted`` (the last action is fixed; published from the env's
+``before_grading`` hook, so before grading starts) → ``RewardReady`` (the reward ``step``
+returned, so reward wrappers apply). An exception anywhere in an
 episode (env, sandbox, agent) still yields this skeleton, ending in ``RewardReady`` with
 ``infra_failure=True`` and the error in ``details``; the runner never crashes on it and the
 env (hence the sandbox) is closed on every path.
@@ -18,7 +19,7 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
@@ -37,22 +38,6 @@ from thundersync.events import (
 from thundersync.types import StopReason, Trajectory, Turn
 
 Sink = Callable[[Event], None]
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeResult:
-    """One finished episode: its trajectory (ids as the policy saw them) and its outcome."""
-
-    trajectory: Trajectory
-    task_id: str
-    reward: float
-    infra_failure: bool
-    stop_reason: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def episode_id(self) -> str:
-        return self.trajectory.episode_id
 
 
 @dataclass(slots=True)
@@ -119,13 +104,13 @@ class EpisodeRunner:
 
     def run_group(
         self, task: Task | None, group_size: int, *, seed: int | None = None
-    ) -> list[EpisodeResult]:
+    ) -> list[Trajectory]:
         """``group_size`` episodes of one task (drawn from the env when None)."""
         return self.run_groups([task], group_size, seed=seed)[0]
 
     def run_groups(
         self, tasks: Sequence[Task | None], group_size: int, *, seed: int | None = None
-    ) -> list[list[EpisodeResult]]:
+    ) -> list[list[Trajectory]]:
         """One group of ``group_size`` episodes per task, all on a bounded thread pool.
 
         Results come back per group in ``tasks`` order. A None task is drawn from the env with
@@ -164,7 +149,7 @@ class EpisodeRunner:
     def _draw_task(self, rng: np.random.Generator) -> Task:
         env = self.make_env()
         try:
-            return env.unwrapped.draw_task(rng)
+            return env.get_wrapper_attr("draw_task")(rng)
         finally:
             env.close()
 
@@ -177,9 +162,13 @@ class EpisodeRunner:
         group_id: str | None = None,
         group_size: int = 1,
         seed: int | None = None,
-    ) -> EpisodeResult:
-        """Run one episode to the end and grade it; never raises for an episode's failure."""
-        episode = _Episode(self._new_episode_id(), group_id or self.new_group_id(), group_size)
+        episode_id: str | None = None,
+    ) -> Trajectory:
+        """Run one episode to the end and grade it; never raises for an episode's failure.
+        ``episode_id`` and ``group_id`` default to fresh ids of this runner."""
+        episode = _Episode(
+            episode_id or self._new_episode_id(), group_id or self.new_group_id(), group_size
+        )
         if task is not None:
             episode.task_id = task.task_id
         env: gym.Env | None = None
@@ -197,29 +186,33 @@ class EpisodeRunner:
 
     def _play(
         self, env: gym.Env, episode: _Episode, task: Task | None, seed: int | None
-    ) -> EpisodeResult:
-        options: dict[str, Any] = {"defer_grading": True}
+    ) -> Trajectory:
+        def before_grading(observation: str, info: dict[str, Any]) -> None:
+            if "tool" in info:
+                self._tool_finished(episode, observation, info)
+            self._complete(episode, StopReason(info["termination_reason"]))
+
+        options: dict[str, Any] = {"before_grading": before_grading}
         if task is not None:
             options["task"] = task
         observation, info = env.reset(seed=seed, options=options)
-        task = env.unwrapped.task
+        task = env.get_wrapper_attr("task")
         episode.task_id = task.task_id
-        episode.prompt_ids = tuple(self.agent.encode(observation))
+        episode.prompt_ids = tuple(self.agent.encode_prompt(observation))
         self._start(episode)
         if info.get("infra_failure"):
             failed = Grade(0.0, infra_failure=True, details={"error": info.get("error")})
             return self._conclude(episode, StopReason.ERROR, failed)
-        messages = [Message("user", observation)]
+        messages = [Message("user", observation, episode.prompt_ids)]
         while True:
             if self._stopping.is_set():
                 raise RunCancelled("the run was interrupted")
-            action = self.agent.act(task, messages)
-            turn = len(episode.turns)
+            action = self.agent.act(task, messages, episode_id=episode.episode_id)
             version = self._version(action.policy_version)
             self._publish(
                 TurnCompleted(
                     episode_id=episode.episode_id,
-                    turn=turn,
+                    turn=len(episode.turns),
                     action_ids=action.token_ids,
                     action_logprobs=action.logprobs,
                     policy_version=version,
@@ -227,32 +220,36 @@ class EpisodeRunner:
             )
             # Recorded before the tool runs, so a failing step still counts this published turn.
             episode.turns.append(Turn(action.token_ids, action.logprobs, version))
-            observation, _, terminated, truncated, info = env.step(action.text)
-            is_last = terminated or truncated
-            observation_ids: tuple[int, ...] = ()
-            if "tool" in info or not is_last:
-                observation_ids = tuple(self.agent.encode(observation))
-                tool = info.get("tool", {})
-                self._publish(
-                    ToolFinished(
-                        episode_id=episode.episode_id,
-                        turn=turn,
-                        observation_ids=observation_ids,
-                        duration_s=float(tool.get("duration_s", 0.0)),
-                        exit_code=tool.get("exit_code"),
-                        timed_out=bool(tool.get("timed_out", False)),
-                    )
-                )
-            episode.turns[-1] = Turn(action.token_ids, action.logprobs, version, observation_ids)
-            messages += [Message("assistant", action.text), Message("user", observation)]
-            if is_last:
+            observation, reward, terminated, truncated, info = env.step(action.text)
+            if terminated or truncated:
                 break
-        reason = StopReason(info["termination_reason"])
-        self._complete(episode, reason)
-        grade = env.unwrapped.grade()
-        if grade.infra_failure:
-            reason = StopReason.ERROR
-        return self._conclude(episode, reason, grade)
+            observation_ids = self._tool_finished(episode, observation, info)
+            messages += [
+                Message("assistant", action.text, action.token_ids),
+                Message("user", observation, observation_ids),
+            ]
+        return self._conclude(episode, *_outcome(reward, info))
+
+    def _tool_finished(
+        self, episode: _Episode, observation: str, info: dict[str, Any]
+    ) -> tuple[int, ...]:
+        """Publish the observation of the episode's last action (a tool's output, or the
+        corrective message of an unparseable action) and record it in the trajectory."""
+        observation_ids = tuple(self.agent.encode_observation(observation))
+        tool = info.get("tool", {})
+        turn = len(episode.turns) - 1
+        self._publish(
+            ToolFinished(
+                episode_id=episode.episode_id,
+                turn=turn,
+                observation_ids=observation_ids,
+                duration_s=float(tool.get("duration_s", 0.0)),
+                exit_code=tool.get("exit_code"),
+                timed_out=bool(tool.get("timed_out", False)),
+            )
+        )
+        episode.turns[turn] = replace(episode.turns[turn], observation_ids=observation_ids)
+        return observation_ids
 
     def _version(self, action_version: int | None) -> int:
         return self.agent.policy_version if action_version is None else action_version
@@ -286,7 +283,7 @@ class EpisodeRunner:
             )
         )
 
-    def _conclude(self, episode: _Episode, reason: StopReason, grade: Grade) -> EpisodeResult:
+    def _conclude(self, episode: _Episode, reason: StopReason, grade: Grade) -> Trajectory:
         """Publish whatever of the skeleton is missing, then ``RewardReady``."""
         if not episode.started:
             self._start(episode)
@@ -301,7 +298,7 @@ class EpisodeRunner:
                 details=details,
             )
         )
-        trajectory = Trajectory(
+        return Trajectory(
             episode_id=episode.episode_id,
             group_id=episode.group_id,
             group_size=episode.group_size,
@@ -313,11 +310,15 @@ class EpisodeRunner:
             stop_reason=reason.value,
             details=details,
         )
-        return EpisodeResult(
-            trajectory,
-            episode.task_id,
-            float(grade.reward),
-            grade.infra_failure,
-            reason.value,
-            details,
-        )
+
+
+def _outcome(reward: float, info: dict[str, Any]) -> tuple[StopReason, Grade]:
+    """The stop reason and grade of a terminal ``step``'s return (the graded reward, or an
+    infrastructure failure; a wrapper that truncated the episode itself counts as the turn
+    limit)."""
+    if info.get("infra_failure"):
+        details = dict(info.get("grade_details") or {})
+        details["error"] = info.get("error") or details.get("error")
+        return StopReason.ERROR, Grade(0.0, infra_failure=True, details=details)
+    reason = info.get("termination_reason") or StopReason.MAX_TURNS
+    return StopReason(reason), Grade(float(reward), details=dict(info.get("grade_details", {})))

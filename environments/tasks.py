@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,6 +30,31 @@ class Grade:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class GradingContext:
+    """What ``ShellEnv`` hands a task's ``grade`` besides the episode's sandbox.
+
+    A context object rather than more arguments, so that the protocol can grow a field
+    without breaking every task (the env protocol is versioned: see ``PROTOCOL_VERSION``).
+    """
+
+    fresh_sandbox: Callable[[], Sandbox]
+    """Makes a new sandbox like the episode's (same spec and kind); every sandbox it made is
+    closed by the env when ``grade`` returns. Graders that must not trust the agent's final
+    state (SWE-bench's official flow, strict grading) copy the agent's work into one."""
+    strict: bool = True
+    """Strict grading (docs/design.md §6, the default for training): grade in a fresh sandbox
+    with only the agent's work copied in, test files from the task, tools from a read-only
+    layer and a pinned environment, and flag tampering with test infrastructure
+    (``details["tamper_suspected"]``, scored 0). ``False`` grades as the benchmark's own
+    harness does, so that published numbers stay comparable."""
+
+
+PROTOCOL_VERSION = 2
+"""Version of the ``Task`` protocol. 2: ``sandbox_spec(kind)`` and ``grade(sandbox,
+context)`` take their arguments explicitly (1 probed optional keywords)."""
+
+
 class Task(Protocol):
     """One agentic task. Implementations don't inherit this; they match it."""
 
@@ -40,21 +65,23 @@ class Task(Protocol):
     timeout_s: float
     """Per-command timeout for the agent's tool calls."""
 
-    def sandbox_spec(self) -> SandboxSpec:
-        """How to build this task's sandbox."""
+    def sandbox_spec(self, kind: str | None) -> SandboxSpec:
+        """How to build this task's sandbox. ``kind`` is the env's sandbox kind (``"bwrap"``,
+        ``"docker"``) or None for a custom sandbox factory, so a task that needs a Docker
+        build can say so by name under bubblewrap (``NeedsDockerError``)."""
         ...
 
     def setup(self, sandbox: Sandbox) -> None:
         """Prepare a fresh sandbox before the first turn (raise SandboxError on failure)."""
         ...
 
-    def grade(self, sandbox: Sandbox) -> Grade:
-        """Run the task's tests in the sandbox after the episode and return the reward.
+    def grade(self, sandbox: Sandbox, context: GradingContext) -> Grade:
+        """Turn the episode's final state into a reward (after the last action).
 
-        A task may also accept a keyword ``fresh_sandbox``: a zero-argument callable making a
-        new sandbox like the episode's. ShellEnv passes it when the signature takes it, so a
-        task can grade only the agent's diff in a clean sandbox, as SWE-bench's official
-        harness does (the agent's final state then cannot touch the grader).
+        ``sandbox`` is the episode's sandbox as the agent left it; ``context`` gives a
+        factory for fresh sandboxes and says whether grading is strict. Raise SandboxError
+        only when the sandbox itself failed (an infrastructure failure); anything the agent
+        caused scores 0 with the reason in ``details``.
         """
         ...
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from environments.core import SandboxFactory, ShellEnv
 from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade, TaskList
+from environments.tasks import Grade, GradingContext, TaskList
 
 KEYS = (
     "red",
@@ -95,7 +95,7 @@ class ToyTask:
     timeout_s: float = TOOL_TIMEOUT_S
     grade_delay_s: float = 0.0
 
-    def sandbox_spec(self) -> SandboxSpec:
+    def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
         workdir = SandboxSpec().workdir
         return SandboxSpec(
             workdir=workdir,
@@ -114,7 +114,7 @@ class ToyTask:
         if result.exit_code != 0:
             raise SandboxError(f"toy task {self.task_id}: setup failed: {result.output!r}")
 
-    def grade(self, sandbox: Sandbox) -> Grade:
+    def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         if self.grade_delay_s > 0:
             time.sleep(self.grade_delay_s)
         result = sandbox.execute("cat answer.txt", TOOL_TIMEOUT_S)

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from environments.runner import EpisodeResult
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
+from thundersync.types import Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[EpisodeResult]]:
+def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[Trajectory]]:
     from environments.agents import make_agent
     from environments.core import ShellEnv
     from environments.runner import EpisodeRunner
@@ -122,7 +122,7 @@ def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[Ep
             sink.close()
 
 
-def build_report(config: EvalConfig, groups: Sequence[Sequence[EpisodeResult]]) -> dict:
+def build_report(config: EvalConfig, groups: Sequence[Sequence[Trajectory]]) -> dict:
     """The JSON report: ``mean_reward``, and per task ``task_id``, ``reward``,
     ``infra_failure`` (every attempt failed that way) and the attempts."""
     rows = []
@@ -150,13 +150,13 @@ def build_report(config: EvalConfig, groups: Sequence[Sequence[EpisodeResult]]) 
     }
 
 
-def _attempt(result: EpisodeResult) -> dict[str, Any]:
+def _attempt(result: Trajectory) -> dict[str, Any]:
     attempt: dict[str, Any] = {
         "episode_id": result.episode_id,
         "reward": result.reward,
         "infra_failure": result.infra_failure,
         "stop_reason": result.stop_reason,
-        "num_turns": len(result.trajectory.turns),
+        "num_turns": len(result.turns),
     }
     if "error" in result.details:
         attempt["error"] = str(result.details["error"])

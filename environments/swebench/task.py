@@ -13,7 +13,7 @@ from environments.swebench.grading import grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.snapshot import commit_script
 from environments.swebench.transfer import read_bytes, read_text, write_bytes, write_text
-from environments.tasks import Grade
+from environments.tasks import Grade, GradingContext
 
 TESTBED = "/testbed"
 SCRATCH = f"{TESTBED}/.git/thundersync-eval"
@@ -93,7 +93,7 @@ class SWEBenchTask:
         )
         object.__setattr__(self, "instruction", text)
 
-    def sandbox_spec(self) -> SandboxSpec:
+    def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
         if self.instance.repo_snapshot is not None:
             return SandboxSpec(
                 image=_base_image(), files=self.instance.repo_snapshot, workdir=TESTBED
@@ -131,14 +131,12 @@ class SWEBenchTask:
             f"{self.instance.base_commit}: {fix}"
         )
 
-    def grade(
-        self, sandbox: Sandbox, *, fresh_sandbox: Callable[[], Sandbox] | None = None
-    ) -> Grade:
+    def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         """Grade the agent's patch: ``git diff`` of its tracked and new, non-ignored files
         against the base commit, taken from ``sandbox`` with git hooks and fsmonitor off.
 
-        With ``fresh_sandbox`` (a factory for a sandbox made like the episode's; ShellEnv
-        passes one), the official harness's flow: set up a new sandbox, ``git apply`` the
+        With a context (ShellEnv passes one; its ``fresh_sandbox`` makes a sandbox like the
+        episode's), the official harness's flow: set up a new sandbox, ``git apply`` the
         patch there (one that does not apply scores 0), run the eval script, grade its log.
         Nothing else the agent left behind (git hooks and config, ignored files, processes,
         edits outside the repository) reaches the tests. The new sandbox is closed on return.
@@ -149,9 +147,9 @@ class SWEBenchTask:
         """
         try:
             patch = self._extract_patch(sandbox)
-            if fresh_sandbox is None:
+            if context is None:
                 return self._run_eval(sandbox, patch)
-            return self._grade_in_fresh_sandbox(fresh_sandbox, patch)
+            return self._grade_in_fresh_sandbox(context.fresh_sandbox, patch)
         except _BadPatch as exc:
             return Grade(0.0, details={"resolved": False, "error": str(exc)})
         except SandboxError as exc:

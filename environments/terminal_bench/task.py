@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade
+from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import grading
 from environments.terminal_bench.environment import TaskEnvironment
 
@@ -59,7 +59,7 @@ class TerminalBenchTask:
         """Replay the Dockerfile's RUN steps when the workspace was staged rather than built."""
         self.environment.setup(sandbox)
 
-    def grade(self, sandbox: Sandbox) -> Grade:
+    def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         """Upload the tests, run them with the task's test timeout, and score the result.
 
         Only a SandboxError (the sandbox could not run a command) is an infrastructure failure.

@@ -150,14 +150,11 @@ def test_docker_without_a_daemon_is_a_clear_error(monkeypatch, capsys):
 
 
 def _result(task_id: str, reward: float, infra: bool, episode: str):
-    from environments.runner import EpisodeResult
     from thundersync.types import Trajectory
 
-    trajectory = Trajectory(episode, "g", 2, task_id, (), ())
     details = {"error": "SandboxError: died"} if infra else {}
-    return EpisodeResult(
-        trajectory, task_id, reward, infra, "error" if infra else "submitted", details
-    )
+    stop = "error" if infra else "submitted"
+    return Trajectory(episode, "g", 2, task_id, (), (), reward, infra, stop, details)
 
 
 def test_infra_failures_are_reported_and_excluded_from_the_mean():

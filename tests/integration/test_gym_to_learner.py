@@ -34,7 +34,7 @@ class HalfRightAgent:
         self.solving = False
         self.lock = threading.Lock()
 
-    def act(self, task, messages: Sequence[Message]) -> Action:
+    def act(self, task, messages: Sequence[Message], *, episode_id: str) -> Action:
         done = sum(m.role == "assistant" for m in messages)
         if done == 0:
             with self.lock:
@@ -42,10 +42,13 @@ class HalfRightAgent:
                 self.episodes += 1
         commands = task.reference_solution() if self.solving else []
         text = format_action(commands[done]) if done < len(commands) else SUBMIT_ACTION
-        ids = self.encode(text)
+        ids = self.encode_observation(text)
         return Action(text=text, token_ids=ids, logprobs=(-1.0,) * len(ids))
 
-    def encode(self, text: str) -> tuple[int, ...]:
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        return self.encode_observation(text)
+
+    def encode_observation(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer(text)["input_ids"])
 
 

@@ -16,9 +16,10 @@ import pytest
 from environments.actions import format_action
 from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
-from environments.runner import EpisodeResult, EpisodeRunner
+from environments.runner import EpisodeRunner
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
+from thundersync.types import Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
 TASKS = {task.task_id: task for task in load_instances(FIXTURES)}
@@ -54,7 +55,7 @@ def run(sandbox: Sandbox, command: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def play(task: SWEBenchTask, kind: str, agent: Agent) -> EpisodeResult:
+def play(task: SWEBenchTask, kind: str, agent: Agent) -> Trajectory:
     """One episode through EpisodeRunner and ShellEnv; the result's details are the grade's."""
     runner = EpisodeRunner(lambda: ShellEnv([task], sandbox=kind), agent, lambda event: None)
     result = runner.run_episode(task)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec, truncate_output
-from environments.tasks import Grade
+from environments.tasks import Grade, GradingContext
 from thundersync.events import now
 
 
@@ -100,13 +100,13 @@ class FileTask:
     timeout_s: float = 5.0
     grade_started: list[float] = field(default_factory=list)
 
-    def sandbox_spec(self) -> SandboxSpec:
+    def sandbox_spec(self, kind: str | None) -> SandboxSpec:
         return SandboxSpec()
 
     def setup(self, sandbox: LocalSandbox) -> None:
         sandbox.execute("echo ready > .setup", self.timeout_s)
 
-    def grade(self, sandbox: LocalSandbox) -> Grade:
+    def grade(self, sandbox: LocalSandbox, context: GradingContext) -> Grade:
         self.grade_started.append(now())
         result = sandbox.execute("cat answer.txt", self.timeout_s)
         ok = result.exit_code == 0 and result.output.strip() == self.expected

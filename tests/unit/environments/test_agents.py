@@ -47,7 +47,7 @@ def test_scripted_agent_plays_its_actions_then_submits():
     ]
     action = agent.act(task, conversation(0))
     assert action.token_ids == (3,) and action.logprobs == (0.0,)
-    assert ScriptedAgent(["x"]).encode("anything") == ()
+    assert ScriptedAgent(["x"]).encode_observation("anything") == ()
 
 
 def test_oracle_runs_the_reference_solution_then_submits():

@@ -117,15 +117,41 @@ def test_command_timeout_is_reported():
     env.close()
 
 
-def test_deferred_grading_returns_zero_then_grade_gives_the_reward():
-    env = make_env()
-    env.reset(options={"defer_grading": True})
+def test_the_graded_reward_comes_back_from_step_and_reward_wrappers_see_it():
+    seen = []
+
+    def before_grading(observation, info):
+        seen.append((observation, info["termination_reason"], len(task.grade_started)))
+
+    task = FileTask()
+    env = gym.wrappers.TransformReward(ShellEnv([task], sandbox=SandboxMaker()), lambda r: 10 * r)
+    env.reset(options={"before_grading": before_grading})
     env.step(format_action("echo ok > answer.txt"))
-    _, reward, terminated, _, info = env.step(format_action("submit"))
-    assert terminated and reward == 0.0 and info["grading_deferred"]
-    grade = env.grade()
-    assert grade.reward == 1.0 and not grade.infra_failure
+    _, reward, terminated, _, info = env.step(format_action("echo THUNDERSYNC_SUBMIT; echo bye"))
+    assert terminated and reward == 10.0 and info["grade_details"]["output"] == "ok\n"
+    # the hook ran once, with the final observation, before grading started
+    assert seen == [("bye\n", StopReason.SUBMITTED, 0)] and len(task.grade_started) == 1
     env.close()
+
+
+def test_the_grader_gets_a_context_with_fresh_sandboxes_it_closes_and_strictness():
+    contexts = []
+
+    class ContextTask(FileTask):
+        def grade(self, sandbox, context):
+            contexts.append(context)
+            fresh = context.fresh_sandbox()
+            fresh.execute("true", 5)
+            return super().grade(sandbox, context)
+
+    maker = SandboxMaker()
+    for strict in (True, False):
+        env = ShellEnv([ContextTask()], sandbox=maker, strict_grading=strict)
+        env.reset()
+        env.step(format_action("submit"))
+        env.close()
+    assert [c.strict for c in contexts] == [True, False]
+    assert len(maker.made) == 4 and maker.num_open == 0
 
 
 def test_sandbox_failure_during_a_step_is_an_infra_failure_not_a_zero():

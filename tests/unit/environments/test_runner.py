@@ -75,7 +75,7 @@ def test_token_ids_flow_into_events_and_the_trajectory():
     assert first_turn.action_ids == words(format_action("echo a b c"))
     assert first_turn.action_logprobs == (0.0,) * len(first_turn.action_ids)
     assert events[2].observation_ids == words("a b c\n")
-    trajectory = result.trajectory
+    trajectory = result
     assert trajectory.prompt_ids == started.prompt_ids
     assert [t.observation_ids for t in trajectory.turns] == [words("a b c\n"), ()]
     assert trajectory.turns[0].policy_version == 7
@@ -133,10 +133,13 @@ def test_a_sandbox_that_never_starts_still_yields_the_event_skeleton():
 class ExplodingAgent:
     policy_version = 0
 
-    def act(self, task, messages):
+    def act(self, task, messages, *, episode_id):
         raise RuntimeError("agent blew up")
 
-    def encode(self, text):
+    def encode_prompt(self, text):
+        return ()
+
+    def encode_observation(self, text):
         return ()
 
 
@@ -176,7 +179,7 @@ def test_groups_run_concurrently_with_bounded_concurrency_and_unique_ids():
     assert all(r.reward == 1.0 for group in groups for r in group)
     episode_ids = [r.episode_id for group in groups for r in group]
     assert len(set(episode_ids)) == 6 and all(isinstance(i, str) for i in episode_ids)
-    group_ids = [{r.trajectory.group_id for r in group} for group in groups]
+    group_ids = [{r.group_id for r in group} for group in groups]
     assert all(len(ids) == 1 for ids in group_ids) and len(set().union(*group_ids)) == 3
     starts = [e for e in events if isinstance(e, EpisodeStarted)]
     assert all(e.group_size == 2 for e in starts)
@@ -206,7 +209,7 @@ def test_a_failing_tool_call_still_counts_its_published_turn():
     result = runner.run_episode()
     published = [e for e in events if isinstance(e, TurnCompleted)]
     completed = next(e for e in events if isinstance(e, EpisodeCompleted))
-    assert len(published) == completed.num_turns == len(result.trajectory.turns) == 2
+    assert len(published) == completed.num_turns == len(result.turns) == 2
     assert result.infra_failure and maker.num_open == 0
 
 

@@ -14,6 +14,7 @@ import pytest
 from environments.sandboxes.protocol import ExecResult, SandboxError, truncate_output
 from environments.swebench import SWEBenchTask, load_instances
 from environments.swebench.transfer import read_text, write_text
+from environments.tasks import GradingContext
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 FIXTURES = REPO_ROOT / "environments/fixtures/swebench"
@@ -291,7 +292,7 @@ def test_git_hook_faking_a_passing_log_scores_zero(
     )
     assert grade_log(task.instance, unprotected.stdout).reward == 1.0
     fresh = FreshSandboxes(tmp_path, task)
-    official = task.grade(sandbox, fresh_sandbox=fresh)
+    official = task.grade(sandbox, GradingContext(fresh))
     assert official.reward == 0.0 and not official.infra_failure, official.details
     assert len(fresh.made) == 1 and fresh.made[0].closed
     in_place = task.grade(sandbox)
@@ -316,7 +317,7 @@ def test_fresh_sandbox_gets_the_agents_patch_and_nothing_else(
     (testbed / "intervals/__pycache__").mkdir(exist_ok=True)
     (testbed / "intervals/__pycache__/junk.pyc").write_bytes(b"junk")
     fresh = FreshSandboxes(tmp_path, task)
-    grade = task.grade(sandbox, fresh_sandbox=fresh)
+    grade = task.grade(sandbox, GradingContext(fresh))
     assert grade.reward == 1.0, grade.details
     graded = fresh.made[0].root
     assert (graded / "README.md").read_text() == "edited\n"
@@ -348,7 +349,7 @@ def test_fresh_sandbox_is_closed_on_every_path(
         (made.root / "README.md").write_text("drifted\n")
         return made
 
-    setup_fails = shipped.grade(sandbox, fresh_sandbox=drifted)
+    setup_fails = shipped.grade(sandbox, GradingContext(drifted))
     assert setup_fails.infra_failure and "expected base_commit" in setup_fails.details["error"]
     assert fresh.made[-1].closed
 
@@ -357,7 +358,7 @@ def test_fresh_sandbox_is_closed_on_every_path(
         fresh.made[-1] = FailingApply(made.root)
         return fresh.made[-1]
 
-    not_applied = shipped.grade(sandbox, fresh_sandbox=failing_apply)
+    not_applied = shipped.grade(sandbox, GradingContext(failing_apply))
     assert not_applied.reward == 0.0 and not not_applied.infra_failure
     assert not_applied.details["patch_successfully_applied"] is False
     assert "does not apply" in not_applied.details["error"]
@@ -371,7 +372,7 @@ def test_agent_deleting_git_scores_zero_with_a_fresh_sandbox(
     shipped.setup(sandbox)
     sandbox.execute("rm -rf /testbed/.git", timeout=10)
     fresh = FreshSandboxes(tmp_path, shipped)
-    grade = shipped.grade(sandbox, fresh_sandbox=fresh)
+    grade = shipped.grade(sandbox, GradingContext(fresh))
     assert grade.reward == 0.0 and not grade.infra_failure
     assert not fresh.made
 
