@@ -244,6 +244,17 @@ class ShellEnv(gym.Env[str, str]):
             )
         return self._finish_step(self._render(result, timeout), info, self._limit_reason())
 
+    def end_episode(self, reason: StopReason) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the running episode without an action (the agent cannot act: its context is
+        full, ``StopReason.LENGTH``): grade it and return what a terminal ``step`` returns
+        (``truncated`` is True). ``before_grading`` is called as for a terminal step."""
+        if self._task is None or self._done:
+            raise gym.error.ResetNeeded("the episode is over (or never started): call reset()")
+        info: dict[str, Any] = {"turn": self._num_turns, "infra_failure": False}
+        if self._failure is not None:
+            return self._end_with_failure(info)
+        return self._finish_step("", info, reason)
+
     def _execute(self, command: str, timeout: float) -> ExecResult:
         """Run one agent command in the sandbox (subclasses add latency here)."""
         if self._sandbox is None:

@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from environments.agents import Agent, Message
+from environments.agents import Agent, ContextExhausted, Message
 from environments.tasks import Grade, Task
 from thundersync.events import (
     EpisodeCompleted,
@@ -207,7 +207,15 @@ class EpisodeRunner:
         while True:
             if self._stopping.is_set():
                 raise RunCancelled("the run was interrupted")
-            action = self.agent.act(task, messages, episode_id=episode.episode_id)
+            try:
+                action = self.agent.act(task, messages, episode_id=episode.episode_id)
+            except ContextExhausted as exc:
+                if not episode.turns:  # nothing to train on: the prompt alone fills the window
+                    failed = Grade(0.0, infra_failure=True, details={"error": str(exc)})
+                    return self._conclude(episode, StopReason.LENGTH, failed)
+                end = env.get_wrapper_attr("end_episode")
+                observation, reward, terminated, truncated, info = end(StopReason.LENGTH)
+                break
             version = self._version(action.policy_version)
             self._publish(
                 TurnCompleted(

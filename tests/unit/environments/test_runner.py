@@ -255,3 +255,32 @@ def test_a_stopping_run_starts_no_more_episodes_and_removes_every_sandbox():
         runner.run_groups([FileTask()] * 4, group_size=2)
     assert len(started) < 8
     assert maker.num_open == 0
+
+
+class FullContextAgent:
+    """Acts once, then finds its context window full."""
+
+    policy_version = 0
+
+    def act(self, task, messages, *, episode_id):
+        from environments.agents import Action, ContextExhausted
+
+        if len(messages) > 1:
+            raise ContextExhausted("no room left")
+        return Action(format_action("echo ok > answer.txt"), (1, 2), (-0.5, -0.5))
+
+    def encode_prompt(self, text):
+        return (7,)
+
+    def encode_observation(self, text):
+        return (8,)
+
+
+def test_a_full_context_truncates_the_episode_and_still_grades_it():
+    result, events, maker, task = run_one(FullContextAgent())
+    assert names(events) == [
+        "EpisodeStarted", "TurnCompleted", "ToolFinished", "EpisodeCompleted", "RewardReady"
+    ]  # fmt: skip
+    assert events[-2].stop_reason == "length" and events[-2].num_turns == 1
+    assert result.reward == 1.0 and not result.infra_failure and result.stop_reason == "length"
+    assert len(task.grade_started) == 1 and maker.num_open == 0
