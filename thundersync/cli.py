@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None, help="folder for results.json and events.jsonl")
     evaluate.add_argument("--json", action="store_true", help="print a JSON report")
     evaluate.set_defaults(func=_cmd_eval)
+
+    from thundersync.training.command import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
