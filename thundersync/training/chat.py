@@ -53,8 +53,10 @@ class ChatFormat:
         self.stop_ids = tuple(sorted(i for i in stops if isinstance(i, int)))
 
     def prompt_ids(self, instruction: str) -> tuple[int, ...]:
-        return self._template(self._prompt_head) + self.content_ids(instruction) + self._template(
-            self._prompt_tail
+        return (
+            self._template(self._prompt_head)
+            + self.content_ids(instruction)
+            + self._template(self._prompt_tail)
         )
 
     def observation_ids(self, observation: str) -> tuple[int, ...]:

@@ -54,8 +54,10 @@ def run_train_command(args: argparse.Namespace) -> int:
         print("train: interrupted; continue with --resume", file=sys.stderr)
         return 130
     last = history[-1] if history else None
-    summary = "no steps to run" if last is None else (
-        f"{len(history)} step(s), last reward {last['reward_mean']}, run folder {config.out}"
+    summary = (
+        "no steps to run"
+        if last is None
+        else (f"{len(history)} step(s), last reward {last['reward_mean']}, run folder {config.out}")
     )
     print(f"train: done: {summary}")
     return 0

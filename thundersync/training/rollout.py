@@ -117,8 +117,11 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
             if command[0] == "weights":
                 started = ev.now()
                 version = batcher.call(weights.load_into)
-                output.put(ev.WeightsSynced(policy_version=version,
-                                            metrics={"started": started, "finished": ev.now()}))
+                output.put(
+                    ev.WeightsSynced(
+                        policy_version=version, metrics={"started": started, "finished": ev.now()}
+                    )
+                )
             elif command[0] == "run":
                 running += _start(pool, runner, make_env, spec, command[1])
             elif command[0] == "stop":

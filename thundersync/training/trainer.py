@@ -113,8 +113,12 @@ class Trainer:
         else:
             for name in ("metrics.jsonl", "events.jsonl", "spans.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
-        self.metrics = MetricsLogger(self.out, tensorboard=self.config.tensorboard,
-                                     wandb=self.config.wandb, config=self.config.to_dict())
+        self.metrics = MetricsLogger(
+            self.out,
+            tensorboard=self.config.tensorboard,
+            wandb=self.config.wandb,
+            config=self.config.to_dict(),
+        )
         self.events_log = ev.JsonlSink(self.out / "events.jsonl")
         self.spans_log = (self.out / "spans.jsonl").open("a", encoding="utf-8")
 
@@ -297,8 +301,9 @@ class Trainer:
             "learner": learned,
             "breakdown_s": window,
             "learner_idle_fraction": max(0.0, 1.0 - busy / step_time) if step_time else None,
-            "engine_idle_fraction": (max(0.0, 1.0 - window.get("engine", 0.0) / step_time)
-                                     if step_time else None),  # fmt: skip
+            "engine_idle_fraction": (
+                max(0.0, 1.0 - window.get("engine", 0.0) / step_time) if step_time else None
+            ),  # fmt: skip
         }
 
     # --- shutdown ----------------------------------------------------------------------------
