@@ -100,6 +100,9 @@ class BatchTracker:
     num_action_tokens: int = 0
     tool_s: float = 0.0
     grading_s: float = 0.0
+    sampler_logprobs: dict[tuple[str, int], tuple[float, ...]] = field(default_factory=dict)
+    teacher_gap: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Σ (log π_sampler − log π_teacher) over scored tokens, and their count (OPD)."""
 
     def apply(self, event: ev.Event) -> None:
         self.events.append(event)
@@ -112,8 +115,12 @@ class BatchTracker:
             self.completed[eid] = event
         elif isinstance(event, ev.TeacherScored):
             self.scored[eid] += 1
+            sampled = self.sampler_logprobs.pop((eid, event.turn), ())
+            self.teacher_gap[0] += sum(s - t for s, t in zip(sampled, event.teacher_logprobs))
+            self.teacher_gap[1] += len(sampled)
         elif isinstance(event, ev.TurnCompleted):
             self.num_action_tokens += len(event.action_ids)
+            self.sampler_logprobs[(eid, event.turn)] = event.action_logprobs
         elif isinstance(event, ev.ToolFinished):
             self.tool_s += event.duration_s
 
@@ -131,6 +138,9 @@ class BatchTracker:
         return all(self.scored[e] >= self.completed[e].num_turns for e in self.episode_ids)
 
     def stats(self) -> dict[str, Any]:
+        """Rollout statistics; ``teacher_kl`` (OPD) is the mean over sampled tokens of
+        log π_sampler − log π_teacher, an estimate of KL(student ‖ teacher) on the student's
+        own samples: what on-policy distillation drives down."""
         scored = [r for r in self.rewards.values() if not r.infra_failure]
         rewards = [r.reward for r in scored]
         turns = [c.num_turns for c in self.completed.values()]
@@ -142,4 +152,6 @@ class BatchTracker:
             "stop_reasons": dict(Counter(c.stop_reason for c in self.completed.values())),
             "turns_mean": sum(turns) / len(turns) if turns else None,
             "num_action_tokens": self.num_action_tokens,
+            "teacher_kl": (self.teacher_gap[0] / self.teacher_gap[1]
+                           if self.teacher_gap[1] else None),  # fmt: skip
         }
