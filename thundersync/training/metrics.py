@@ -93,6 +93,8 @@ class BatchTracker:
     step: int
     episode_ids: frozenset[str]
     needs_teacher: bool
+    submitted_at: float = 0.0
+    """Run-clock time the batch was handed to the rollout worker."""
     events: list[ev.Event] = field(default_factory=list)
     rewards: dict[str, ev.RewardReady] = field(default_factory=dict)
     completed: dict[str, ev.EpisodeCompleted] = field(default_factory=dict)
@@ -152,6 +154,7 @@ class BatchTracker:
             "stop_reasons": dict(Counter(c.stop_reason for c in self.completed.values())),
             "turns_mean": sum(turns) / len(turns) if turns else None,
             "num_action_tokens": self.num_action_tokens,
-            "teacher_kl": (self.teacher_gap[0] / self.teacher_gap[1]
-                           if self.teacher_gap[1] else None),  # fmt: skip
+            "teacher_kl": (
+                self.teacher_gap[0] / self.teacher_gap[1] if self.teacher_gap[1] else None
+            ),  # fmt: skip
         }

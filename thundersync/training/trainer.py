@@ -71,6 +71,9 @@ class Trainer:
         self.optimizer = optimizer(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
+        self._optimizer_started = 0.0
+        self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
+        self.optimizer.register_step_post_hook(self._optimizer_post_hook)
         self.start_step, version = 0, 0
         if found:
             state = ckpt.load_state(found[-1])
@@ -90,6 +93,13 @@ class Trainer:
             micro_batch_size=config.micro_batch_size, policy_version=version,
             publish=self._on_learner_event, **self._staleness_kwargs(),
         )  # fmt: skip
+
+    def _optimizer_pre_hook(self, *args: Any) -> None:
+        self._optimizer_started = ev.now()
+
+    def _optimizer_post_hook(self, *args: Any) -> None:
+        self._span(ev.SpanRecorded(name="optimizer", started=self._optimizer_started,
+                                   finished=ev.now(), worker="learner"))  # fmt: skip
 
     def _staleness_kwargs(self) -> dict[str, Any]:
         if self.config.mode != "async":
@@ -161,7 +171,8 @@ class Trainer:
         ids = frozenset(
             f"s{step}-g{g}-e{e}" for g in range(c.tasks_per_step) for e in range(c.group_size)
         )
-        self.batches[step] = BatchTracker(step, ids, needs_teacher=c.algo == "opd")
+        self.batches[step] = BatchTracker(step, ids, needs_teacher=c.algo == "opd",
+                                          submitted_at=ev.now())  # fmt: skip
         self.control.put(("run", RolloutPlan(step, c.tasks_per_step, c.group_size)))
 
     def wait_batch(self, step: int) -> list[ev.Event]:
@@ -296,6 +307,8 @@ class Trainer:
             "step": step,
             "mode": self.config.mode,
             "time_s": now,
+            "submitted_at": tracker.submitted_at,
+            "finished_at": ev.now(),
             "step_time_s": step_time,
             **tracker.stats(),
             "learner": learned,
