@@ -220,3 +220,35 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_c
     assert teacher and len(backward) >= len(teacher) // 2
     assert sum(map(overlaps_its_tool_call, teacher)) >= len(teacher) // 2
     assert sum(map(overlaps_its_tool_call, backward)) >= len(backward) // 2
+
+
+def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--mode",
+         "streaming", "--model", str(warm_model), "--steps", "50", *SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        workers = [p for p in descendants(proc.pid) if b"spawn_main" in cmdline(p)]
+        assert workers
+        family = descendants(proc.pid)
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "rollout" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    wait_gone(family)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
