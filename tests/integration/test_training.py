@@ -170,6 +170,7 @@ def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
     out = tmp_path / "run"
     train(out, "--mode", "sync", "--model", str(warm_model), "--steps", "1", *SMALL)
     folder = sorted((out / "checkpoints").glob("step-*"))[-1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "Add red and blue."}]
@@ -252,3 +253,26 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_metrics_reach_tensorboard_and_offline_wandb_under_the_same_names(
+    warm_model, tmp_path, monkeypatch
+):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                        "WANDB_DIR": tmp_path, "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
+                        "WANDB_CACHE_DIR": tmp_path / "wandb-cache"}.items():  # fmt: skip
+        monkeypatch.setenv(name, str(value))
+    train(out, "--mode", "sync", "--model", str(warm_model), "--steps", "2", "--tensorboard",
+          "--wandb", *SMALL)  # fmt: skip
+    accumulator = EventAccumulator(str(out / "tensorboard"))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"reward_mean", "learner/grad_norm", "step_time_s"} <= tags
+    assert [e.step for e in accumulator.Scalars("learner/grad_norm")] == [0, 1]
+    runs = list((out / "wandb").glob("offline-run-*/*.wandb"))
+    assert runs and runs[0].stat().st_size > 0
