@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from environments.swebench.instance import END_MARKER, START_MARKER
-
+START_MARKER = ">>>>> Start Test Output"
+END_MARKER = ">>>>> End Test Output"
 SNAPSHOT_GIT_ENV = {
     "GIT_AUTHOR_NAME": "ThunderSync",
     "GIT_AUTHOR_EMAIL": "fixtures@thundersync.invalid",

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from environments.actions import format_action
 from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
-from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from thundersync.types import Trajectory
 
@@ -40,24 +37,11 @@ def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@contextmanager
-def open_sandbox(task: SWEBenchTask, kind: str) -> Iterator[Sandbox]:
-    sandbox = make_sandbox(task.sandbox_spec(), kind=kind)
-    try:
-        task.setup(sandbox)
-        yield sandbox
-    finally:
-        sandbox.close()
-
-
-def run(sandbox: Sandbox, command: str) -> None:
-    result = sandbox.execute(command, timeout=60)
-    assert result.exit_code == 0, result.output
-
-
-def play(task: SWEBenchTask, kind: str, agent: Agent) -> Trajectory:
+def play(task: SWEBenchTask, kind: str, agent: Agent, *, strict: bool = True) -> Trajectory:
     """One episode through EpisodeRunner and ShellEnv; the result's details are the grade's."""
-    runner = EpisodeRunner(lambda: ShellEnv([task], sandbox=kind), agent, lambda event: None)
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=kind, strict_grading=strict), agent, lambda event: None
+    )
     result = runner.run_episode(task)
     assert not result.infra_failure, result.details
     return result
@@ -138,15 +122,6 @@ def test_git_hook_faking_a_passing_log_scores_zero(kind: str) -> None:
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
 
 
-def test_git_hook_is_disabled_in_the_in_place_fallback(kind: str) -> None:
-    """``grade(sandbox)`` without a fresh sandbox runs the eval in the agent's sandbox."""
-    task = TASKS["thundersync__intervals-1"]
-    with open_sandbox(task, kind) as sandbox:
-        run(sandbox, _fake_pass_hook(task))
-        grade = task.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure, grade.details
-
-
 _MONKEYPATCH_FIX = """\
 import inspect
 
@@ -161,11 +136,14 @@ ops.merge.__code__ = namespace["merge"].__code__
 
 @pytest.mark.parametrize("hidden", [False, True])
 def test_only_files_in_the_patch_are_graded(kind: str, hidden: bool) -> None:
-    """A fix in a new conftest.py counts when it is part of the patch; hidden from git by
-    .git/info/exclude it is not in the patch (as in the official harness), so not graded."""
+    """Non-strict (the official harness's grading): a fix in a new conftest.py counts when it
+    is part of the patch; hidden from git by .git/info/exclude it is not in the patch, so not
+    graded. (Strict grading scores any conftest.py 0: tests/integration/
+    test_reward_hacks_swebench.py.)"""
     task = TASKS["thundersync__intervals-1"]
     commands = [f"cat > conftest.py <<'EOF'\n{_MONKEYPATCH_FIX}EOF"]
     if hidden:
         commands.append("echo conftest.py >> .git/info/exclude")
-    result = play(task, kind, scripted(*commands))
+    result = play(task, kind, scripted(*commands), strict=False)
     assert result.reward == (0.0 if hidden else 1.0), result.details
+    assert result.details["tamper_suspected"] is not hidden

@@ -61,9 +61,15 @@ MALFORMED = [
     ("unknown eval_type", {"eval_type": "sometimes"}, "eval_type", "expected one of"),
     ("eval_script without markers", {"eval_script": "pytest\n"}, "eval_script", "marker"),
     ("version a list", {"version": ["1"]}, "version", "expected a string"),
-    ("empty image", {"image": " "}, "image", "non-empty image name"),
+    ("empty image", {"image": " "}, "image", "Docker image name"),
+    ("image a path", {"image": "../../etc/passwd"}, "image", "Docker image name"),
+    ("image with spaces", {"image": "a b:latest"}, "image", "Docker image name"),
     ("bad snapshot path", {"repo_snapshot": "repos/nowhere"}, "repo_snapshot", "no such folder"),
-    ("snapshot not a string", {"repo_snapshot": 3}, "repo_snapshot", "folder path"),
+    ("snapshot not a string", {"repo_snapshot": 3}, "repo_snapshot", "expected a path"),
+    ("test patch leaving the repo", {"test_patch": "--- a/../x\n+++ b/../x\n"}, "test_patch",
+     "outside the repository"),
+    ("test patch into .git", {"test_patch": "diff --git a/.git/config b/.git/config\n"},
+     "test_patch", "outside the repository"),
 ]
 
 

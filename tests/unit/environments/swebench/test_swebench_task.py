@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -149,7 +150,7 @@ def _grade_with_script(task: SWEBenchTask, testbed: Path, body: str, **kw: objec
     scripted = SWEBenchTask(instance, **kw)  # type: ignore[arg-type]
     sandbox = SubprocessSandbox(testbed)
     scripted.setup(sandbox)
-    return scripted.grade(sandbox)
+    return scripted.grade(sandbox, GradingContext(FreshSandboxes(testbed.parent, scripted)))
 
 
 def _summary(task: SWEBenchTask, failing: set[str] = frozenset()) -> str:
@@ -179,17 +180,15 @@ def test_grade_eval_timeout_scores_zero(shipped: SWEBenchTask, testbed: Path) ->
 
 
 def test_grade_on_dead_sandbox_is_infra_failure(shipped: SWEBenchTask) -> None:
-    grade = shipped.grade(BrokenSandbox())
+    grade = shipped.grade(BrokenSandbox(), GradingContext(BrokenSandbox))
     assert grade.infra_failure and grade.reward == 0.0
     assert "container vanished" in grade.details["error"]
 
 
-def test_agent_deleting_git_scores_zero_not_infra(shipped: SWEBenchTask, testbed: Path) -> None:
-    sandbox = SubprocessSandbox(testbed)
-    shipped.setup(sandbox)
-    sandbox.execute("rm -rf /testbed/.git", timeout=10)
-    grade = shipped.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure
+def test_grading_needs_a_fresh_sandbox(shipped: SWEBenchTask, testbed: Path) -> None:
+    """No in-place fallback: the agent's sandbox never runs the tests."""
+    with pytest.raises(TypeError):
+        shipped.grade(SubprocessSandbox(testbed))  # type: ignore[call-arg]
 
 
 def test_transfer_round_trip_in_small_chunks(tmp_path: Path) -> None:
@@ -237,7 +236,8 @@ class FreshSandboxes:
     """A ``fresh_sandbox`` factory: each call copies the snapshot to a new host folder."""
 
     def __init__(self, tmp_path: Path, task: SWEBenchTask) -> None:
-        self.tmp_path = tmp_path
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.tmp_path = Path(tempfile.mkdtemp(prefix="fresh-", dir=tmp_path))
         self.snapshot = task.instance.repo_snapshot
         self.made: list[SubprocessSandbox] = []
 
@@ -291,12 +291,15 @@ def test_git_hook_faking_a_passing_log_scores_zero(
         text=True,
     )
     assert grade_log(task.instance, unprotected.stdout).reward == 1.0
-    fresh = FreshSandboxes(tmp_path, task)
-    official = task.grade(sandbox, GradingContext(fresh))
-    assert official.reward == 0.0 and not official.infra_failure, official.details
-    assert len(fresh.made) == 1 and fresh.made[0].closed
-    in_place = task.grade(sandbox)
-    assert in_place.reward == 0.0 and not in_place.infra_failure, in_place.details
+    for strict in (False, True):
+        fresh = FreshSandboxes(tmp_path / f"strict-{strict}", task)
+        grade = task.grade(sandbox, GradingContext(fresh, strict=strict))
+        assert grade.reward == 0.0 and not grade.infra_failure, grade.details
+        assert len(fresh.made) == 1 and fresh.made[0].closed
+        reasons = grade.details["tamper_reasons"]
+        assert grade.details["tamper_suspected"] and grade.details["strict"] is strict
+        assert any(r.startswith(".git/hooks/post-checkout: a git hook") for r in reasons)
+        assert any("core.hooksPath" in r or "core.hookspath" in r for r in reasons), reasons
 
 
 def test_fresh_sandbox_gets_the_agents_patch_and_nothing_else(
