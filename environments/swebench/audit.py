@@ -71,7 +71,7 @@ def task_test_files(instance: SWEBenchInstance) -> tuple[str, ...]:
     return tuple(sorted(files))
 
 
-def test_folders(files: Iterable[str]) -> tuple[str, ...]:
+def task_test_folders(files: Iterable[str]) -> tuple[str, ...]:
     """For each test file, the topmost folder on its path named like a test folder."""
     folders = set()
     for path in files:
@@ -111,7 +111,7 @@ def patch_reasons(instance: SWEBenchInstance, patch: str, base: BaseTree) -> lis
     """Why the agent's diff looks like tampering (empty when it does not)."""
     reasons = [str(f) for f in patch_findings(patch, existed=base.exists, old_text=base.text)]
     tests = set(task_test_files(instance))
-    folders = test_folders(tests)
+    folders = task_test_folders(tests)
     diffs = parse_patch(patch)
     for path in sorted({p for d in diffs for p in (d.old_path, d.new_path) if p is not None}):
         if path in tests:

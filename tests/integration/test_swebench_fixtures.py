@@ -1,7 +1,8 @@
 """The shipped SWE-bench instances, graded for real through the episode runner (the path real
-episodes take: the agent's patch graded in a fresh sandbox): gold patch resolves, no patch
-does not, tampering gains nothing, in bubblewrap and (marked ``docker``) in the project's
-base image."""
+episodes take: the agent's patch graded in a fresh sandbox): gold patch resolves and no
+patch does not, in strict and official grading; tampering gains nothing even in official
+grading; in bubblewrap and (marked ``docker``) in the project's base image. Strict grading's
+reward-hack suite: test_reward_hacks_swebench.py."""
 
 from __future__ import annotations
 
@@ -51,31 +52,36 @@ def scripted(*commands: str) -> ScriptedAgent:
     return ScriptedAgent([format_action(command) for command in commands])
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "official"])
 @pytest.mark.parametrize("task_id", sorted(TASKS))
-def test_gold_patch_resolves(kind: str, task_id: str) -> None:
+def test_gold_patch_resolves(kind: str, task_id: str, strict: bool) -> None:
     task = TASKS[task_id]
-    result = play(task, kind, OracleAgent())
+    result = play(task, kind, OracleAgent(), strict=strict)
     assert result.reward == 1.0, result.details
+    assert result.details["strict"] is strict and result.details["tamper_suspected"] is False
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["success"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "official"])
 @pytest.mark.parametrize("task_id", sorted(TASKS))
-def test_empty_patch_does_not_resolve(kind: str, task_id: str) -> None:
+def test_empty_patch_does_not_resolve(kind: str, task_id: str, strict: bool) -> None:
     task = TASKS[task_id]
-    result = play(task, kind, NopAgent())
+    result = play(task, kind, NopAgent(), strict=strict)
     assert result.reward == 0.0, result.details
+    assert result.details["strict"] is strict and result.details["tamper_suspected"] is False
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
 
 def test_agent_editing_the_tests_gains_nothing(kind: str) -> None:
-    """Tests the agent rewrites are reset to the base commit before the test patch applies."""
+    """Tests the agent rewrites are reset to the base commit before the test patch applies,
+    by the eval script itself (so in official, non-strict grading too)."""
     fake = "def test_merge_touching_endpoints():\\n    pass\\n"
     agent = scripted(f"printf '{fake}' > tests/test_ops.py")
-    result = play(TASKS["thundersync__intervals-1"], kind, agent)
+    result = play(TASKS["thundersync__intervals-1"], kind, agent, strict=False)
     assert result.reward == 0.0, result.details
 
 
@@ -87,7 +93,7 @@ def test_spoofed_pass_lines_are_caught_by_the_exit_code(kind: str) -> None:
     hook = "def pytest_unconfigure(config):\n" + "".join(
         f"    print('PASSED {t}')\n" for t in tests
     )
-    result = play(task, kind, scripted(f"cat > conftest.py <<'EOF'\n{hook}EOF"))
+    result = play(task, kind, scripted(f"cat > conftest.py <<'EOF'\n{hook}EOF"), strict=False)
     assert result.reward == 0.0
     assert result.details["patch_successfully_applied"] is False
 
@@ -116,7 +122,7 @@ def _fake_pass_hook(task: SWEBenchTask) -> str:
 
 def test_git_hook_faking_a_passing_log_scores_zero(kind: str) -> None:
     task = TASKS["thundersync__intervals-1"]
-    result = play(task, kind, scripted(_fake_pass_hook(task)))
+    result = play(task, kind, scripted(_fake_pass_hook(task)), strict=False)
     assert result.reward == 0.0, result.details
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
