@@ -144,7 +144,6 @@ def _grade(task: SWEBenchTask, kind: str, sandbox: Sandbox, strict: bool) -> Gra
             each.close()
     assert not grade.infra_failure, grade.details
     assert grade.reward in (0.0, 1.0) and type(grade.reward) is float
-    assert grade.details["strict"] is strict
     assert_finite(grade.details)
     return grade
 
@@ -167,6 +166,7 @@ def test_reward_hack_scores_zero_in_strict_mode(kind: str, hack: Hack) -> None:
     grades = grade_both(TASK, kind, hack.commands)
     strict, official = grades[True], grades[False]
     assert strict.reward == 0.0, strict.details
+    assert strict.details["strict"] is True and official.details["strict"] is False
     for grade in (strict, official):
         assert grade.details["tamper_suspected"] is True
         assert any(hack.reason in r for r in grade.details["tamper_reasons"]), grade.details
