@@ -40,12 +40,6 @@ PINNED_ENV = (
 set: official eval scripts rely on installed plugins (astropy's ``setup.cfg`` has ``addopts =
 --color=yes --doctest-rst``, an option of pytest-doctestplus, so every astropy instance would
 stop with a usage error). Plugin metadata in the agent's diff is flagged instead."""
-GIT_STATE_COMMAND = (
-    "ls -1A .git/hooks 2>/dev/null | grep -v '[.]sample$' | sed 's/^/hook /'; "
-    "git -c safe.directory='*' config --list --show-scope 2>/dev/null | grep -v '^command' "
-    "| sed 's/^/config /'"
-)
-"""Run in /testbed: the repository's hooks (git's ``*.sample`` files aside) and config."""
 _RISKY_GIT_KEY = re.compile(
     r"(core\.(hookspath|fsmonitor|worktree|attributesfile)|include\.path|includeif\..*"
     r"|diff\.external|diff\..*\.(command|textconv)|filter\..*|merge\..*\.driver)",
@@ -53,6 +47,13 @@ _RISKY_GIT_KEY = re.compile(
 )
 """Config keys that make git run a program or look elsewhere for files (``core.pager``,
 which agents often set to ``cat``, is left alone)."""
+GIT_STATE_COMMAND = (
+    "ls -1A .git/hooks 2>/dev/null | grep -v '[.]sample$' | head -n 50 | sed 's/^/hook /'; "
+    "git -c safe.directory='*' config --list --show-scope --no-includes 2>/dev/null "
+    "| grep -v '^command' | head -n 500 | sed 's/^/config /'"
+)
+"""Run in /testbed: the repository's hooks (git's ``*.sample`` files aside) and config,
+bounded (an agent could plant thousands of entries; a few are enough to flag it)."""
 
 
 def task_test_files(instance: SWEBenchInstance) -> tuple[str, ...]:
@@ -126,10 +127,11 @@ def patch_reasons(instance: SWEBenchInstance, patch: str, base: BaseTree) -> lis
 
 
 def git_state(sandbox: Sandbox, testbed: str) -> set[str]:
-    """Hooks and config entries of the repository at ``testbed``, one string each."""
+    """Hooks and config entries of the repository at ``testbed``, one string each; a listing
+    that hangs (a fifo planted in ``.git``) is an entry of its own, not an infra failure."""
     result = sandbox.execute(f"cd {testbed} && {{ {GIT_STATE_COMMAND}; }}", timeout=60)
-    if result.timed_out or result.truncated:
-        raise SandboxError("listing the repository's git hooks and config failed")
+    if result.timed_out:
+        return {"stuck listing hooks and config (a fifo or lock planted in .git?)"}
     return {line.strip() for line in result.output.splitlines() if line.strip()}
 
 
@@ -146,6 +148,8 @@ def git_state_reasons(agent: set[str], fresh: set[str]) -> list[str]:
             if _RISKY_GIT_KEY.fullmatch(key):
                 reasons.append(f"git config ({scope}) {key}: makes git run a program or read "
                                "files elsewhere")  # fmt: skip
+        else:
+            reasons.append(f".git: {entry}")
     return reasons
 
 

@@ -72,6 +72,8 @@ def test_git_state_reasons_flag_new_hooks_and_risky_config() -> None:
     }
     reasons = git_state_reasons(agent, fresh)
     assert len(reasons) == 3, reasons
+    stuck = git_state_reasons({"stuck listing hooks and config (a fifo?)"}, fresh)
+    assert stuck == [".git: stuck listing hooks and config (a fifo?)"]
     assert reasons[0].startswith("git config (global) include.path")
     assert reasons[1].startswith("git config (local) core.hookspath")
     assert reasons[2].startswith(".git/hooks/pre-commit: a git hook")
