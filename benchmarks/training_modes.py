@@ -85,10 +85,15 @@ def warm_model(folder: Path, seed: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None,
-                        help="checkpoint to train (default: warm-start a tiny one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="checkpoint to train (default: warm-start a tiny one)",
+    )
     parser.add_argument("--steps", type=int, default=5, help="steps per mode")
     parser.add_argument("--tasks", type=int, default=4, help="tasks per step (B)")
     parser.add_argument("--group", type=int, default=8, help="episodes per task (G)")
@@ -121,8 +126,10 @@ def print_result(result: dict[str, Any]) -> None:
               f"{s['speedup_vs_sync']:>9.2f} {eff:>6}")  # fmt: skip
     loop = result["agent_loop"]
     stream = result["modes"].get("streaming", {})
-    print(f"b_i (sync learner per trajectory) {result['cost_per_trajectory_s'] * 1000:.1f} ms; "
-          f"agent loop {loop['wall_s']:.2f} s over engine {loop['engine_busy_s']:.2f} s")
+    print(
+        f"b_i (sync learner per trajectory) {result['cost_per_trajectory_s'] * 1000:.1f} ms; "
+        f"agent loop {loop['wall_s']:.2f} s over engine {loop['engine_busy_s']:.2f} s"
+    )
     verdicts = []
     if "efficiency" in stream:
         verdicts.append(f"T*/T_streaming {stream['efficiency']:.3f} (target >= 0.95)")

@@ -83,8 +83,8 @@ def bound(window: StepWindow, cost_per_trajectory: float) -> float:
     ready = sorted(t - window.submitted_at for t in window.reward_times)
     n = len(ready)
     tail = max((c + (n - k) * cost_per_trajectory for k, c in enumerate(ready)), default=0.0)
-    return tail + window.durations.get("optimizer", 0.0) + window.durations.get(
-        "weight_publish", 0.0
+    return (
+        tail + window.durations.get("optimizer", 0.0) + window.durations.get("weight_publish", 0.0)
     )
 
 

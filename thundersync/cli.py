@@ -75,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print a JSON report")
     evaluate.set_defaults(func=_cmd_eval)
 
+    from harness.compare_command import add_compare_parser
     from thundersync.training.command import add_train_parser
 
     add_train_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 

@@ -142,10 +142,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--field`` per TrainConfig field (default: not given, so a file can set it)."""
+def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+    """One ``--field`` per TrainConfig field but ``exclude`` (default: not given, so a file
+    can set it)."""
     docs, hints = field_docs(), typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
+        if f.name in exclude:
+            continue
         flag = "--" + f.name.replace("_", "-")
         base, choices = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -5,10 +5,12 @@ the warm-start data is never discovered by GRPO. So the kit plays each drawn tas
 ``reference_solution()`` in the real sandbox, recording the conversation (instruction, each
 action, each observation), trains a byte-level BPE tokenizer on those texts (short token
 sequences), builds a tiny Llama-style model and fine-tunes it on the actions with the same
-chat-template token ids the policy agent will use. ``corrupt_fraction`` of the demonstrations
-skip straight to the last command with its numbers redrawn (answering without the tools), so
-the warm model solves only a minority of tasks and RL has something to find (the prompts'
-tasks are drawn fresh, so guessing rarely pays).
+chat-template token ids the policy agent will use, in two phases: ``steps`` on the oracle's
+play (the model learns to use the tools and copy their outputs), then ``bias_steps`` on a
+mixture where ``corrupt_fraction`` of the demonstrations skip straight to the last command
+with its numbers redrawn (answering without the tools). The warm model can use the tools but
+mostly does not, so it solves a minority of tasks and RL has a decision to learn (the tasks
+are drawn fresh each time, so guessing rarely pays).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ class WarmStartConfig:
     sandbox: str = "bwrap"
     """Where the demonstrations run (they are real episodes)."""
     num_demos: int = 256
-    """Demonstrations (one drawn task each)."""
+    """Demonstrations of the oracle's play (one drawn task each)."""
+    steps: int = 600
+    """Fine-tuning steps on the oracle's play."""
     corrupt_fraction: float = 0.85
-    """Fraction whose play skips to the last command with its numbers redrawn."""
-    steps: int = 400
-    """Fine-tuning steps."""
-    batch_size: int = 16
+    """In the second phase, the fraction of demonstrations that skip to the last command
+    with its numbers redrawn."""
+    bias_steps: int = 60
+    """Fine-tuning steps of the second phase (0: none)."""
     lr: float = 3e-3
     hidden_size: int = 64
     num_layers: int = 2
@@ -54,16 +58,19 @@ Demo = list[tuple[str, str]]
 """(role, text) messages: the instruction, then alternating actions and observations."""
 
 
-def collect_demos(config: WarmStartConfig, *, num_threads: int = 8) -> list[Demo]:
-    """Play each drawn task's reference solution (possibly corrupted) in a real env; the
-    demonstrations are a function of the config's seed only (threads just overlap sandboxes)."""
+def collect_demos(config: WarmStartConfig, *, corrupt_fraction: float,
+                  first: int = 0, num_threads: int = 8) -> list[Demo]:  # fmt: skip
+    """Play ``num_demos`` drawn tasks' reference solutions (``corrupt_fraction`` of them
+    corrupted) in a real env; a function of the config's seed only (threads just overlap
+    sandboxes)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    indices = range(first, first + config.num_demos)
     with ThreadPoolExecutor(num_threads) as pool:
-        return list(pool.map(lambda i: _demo(config, i), range(config.num_demos)))
+        return list(pool.map(lambda i: _demo(config, i, corrupt_fraction), indices))
 
 
-def _demo(config: WarmStartConfig, index: int) -> Demo:
+def _demo(config: WarmStartConfig, index: int, corrupt_fraction: float) -> Demo:
     import gymnasium
     import numpy as np
 
@@ -76,7 +83,7 @@ def _demo(config: WarmStartConfig, index: int) -> Demo:
     try:
         task = env.get_wrapper_attr("draw_task")(np.random.default_rng([config.seed, index]))
         commands = list(task.reference_solution())
-        if rng.random() < config.corrupt_fraction and commands:
+        if rng.random() < corrupt_fraction and commands:
             commands = [_redraw_numbers(commands[-1], rng)]
         observation, _ = env.reset(seed=index, options={"task": task})
         demo: Demo = [("user", observation)]
@@ -99,20 +106,30 @@ def warm_start(config: WarmStartConfig, out_dir: str | Path) -> Path:
     """Build the tokenizer and model, fine-tune on the demonstrations, save to ``out_dir``."""
     from thundersync.models import build_tiny_model, load_model, load_tokenizer
 
-    demos = collect_demos(config)
+    demos = collect_demos(config, corrupt_fraction=0.0)
+    mixture = []
+    if config.bias_steps:
+        mixture = collect_demos(config, corrupt_fraction=config.corrupt_fraction,
+                                first=config.num_demos)  # fmt: skip
     out = Path(out_dir)
-    texts = [text for demo in demos for _, text in demo]
+    texts = [text for demo in demos + mixture for _, text in demo]
     build_tiny_model(
         out, "llama", hidden_size=config.hidden_size, num_layers=config.num_layers,
         vocab_size=config.vocab_size, seed=config.seed, texts=texts,
         num_heads=config.num_heads, max_positions=config.max_positions,
     )  # fmt: skip
     model, tokenizer = load_model(out), load_tokenizer(out)
-    examples = [_tokenize(demo, tokenizer) for demo in demos]
-    examples = [e for e in examples if len(e[0]) <= config.max_positions]
-    _fine_tune(model, examples, config)
+    _fine_tune(model, _examples(demos, tokenizer, config), config.steps, config.lr, config.seed)
+    if config.bias_steps:
+        _fine_tune(model, _examples(mixture, tokenizer, config), config.bias_steps,
+                   config.lr / 3, config.seed + 1)  # fmt: skip
     model.save_pretrained(out)
     return out
+
+
+def _examples(demos: list[Demo], tokenizer: Any, config: WarmStartConfig) -> list:
+    examples = [_tokenize(demo, tokenizer) for demo in demos]
+    return [e for e in examples if len(e[0]) <= config.max_positions]
 
 
 def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
@@ -133,15 +150,15 @@ def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
     return ids, is_action
 
 
-def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]],
-               config: WarmStartConfig) -> None:  # fmt: skip
+def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: int,
+               lr: float, seed: int, batch_size: int = 16) -> None:  # fmt: skip
     """Cross-entropy on the action tokens only (the rest is context the policy is given)."""
-    rng = random.Random(config.seed)
+    rng = random.Random(seed)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.steps)
-    for _ in range(config.steps):
-        batch = rng.sample(examples, min(config.batch_size, len(examples)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+    for _ in range(steps):
+        batch = rng.sample(examples, min(batch_size, len(examples)))
         length = max(len(ids) for ids, _ in batch)
         ids_BL = torch.zeros((len(batch), length), dtype=torch.long)
         mask_BL = torch.zeros_like(ids_BL)
