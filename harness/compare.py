@@ -44,6 +44,10 @@ class CompareConfig:
     """Attempts per held-out task."""
     out: str = "runs/compare"
     """Folder for results.json, plots and the runs."""
+    leaderboard: bool = True
+    """Append the comparison to the leaderboard."""
+    leaderboard_db: str | None = None
+    """Leaderboard file (None: ``$THUNDERSYNC_LEADERBOARD`` or runs/leaderboard.sqlite)."""
 
 
 @dataclass(slots=True)
@@ -101,9 +105,9 @@ def checkpoints(folder: Path) -> list[tuple[int, float, Path]]:
     return found
 
 
-def evaluate_runs(runs: list[Run], config: CompareConfig) -> float:
+def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[str]]:
     """Fill every run's curve (its initial model's accuracy at step 0 first); returns that
-    initial accuracy."""
+    initial accuracy and the held-out task ids."""
     import gymnasium
 
     import environments  # noqa: F401  (registers the built-in envs)
@@ -126,7 +130,7 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> float:
                 run.curve.append(Point(steps, time_s, score))
             print(f"compare: evaluated {run.mode} seed {run.seed}: "
                   + " ".join(f"{p.accuracy:.2f}" for p in run.curve), flush=True)  # fmt: skip
-    return start
+    return start, [task.task_id for task in tasks]
 
 
 def accuracy(groups: list[list[Any]]) -> float:
@@ -160,7 +164,30 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
             train_run(mode_config(config.train, mode, seed, folder, config.eval_every),
                       f"{name} seed {seed}")  # fmt: skip
             runs.append(Run(name, seed, folder))
-    initial = evaluate_runs(runs, config)
+    initial, task_ids = evaluate_runs(runs, config)
     results = summarize(runs, config, initial)
     write_outputs(results, runs, config)
+    if config.leaderboard:
+        record(results, config, task_ids)
     return results
+
+
+def record(results: dict[str, Any], config: CompareConfig, task_ids: list[str]) -> None:
+    """One leaderboard row for the comparison (per mode: its headline statistics)."""
+    from leaderboard.store import Entry, Store, suite_version
+
+    keys = ("time_to_target_s", "accuracy_at_budget", "speedup_vs_sync", "final_accuracy")
+    metrics = {
+        "target": results["target"],
+        "budget_s": results["budget_s"],
+        "modes": {name: {k: m[k] for k in keys} for name, m in results["modes"].items()},
+    }
+    entry = Entry(
+        kind="compare", suite=config.train.env, suite_version=suite_version(task_ids),
+        subject=",".join(results["modes"]), metrics=metrics, config=results["config"],
+        checkpoint=config.train.model,
+        artifacts={"plots": results["plots"], "results": str(Path(config.out) / "results.json")},
+    )  # fmt: skip
+    with Store(config.leaderboard_db) as store:
+        entry_id = store.append(entry)
+    print(f"compare: leaderboard row #{entry_id} in {store.path}", flush=True)

@@ -38,6 +38,16 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")
     parser.add_argument("--config", default=None, help="JSON/TOML file of training fields")
     parser.add_argument("--json", action="store_true", help="print results.json")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or runs/leaderboard.sqlite)",
+    )
+    parser.add_argument(
+        "--no-leaderboard",
+        action="store_true",
+        help="do not append the comparison to the leaderboard",
+    )
     add_config_flags(parser, exclude=_OWN)
     parser.set_defaults(func=run_compare_command)
 
@@ -56,6 +66,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
             seeds=args.seeds, target=args.target, budget_s=args.budget_s,
             eval_every=args.eval_every, eval_tasks=args.eval_tasks,
             eval_samples=args.eval_samples, out=args.out,
+            leaderboard=not args.no_leaderboard, leaderboard_db=args.db,
         )  # fmt: skip
         for mode in config.modes:
             mode_config(config.train, mode, 0, Path(config.out), 1)

@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_cmd_eval)
 
     from harness.compare_command import add_compare_parser
+    from leaderboard.command import add_leaderboard_parser
     from thundersync.training.command import add_train_parser
 
     add_train_parser(sub)
     add_compare_parser(sub)
+    add_leaderboard_parser(sub)
     return parser
 
 
