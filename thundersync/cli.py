@@ -77,9 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from harness.compare_command import add_compare_parser
     from leaderboard.command import add_leaderboard_parser
-    from thundersync.training.command import add_train_parser
+    from thundersync.training.command import add_train_parser, add_warmstart_parser
 
     add_train_parser(sub)
+    add_warmstart_parser(sub)
     add_compare_parser(sub)
     add_leaderboard_parser(sub)
     return parser

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from thundersync.training.config import add_config_flags, load_config_file, resolve_config
 
@@ -60,4 +61,46 @@ def run_train_command(args: argparse.Namespace) -> int:
         else (f"{len(history)} step(s), last reward {last['reward_mean']}, run folder {config.out}")
     )
     print(f"train: done: {summary}")
+    return 0
+
+
+def add_warmstart_parser(sub: Any) -> None:
+    import argparse
+
+    parser = sub.add_parser(
+        "warmstart",
+        help="build a tiny model and tokenizer for an env and fine-tune it on its oracle's play",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from thundersync.training.warmstart import WarmStartConfig
+
+    defaults = WarmStartConfig()
+    parser.add_argument("--env", default=defaults.env, help="registered env id")
+    parser.add_argument("--out", required=True, help="checkpoint folder to write")
+    for name in ("num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int,
+                            default=getattr(defaults, name))  # fmt: skip
+    for name in ("corrupt_fraction", "lr"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float,
+                            default=getattr(defaults, name))  # fmt: skip
+    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox)
+    parser.set_defaults(func=_run_warmstart)
+
+
+def _run_warmstart(args: Any) -> int:
+    import time
+
+    import torch
+
+    from thundersync.training.warmstart import WarmStartConfig, warm_start
+
+    torch.set_num_threads(1)
+    fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
+              "corrupt_fraction", "lr", "sandbox")  # fmt: skip
+    config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
+    started = time.monotonic()
+    print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "
+          f"{config.steps}+{config.bias_steps} fine-tuning steps", flush=True)  # fmt: skip
+    out = warm_start(config, args.out)
+    print(f"warmstart: done in {time.monotonic() - started:.0f} s: {out}")
     return 0

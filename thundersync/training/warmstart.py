@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 @dataclass(frozen=True, slots=True)
 class WarmStartConfig:
@@ -153,6 +151,8 @@ def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
 def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: int,
                lr: float, seed: int, batch_size: int = 16) -> None:  # fmt: skip
     """Cross-entropy on the action tokens only (the rest is context the policy is given)."""
+    import torch
+
     rng = random.Random(seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
