@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_cmd_eval)
 
     from harness.compare_command import add_compare_parser
+    from harness.simulate import add_simulate_parser
     from leaderboard.command import add_leaderboard_parser
     from thundersync.training.command import add_train_parser, add_warmstart_parser
 
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_warmstart_parser(sub)
     add_compare_parser(sub)
     add_leaderboard_parser(sub)
+    add_simulate_parser(sub)
     return parser
 
 
