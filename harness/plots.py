@@ -104,13 +104,19 @@ def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
 
 
 def _timeline_plot(runs: list[Any], path: Path) -> Path:
-    plt = _pyplot()
-    shown = {}
+    shown: dict[str, Any] = {}
     for run in sorted(runs, key=lambda r: r.seed):
         shown.setdefault(run.mode, run)
+    return timeline_plot({mode: run.folder for mode, run in shown.items()}, path)
+
+
+def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None) -> Path:
+    """One step of each run (its middle step by default) as a Gantt chart."""
+    plt = _pyplot()
+    shown = folders
     fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.6 + 1.6 * len(shown)), squeeze=False)
-    for ax, (mode, run) in zip(axes[:, 0], shown.items()):
-        spans, start, end = _one_step(run.folder)
+    for ax, (mode, folder) in zip(axes[:, 0], shown.items()):
+        spans, start, end = _one_step(folder, step)
         rows = ["engine", "tools", "grading", "teacher", "learner"]
         row_of = {"engine": "engine", "tool": "tools", "grading": "grading",
                   "teacher": "teacher", "backward": "learner", "step": "learner",
@@ -132,10 +138,14 @@ def _timeline_plot(runs: list[Any], path: Path) -> Path:
     return path
 
 
-def _one_step(folder: Path) -> tuple[list[dict[str, Any]], float, float]:
-    """The spans of the run's middle step, with its window."""
+def _one_step(folder: Path, step: int | None = None) -> tuple[list[dict[str, Any]], float, float]:
+    """The spans of one step of the run (its middle one by default), with its window."""
     metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-    m = metrics[len(metrics) // 2]
+    chosen = [m for m in metrics if m["step"] == step]
+    if step is not None and not chosen:
+        raise ValueError(f"{folder}: no step {step} (steps {metrics[0]['step']}.."
+                         f"{metrics[-1]['step']})")  # fmt: skip
+    m = chosen[0] if chosen else metrics[len(metrics) // 2]
     start, end = m["submitted_at"], m["finished_at"]
     spans = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]
     return [s for s in spans if s["finished"] >= start and s["started"] <= end], start, end

@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from harness.compare_command import add_compare_parser
     from harness.simulate import add_simulate_parser
+    from harness.timeline import add_timeline_parser
     from leaderboard.command import add_leaderboard_parser
     from thundersync.training.command import add_train_parser, add_warmstart_parser
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_leaderboard_parser(sub)
     add_simulate_parser(sub)
+    add_timeline_parser(sub)
     return parser
 
 
