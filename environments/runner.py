@@ -82,6 +82,12 @@ class EpisodeRunner:
     ``make_env`` returns a fresh ``ShellEnv`` (or a wrapper of one) per episode, since envs
     are not thread-safe; ``max_concurrency`` bounds how many episodes run at once. Episode
     and group ids are strings, unique within this runner.
+
+    A training loop that calls ``run_episode`` from threads of its own stops them all with
+    ``runner.cancel(reason)`` from any thread (its shutdown path, a watchdog, a signal
+    handler's helper thread): each call returns within moments, its trajectory an
+    infrastructure failure with ``details["cancelled"]``, and every sandbox is removed by the
+    time it returns. Nothing needs registering: the runner tracks the envs it made.
     """
 
     def __init__(

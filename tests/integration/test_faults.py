@@ -28,7 +28,7 @@ import pytest
 from environments.agents import OracleAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
-from environments.sandboxes import SandboxSpec, disk
+from environments.sandboxes import DockerSandbox, SandboxError, SandboxSpec, disk
 from environments.tasks import Grade, GradingContext
 from tests.conftest import leftover_containers, leftover_sandbox_processes
 
@@ -246,6 +246,35 @@ def test_a_lost_docker_daemon_ends_the_run_as_infra_failures_with_a_report(
     attempts = report["tasks"][0]["attempts"]
     assert len(attempts) == 2 and all(a["infra_failure"] and a["error"] for a in attempts)
     assert processes_with(f"sleep 60.{token}") == [] and mounts_of(proc.pid) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_every_docker_call_raises_sandbox_error_once_the_daemon_is_gone(
+    tmp_path: Path, second_daemon: Daemon
+) -> None:
+    import docker
+
+    client = docker.DockerClient(base_url=second_daemon.host, timeout=30)
+    sandbox = DockerSandbox(SandboxSpec(disk_mb=32), client=client)
+    (tmp_path / "up.txt").write_text("up")
+    sandbox.execute("echo kept > kept.txt", 10)
+    host = sandbox._disk.root
+    second_daemon.stop()
+    calls = {
+        "execute": lambda: sandbox.execute("true", 10),
+        "upload": lambda: sandbox.upload(tmp_path / "up.txt", "up.txt"),
+        "download": lambda: sandbox.download("kept.txt", tmp_path / "kept.txt"),
+        "close": sandbox.close,
+        "close again": sandbox.close,
+        "a new sandbox": lambda: DockerSandbox(SandboxSpec(), client=client),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SandboxError):
+            call()
+            pytest.fail(f"{name} did not raise")
+    assert host is not None and not host.exists()
+    client.close()
 
 
 # --- a full disk next to a concurrent episode ------------------------------------------------
