@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium-headless-shell")
                  if Path(p).is_file()), None)  # fmt: skip
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+         "--disable-background-networking", "--disable-component-update",
+         "--disable-sync"]  # fmt: skip
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
