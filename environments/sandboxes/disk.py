@@ -14,6 +14,10 @@ failed command) and nothing else is touched.
 - Mounted ``nosuid,nodev``. Unmounted lazily (``umount --lazy``): a process that is still
   dying cannot make the unmount fail, and the loop device is freed (``autoclear``) when the
   last user is gone.
+- A small disk (``disk_mb`` <= ``TMPFS_MAX_MB``) is a size-limited tmpfs instead: ~0.01 s to
+  mount against ~0.1 s for an ext4 image, which matters when a training step starts dozens of
+  sandboxes. Its pages are memory, charged to the memory cgroup of the sandbox that writes them,
+  so the sandbox's memory limit bounds them too.
 - Needs root, ``mkfs.ext4``, ``mount`` and loop devices (``available()``); elsewhere sandboxes
   run without a workspace bound (each file is still bounded by ``RLIMIT_FSIZE``) and a warning
   says so once per process.
@@ -33,6 +37,8 @@ from environments.sandboxes.protocol import SandboxError
 MIN_DISK_MB = 8
 BYTES_PER_INODE = 8192
 MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,noinit_itable"
+TMPFS_MAX_MB = 256
+"""Disks up to this size are a tmpfs (memory) rather than an ext4 image."""
 COMMAND_TIMEOUT_S = 60
 
 _warned = threading.Event()
@@ -54,13 +60,18 @@ def create(folder: Path, disk_mb: int | None) -> Path | None:
         warn_unbounded("workspace disks need root, mkfs.ext4 and loop devices")
         return None
     image, mountpoint = folder / "disk.img", folder / "disk"
-    with open(image, "wb") as fh:
-        fh.truncate(disk_mb * 2**20)
     mountpoint.mkdir()
-    mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-i", str(BYTES_PER_INODE)]
-    mkfs += ["-E", "lazy_itable_init=1,nodiscard", str(image)]
-    _run(mkfs, f"cannot make the {disk_mb} MiB workspace disk {image}")
-    _run(["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)], f"cannot mount {image}")
+    if disk_mb <= TMPFS_MAX_MB:
+        options = f"size={disk_mb}m,nosuid,nodev,noatime,mode=0755"
+        what = f"cannot mount the {disk_mb} MiB workspace tmpfs {mountpoint}"
+        _run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)], what)
+    else:
+        with open(image, "wb") as fh:
+            fh.truncate(disk_mb * 2**20)
+        mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal"]
+        mkfs += ["-i", str(BYTES_PER_INODE), "-E", "lazy_itable_init=1,nodiscard", str(image)]
+        _run(mkfs, f"cannot make the {disk_mb} MiB workspace disk {image}")
+        _run(["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)], f"cannot mount {image}")
     workspace = mountpoint / "workspace"
     try:
         workspace.mkdir()

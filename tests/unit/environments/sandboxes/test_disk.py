@@ -28,25 +28,31 @@ DISK_MB = 32
 
 
 def mounted(path: Path) -> bool:
-    return any(
-        line.split()[1].startswith(str(path)) for line in Path("/proc/self/mounts").open()
-    )
+    return any(line.split()[1].startswith(str(path)) for line in Path("/proc/self/mounts").open())
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_filling_the_workspace_fails_with_enospc_and_leaves_a_neighbour_alone(kind: str) -> None:
+@pytest.mark.parametrize("disk_mb", [DISK_MB, disk_module.TMPFS_MAX_MB + 16], ids=["tmpfs", "ext4"])
+def test_filling_the_workspace_fails_with_enospc_and_leaves_a_neighbour_alone(
+    kind: str, disk_mb: int
+) -> None:
     with (
-        make_sandbox(SandboxSpec(disk_mb=DISK_MB), kind) as full,
+        make_sandbox(SandboxSpec(disk_mb=disk_mb), kind) as full,
         make_sandbox(SandboxSpec(disk_mb=DISK_MB), kind) as neighbour,
     ):
-        filled = full.execute("head -c 64M /dev/zero > junk; echo rc=$?; stat -c %s junk", 30)
+        half = disk_mb // 2 + 16  # two files: each stays under the per-file limit
+        fill = (f"head -c {half}M /dev/zero > junk; head -c {half}M /dev/zero > junk2; "
+                "echo rc=$?; cat junk junk2 | wc -c")  # fmt: skip
+        filled = full.execute(fill, 60)
         assert "No space left on device" in filled.output and "rc=1" in filled.output
-        assert int(filled.output.split()[-1]) <= DISK_MB * 2**20
+        assert int(filled.output.split()[-1]) <= disk_mb * 2**20
+        kind_of_disk = full.execute("stat -f -c %T .", 10).output.strip()
+        assert kind_of_disk == ("tmpfs" if disk_mb <= disk_module.TMPFS_MAX_MB else "ext2/ext3")
         avail = full.execute("df -k --output=avail . | tail -1", 10).output
         assert int(avail) < 1024, f"{avail} KiB still free after the fill"
         wrote = neighbour.execute("head -c 16M /dev/zero > data && stat -c %s data", 30)
         assert (wrote.exit_code, wrote.output) == (0, f"{16 * 2**20}\n")
-        freed = full.execute("rm junk && echo again > more.txt && cat more.txt", 10)
+        freed = full.execute("rm junk junk2 && echo again > more.txt && cat more.txt", 10)
         assert (freed.exit_code, freed.output) == (0, "again\n")
 
 
