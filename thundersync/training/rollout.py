@@ -6,7 +6,7 @@ It receives commands on its control queue, in order:
   batches) and report ``WeightsSynced``;
 - ``("run", plan)``: start the plan's episodes (B tasks × G samples) on its episode threads;
   they share one ``DynamicBatcher``, so requests that wait together are generated together;
-- ``("stop",)``: finish (running episodes stop at their next turn boundary), close everything.
+- ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
 OPD), stamped on the trainer's clock. Task draws and sampling seeds are functions of the run's
@@ -126,7 +126,8 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                 running += _start(pool, runner, make_env, spec, command[1])
             elif command[0] == "stop":
                 break
-    finally:
+    finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
+        runner.cancel("the rollout worker is stopping")
         pool.shutdown(wait=True, cancel_futures=True)
         batcher.close()
         engine.close()
