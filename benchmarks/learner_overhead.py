@@ -113,7 +113,7 @@ def verdict(ratios: Sequence[float]) -> str:
     elif low > TARGET:
         outcome = "NOT met by any pair"
     else:
-        outcome = "undecided, pairs straddle it"
+        outcome = "undecided"
     pairs = f"{len(ratios)} pair{'s' * (len(ratios) != 1)}"
     return f"learner_overhead: {median:.3f} ({pairs} {low:.2f}-{high:.2f}) <= {TARGET}? {outcome}"
 
