@@ -182,7 +182,9 @@ def build_report(config: EvalConfig, groups: Sequence[Sequence[EpisodeResult]]) 
         "num_infra_failures": sum(row["infra_failure"] for row in rows),
         "num_attempts": len(attempts),
         "num_infra_failed_attempts": sum(a["infra_failure"] for a in attempts),
-        "num_invalid_rewards": sum("reward_invalid" in a for a in attempts),
+        "num_invalid_rewards": sum(
+            "reward_invalid" in a and not a["infra_failure"] for a in attempts
+        ),
         "infra_failures_excluded_from_mean": True,
         "tasks": rows,
     }
@@ -204,7 +206,9 @@ def _attempt(result: EpisodeResult) -> dict[str, Any]:
     if not math.isfinite(result.reward):
         attempt["reward"] = None
         attempt["reward_invalid"] = (
-            f"the grader returned a non-finite reward ({result.reward!r}); scored 0 in the means"
+            f"non-finite reward ({result.reward!r}) of an infrastructure failure; not scored"
+            if result.infra_failure
+            else f"the grader returned a non-finite reward ({result.reward!r}); scored 0"
         )
     if "error" in result.details:
         attempt["error"] = str(result.details["error"])

@@ -74,6 +74,15 @@ def test_a_non_finite_reward_is_null_with_a_reason_and_scores_zero(bad, canned, 
     assert captured.err.splitlines()[-1].endswith(", 1 non-finite")
 
 
+def test_a_non_finite_reward_of_an_infra_failure_is_not_counted_as_scored():
+    report = build_report(
+        CONFIG, [[result("a", math.nan, True, "e0"), result("a", 1.0, False, "e1")]]
+    )
+    attempt = report["tasks"][0]["attempts"][0]
+    assert attempt["reward"] is None and "not scored" in attempt["reward_invalid"]
+    assert report["num_invalid_rewards"] == 0 and report["mean_reward"] == 1.0
+
+
 def test_every_attempt_an_infra_failure_exits_1(canned, capsys):
     canned([[result("a", 0.0, True, "e0")], [result("b", 0.0, True, "e1")]])
     assert main(["eval", "--suite", "toy-sum"]) == 1
