@@ -1,4 +1,4 @@
-"""Command line: the composition root (DESIGN §8); imports every package, lazily."""
+"""Command line: the composition root (docs/design.md §8); imports every package, lazily."""
 
 from __future__ import annotations
 
@@ -42,39 +42,32 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval_command(args)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where its help already says what happens without
+    it (an option with no default value, or a required one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="thundersync", description="Exact gradient streaming for agentic RL."
+        prog="thundersync",
+        description="Exact gradient streaming for agentic RL.",
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_envs(sub)
+    _add_verify(sub)
+    _add_eval(sub)
+    _add_others(sub)
+    return parser
 
-    envs = sub.add_parser("envs", help="list registered environments")
-    envs.add_argument("--json", action="store_true", help="print JSON")
-    envs.set_defaults(func=_cmd_envs)
 
-    verify = sub.add_parser("verify", help="certify streaming == sync on random batches")
-    verify.add_argument("--algo", choices=["grpo", "opd", "all"], default="all")
-    verify.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    verify.add_argument("--trials", type=int, default=4, help="random batches per variant")
-    verify.add_argument(
-        "--deterministic", action="store_true", help="also require bitwise equality"
-    )
-    verify.add_argument("--model", default=None, help="checkpoint directory (default: tiny models)")
-    verify.add_argument("--seed", type=int, default=0)
-    verify.add_argument("--json", action="store_true", help="print a JSON report")
-    verify.set_defaults(func=_cmd_verify)
-
-    evaluate = sub.add_parser("eval", help="run an agent on every task of a suite")
-    evaluate.add_argument("--suite", required=True, help="a registered suite name or a folder")
-    evaluate.add_argument("--agent", choices=["oracle", "nop", "policy"], default="oracle")
-    evaluate.add_argument("--checkpoint", default=None, help="model directory for --agent policy")
-    evaluate.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap")
-    evaluate.add_argument("-k", type=int, default=1, help="attempts per task")
-    evaluate.add_argument("--concurrency", type=int, default=2)
-    evaluate.add_argument("--out", default=None, help="folder for results.json and events.jsonl")
-    evaluate.add_argument("--json", action="store_true", help="print a JSON report")
-    evaluate.set_defaults(func=_cmd_eval)
-
+def _add_others(sub: argparse._SubParsersAction) -> None:
+    """Subcommands whose parsers live next to their code (each module is light to import)."""
     from harness.compare_command import add_compare_parser
     from harness.simulate import add_simulate_parser
     from harness.timeline import add_timeline_parser
@@ -87,7 +80,101 @@ def build_parser() -> argparse.ArgumentParser:
     add_leaderboard_parser(sub)
     add_simulate_parser(sub)
     add_timeline_parser(sub)
-    return parser
+
+
+def _add_envs(sub: argparse._SubParsersAction) -> None:
+    envs = sub.add_parser(
+        "envs", help="list registered environments", formatter_class=HelpFormatter
+    )
+    envs.add_argument("--json", action="store_true", help="print JSON")
+    envs.set_defaults(func=_cmd_envs)
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    verify = sub.add_parser(
+        "verify",
+        help="certify streaming == sync on random batches",
+        description="Certify that streaming takes the same step as sync on random batches. "
+        "Exit 0: every check within its bound; 1: a violation; 2: bad input.",
+        formatter_class=HelpFormatter,
+    )
+    verify.add_argument(
+        "--algo", choices=["grpo", "opd", "all"], default="all", help="objective variants to check"
+    )
+    verify.add_argument(
+        "--dtype",
+        choices=["float64", "float32"],
+        default="float64",
+        help="dtype the model is loaded in (it decides the bound)",
+    )
+    verify.add_argument(
+        "--trials", type=int, default=4, metavar="N", help="random batches per variant (>= 1)"
+    )
+    verify.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="also require deterministic sync and streaming to be bitwise equal",
+    )
+    verify.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (default: two tiny models, GPT-2 and Qwen3 style, built locally)",
+    )
+    verify.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the random batches"
+    )
+    verify.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON report on stdout; the verdict goes to stderr",
+    )
+    verify.set_defaults(func=_cmd_verify)
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser(
+        "eval",
+        help="run an agent on every task of a suite",
+        description="Run an agent on every task of a suite. Exit 0: attempts were scored; "
+        "1: no attempt ran or every attempt was an infrastructure failure; 2: bad input or "
+        "a missing sandbox prerequisite.",
+        formatter_class=HelpFormatter,
+    )
+    evaluate.add_argument(
+        "--suite",
+        required=True,
+        metavar="NAME|PATH",
+        help="a registered suite name or a folder of tasks (required)",
+    )
+    evaluate.add_argument(
+        "--agent",
+        choices=["oracle", "nop"],
+        default="oracle",
+        help="oracle runs each task's reference solution; nop submits at once",
+    )
+    evaluate.add_argument(
+        "--sandbox",
+        choices=["bwrap", "docker"],
+        default="bwrap",
+        help="where the agent's commands run",
+    )
+    evaluate.add_argument("-k", type=int, default=1, help="attempts per task")
+    evaluate.add_argument(
+        "--concurrency", type=int, default=2, metavar="N", help="episodes at once"
+    )
+    evaluate.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for config.json, events.jsonl and results.json (default: write nothing)",
+    )
+    evaluate.add_argument(
+        "--json",
+        action="store_true",
+        help="print the JSON report on stdout; the summary goes to stderr",
+    )
+    evaluate.set_defaults(func=_cmd_eval)
 
 
 def exit_on_sigterm() -> None:

@@ -3,18 +3,21 @@
 For every objective variant and random batch (groups of 1–16, ties and all-equal groups,
 1–8 turns, up to 300 tokens, random arrival order) it measures the relative error
 ‖g_a − g_b‖/‖g_b‖ of the step gradient of streaming vs sync, and of streaming vs a textbook
-batch implementation written here from the equations (one backward of the whole loss), and
-with ``--deterministic`` requires deterministic streaming and sync to be bitwise equal.
+batch implementation written from the equations (``thundersync.textbook``: one backward of
+the whole loss), and with ``--deterministic`` requires deterministic streaming and sync to be
+bitwise equal.
 
-Bounds (DESIGN §3): 1e-12 when every op of the model runs in float64 (GPT-2 style); 1e-6 for
-float32 and for models with float32 internals (Hugging Face Llama/Qwen run RMSNorm and rotary
-embeddings in float32 even in a float64 model).
+Bounds (docs/design.md §3): 1e-12 when every op of the model runs in float64 (GPT-2 style);
+1e-6 for float32 and for models with float32 internals (Hugging Face Llama/Qwen run RMSNorm
+and rotary embeddings in float32 even in a float64 model).
+
+Nothing passes vacuously: fewer than one trial is refused, and a run with no checks is not OK.
+Exit codes: 0 every check holds, 1 a violation, 2 bad input (``--trials``, ``--model``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -23,10 +26,11 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
+from thundersync.cli_output import WIDTH, Progress, fit, plain_table, print_verdict, strict_json
 from thundersync.learner import Learner
 from thundersync.objectives import GRPO, OPD, Objective
 from thundersync.rollouts import BatchShape, random_batch
+from thundersync.textbook import textbook_gradient
 
 FLOAT64_PURE_MODELS = ("gpt2",)
 """model_type values whose every op runs in the parameters' dtype."""
@@ -61,121 +65,6 @@ def variants(algo: str) -> list[Variant]:
     return {"grpo": grpo, "opd": opd, "all": grpo + opd}[algo]
 
 
-# --- the textbook reference -------------------------------------------------------------------
-
-
-def _episodes(events: list[ev.Event]) -> dict[str, dict[str, Any]]:
-    eps: dict[str, dict[str, Any]] = {}
-    for e in events:
-        d = eps.setdefault(e.episode_id, {"actions": {}, "obs": {}, "teacher": {}})
-        if isinstance(e, ev.EpisodeStarted):
-            d.update(group=e.group_id, prompt=list(e.prompt_ids))
-        elif isinstance(e, ev.TurnCompleted):
-            d["actions"][e.turn] = (list(e.action_ids), list(e.action_logprobs))
-        elif isinstance(e, ev.ToolFinished):
-            d["obs"][e.turn] = list(e.observation_ids)
-        elif isinstance(e, ev.TeacherScored):
-            d["teacher"][e.turn] = list(e.teacher_logprobs)
-        elif isinstance(e, ev.RewardReady):
-            d.update(reward=e.reward, infra=e.infra_failure)
-    return eps
-
-
-def _logprobs(model: torch.nn.Module, ep: dict[str, Any]) -> torch.Tensor:
-    ids, is_action = list(ep["prompt"]), [False] * len(ep["prompt"])
-    num_turns = len(ep["actions"])
-    for k in range(num_turns):
-        ids += ep["actions"][k][0]
-        is_action += [True] * len(ep["actions"][k][0])
-        if k < num_turns - 1:
-            ids += ep["obs"][k]
-            is_action += [False] * len(ep["obs"][k])
-    x = torch.tensor([ids])
-    logp = torch.log_softmax(model(input_ids=x).logits[0, :-1], dim=-1)
-    token_logp = logp.gather(-1, x[0, 1:, None])[:, 0]
-    return token_logp[torch.tensor(is_action[1:])]
-
-
-def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
-    """One backward of the whole batch loss, computed from the equations (no learner code)."""
-    eps, key = _episodes(events), _natural
-    params = [p for p in model.parameters() if p.requires_grad]
-    terms, counts = [], []
-    if isinstance(objective, OPD):
-        for eid in sorted(eps, key=key):
-            ep = eps[eid]
-            lp = _logprobs(model, ep)
-            teacher = torch.tensor(_flat(ep["teacher"], None), dtype=lp.dtype)
-            sampler = torch.tensor(_flat(ep["actions"], 1), dtype=lp.dtype)
-            w = _weight(objective, lp.numel())
-            terms.append(-(w * (teacher - sampler).to(lp.dtype) * lp).sum())
-            counts.append(lp.numel())
-    else:
-        groups: dict[str, list[str]] = {}
-        for eid in sorted(eps, key=key):
-            if not eps[eid]["infra"]:
-                groups.setdefault(eps[eid]["group"], []).append(eid)
-        kept_groups = 0
-        for gid in sorted(groups, key=key):
-            r = torch.tensor([eps[e]["reward"] for e in groups[gid]], dtype=torch.float64)
-            flat = len(r) < 2 or bool((r == r[0]).all())
-            if objective.dynamic_sampling and flat:
-                continue
-            if objective.max_groups is not None and kept_groups == objective.max_groups:
-                break
-            kept_groups += 1
-            if flat:
-                adv = torch.zeros_like(r)
-            elif objective.scale_by_std:
-                adv = (r - r.mean()) / (r.std() + objective.eps)
-            else:
-                adv = r - r.mean()
-            for eid, a in zip(groups[gid], adv.tolist()):
-                ep = eps[eid]
-                lp = _logprobs(model, ep)
-                sampler = torch.tensor(_flat(ep["actions"], 1), dtype=lp.dtype)
-                rho = torch.ones_like(lp)
-                if objective.tis_cap is not None:
-                    rho = torch.exp(lp.detach() - sampler).clamp(max=objective.tis_cap)
-                w = _weight(objective, lp.numel())
-                term = -(w * rho * a * lp).sum()
-                if objective.kl_coef:
-                    with torch.no_grad():
-                        ref = _logprobs(reference, ep)
-                    if objective.kl_estimator == "k1":
-                        kl = lp - ref
-                    else:
-                        kl = torch.exp(ref - lp) - (ref - lp) - 1
-                    term = term + (objective.kl_coef * w * kl).sum()
-                terms.append(term)
-                counts.append(lp.numel())
-    if not terms:
-        return torch.cat([torch.zeros_like(p).reshape(-1) for p in params])
-    denom = sum(counts) if objective.loss_agg == "token-mean" else len(counts)
-    loss = torch.stack(terms).sum() / denom
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                      for g, p in zip(grads, params)])  # fmt: skip
-
-
-def _flat(table: dict[int, Any], index: int | None) -> list[float]:
-    return [x for k in sorted(table) for x in (table[k] if index is None else table[k][index])]
-
-
-def _weight(objective: Objective, n: int) -> float:
-    if objective.loss_agg == "seq-mean-token-mean":
-        return 1.0 / n
-    return 1.0 if objective.loss_agg == "token-mean" else 1.0 / objective.max_tokens
-
-
-def _natural(text: str) -> tuple:
-    import re
-
-    return tuple(
-        (0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text)
-    ), text
-
-
 # --- running the certificate ------------------------------------------------------------------
 
 
@@ -187,40 +76,48 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def bound_for(model: torch.nn.Module) -> tuple[float, str]:
-    """The agreement bound that applies to ``model`` and why (DESIGN §3)."""
+    """The agreement bound that applies to ``model`` and why (docs/design.md §3)."""
     dtype = next(model.parameters()).dtype
     model_type = getattr(model.config, "model_type", "?")
     if dtype == torch.float64 and model_type in FLOAT64_PURE_MODELS:
-        return 1e-12, f"{model_type} in float64: every op in float64"
+        return 1e-12, f"{model_type} in float64, every op in float64"
     if dtype == torch.float64:
-        return 1e-6, f"{model_type} in float64 with float32 internals (norms, rotary)"
+        return 1e-6, f"{model_type} in float64, float32 internals (norms, rotary)"
     return 1e-6, f"{model_type} in {str(dtype).removeprefix('torch.')}"
 
 
 def learner_gradient(model, variant: Variant, events, *, streaming: bool, deterministic: bool,
                      reference=None) -> torch.Tensor:  # fmt: skip
-    """The step gradient the Learner produces (SGD with lr 0 leaves the model unchanged)."""
+    """The step gradient the Learner produces, read from the parameters' ``.grad`` after
+    ``step()``: with SGD at lr 0 and no clipping that is the step gradient, and the model is
+    left unchanged for the next run."""
     kwargs = dict(variant.learner_kwargs)
     buffers = kwargs.pop("budget_buffers", None)
+    params = [p for p in model.parameters() if p.requires_grad]
     if buffers is not None:
-        params = [p for p in model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in params)
         kwargs["buffer_budget_bytes"] = buffers * numel * params[0].element_size()
+    for p in params:
+        p.grad = None  # a previous run's gradient must not stand in for this one's
     learner = Learner(
-        model, variant.objective, torch.optim.SGD(model.parameters(), lr=0.0),
+        model, variant.objective, torch.optim.SGD(params, lr=0.0),
         streaming=streaming, deterministic=deterministic, reference=reference,
         max_grad_norm=None, **kwargs,
     )  # fmt: skip
     for event in events:
         learner.consume(event)
     learner.step()
-    assert learner.last_gradient is not None
-    return learner.last_gradient.clone()
+    missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise RuntimeError(f"Learner.step() left no .grad on parameter(s) {missing[:3]}")
+    return torch.cat([p.grad.reshape(-1) for p in params])
 
 
 def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: bool,
             reference=None, shape: BatchShape | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run ``trials`` random batches of one variant; returns the errors and the verdict."""
+    """Run ``trials`` (>= 1) random batches of one variant; returns the errors and the verdict."""
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1 (zero batches would certify nothing), got {trials}")
     bound, why = bound_for(model)
     shape = shape or BatchShape()
     vocab = model.config.vocab_size
@@ -259,11 +156,21 @@ def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: b
     }
 
 
+class ModelLoadError(ValueError):
+    """``--model`` names no loadable checkpoint."""
+
+
 def _models(args: argparse.Namespace) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:
     """(label, model, reference) for ``--model`` or for the two tiny models, built in a
     temporary folder that is gone once they are loaded."""
     if args.model:
-        return [_load_pair(args.model, args.model, args)]
+        try:
+            return [_load_pair(args.model, args.model, args)]
+        except Exception as exc:  # any failure to load is a bad --model, reported in one line
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = reason.removeprefix(f"{args.model}: ")
+            message = f"--model {args.model}: cannot load a checkpoint: {reason}"
+            raise ModelLoadError(message) from exc
     from thundersync.models import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="thundersync-verify-") as tmp:
@@ -287,38 +194,90 @@ def _load_pair(label: str, path: str, args: argparse.Namespace) -> tuple:
 
 
 def run_verify_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
+    """Run the certificate: 0 when every check holds, 1 on a violation, 2 on bad input."""
+    if args.trials < 1:
+        return _error(f"--trials must be >= 1, got {args.trials}: zero batches certify nothing")
     torch.manual_seed(args.seed)
-    models = _models(args)
+    try:
+        models = _models(args)
+    except ModelLoadError as exc:
+        return _error(str(exc))
     todo = [(label, m, r, v) for label, m, r in models for v in variants(args.algo)]
     results = []
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        bar = progress.add_task("certifying", total=len(todo))
+    with Progress("verify", len(todo), "checks") as progress:
         for label, model, reference, variant in todo:
             result = certify(model, variant, trials=args.trials, seed=args.seed,
                              deterministic=args.deterministic, reference=reference)  # fmt: skip
             results.append({"model": label, **result})
-            progress.advance(bar)
-    ok = all(r["ok"] for r in results)
+            progress.advance()
+    ok, line = verdict(results, num_models=len(models), deterministic=args.deterministic)
     if args.json:
-        print(json.dumps({"ok": ok, "results": results}, indent=2))
+        print(strict_json({"ok": ok, "verdict": line, "results": results}))
     else:
-        table = Table(title="streaming == sync certificate")
-        for column in ("model", "variant", "stream vs sync", "stream vs textbook", "bitwise",
-                       "bound", "ok"):  # fmt: skip
-            table.add_column(column, no_wrap=True)
-        for r in results:
-            bit = r["bitwise_equal_deterministic"]
-            table.add_row(r["model"], r["variant"], f"{r['max_rel_err_stream_vs_sync']:.1e}",
-                          f"{r['max_rel_err_stream_vs_textbook']:.1e}",
-                          "-" if bit is None else str(bit), f"{r['bound']:.0e}",
-                          "[green]yes" if r["ok"] else "[red]NO")  # fmt: skip
-        Console().print(table)
+        print("\n".join(certificate_table(results, deterministic=args.deterministic)))
         for label, model, _ in models:
-            print(f"{label}: bound {bound_for(model)[0]:.0e} ({bound_for(model)[1]})")
-    if not ok:
-        print("verify: VIOLATION: some variant exceeded its bound", file=sys.stderr)
+            bound, why = bound_for(model)
+            print(fit(f"{_short(label)}: bound {bound:.0e} ({why})"))
+    print_verdict(line, to_stderr=args.json)
     return 0 if ok else 1
+
+
+def _error(message: str) -> int:
+    print(fit(f"verify: error: {message}", 10 * WIDTH), file=sys.stderr)
+    return 2
+
+
+def _short(label: str, width: int = 14) -> str:
+    """A model label for a table cell: the folder's name, cut from the left if need be."""
+    name = label.rstrip("/").rsplit("/", 1)[-1]
+    return name if len(name) <= width else "..." + name[-(width - 3) :]
+
+
+def _worst(result: dict[str, Any]) -> float:
+    """The larger error of a check as a multiple of its bound (inf when not a number)."""
+    errs = (result["max_rel_err_stream_vs_sync"], result["max_rel_err_stream_vs_textbook"])
+    if not all(math.isfinite(e) for e in errs):
+        return math.inf
+    return max(errs) / result["bound"]
+
+
+def verdict(results: list[dict[str, Any]], *, num_models: int,
+            deterministic: bool) -> tuple[bool, str]:  # fmt: skip
+    """(ok, the one-line verdict). No checks at all is not OK: nothing was certified."""
+    if not results:
+        return False, "verify: VIOLATION: no checks ran, nothing is certified"
+    n = len(results)
+    num_variants = len({r["variant"] for r in results})
+    worst = max(results, key=_worst)
+    err = max(worst["max_rel_err_stream_vs_sync"], worst["max_rel_err_stream_vs_textbook"])
+    failed = [r for r in results if not r["ok"]]
+    if not failed:
+        models = f"{num_models} model{'s' * (num_models != 1)}"
+        return True, (f"verify: OK: {n} checks ({models} x {num_variants} variants), "
+                      f"worst {err:.1e} <= {worst['bound']:.0e}"
+                      + (", bitwise" if deterministic else ""))  # fmt: skip
+    worst = max(failed, key=_worst)
+    err = max(worst["max_rel_err_stream_vs_sync"], worst["max_rel_err_stream_vs_textbook"])
+    where = f"{worst['variant']} on {_short(worst['model'])}"
+    if err <= worst["bound"]:  # within the bound, so the deterministic runs differed
+        return False, f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: not bitwise equal"
+    return False, (f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: "
+                   f"{err:.1e} > {worst['bound']:.0e}")  # fmt: skip
+
+
+def certificate_table(results: list[dict[str, Any]], *, deterministic: bool) -> list[str]:
+    """The per-check table as plain lines of at most 80 columns (details are in ``--json``)."""
+    header = ["model", "variant", "vs sync", "vs textbook", "bound", "ok"]
+    widths = [14, 16, 7, 11, 5, 3]
+    if deterministic:
+        header.insert(5, "bitwise")
+        widths.insert(5, 7)
+    rows = []
+    for r in results:
+        row = [_short(r["model"]), r["variant"], f"{r['max_rel_err_stream_vs_sync']:.1e}",
+               f"{r['max_rel_err_stream_vs_textbook']:.1e}", f"{r['bound']:.0e}",
+               "yes" if r["ok"] else "NO"]  # fmt: skip
+        if deterministic:
+            row.insert(5, "yes" if r["bitwise_equal_deterministic"] else "NO")
+        rows.append(row)
+    return plain_table(header, rows, widths)

@@ -1,0 +1,51 @@
+"""The command line's parser: every option says its default, and no option is inert."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from thundersync.cli import build_parser, main
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", ["envs", "verify", "eval"])
+def test_every_option_shows_its_default_or_is_required(name):
+    sub = subcommands()[name]
+    formatter = sub._get_formatter()
+    for action in sub._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        text = formatter._expand_help(action) if action.help else ""
+        assert action.required or "(default: " in text, (
+            f"thundersync {name} {'/'.join(action.option_strings)}: help {text!r} hides its "
+            "default"
+        )
+
+
+def test_help_names_the_defaults_users_rely_on(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "random batches per variant (>= 1) (default: 4)" in text
+    assert "(default: two tiny models" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--agent", "policy"], ["--checkpoint", "some/dir"]],
+    ids=["agent-policy", "checkpoint"],
+)
+def test_eval_does_not_offer_options_that_do_nothing_yet(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--suite", "toy-sum", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'policy'" in err or "unrecognized arguments: --checkpoint" in err

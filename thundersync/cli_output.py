@@ -1,0 +1,148 @@
+"""What long commands print: progress that works in a pipe, a one-line verdict, strict JSON.
+
+The conventions of docs/design.md §8: progress goes to stderr (a live bar on a terminal; in a
+pipe or a log file, where a live bar prints nothing, one plain line every few seconds); the
+verdict is the last line, plain and at most 80 columns, so ``| tail -1`` and a CI log both
+show it whole; ``--json`` and results files are strict JSON (no NaN or Infinity, which most
+JSON parsers other than Python's reject).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from typing import IO, Any
+
+PIPE_INTERVAL_S = 5.0
+"""Seconds between two progress lines when stderr is not a terminal."""
+WIDTH = 80
+"""Columns a verdict line and a plain table fit in."""
+
+
+class Progress:
+    """Counts the finished units of a long command (``with Progress(...) as p: p.advance()``).
+
+    On a terminal it shows a transient rich bar. Elsewhere a daemon thread prints
+    ``<label>: <done>/<total> <unit>, <seconds> s`` every ``PIPE_INTERVAL_S`` seconds, also
+    while a single unit takes long (that line is how a user tells slow from stuck).
+    ``advance`` may be called from any thread.
+    """
+
+    def __init__(self, label: str, total: int, unit: str, *, stream: IO[str] | None = None):
+        self.label, self.total, self.unit = label, total, unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._bar: Any = None
+        self._bar_task: Any = None
+
+    def __enter__(self) -> Progress:
+        self._started = time.monotonic()
+        if _is_terminal(self.stream):
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn(f"{self.label} {{task.description}}"), BarColumn(),
+                MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(file=self.stream), transient=True,
+            )  # fmt: skip
+            self._bar.__enter__()
+            self._bar_task = self._bar.add_task(self.unit, total=self.total)
+        else:
+            self._thread = threading.Thread(target=self._tick, name="progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def advance(self, n: int = 1) -> None:
+        with self._lock:
+            self.done += n
+        if self._bar is not None:
+            self._bar.advance(self._bar_task, n)
+
+    def line(self) -> str:
+        with self._lock:
+            done = self.done
+        elapsed = time.monotonic() - self._started
+        return f"{self.label}: {done}/{self.total} {self.unit}, {elapsed:.0f} s"
+
+    def _tick(self) -> None:
+        while not self._stop.wait(PIPE_INTERVAL_S):
+            print(self.line(), file=self.stream, flush=True)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+# --- verdict and tables -----------------------------------------------------------------------
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """``text`` cut to ``width`` columns, ending in ``...`` when it was cut."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def print_verdict(line: str, *, to_stderr: bool = False) -> None:
+    """Print the verdict as the last line: after everything on stdout has been flushed.
+
+    With ``--json`` stdout holds only the JSON document, so the verdict goes to stderr.
+    """
+    sys.stdout.flush()
+    stream = sys.stderr if to_stderr else sys.stdout
+    print(fit(line), file=stream, flush=True)
+
+
+def plain_table(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
+    """Left-aligned columns, two spaces apart; a cell longer than its width is cut."""
+    lines = []
+    for row in [header, *rows]:
+        cells = [fit(cell, width).ljust(width) for cell, width in zip(row, widths, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+# --- strict JSON ------------------------------------------------------------------------------
+
+
+def strict_json(obj: Any, *, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON: every non-finite float becomes null, and the dict that held it
+    gains ``<key>_invalid`` saying what the value was (for a list, which positions)."""
+    return json.dumps(_finite(obj)[0], indent=indent, allow_nan=False)
+
+
+def _finite(value: Any) -> tuple[Any, str | None]:
+    """(value with non-finite floats replaced by None, what was replaced or None)."""
+    if isinstance(value, float):
+        return (value, None) if math.isfinite(value) else (None, f"non-finite value {value!r}")
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            out[key], problem = _finite(item)
+            if problem is not None:
+                out[f"{key}_invalid"] = problem
+        return out, None
+    if isinstance(value, list | tuple):
+        items, problems = [], []
+        for i, item in enumerate(value):
+            clean, problem = _finite(item)
+            items.append(clean)
+            if problem is not None:
+                problems.append(f"[{i}] {problem}")
+        return items, ("; ".join(problems) or None)
+    return value, None
