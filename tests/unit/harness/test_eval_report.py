@@ -10,7 +10,6 @@ import shutil
 
 import pytest
 
-from environments.runner import EpisodeResult
 from environments.sandboxes import bwrap
 from harness import eval as harness_eval
 from harness.eval import EvalConfig, build_report, report_table, sandbox_problem, summary
@@ -20,12 +19,10 @@ from thundersync.types import Trajectory
 CONFIG = EvalConfig("s", "oracle", "bwrap", 2, 1)
 
 
-def result(task_id: str, reward: float, infra: bool, episode: str) -> EpisodeResult:
-    trajectory = Trajectory(episode, "g", 2, task_id, (), ())
+def result(task_id: str, reward: float, infra: bool, episode: str) -> Trajectory:
     details = {"error": "SandboxError: died\nsecond line"} if infra else {}
-    return EpisodeResult(
-        trajectory, task_id, reward, infra, "error" if infra else "submitted", details
-    )
+    stop = "error" if infra else "submitted"
+    return Trajectory(episode, "g", 2, task_id, (), (), reward, infra, stop, details)
 
 
 def strict_loads(text: str):
@@ -40,7 +37,7 @@ def canned(monkeypatch):
     """Make ``eval`` return ``groups`` without running a sandbox: (set_groups)."""
     state: dict = {"groups": []}
     monkeypatch.setattr(harness_eval, "sandbox_problem", lambda kind: None)
-    monkeypatch.setattr(harness_eval, "_run", lambda config, tasks, out: state["groups"])
+    monkeypatch.setattr(harness_eval, "_run", lambda config, tasks, out: (state["groups"], None))
     return lambda groups: state.update(groups=groups)
 
 
