@@ -6,10 +6,16 @@ and breaks exactness; docs/design.md §2).
 The template's own text (role headers, end-of-turn markers) is tokenised with special tokens;
 the prompt's and observations' content is tokenised with special tokens split, so a tool's
 output that prints ``<|im_end|>`` cannot forge a turn boundary.
+
+Every tokenizer call holds a lock: a Hugging Face fast tokenizer switches special-token
+splitting with a flag on the shared Rust tokenizer, so two episode threads encoding at once
+(one a template part, one content) can each get the other's setting — observed as the same
+observation encoded to different ids in two runs.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 _USER, _ASSISTANT, _OBSERVATION = "\x00\x01U\x01\x00", "\x00\x01A\x01\x00", "\x00\x01O\x01\x00"
@@ -35,6 +41,7 @@ class ChatFormat:
                 "agent needs one to wrap prompts and observations"
             )
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()
         render = tokenizer.apply_chat_template
         opening = render([{"role": "user", "content": _USER}], tokenize=False,
                          add_generation_prompt=True)  # fmt: skip
@@ -68,18 +75,21 @@ class ChatFormat:
 
     def action_text(self, token_ids: tuple[int, ...]) -> str:
         """The text of sampled ids for the env (special tokens such as the stop id dropped)."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        with self._lock:
+            return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def _template(self, text: str) -> tuple[int, ...]:
         if not text:
             return ()
-        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._lock:
+            return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def content_ids(self, text: str) -> tuple[int, ...]:
         """Ids of message content, special-token strings in it split as plain text."""
         if not text:
             return ()
-        encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        with self._lock:
+            encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
         return tuple(encoded["input_ids"])
 
 

@@ -85,3 +85,14 @@ def test_a_full_context_is_truncation_and_an_action_is_cut_to_the_room_left(toke
     assert generate.requests[-1].params.max_new_tokens == 4
     with pytest.raises(ContextExhausted, match="context window 10"):
         a.act(None, [Message("user", "hi", tuple(range(10)))], episode_id="e")
+
+
+def test_ids_do_not_depend_on_other_threads_encoding_at_the_same_time(tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    chat = ChatFormat(tokenizer)
+    texts = [f"Format error: expected one block <|im_end|> {i}" * 3 for i in range(64)]
+    alone = [chat.observation_ids(t) for t in texts]
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(5):
+            assert list(pool.map(chat.observation_ids, texts)) == alone
