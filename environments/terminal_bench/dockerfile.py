@@ -10,6 +10,7 @@ from pathlib import Path
 
 from environments.sandboxes.bwrap import validate_workdir
 from environments.tasks import TaskFormatError
+from environments.terminal_bench import inputs
 
 BASE_IMAGE = "thundersync/base:bookworm"
 DEFAULT_WORKDIR = "/app"
@@ -219,7 +220,8 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     if not path.is_file():
         raise TaskFormatError(path, "Dockerfile", "expected a Dockerfile, found none")
     state = _State()
-    for number, line in _logical_lines(path, path.read_text(encoding="utf-8", errors="replace")):
+    text = inputs.read_text(path, "Dockerfile", errors="replace")
+    for number, line in _logical_lines(path, text):
         keyword, _, args = line.partition(" ")
         keyword = keyword.upper()
         if keyword not in _KNOWN:

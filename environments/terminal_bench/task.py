@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
 from environments.tasks import Grade, GradingContext
-from environments.terminal_bench import grading
+from environments.terminal_bench import grading, inputs
 from environments.terminal_bench.environment import TaskEnvironment
 
 _CHUNK_CHARS = 64 * 1024
@@ -69,14 +69,13 @@ class TerminalBenchTask:
         workdir = self.environment.workdir
         try:
             if self.format == "tb1":
-                uploads = [*_test_files(self.tests_dir, ""), (self.test_script, "run-tests.sh")]
-                paths = grading.prepare_grader(sandbox, workdir, uploads)
+                paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
                 script = f"{paths.tests}/run-tests.sh"
                 result = grading.run_script(
                     sandbox, paths, script, self.test_timeout_s, self.test_env
                 )
                 return grading.grade_tb1(result, self.test_timeout_s)
-            paths = grading.prepare_grader(sandbox, workdir, _test_files(self.tests_dir, ""))
+            paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
             script = f"{paths.tests}/test.sh"
             result = grading.run_script(sandbox, paths, script, self.test_timeout_s, self.test_env)
             return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
@@ -85,6 +84,15 @@ class TerminalBenchTask:
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
 
+    def test_uploads(self) -> list[tuple[Path, str]]:
+        """The files the grader uploads (host file, path under the tests folder), each checked
+        again to lie inside the task folder: tests/, plus run-tests.sh for Terminal-Bench 1."""
+        uploads = inputs.list_files(self.tests_dir, self.path)
+        if self.format == "tb1":
+            script = inputs.inside(self.test_script, self.path, "run-tests.sh")
+            uploads.append((script, "run-tests.sh"))
+        return uploads
+
     def reference_solution(self) -> list[str]:
         """Commands that unpack the solution into a temporary folder and run it from the
         workspace; nothing of the solution is in the sandbox before they run. One command when
@@ -92,8 +100,11 @@ class TerminalBenchTask:
         """
         if self.solution_script is None:
             return list(self.solution_commands)
-        folder = self.solution_script.parent if self.format == "harbor" else None
-        payload = _pack(self.solution_script, folder)
+        if self.format == "harbor":
+            files = inputs.list_files(self.solution_script.parent, self.path)
+        else:
+            files = [(inputs.inside(self.solution_script, self.path, "solution.sh"), "")]
+        payload = _pack(files, self.solution_script.name)
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.solution_env.items())
         run = (
             'd=$(mktemp -d 2>/dev/null || mktemp -d -p "$PWD" .thundersync-oracle.XXXXXX) && '
@@ -111,23 +122,11 @@ class TerminalBenchTask:
         return commands
 
 
-def _test_files(folder: Path, prefix: str) -> list[tuple[Path, str]]:
-    """Every file under ``folder`` with its path relative to it."""
-    return [
-        (path, prefix + path.relative_to(folder).as_posix())
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    ]
-
-
-def _pack(script: Path, folder: Path | None) -> str:
-    """A base64 tar.gz of ``folder`` (Harbor's solution/) or of the single ``script``."""
+def _pack(files: list[tuple[Path, str]], script_name: str) -> str:
+    """A base64 tar.gz of ``files`` (host path, name in the archive; an empty name is the
+    script itself): Harbor's solution/ folder or TB1's single solution.sh."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        if folder is None:
-            archive.add(script, arcname=script.name)
-        else:
-            for path in sorted(folder.rglob("*")):
-                if path.is_file():
-                    archive.add(path, arcname=path.relative_to(folder).as_posix())
+        for path, name in files:
+            archive.add(path, arcname=name or script_name, recursive=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
