@@ -21,8 +21,20 @@ _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)")
 _FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
 
 
+REWARD_RANGE = (0.0, 1.0)
+"""Every reward a verifier reports must be a finite number in [0, 1]. Harbor and Terminal-Bench
+rewards are pass fractions, training normalises rewards per group, and eval averages them: a
+NaN, an infinity or a 1e9 from a broken (or steered) verifier would poison both. A value outside
+the range scores 0 with the reason in ``details["reward_error"]``, counted like any other 0."""
+
+
 class RewardFileError(ValueError):
-    """A verifier wrote a reward file that is not in the Harbor format."""
+    """A verifier wrote a reward file that is not in the Harbor format or outside
+    ``REWARD_RANGE``: the attempt scores 0 (it is counted, not excluded)."""
+
+
+class RewardFileMissing(RewardFileError):
+    """The verifier wrote neither reward file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +167,30 @@ def grade_tb1(result: ExecResult, timeout: float) -> Grade:
     return Grade(reward=1.0 if passed else 0.0, details=details)
 
 
+def _check_range(name: str, value: float) -> float:
+    low, high = REWARD_RANGE
+    if not math.isfinite(value):
+        raise RewardFileError(
+            f"{name}: expected a finite number in [{low:g}, {high:g}], got {value!r}"
+        )
+    if not low <= value <= high:
+        raise RewardFileError(f"{name}: expected a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
 def parse_reward_txt(text: str) -> float:
+    """The one number in ``reward.txt``, finite and in ``REWARD_RANGE``."""
     try:
         value = float(text.strip())
     except ValueError:
         raise RewardFileError(f"reward.txt: expected a number, got {text.strip()[:80]!r}") from None
-    if not math.isfinite(value):
-        raise RewardFileError(f"reward.txt: expected a finite number, got {value!r}")
-    return value
+    return _check_range("reward.txt", value)
 
 
 def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
-    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics."""
+    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics.
+    Every metric must be finite; the reward, and every metric averaged into it, must lie in
+    ``REWARD_RANGE`` (so that out-of-range metrics cannot cancel out in the mean)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -179,8 +203,11 @@ def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
         if not math.isfinite(value):
             raise RewardFileError(f"reward.json: metric {key!r}: expected a finite number")
     metrics = {key: float(value) for key, value in data.items()}
-    reward = metrics.get("reward", sum(metrics.values()) / len(metrics))
-    return reward, metrics
+    if "reward" in metrics:
+        return _check_range("reward.json: metric 'reward'", metrics["reward"]), metrics
+    for key, value in metrics.items():
+        _check_range(f"reward.json: metric {key!r} (averaged into the reward)", value)
+    return sum(metrics.values()) / len(metrics), metrics
 
 
 def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dict[str, Any]]:
@@ -194,16 +221,21 @@ def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dic
             return parse_reward_txt(shown.output), {}
         reward, metrics = parse_reward_json(shown.output)
         return reward, {"metrics": metrics}
-    raise RewardFileError(f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json")
+    raise RewardFileMissing(
+        f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json"
+    )
 
 
 def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
     """Reward of a Harbor ``tests/test.sh`` run, from ``reward.txt`` (a number) or else
     ``reward.json`` (metric names to numbers: its ``"reward"`` entry, else their mean). A run past
-    its timeout scores 0. Without a valid reward file: a verifier that failed (non-zero exit)
-    scores 0, since the agent's final state can break a verifier (delete python3, leave output
-    that crashes it) and must not thereby escape its score; a verifier that exited 0 yet wrote
-    no valid file is a broken task, an infrastructure failure."""
+    its timeout scores 0. A reward file that is malformed, not finite or outside
+    ``REWARD_RANGE`` scores 0 with ``details["reward_error"]`` (the agent's output can steer what
+    a verifier writes, so this is never an excluded infrastructure failure). Without a reward
+    file: a verifier that failed (non-zero exit) scores 0, since the agent's final state can
+    break a verifier (delete python3, leave output that crashes it) and must not thereby escape
+    its score; a verifier that exited 0 yet wrote no file is a broken task, an infrastructure
+    failure."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     details: dict[str, Any] = {
@@ -212,8 +244,13 @@ def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeo
     }
     try:
         reward, extra = read_harbor_reward(sandbox, paths)
-    except RewardFileError as err:
+    except RewardFileMissing as err:
         verifier_failed = result.exit_code != 0
         return Grade(reward=0.0, infra_failure=not verifier_failed,
                      details={**details, "error": str(err)})  # fmt: skip
+    except RewardFileError as err:
+        return Grade(
+            reward=0.0,
+            details={**details, "reward_error": str(err), "reason": f"invalid reward: {err}"},
+        )
     return Grade(reward=reward, details={**details, **extra})

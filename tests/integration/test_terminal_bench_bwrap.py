@@ -62,15 +62,18 @@ def test_partial_report_gets_partial_harbor_reward_but_fails_tb1() -> None:
     assert run_agent(by_id("tb1", "sales-report"), "scripted", partial).reward == 0.0
 
 
-def test_tampered_reward_file_is_an_infra_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("written", ["all good", "nan", "inf", "1e9"])
+def test_a_garbage_or_out_of_range_reward_scores_zero_with_the_reason(
+    tmp_path: Path, written: str
+) -> None:
     task_dir = tmp_path / "sales-report"
     shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
     (task_dir / "tests" / "test.sh").write_text(
-        '#!/bin/bash\necho "all good" > "${VERIFIER_DIR:-/logs/verifier}/reward.txt"\n'
+        f'#!/bin/bash\necho "{written}" > /logs/verifier/reward.txt\n'
     )
     grade = run_agent(load_tasks(task_dir).get("sales-report"), "nop")
-    assert grade.infra_failure
-    assert "reward.txt: expected a number, got 'all good'" in grade.details["error"]
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert "reward.txt: expected a" in grade.details["reward_error"]
 
 
 def test_a_verifier_the_agent_broke_scores_zero_not_infra(tmp_path: Path) -> None:

@@ -84,6 +84,13 @@ def test_reward_json_reward_key_wins() -> None:
     )
 
 
+def test_reward_json_side_metrics_need_only_be_finite_when_a_reward_is_given() -> None:
+    assert parse_reward_json('{"reward": 1, "num_tests": 12}') == (
+        1.0,
+        {"reward": 1.0, "num_tests": 12.0},
+    )
+
+
 def test_reward_txt_is_read_before_reward_json() -> None:
     sandbox = ScriptedSandbox(
         {"/logs/verifier/reward.txt": "0", "/logs/verifier/reward.json": '{"reward": 1}'}
