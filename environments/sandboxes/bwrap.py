@@ -8,6 +8,9 @@ Isolation, per ``execute`` call:
   not mounted at all. ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
 - The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
   e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls.
+- ``PUBLISHED_DIRS`` (``/tests``, ``/solution``, ``/logs`` with ``agent``, ``verifier`` and
+  ``artifacts``) are fresh per-sandbox host folders bound read-write at their real places, as
+  Docker's root can create them: published Harbor and Terminal-Bench tasks hard-code them.
 - New network namespace (only ``lo``), PID, IPC and UTS namespaces. When the command's shell
   exits, the namespace's init exits and the kernel kills every process left in it, so
   background jobs, ``setsid`` and double-forked daemons never outlive their call; a timeout
@@ -64,6 +67,10 @@ MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's ar
 MAX_ARGV_CMD_BYTES = 64 * 1024  # longer commands go through a file (one argv string <= 128 KiB)
 CMD_FILE = "/run/thundersync/cmd"
 DRAIN_AFTER_KILL_S = 0.5
+PUBLISHED_DIRS = ("/tests", "/solution", "/logs")
+"""Folders published Harbor and Terminal-Bench tasks hard-code (tests in /tests, the oracle's
+files in /solution, /logs/verifier/reward.txt); ``upload``/``download`` reach them too."""
+LOG_DIRS = ("agent", "verifier", "artifacts")
 
 
 def validate_workdir(workdir: str) -> str:
@@ -149,6 +156,7 @@ class BwrapSandbox:
         )
         try:
             self.workspace.mkdir()
+            self.published = self._make_published()
             self._write_identity()
             if spec.files is not None:
                 copy_in(Path(spec.files), self.workspace, self.uid if self.is_root else None)
@@ -163,6 +171,30 @@ class BwrapSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _make_published(self) -> dict[str, Path]:
+        """A fresh host folder for each of ``PUBLISHED_DIRS`` that does not overlap the workdir."""
+        made: dict[str, Path] = {}
+        for inside in PUBLISHED_DIRS:
+            if posixpath.commonpath([inside, self.workdir]) in (inside, self.workdir):
+                continue
+            host = self.root / "published" / inside.strip("/")
+            folders = [host, *(host / name for name in LOG_DIRS if inside == "/logs")]
+            for folder in folders:
+                folder.mkdir(parents=True)
+                if self.is_root:
+                    os.chown(folder, self.uid, self.uid)
+            made[inside] = host
+        return made
+
+    def _host_path(self, path: str) -> tuple[Path, Path]:
+        """(host path, the host folder it must stay in) of sandbox ``path``: a published
+        folder's or the workspace's (ValueError naming ``path`` when it is in neither)."""
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        for inside, host in self.published.items():
+            if full == inside or full.startswith(inside + "/"):
+                return host_path(host, inside, full), host
+        return host_path(self.workspace, self.workdir, path), self.workspace
 
     def _write_identity(self) -> None:
         etc = self.root / "etc"
@@ -183,6 +215,8 @@ class BwrapSandbox:
             argv += ["--unshare-all"]
         cmd, cmd_mount = self._command(cmd)
         argv += _mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
+        for inside, host in self.published.items():
+            argv += ["--bind", str(host), inside]
         argv += ["--clearenv"]
         for key, value in self._environment().items():
             argv += ["--setenv", key, value]
@@ -270,15 +304,17 @@ class BwrapSandbox:
         )  # fmt: skip
 
     def upload(self, src: Path, dst: str) -> None:
-        """Copy a host file or folder to ``dst`` (inside ``workdir``) in the sandbox."""
+        """Copy a host file or folder to ``dst`` (inside ``workdir`` or a published folder)."""
         self._check_open()
-        target = host_path(self.workspace, self.workdir, dst)
-        copy_in(Path(src), target, self.uid if self.is_root else None, root=self.workspace)
+        target, root = self._host_path(dst)
+        copy_in(Path(src), target, self.uid if self.is_root else None, root=root)
 
     def download(self, src: str, dst: Path) -> None:
-        """Copy ``src`` (inside ``workdir``) to the host; symlinks are copied as links."""
+        """Copy ``src`` (inside ``workdir`` or a published folder) to the host; symlinks are
+        copied as links."""
         self._check_open()
-        copy_out(host_path(self.workspace, self.workdir, src), self.workspace, Path(dst))
+        source, root = self._host_path(src)
+        copy_out(source, root, Path(dst))
 
     def close(self) -> None:
         """Kill any running command and the sandbox uid's processes; remove the workspace."""

@@ -58,27 +58,39 @@ class GraderSetupError(Exception):
     otherwise an agent could turn its own failure into an episode that is never trained on."""
 
 
+def _empty_folder(path: str) -> str:
+    """Make ``path`` an empty folder. Its contents are removed, not the folder, which may be a
+    mount point (bubblewrap binds /tests and /logs); a file or link the agent put in its place
+    is removed first, so nothing is written through a link. ``find`` never follows links."""
+    q = shlex.quote(path)
+    return (
+        f"{{ if [ -L {q} ] || {{ [ -e {q} ] && [ ! -d {q} ]; }}; then rm -f {q}; fi; }} && "
+        f"mkdir -p {q} && {{ find {q} -type d -exec chmod u+rwx {{}} + 2>/dev/null; true; }} && "
+        f'find {q} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + && test -z "$(ls -A {q})"'
+    )
+
+
 def _reset_command(paths: GraderPaths, root: str | None) -> str:
-    """Remove old grader folders and create them afresh. Under ``root`` (our own folder in the
-    workspace) an agent-made file, link or read-only tree of that name is removed first; ``find``
-    never follows links, so no folder outside is touched."""
-    folders = " ".join(shlex.quote(p) for p in (paths.tests, paths.verifier, paths.tmp) if p)
-    reset = f"rm -rf {folders}"
+    """Empty the grader's folders (creating them). Under ``root`` (our own folder in the
+    workspace) an agent-made file, link or read-only tree of that name is removed first."""
+    folders = [p for p in (paths.tests, paths.verifier, paths.tmp) if p]
+    reset = " && ".join(_empty_folder(folder) for folder in folders)
     if root is not None:
         quoted = shlex.quote(root)
         reset = (
             f"{{ find {quoted} -type d -exec chmod u+rwx {{}} + 2>/dev/null; true; }} && "
-            f"rm -rf {quoted}"
+            f"rm -rf {quoted} && {reset}"
         )
     return (
-        f"{reset} && mkdir -p {folders} && test -w {shlex.quote(paths.verifier)} && "
+        f"{reset} && test -w {shlex.quote(paths.verifier)} && "
         'if test -w "${TMPDIR:-/tmp}"; then echo tmp-writable; fi'
     )
 
 
 def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
-    """Fresh /tests and /logs/verifier, or the same under ``<workdir>/.thundersync-grader/``
-    where the host is read-only (bubblewrap); scripts find them in $TEST_DIR and $VERIFIER_DIR.
+    """Empty /tests and /logs/verifier at their published places (Docker, and bubblewrap, which
+    binds them), or the same under ``<workdir>/.thundersync-grader/`` in a sandbox that has
+    neither; scripts also find them in $TEST_DIR and $VERIFIER_DIR.
     Raises GraderSetupError when neither can be made (a SandboxError when the sandbox fails)."""
     root = f"{workdir.rstrip('/')}/{FALLBACK_DIR}"
     candidates = [

@@ -17,6 +17,10 @@ from environments.terminal_bench.environment import TaskEnvironment
 
 _CHUNK_CHARS = 64 * 1024
 """Base64 per command: well under Linux's 128 KiB limit on one argument."""
+SOLUTION_DIR = "/solution"
+SOLUTION_DIR_VARIABLE = "THUNDERSYNC_SOLUTION_DIR"
+"""Overrides where the oracle unpacks the solution, for running its commands outside a
+sandbox (tests do): on a real host /solution would be a folder at the root."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +98,11 @@ class TerminalBenchTask:
         return uploads
 
     def reference_solution(self) -> list[str]:
-        """Commands that unpack the solution into a temporary folder and run it from the
-        workspace; nothing of the solution is in the sandbox before they run. One command when
-        it fits (bubblewrap's /tmp lasts one command); larger ones are staged in the workspace.
+        """Commands that unpack the solution into ``/solution`` (Harbor's path, which published
+        solve.sh scripts hard-code; ``$SOLUTION_DIR`` names it too) and run it from the
+        workdir; nothing of the solution is in the sandbox before they run, and /solution is
+        emptied after. Where /solution cannot be made, a temporary folder stands in for it.
+        One command when it fits; larger ones are staged in the workspace first.
         """
         if self.solution_script is None:
             return list(self.solution_commands)
@@ -106,19 +112,23 @@ class TerminalBenchTask:
             files = [(inputs.inside(self.solution_script, self.path, "solution.sh"), "")]
         payload = _pack(files, self.solution_script.name)
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.solution_env.items())
+        empty = 'find "$d" -mindepth 1 -maxdepth 1 -exec rm -rf {} +'
         run = (
+            f'top="${{{SOLUTION_DIR_VARIABLE}:-{SOLUTION_DIR}}}"; d="$top"; '
+            f'{{ mkdir -p "$d" && {empty} && test -w "$d"; }} 2>/dev/null || '
             'd=$(mktemp -d 2>/dev/null || mktemp -d -p "$PWD" .thundersync-oracle.XXXXXX) && '
-            f'{{ {{SOURCE}} | base64 -d | tar -xzf - -C "$d"; }} && '
-            f'({exports}SOLUTION_DIR="$d" bash "$d/{self.solution_script.name}"); '
-            'status=$?; rm -rf "$d" {STAGED}; exit $status'
+            '{ {SOURCE} | base64 -d | tar -xzf - -C "$d"; } && '
+            f'({exports}SOLUTION_DIR="$d" bash "$d/{self.solution_script.name}"); status=$?; '
+            f'if [ "$d" = "$top" ]; then {empty}; else rm -rf "$d"; fi; {{STAGED}}exit $status'
         )
         if len(payload) <= _CHUNK_CHARS:
-            return [run.replace("{SOURCE}", f"printf %s {payload}").replace(" {STAGED}", "")]
+            return [run.replace("{SOURCE}", f"printf %s {payload}").replace("{STAGED}", "")]
         staged = ".thundersync-oracle.b64"
         commands = [f"rm -f {staged}"]
         for start in range(0, len(payload), _CHUNK_CHARS):
             commands.append(f"printf %s {payload[start : start + _CHUNK_CHARS]} >> {staged}")
-        commands.append(run.replace("{SOURCE}", f"cat {staged}").replace("{STAGED}", staged))
+        cleanup = f"rm -f {staged}; "
+        commands.append(run.replace("{SOURCE}", f"cat {staged}").replace("{STAGED}", cleanup))
         return commands
 
 

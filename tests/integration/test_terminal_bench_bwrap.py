@@ -42,6 +42,28 @@ def by_id(fmt: str, task_id: str) -> TerminalBenchTask:
     return next(t for t in TASKS if t.format == fmt and t.task_id == task_id)
 
 
+def test_a_task_that_hard_codes_published_paths_runs_as_in_docker() -> None:
+    """Its solve.sh reads /solution, its test.sh reads /tests and writes
+    /logs/verifier/reward.txt: bubblewrap binds each at its real place."""
+    task = load_tasks(FIXTURES / "published" / "greeting-file").get("greeting-file")
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+
+
+def test_published_folders_are_fresh_per_sandbox_and_persist_between_calls() -> None:
+    task = by_id("harbor", "sales-report")
+    with bwrap_sandbox(task) as first:
+        assert (
+            first.execute("echo 1 > /logs/verifier/reward.txt && ls /tests /solution", 10).exit_code
+            == 0
+        )
+        assert first.execute("cat /logs/verifier/reward.txt", 10).output == "1\n"
+        with bwrap_sandbox(task) as second:
+            listing = second.execute("ls -A /tests /solution /logs/verifier", 10).output
+            assert listing.split() == ["/logs/verifier:", "/solution:", "/tests:"]
+
+
 @pytest.mark.parametrize("fmt", ["tb1", "harbor"])
 def test_multi_metric_task_oracle_and_nop(fmt: str) -> None:
     task = by_id(fmt, "sales-report")
@@ -105,9 +127,18 @@ def test_an_agent_made_grader_folder_is_replaced(prank: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["tb1", "harbor"])
-def test_a_read_only_workspace_left_by_the_agent_scores_zero_not_infra(fmt: str) -> None:
+def test_a_read_only_workspace_does_not_stop_grading(fmt: str) -> None:
+    """The grader's folders are /tests and /logs/verifier, as in Docker, not the workspace."""
     task = by_id(fmt, "sales-report")
     grade = run_agent(task, "scripted", [*task.reference_solution(), "chmod 555 ."])
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+
+
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_grader_folders_the_agent_broke_score_zero_not_infra(fmt: str) -> None:
+    task = by_id(fmt, "sales-report")
+    sabotage = "rm -rf /logs/verifier && chmod 555 /logs ."
+    grade = run_agent(task, "scripted", [*task.reference_solution(), sabotage])
     assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
     assert grade.details["grader_setup_failed"] is True
     assert "Permission denied" in grade.details["reason"]
