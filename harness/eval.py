@@ -41,6 +41,10 @@ class EvalConfig:
     """Episodes running at once."""
     seed: int = 0
     """Seeds each episode's reset."""
+    strict: bool = False
+    """Strict grading (``--strict``; ``environments.tasks.GradingContext.strict``)."""
+    image_aliases: tuple[str, ...] = ()
+    """``--image-alias PUBLIC=LOCAL`` pairs (``environments.sandboxes.image_build``)."""
 
 
 def _fail(message: str) -> int:
@@ -57,9 +61,14 @@ def run_eval_command(args: argparse.Namespace) -> int:
         )
     if args.k < 1 or args.concurrency < 1:
         return _fail(f"-k and --concurrency must be >= 1, got {args.k} and {args.concurrency}")
+    from environments.sandboxes.image_build import parse_image_aliases, use_image_aliases
     from environments.suites import UnknownSuiteError, resolve_suite
     from environments.tasks import TaskFormatError
 
+    try:
+        use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         tasks = list(resolve_suite(args.suite))
     except (UnknownSuiteError, TaskFormatError) as exc:
@@ -73,7 +82,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
             return _fail(
                 "--sandbox docker: no Docker daemon answers (start dockerd, or use --sandbox bwrap)"
             )
-    config = EvalConfig(args.suite, args.agent, args.sandbox, args.k, args.concurrency)
+    config = EvalConfig(
+        args.suite, args.agent, args.sandbox, args.k, args.concurrency,
+        strict=args.strict, image_aliases=tuple(args.image_alias),
+    )  # fmt: skip
     out = Path(args.out) if args.out else None
     groups = _run(config, tasks, out)
     report = build_report(config, groups)
@@ -111,7 +123,7 @@ def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[Tr
             bar = progress.add_task(config.suite, total=len(tasks) * config.k)
             bus.subscribe(lambda e: progress.advance(bar) if isinstance(e, RewardReady) else None)
             runner = EpisodeRunner(
-                lambda: ShellEnv(tasks, sandbox=config.sandbox),
+                lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
                 make_agent(config.agent),
                 bus,
                 max_concurrency=config.concurrency,

@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap")
     evaluate.add_argument("-k", type=int, default=1, help="attempts per task")
     evaluate.add_argument("--concurrency", type=int, default=2)
+    evaluate.add_argument(
+        "--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
+        help="use the local image LOCAL where a task names the public image PUBLIC (repeatable; "
+        "also $THUNDERSYNC_IMAGE_ALIASES), e.g. ubuntu:24.04=thundersync/base:bookworm",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--strict", action="store_true",
+        help="grade strictly, as training does: a fresh sandbox with only the agent's work, "
+        "tampering scored 0 (default: as the benchmark's own harness, comparable numbers)",
+    )  # fmt: skip
     evaluate.add_argument("--out", default=None, help="folder for results.json and events.jsonl")
     evaluate.add_argument("--json", action="store_true", help="print a JSON report")
     evaluate.set_defaults(func=_cmd_eval)

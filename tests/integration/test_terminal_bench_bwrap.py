@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from environments.sandboxes import NeedsDockerError, Sandbox, make_sandbox
+from environments.sandboxes.image_build import ALIASES_VARIABLE
 from environments.tasks import Grade
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from environments.terminal_bench.dockerfile import BASE_IMAGE
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -46,6 +48,19 @@ def test_a_task_that_hard_codes_published_paths_runs_as_in_docker() -> None:
     """Its solve.sh reads /solution, its test.sh reads /tests and writes
     /logs/verifier/reward.txt: bubblewrap binds each at its real place."""
     task = load_tasks(FIXTURES / "published" / "greeting-file").get("greeting-file")
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+
+
+def test_a_public_base_image_runs_in_bwrap_through_an_alias(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task = load_tasks(FIXTURES / "published" / "ubuntu-word-count").get("ubuntu-word-count")
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    with pytest.raises(NeedsDockerError, match=f"pass --image-alias ubuntu:24.04={BASE_IMAGE}"):
+        run_agent(task, "oracle")
+    monkeypatch.setenv(ALIASES_VARIABLE, f"ubuntu:24.04={BASE_IMAGE}")
     oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details

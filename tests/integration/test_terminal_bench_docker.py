@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import Sandbox, make_sandbox
+from environments.sandboxes import Sandbox, SandboxError, make_sandbox
+from environments.sandboxes.image_build import ALIASES_VARIABLE, use_image_aliases
 from environments.tasks import Grade
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from environments.terminal_bench.dockerfile import BASE_IMAGE
 
 pytestmark = pytest.mark.docker
 
@@ -37,6 +39,38 @@ def run_agent(task: TerminalBenchTask, agent: str, kind: str | None = "docker") 
                 done = sandbox.execute(cmd, timeout=task.timeout_s)
                 assert done.exit_code == 0, done.output[-2000:]
         return task.grade(sandbox)
+
+
+@pytest.fixture
+def ubuntu_alias(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    use_image_aliases({"ubuntu:24.04": BASE_IMAGE})
+    yield
+    use_image_aliases({})
+
+
+def test_a_public_base_image_is_refused_with_the_alias_that_would_help() -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        if any("ubuntu:24.04" in image.tags for image in client.images.list("ubuntu")):
+            pytest.skip("this daemon has an ubuntu:24.04 image: the task builds without an alias")
+    finally:
+        client.close()
+    task = load_tasks(FIXTURES / "published" / "ubuntu-word-count").get("ubuntu-word-count")
+    with pytest.raises(SandboxError, match=f"pass --image-alias ubuntu:24.04={BASE_IMAGE}"):
+        make_sandbox(task.sandbox_spec("docker"), kind="docker")
+
+
+@pytest.mark.parametrize("task_id", ["ubuntu-word-count", "greeting-file"])
+def test_published_style_tasks_in_docker(ubuntu_alias: None, task_id: str) -> None:
+    """FROM ubuntu:24.04 through an alias; scripts that hard-code /solution, /tests and
+    /logs/verifier/reward.txt."""
+    task = load_tasks(FIXTURES / "published" / task_id).get(task_id)
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
 
 @pytest.mark.slow
