@@ -127,12 +127,21 @@ def prepare_grader(sandbox: Sandbox, workdir: str, tests: list[tuple[Path, str]]
 
 
 def run_script(
-    sandbox: Sandbox, paths: GraderPaths, script: str, timeout: float, env: dict[str, str]
+    sandbox: Sandbox,
+    paths: GraderPaths,
+    script: str,
+    timeout: float,
+    env: dict[str, str],
+    *,
+    prefix: str = "",
 ) -> ExecResult:
-    """Run ``script`` with bash from the workdir, with the grader's variables and ``env``."""
+    """Run ``script`` with bash from the workdir, after ``prefix`` (shell commands that set up
+    the environment), with the grader's variables and ``env`` (names checked by the loader,
+    values quoted)."""
     extra = "".join(f" {k}={shlex.quote(v)}" for k, v in env.items())
+    setup = f"{prefix} ; " if prefix else ""
     return sandbox.execute(
-        f"{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
+        f"{setup}{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
     )
 
 

@@ -6,13 +6,14 @@ import base64
 import io
 import shlex
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade, GradingContext
-from environments.terminal_bench import grading, inputs
+from environments.tasks import Grade, GradingContext, TaskFormatError
+from environments.terminal_bench import grading, inputs, strict, work
 from environments.terminal_bench.environment import TaskEnvironment
 
 _CHUNK_CHARS = 64 * 1024
@@ -66,27 +67,69 @@ class TerminalBenchTask:
     def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         """Upload the tests, run them with the task's test timeout, and score the result.
 
-        Only a SandboxError (the sandbox could not run a command) is an infrastructure failure.
-        A preparation step that ran but failed in the state the agent left (a read-only
-        workspace, deleted tools) scores 0 with ``details["reason"]``: otherwise an agent could
-        turn its own failure into an episode that is excluded from training."""
-        workdir = self.environment.workdir
+        With a context (ShellEnv passes one), the agent's work folder is compared with a fresh
+        sandbox's (the task's pristine state) and files that touch test infrastructure are
+        reported: ``details["tamper_suspected"]`` and ``details["tamper_reasons"]``. Strict
+        (``context.strict``): such an attempt scores 0, and otherwise the tests run in the
+        fresh sandbox with only the work folder copied in and a pinned environment
+        (``environments.terminal_bench.strict``). Not strict: the tests run in ``sandbox``
+        itself, as the benchmark's own harness runs them, and the report changes no score.
+        Without a context: the tests run in ``sandbox``, nothing is compared.
+
+        Only a SandboxError (the sandbox could not run a command) is an infrastructure failure,
+        and a task folder that changed after loading. A step that ran but failed in the state
+        the agent left (a read-only workspace, deleted tools, an unreadable work folder) scores
+        0 with ``details["reason"]``: otherwise an agent could turn its own failure into an
+        episode that is excluded from training."""
         try:
-            if self.format == "tb1":
-                paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
-                script = f"{paths.tests}/run-tests.sh"
-                result = grading.run_script(
-                    sandbox, paths, script, self.test_timeout_s, self.test_env
-                )
-                return grading.grade_tb1(result, self.test_timeout_s)
-            paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
-            script = f"{paths.tests}/test.sh"
-            result = grading.run_script(sandbox, paths, script, self.test_timeout_s, self.test_env)
-            return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
-        except grading.GraderSetupError as err:
-            return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
+            if context is None:
+                return self._run_tests(sandbox, pinned=False)
+            with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
+                return self._grade_against_pristine(sandbox, context, Path(tmp))
+        except (grading.GraderSetupError, work.WorkExportError) as err:
+            setup_failed = isinstance(err, grading.GraderSetupError)
+            return Grade(
+                reward=0.0, details={"grader_setup_failed": setup_failed, "reason": str(err)}
+            )
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
+        except TaskFormatError as err:
+            return Grade(reward=0.0, infra_failure=True, details={"error": f"task folder: {err}"})
+
+    def _grade_against_pristine(
+        self, sandbox: Sandbox, context: GradingContext, tmp: Path
+    ) -> Grade:
+        workdir = self.environment.workdir
+        agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
+        fresh = context.fresh_sandbox()
+        self.setup(fresh)
+        pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
+        reasons = strict.tamper_reasons(workdir, pristine, agent_work)
+        report = {"strict": context.strict, "tamper_suspected": bool(reasons),
+                  "tamper_reasons": reasons}  # fmt: skip
+        if not context.strict:
+            grade = self._run_tests(sandbox, pinned=False)
+        elif reasons:
+            reason = "strict grading: the agent's work touches test infrastructure"
+            return Grade(reward=0.0, details={**report, "reason": reason})
+        else:
+            work.import_work(fresh, workdir, agent_work)
+            grade = self._run_tests(fresh, pinned=True)
+        return Grade(grade.reward, grade.infra_failure, {**grade.details, **report})
+
+    def _run_tests(self, sandbox: Sandbox, *, pinned: bool) -> Grade:
+        """Upload the tests and run them in ``sandbox`` (with the strict environment when
+        ``pinned``); the reward as the task's format defines it."""
+        workdir = self.environment.workdir
+        paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
+        script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
+        prefix = strict.pinned_environment(workdir) if pinned else ""
+        result = grading.run_script(
+            sandbox, paths, script, self.test_timeout_s, self.test_env, prefix=prefix
+        )
+        if self.format == "tb1":
+            return grading.grade_tb1(result, self.test_timeout_s)
+        return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
 
     def test_uploads(self) -> list[tuple[Path, str]]:
         """The files the grader uploads (host file, path under the tests folder), each checked
