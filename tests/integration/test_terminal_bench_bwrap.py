@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -196,3 +197,38 @@ def test_every_shipped_task_oracle_scores_1_and_nop_scores_0(task: TerminalBench
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
     if task.task_id == "fast-pair-count":
         assert nop.details["timed_out"] is True
+
+
+def eval_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    from thundersync.cli import main
+
+    assert main(["eval", *argv, "--sandbox", "bwrap", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_eval_runs_published_style_tasks_with_an_alias_and_strict_grading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    suite, alias = str(FIXTURES / "published"), f"ubuntu:24.04={BASE_IMAGE}"
+    out = tmp_path / "run"
+    report = eval_json(
+        capsys, "--suite", suite, "--agent", "oracle", "--image-alias", alias, "--strict",
+        "--out", str(out),
+    )  # fmt: skip
+    assert (report["mean_reward"], report["num_infra_failures"]) == (1.0, 0), report
+    config = json.loads((out / "config.json").read_text())
+    assert (config["strict"], config["image_aliases"]) == (True, [alias])
+    report = eval_json(capsys, "--suite", suite, "--agent", "nop")  # no alias: bwrap refuses
+    (failed,) = [row for row in report["tasks"] if row["infra_failure"]]
+    assert failed["task_id"] == "ubuntu-word-count"
+    assert f"pass --image-alias {alias}" in failed["attempts"][0]["error"]
+
+
+def test_eval_refuses_a_malformed_image_alias(capsys: pytest.CaptureFixture[str]) -> None:
+    from thundersync.cli import main
+
+    argv = ["eval", "--suite", "harbor-mini", "--agent", "nop", "--image-alias", "ubuntu"]
+    assert main(argv) == 2
+    assert "--image-alias: expected PUBLIC=LOCAL" in capsys.readouterr().err
