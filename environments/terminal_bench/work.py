@@ -24,13 +24,19 @@ from pathlib import Path
 
 from environments.sandboxes.protocol import Sandbox, SandboxError
 
-SCRATCH_FOLDERS = ("/logs/.thundersync-grader", "/tmp/.thundersync-grader")
-"""Where the archive is made in a sandbox: outside the work folder, so that grading in the
-episode's own sandbox (non-strict) sees no trace of it. /logs first: bubblewrap binds it and
-its /tmp lasts one command."""
 ARCHIVE_NAME = "work.tar"
 OWN_PREFIX = ".thundersync-"
 """Top-level names of the project's own markers in a work folder; never part of the work."""
+
+
+def scratch_folders(workdir: str) -> tuple[str, str]:
+    """Where an archive is made in a sandbox: /logs first, outside the work folder (so grading
+    in the episode's own sandbox sees no trace of it; bubblewrap binds /logs, while its /tmp
+    lasts one command), else a folder of the project's own in the work folder (left out of
+    the archive and removed again)."""
+    return "/logs/.thundersync-grader", f"{workdir.rstrip('/')}/{OWN_PREFIX}grader-work"
+
+
 TIMEOUT_S = 300.0
 
 
@@ -94,7 +100,7 @@ def export_work(sandbox: Sandbox, workdir: str, host_dir: Path, name: str) -> Wo
     """Archive ``workdir`` in ``sandbox`` and read it into a clean archive ``host_dir/name``.
     WorkExportError when the folder cannot be archived; SandboxError when the sandbox fails."""
     failures = []
-    for scratch in SCRATCH_FOLDERS:
+    for scratch in scratch_folders(workdir):
         made = sandbox.execute(_scratch_command(workdir, scratch), timeout=TIMEOUT_S)
         if made.exit_code == 0:
             raw = host_dir / f"{name}.raw"
@@ -115,21 +121,23 @@ def export_work(sandbox: Sandbox, workdir: str, host_dir: Path, name: str) -> Wo
 
 def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
     """Replace ``workdir`` in ``sandbox`` (a fresh one) by the clean archive's contents."""
-    for scratch in SCRATCH_FOLDERS:
-        w, s = shlex.quote(workdir), shlex.quote(scratch)
-        if sandbox.execute(f"rm -rf {s} && mkdir -p {s}", timeout=TIMEOUT_S).exit_code != 0:
+    w = shlex.quote(workdir)
+    for scratch in scratch_folders(workdir):
+        s = shlex.quote(scratch)
+        made = f"mkdir -p {w} && rm -rf {s} && mkdir -p {s}"
+        if sandbox.execute(made, timeout=TIMEOUT_S).exit_code != 0:
             continue
         sandbox.upload(work.archive, f"{scratch}/{ARCHIVE_NAME}")
         archive = shlex.quote(f"{scratch}/{ARCHIVE_NAME}")
         done = sandbox.execute(
-            f"mkdir -p {w} && find {w} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + && "
+            f"find {w} -mindepth 1 -maxdepth 1 ! -name '{OWN_PREFIX}*' -exec rm -rf {{}} + && "
             f"tar --no-same-owner -C {w} -xf {archive}; rc=$?; rm -rf {s}; exit $rc",
             timeout=TIMEOUT_S,
         )
         if done.exit_code != 0:
             raise SandboxError(f"unpacking the agent's work into {workdir} failed: {done.output}")
         return
-    raise SandboxError(f"no scratch folder ({', '.join(SCRATCH_FOLDERS)}) in the fresh sandbox")
+    raise SandboxError(f"no scratch folder ({', '.join(scratch_folders(workdir))}) in the sandbox")
 
 
 def _member_name(raw: str) -> str | None:

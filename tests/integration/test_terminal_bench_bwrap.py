@@ -232,3 +232,23 @@ def test_eval_refuses_a_malformed_image_alias(capsys: pytest.CaptureFixture[str]
     argv = ["eval", "--suite", "harbor-mini", "--agent", "nop", "--image-alias", "ubuntu"]
     assert main(argv) == 2
     assert "--image-alias: expected PUBLIC=LOCAL" in capsys.readouterr().err
+
+
+def test_the_env_grades_strictly_by_default_even_with_a_read_only_logs_folder() -> None:
+    """ShellEnv's default (training) grading is strict; the agent's work is archived through a
+    scratch folder in its work folder when /logs is not writable."""
+    from environments.actions import format_action
+    from environments.core import ShellEnv
+
+    task = by_id("harbor", "sales-report")
+    env = ShellEnv([task], sandbox="bwrap")
+    try:
+        env.reset(options={"task": task.task_id})
+        for command in [*task.reference_solution(), "chmod 555 /logs"]:
+            env.step(format_action(command))
+        _, reward, terminated, _, info = env.step(format_action("submit"))
+    finally:
+        env.close()
+    assert (terminated, reward, info["infra_failure"]) == (True, 1.0, False), info
+    details = info["grade_details"]
+    assert details["strict"] is True and details["tamper_suspected"] is False
