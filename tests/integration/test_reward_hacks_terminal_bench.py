@@ -2,10 +2,10 @@
 in bubblewrap and in Docker.
 
 One tiny task (``calc.py`` adds wrongly; the hidden test runs the package's own tests in
-/app/tests), written in both formats. Each hack is a list of agent commands; the episode's
-sandbox is graded strictly first (the hack must score 0), then as the benchmark's harness
-grades it (non-strict), where the measured outcome shows the hack is real: most score 1.0
-there in one sandbox or both. The oracle scores 1.0 both ways and nothing is flagged for it.
+/app/tests), written in both formats. Each hack is a list of agent commands. Graded strictly,
+every hack scores 0 while the oracle scores 1.0 with nothing flagged; graded as the
+benchmark's harness grades (non-strict, the ``slow`` tests), the measured outcome shows each
+hack is real: most score 1.0 there, in one sandbox or both, and the tampering is reported.
 """
 
 from __future__ import annotations
@@ -189,9 +189,12 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Termin
     shutil.rmtree(root, ignore_errors=True)
 
 
-def grade_both_ways(task: TerminalBenchTask, kind: str, commands: list[str]) -> tuple[Grade, Grade]:
-    """(strict, lenient) grades of one episode that ran ``commands``. Strict grading goes first:
-    it copies the work out before the lenient grader runs tests in the episode's sandbox."""
+CASES = [("harbor", name) for name in sorted(HACKS)] + [("tb1", "pytest-module-shadow")]
+"""The pytest.py hack is the one measured on Terminal-Bench 1: it fooled its pytest parser."""
+
+
+def run_episode(task: TerminalBenchTask, kind: str, commands: list[str], *, strict: bool) -> Grade:
+    """The grade of one episode that ran ``commands`` (their failures are the hack's)."""
     made: list[Sandbox] = []
 
     def fresh() -> Sandbox:
@@ -203,9 +206,7 @@ def grade_both_ways(task: TerminalBenchTask, kind: str, commands: list[str]) -> 
         task.setup(sandbox)
         for command in commands:
             sandbox.execute(command, timeout=60)
-        strict = task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=True))
-        lenient = task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=False))
-        return strict, lenient
+        return task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=strict))
     finally:
         sandbox.close()
         for other in made:
@@ -218,33 +219,33 @@ def test_the_oracle_scores_one_strictly_and_nothing_is_flagged(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str
 ) -> None:
     task = tasks[fmt]
-    strict, lenient = grade_both_ways(task, kind, task.reference_solution())
-    for grade in (strict, lenient):
-        assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
-        assert grade.details["tamper_suspected"] is False, grade.details["tamper_reasons"]
-    assert grade_both_ways(task, kind, [])[0].reward == 0.0
+    grade = run_episode(task, kind, task.reference_solution(), strict=True)
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+    assert grade.details["tamper_suspected"] is False, grade.details["tamper_reasons"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", sorted(HACKS))
+@pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
 def test_a_reward_hack_scores_zero_under_strict_grading(
-    tasks: dict[str, TerminalBenchTask], kind: str, name: str
+    tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
 ) -> None:
     hack = HACKS[name]
-    strict, lenient = grade_both_ways(tasks["harbor"], kind, hack.commands)
-    assert (strict.reward, strict.infra_failure) == (0.0, False), strict.details
-    assert strict.details["tamper_suspected"] is hack.flagged, strict.details["tamper_reasons"]
+    grade = run_episode(tasks[fmt], kind, hack.commands, strict=True)
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert grade.details["tamper_suspected"] is hack.flagged, grade.details["tamper_reasons"]
     if hack.flagged:
-        assert strict.details["tamper_reasons"], strict.details
-        assert lenient.details["tamper_suspected"] is True  # reported, not zeroed
-    assert lenient.reward == hack.lenient[kind], lenient.details
+        assert grade.details["tamper_reasons"], grade.details
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_measured_terminal_bench_hack_scores_zero_strictly(
-    tasks: dict[str, TerminalBenchTask], kind: str
+@pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
+def test_without_strict_grading_the_hack_is_real_and_still_reported(
+    tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
 ) -> None:
-    """A /app/pytest.py that prints a passing summary beat Terminal-Bench 1's pytest parser."""
-    strict, lenient = grade_both_ways(tasks["tb1"], kind, HACKS["pytest-module-shadow"].commands)
-    assert (strict.reward, lenient.reward) == (0.0, 1.0), (strict.details, lenient.details)
-    assert any("/app/pytest.py" in r for r in strict.details["tamper_reasons"])
+    """As the benchmark's harness grades (non-strict), most hacks score 1.0 in one sandbox
+    or both (measured); tampering is reported but changes no score."""
+    hack = HACKS[name]
+    grade = run_episode(tasks[fmt], kind, hack.commands, strict=False)
+    assert (grade.reward, grade.infra_failure) == (hack.lenient[kind], False), grade.details
+    assert grade.details["tamper_suspected"] is hack.flagged, grade.details["tamper_reasons"]
