@@ -86,11 +86,8 @@ class TerminalBenchTask:
                 return self._run_tests(sandbox, pinned=False)
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
                 return self._grade_against_pristine(sandbox, context, Path(tmp))
-        except (grading.GraderSetupError, work.WorkExportError) as err:
-            setup_failed = isinstance(err, grading.GraderSetupError)
-            return Grade(
-                reward=0.0, details={"grader_setup_failed": setup_failed, "reason": str(err)}
-            )
+        except grading.GraderSetupError as err:
+            return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
         except TaskFormatError as err:
@@ -100,10 +97,20 @@ class TerminalBenchTask:
         self, sandbox: Sandbox, context: GradingContext, tmp: Path
     ) -> Grade:
         workdir = self.environment.workdir
-        agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
+        try:
+            agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
+        except work.WorkExportError as err:  # the agent's doing: its 0 when strict
+            if context.strict:
+                return Grade(reward=0.0, details={"strict": True, "reason": str(err)})
+            grade = self._run_tests(sandbox, pinned=False)
+            unreported = {"strict": False, "tamper_report_error": str(err)}
+            return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported})
         fresh = context.fresh_sandbox()
         self.setup(fresh)
-        pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
+        try:
+            pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
+        except work.WorkExportError as err:
+            raise SandboxError(f"the fresh sandbox's work folder: {err}") from err
         reasons = strict.tamper_reasons(workdir, pristine, agent_work)
         report = {"strict": context.strict, "tamper_suspected": bool(reasons),
                   "tamper_reasons": reasons}  # fmt: skip

@@ -252,3 +252,23 @@ def test_the_env_grades_strictly_by_default_even_with_a_read_only_logs_folder() 
     assert (terminated, reward, info["infra_failure"]) == (True, 1.0, False), info
     details = info["grade_details"]
     assert details["strict"] is True and details["tamper_suspected"] is False
+
+
+def test_an_unarchivable_work_folder_scores_zero_strictly_not_infra() -> None:
+    from environments.tasks import GradingContext
+
+    task = by_id("harbor", "sales-report")
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap"))
+        return made[-1]
+
+    with bwrap_sandbox(task) as sandbox:
+        for command in [*task.reference_solution(), "chmod 000 report.json"]:
+            assert sandbox.execute(command, timeout=60).exit_code == 0
+        grade = task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=True))
+    for other in made:
+        other.close()
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert "cannot archive the work folder /app" in grade.details["reason"]
