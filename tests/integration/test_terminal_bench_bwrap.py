@@ -13,7 +13,7 @@ import pytest
 
 from environments.sandboxes import NeedsDockerError, Sandbox, make_sandbox
 from environments.sandboxes.image_build import ALIASES_VARIABLE
-from environments.tasks import Grade
+from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from environments.terminal_bench.dockerfile import BASE_IMAGE
 
@@ -33,12 +33,26 @@ def bwrap_sandbox(task: TerminalBenchTask) -> Iterator[Sandbox]:
         sandbox.close()
 
 
-def run_agent(task: TerminalBenchTask, agent: str, commands: list[str] = ()) -> Grade:
-    with bwrap_sandbox(task) as sandbox:
-        for cmd in task.reference_solution() if agent == "oracle" else commands:
-            done = sandbox.execute(cmd, timeout=task.timeout_s)
-            assert done.exit_code == 0, done.output[-2000:]
-        return task.grade(sandbox)
+def run_agent(
+    task: TerminalBenchTask, agent: str, commands: list[str] = (), *, strict: bool | None = None
+) -> Grade:
+    """Grade without a context (None), or strictly or not with fresh sandboxes it closes."""
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap"))
+        return made[-1]
+
+    context = None if strict is None else GradingContext(fresh_sandbox=fresh, strict=strict)
+    try:
+        with bwrap_sandbox(task) as sandbox:
+            for cmd in task.reference_solution() if agent == "oracle" else commands:
+                done = sandbox.execute(cmd, timeout=task.timeout_s)
+                assert done.exit_code == 0, done.output[-2000:]
+            return task.grade(sandbox, context)
+    finally:
+        for other in made:
+            other.close()
 
 
 def by_id(fmt: str, task_id: str) -> TerminalBenchTask:
@@ -191,9 +205,11 @@ def test_replayed_build_step_that_writes_outside_the_workspace_needs_docker(
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
 def test_every_shipped_task_oracle_scores_1_and_nop_scores_0(task: TerminalBenchTask) -> None:
-    oracle = run_agent(task, "oracle")
+    """Graded strictly, as training grades: every shipped task qualifies."""
+    oracle = run_agent(task, "oracle", strict=True)
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    nop = run_agent(task, "nop")
+    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
+    nop = run_agent(task, "nop", strict=True)
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
     if task.task_id == "fast-pair-count":
         assert nop.details["timed_out"] is True
@@ -255,8 +271,6 @@ def test_the_env_grades_strictly_by_default_even_with_a_read_only_logs_folder() 
 
 
 def test_an_unarchivable_work_folder_scores_zero_strictly_not_infra() -> None:
-    from environments.tasks import GradingContext
-
     task = by_id("harbor", "sales-report")
     made: list[Sandbox] = []
 

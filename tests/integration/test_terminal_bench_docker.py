@@ -12,7 +12,7 @@ import pytest
 
 from environments.sandboxes import Sandbox, SandboxError, make_sandbox
 from environments.sandboxes.image_build import ALIASES_VARIABLE, use_image_aliases
-from environments.tasks import Grade
+from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from environments.terminal_bench.dockerfile import BASE_IMAGE
 
@@ -32,13 +32,27 @@ def docker_sandbox(task: TerminalBenchTask, kind: str | None = "docker") -> Iter
         sandbox.close()
 
 
-def run_agent(task: TerminalBenchTask, agent: str, kind: str | None = "docker") -> Grade:
-    with docker_sandbox(task, kind) as sandbox:
-        if agent == "oracle":
-            for cmd in task.reference_solution():
-                done = sandbox.execute(cmd, timeout=task.timeout_s)
-                assert done.exit_code == 0, done.output[-2000:]
-        return task.grade(sandbox)
+def run_agent(
+    task: TerminalBenchTask, agent: str, kind: str | None = "docker", *, strict: bool | None = None
+) -> Grade:
+    """Grade without a context (None), or strictly or not with fresh sandboxes it closes."""
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec(kind), kind="docker"))
+        return made[-1]
+
+    context = None if strict is None else GradingContext(fresh_sandbox=fresh, strict=strict)
+    try:
+        with docker_sandbox(task, kind) as sandbox:
+            if agent == "oracle":
+                for cmd in task.reference_solution():
+                    done = sandbox.execute(cmd, timeout=task.timeout_s)
+                    assert done.exit_code == 0, done.output[-2000:]
+            return task.grade(sandbox, context)
+    finally:
+        for other in made:
+            other.close()
 
 
 @pytest.fixture
@@ -68,7 +82,7 @@ def test_published_style_tasks_in_docker(ubuntu_alias: None, task_id: str) -> No
     """FROM ubuntu:24.04 through an alias; scripts that hard-code /solution, /tests and
     /logs/verifier/reward.txt."""
     task = load_tasks(FIXTURES / "published" / task_id).get(task_id)
-    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    oracle, nop = run_agent(task, "oracle", strict=True), run_agent(task, "nop", strict=True)
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
@@ -76,9 +90,11 @@ def test_published_style_tasks_in_docker(ubuntu_alias: None, task_id: str) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
 def test_every_shipped_task_in_docker(task: TerminalBenchTask) -> None:
-    oracle = run_agent(task, "oracle")
+    """Graded strictly, as training grades: every shipped task qualifies."""
+    oracle = run_agent(task, "oracle", strict=True)
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    nop = run_agent(task, "nop")
+    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
+    nop = run_agent(task, "nop", strict=True)
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
 
