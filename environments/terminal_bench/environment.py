@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.bwrap import validate_workdir
-from environments.sandboxes.image_build import ALIASES_VARIABLE, resolve_image
+from environments.sandboxes.image_build import ALIASES_VARIABLE, normalise_image, resolve_image
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec
 from environments.terminal_bench.dockerfile import BASE_IMAGE, DockerfilePlan
@@ -67,7 +67,7 @@ class TaskEnvironment:
             return f"its Dockerfile has a build step: {self.plan.build_step}"
         base = self.plan.base_image if self.plan is not None else self.image or BASE_IMAGE
         local = resolve_image(base)
-        if local != BASE_IMAGE:
+        if normalise_image(local) != BASE_IMAGE:
             what = "its Dockerfile's base image" if self.plan else "it runs in the prebuilt image"
             aliased = f" (aliased to {local!r})" if local != base else ""
             return (
