@@ -77,8 +77,13 @@ def measure_memory(model, args: argparse.Namespace, param_bytes: int) -> list[di
         ("streaming, budget = 0 (wait for groups)", {"buffer_budget_bytes": 0}),
     ]:
         _, metrics = learner_seconds(model, events, streaming=True, **kwargs)
-        memory.append({"config": label, "peak_buffer_bytes": metrics["peak_buffer_bytes"],
-                       "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes})
+        memory.append(
+            {
+                "config": label,
+                "peak_buffer_bytes": metrics["peak_buffer_bytes"],
+                "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes,
+            }
+        )
     return memory
 
 
@@ -111,7 +116,7 @@ def main() -> None:
         "model": f"{args.arch} hidden={args.hidden} layers={args.layers}",
         "num_params": num_params,
         "batch": f"{args.groups} groups x {args.group_size}, <= {args.tokens} tokens, "
-                 f"<= {args.turns} turns",  # fmt: skip
+        f"<= {args.turns} turns",  # fmt: skip
         "sync_s_median": statistics.median(sync_s),
         "streaming_s_median": statistics.median(stream_s),
         "overhead_ratio_median": statistics.median(ratios),
@@ -127,9 +132,12 @@ def main() -> None:
           f"({param_bytes / 2**20:.1f} MiB per buffer); batch {report['batch']}")  # fmt: skip
     print(f"learner time, nothing overlapping: sync {report['sync_s_median']:.2f} s, "
           f"streaming {report['streaming_s_median']:.2f} s")  # fmt: skip
-    print(f"streaming/sync overhead ratio (median of {args.repeats} side-by-side pairs): "
-          f"{report['overhead_ratio_median']:.3f}  (target <= 1.05; pairs: "
-          + ", ".join(f"{r:.3f}" for r in ratios) + ")")
+    print(
+        f"streaming/sync overhead ratio (median of {args.repeats} side-by-side pairs): "
+        f"{report['overhead_ratio_median']:.3f}  (target <= 1.05; pairs: "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + ")"
+    )
     print(f"eager streaming (one backward per trajectory at its reward)/sync: "
           f"{report['eager_overhead_ratio_median']:.3f}")  # fmt: skip
     for row in memory:

@@ -22,6 +22,12 @@ from environments.tasks import Task
 SUBMIT_ACTION = format_action(SUBMIT_WORD)
 
 
+class ContextExhausted(Exception):
+    """Raised by ``act`` when the conversation leaves the policy no room for another action
+    (its context window is full). Control flow, not a failure: the runner ends the episode
+    as truncated (``StopReason.LENGTH``) and grades it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message of the conversation: ``role`` is ``"user"`` or ``"assistant"``."""

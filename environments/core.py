@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import string
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -98,7 +100,13 @@ class ShellEnv(gym.Env[str, str]):
     ``strict_grading`` (default True, what training uses) asks tasks to grade strictly:
     docs/design.md §6 and ``environments.tasks.GradingContext``.
 
-    ``close()`` removes the sandbox (safe to call twice). Wrappers forward nothing: use
+    ``interrupt(reason)`` may be called from any thread: it closes every sandbox of the env at
+    once (killing a running command), so a ``reset``, ``step`` or grading running in another
+    thread returns promptly with an infrastructure failure; the env then makes no more
+    sandboxes (make a new env). This is what ``EpisodeRunner.cancel`` uses.
+
+    ``close()`` removes the sandbox (safe to call twice); a sandbox that could not be removed
+    raises SandboxError. Wrappers forward nothing: use
     ``env.get_wrapper_attr("task")`` (or ``env.unwrapped``) for ``task`` and ``draw_task``.
     """
 
@@ -132,6 +140,9 @@ class ShellEnv(gym.Env[str, str]):
         self._started = 0.0
         self._done = False
         self._failure: str | None = None
+        self._live: dict[int, Sandbox] = {}  # every open sandbox, for interrupt()
+        self._live_lock = threading.Lock()
+        self._interrupted: str | None = None
 
     @property
     def task(self) -> Task:
@@ -198,11 +209,39 @@ class ShellEnv(gym.Env[str, str]):
         return self._task.sandbox_spec(kind)
 
     def _make_sandbox(self, spec: SandboxSpec) -> Sandbox:
+        self._check_interrupted()
         if callable(self._sandbox_kind):
-            return self._sandbox_kind(spec)
-        from environments.sandboxes import make_sandbox
+            sandbox = self._sandbox_kind(spec)
+        else:
+            from environments.sandboxes import make_sandbox
 
-        return make_sandbox(spec, kind=self._sandbox_kind)
+            sandbox = make_sandbox(spec, kind=self._sandbox_kind)
+        with self._live_lock:
+            if self._interrupted is None:
+                self._live[id(sandbox)] = sandbox
+                return sandbox
+        sandbox.close()  # interrupt() came while it was being made
+        self._check_interrupted()
+        raise AssertionError("unreachable: the env is interrupted")
+
+    def _check_interrupted(self) -> None:
+        if self._interrupted is not None:
+            raise SandboxError(f"the env was interrupted: {self._interrupted}")
+
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Close every sandbox of this env now, from any thread (see the class docstring)."""
+        with self._live_lock:
+            self._interrupted = self._interrupted or reason
+            live = list(self._live.values())
+        for sandbox in live:
+            # A sandbox that cannot be removed says so again to the episode's own close().
+            with contextlib.suppress(SandboxError):
+                sandbox.close()
+
+    def _release(self, sandbox: Sandbox) -> None:
+        with self._live_lock:
+            self._live.pop(id(sandbox), None)
+        sandbox.close()
 
     # --- step --------------------------------------------------------------------------------
 
@@ -243,6 +282,17 @@ class ShellEnv(gym.Env[str, str]):
                 strip_submission_marker(result.output), info, StopReason.SUBMITTED
             )
         return self._finish_step(self._render(result, timeout), info, self._limit_reason())
+
+    def end_episode(self, reason: StopReason) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the running episode without an action (the agent cannot act: its context is
+        full, ``StopReason.LENGTH``): grade it and return what a terminal ``step`` returns
+        (``truncated`` is True). ``before_grading`` is called as for a terminal step."""
+        if self._task is None or self._done:
+            raise gym.error.ResetNeeded("the episode is over (or never started): call reset()")
+        info: dict[str, Any] = {"turn": self._num_turns, "infra_failure": False}
+        if self._failure is not None:
+            return self._end_with_failure(info)
+        return self._finish_step("", info, reason)
 
     def _execute(self, command: str, timeout: float) -> ExecResult:
         """Run one agent command in the sandbox (subclasses add latency here)."""
@@ -301,7 +351,10 @@ class ShellEnv(gym.Env[str, str]):
 
     def _fail(self, exc: BaseException) -> None:
         self._failure = f"{type(exc).__name__}: {exc}"
-        self._close_sandbox()
+        try:
+            self._close_sandbox()
+        except SandboxError as close_exc:
+            self._failure += f"; removing the sandbox failed too: {close_exc}"
 
     # --- grading and cleanup -----------------------------------------------------------------
 
@@ -325,7 +378,7 @@ class ShellEnv(gym.Env[str, str]):
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
         finally:
             for sandbox in fresh:
-                sandbox.close()
+                self._release(sandbox)
 
     def close(self) -> None:
         self._close_sandbox()
@@ -334,7 +387,7 @@ class ShellEnv(gym.Env[str, str]):
     def _close_sandbox(self) -> None:
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            sandbox.close()
+            self._release(sandbox)
 
     def _clip(self, text: str) -> str:
         return text[: self.observation_space.max_length]

@@ -7,7 +7,16 @@ its command ran) → ``EpisodeCompleted`` (the last action is fixed; published f
 returned, so reward wrappers apply). An exception anywhere in an
 episode (env, sandbox, agent) still yields this skeleton, ending in ``RewardReady`` with
 ``infra_failure=True`` and the error in ``details``; the runner never crashes on it and the
-env (hence the sandbox) is closed on every path.
+env (hence the sandbox) is closed on every path, before ``RewardReady``: an episode whose
+sandbox could not be removed (a lost Docker daemon) is an infrastructure failure too.
+
+Cancellation: ``cancel(reason)``, from any thread, ends every running episode at once. The
+runner keeps a registry of the envs it is running and interrupts each (``ShellEnv.interrupt``
+closes its sandboxes, killing a running command), so an ``execute`` in flight returns within
+moments instead of at its timeout. Every episode not yet concluded comes back as an
+infrastructure failure with ``details["cancelled"]`` (never trained on), and so does every
+``run_episode`` call after it: a cancelled runner stays cancelled. ``run_groups`` then returns
+all its groups (a partial result); ``cancel_on_signals()`` makes SIGINT and SIGTERM do this.
 
 Unparseable actions get a ``ToolFinished`` too (``exit_code=None``, ``duration_s=0``): it
 carries the corrective observation's ids, which are part of the trajectory.
@@ -16,16 +25,18 @@ carries the corrective observation's ids, which are part of the trajectory.
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from environments.agents import Agent, Message
+from environments.agents import Agent, ContextExhausted, Message
 from environments.tasks import Grade, Task
 from thundersync.events import (
     EpisodeCompleted,
@@ -61,8 +72,8 @@ class SinkError(RuntimeError):
 
 
 class RunCancelled(RuntimeError):
-    """The run is stopping (an interrupt or another episode's sink error): the episode ends at
-    its next turn boundary as an infrastructure failure."""
+    """The run was cancelled (``EpisodeRunner.cancel``: an interrupt, or another episode's sink
+    error): the episode ends as an infrastructure failure."""
 
 
 class EpisodeRunner:
@@ -71,6 +82,12 @@ class EpisodeRunner:
     ``make_env`` returns a fresh ``ShellEnv`` (or a wrapper of one) per episode, since envs
     are not thread-safe; ``max_concurrency`` bounds how many episodes run at once. Episode
     and group ids are strings, unique within this runner.
+
+    A training loop that calls ``run_episode`` from threads of its own stops them all with
+    ``runner.cancel(reason)`` from any thread (its shutdown path, a watchdog, a signal
+    handler's helper thread): each call returns within moments, its trajectory an
+    infrastructure failure with ``details["cancelled"]``, and every sandbox is removed by the
+    time it returns. Nothing needs registering: the runner tracks the envs it made.
     """
 
     def __init__(
@@ -91,6 +108,9 @@ class EpisodeRunner:
         self._group_ids = itertools.count()
         self._ids_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._cancel_reason: str | None = None
+        self._live_envs: dict[int, gym.Env] = {}  # what cancel() interrupts
+        self._live_lock = threading.Lock()
 
     def new_group_id(self) -> str:
         with self._ids_lock:
@@ -99,6 +119,59 @@ class EpisodeRunner:
     def _new_episode_id(self) -> str:
         with self._ids_lock:
             return f"episode-{next(self._episode_ids)}"
+
+    # --- cancellation ------------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> str | None:
+        """The reason given to ``cancel``, or None while the runner has not been cancelled."""
+        return self._cancel_reason
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """End every running episode now and every later one at once (see the module
+        docstring). Thread-safe and idempotent; returns once every live env is interrupted
+        (their sandboxes closed, in parallel). Not from a signal handler that interrupted this
+        runner's own thread: use ``cancel_on_signals``, which calls it from a thread."""
+        with self._live_lock:
+            self._cancel_reason = self._cancel_reason or reason
+            self._stopping.set()
+            envs = list(self._live_envs.values())
+        interrupts = [env.get_wrapper_attr("interrupt") for env in envs]
+        threads = [threading.Thread(target=stop, args=(reason,)) for stop in interrupts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    @contextmanager
+    def cancel_on_signals(
+        self, signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
+    ) -> Iterator[list[int]]:
+        """While the block runs, the first of ``signums`` cancels the runner (from a thread)
+        instead of raising, so the block's ``run_groups`` returns a partial result. Yields the
+        list of signals received. Only in the main thread (elsewhere it does nothing); the
+        previous handlers are back, and the cancel done, when the block exits."""
+        received: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            yield received
+            return
+        cancellers: list[threading.Thread] = []
+
+        def handle(signum: int, frame: object) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                name = signal.Signals(signum).name
+                cancellers.append(threading.Thread(target=self.cancel, args=(name,)))
+                cancellers[0].start()
+
+        previous = {signum: signal.signal(signum, handle) for signum in signums}
+        try:
+            yield received
+        finally:
+            for thread in cancellers:
+                thread.join()
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
     # --- groups ------------------------------------------------------------------------------
 
@@ -135,13 +208,14 @@ class EpisodeRunner:
         ]
         try:
             results = [future.result() for future in futures]
-        except BaseException:
-            # Ctrl-C, SIGTERM (the CLI turns it into SystemExit) or a sink error: queued
-            # episodes never start, running ones stop at their next turn boundary, and we wait
-            # for them so that every sandbox is removed before the exception leaves.
-            self._stopping.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            self._stopping.clear()
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM (the CLI turns it into SystemExit) or a sink error: running
+            # episodes are cut short (their sandboxes closed now), queued ones never start, and
+            # we wait for them so that every sandbox is removed before the exception leaves.
+            for future in futures:
+                future.cancel()  # first: cancelled episodes would end at once and drain the queue
+            self.cancel(type(exc).__name__)
+            pool.shutdown(wait=True)
             raise
         pool.shutdown(wait=True)
         return [results[i : i + group_size] for i in range(0, len(results), group_size)]
@@ -171,22 +245,59 @@ class EpisodeRunner:
         )
         if task is not None:
             episode.task_id = task.task_id
-        env: gym.Env | None = None
         try:
-            env = self.make_env()
-            return self._play(env, episode, task, seed)
+            reason, grade = self._run_in_env(episode, task, seed)
         except SinkError:
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            return self._conclude(episode, StopReason.ERROR, Grade(0.0, True, {"error": error}))
-        finally:
-            if env is not None:
-                env.close()
+            reason, grade = StopReason.ERROR, Grade(0.0, True, {"error": _describe(exc)})
+        if self._cancel_reason is not None:
+            # Whatever the episode returned once its sandboxes were closed under it is no
+            # grade: a grader that swallowed the error must not turn it into a reward.
+            details = {**grade.details, "cancelled": self._cancel_reason}
+            cause = details.get("error")
+            details["error"] = f"RunCancelled: {self._cancel_reason}"
+            if cause and "RunCancelled" not in str(cause):
+                details["error"] += f" ({cause})"
+            reason, grade = StopReason.ERROR, Grade(0.0, infra_failure=True, details=details)
+        return self._conclude(episode, reason, grade)
+
+    def _run_in_env(
+        self, episode: _Episode, task: Task | None, seed: int | None
+    ) -> tuple[StopReason, Grade]:
+        """Play the episode in a fresh env, registered for ``cancel``; closed on every path."""
+        if self._stopping.is_set():
+            raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
+        env = self.make_env()
+        with self._live_lock:
+            self._live_envs[id(env)] = env
+        try:
+            if self._stopping.is_set():  # cancel() came before the registration: not seen
+                raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
+            reason, grade = self._play(env, episode, task, seed)
+        except BaseException as exc:
+            error = self._close_env(env)
+            if error is not None:
+                exc.add_note(error)
+            raise
+        error = self._close_env(env)
+        if error is not None and not grade.infra_failure:
+            return StopReason.ERROR, Grade(0.0, True, {**grade.details, "error": error})
+        return reason, grade
+
+    def _close_env(self, env: gym.Env) -> str | None:
+        """Unregister and close ``env``; what went wrong, if anything."""
+        with self._live_lock:
+            self._live_envs.pop(id(env), None)
+        try:
+            env.close()
+        except Exception as exc:
+            return f"the episode's sandbox could not be removed: {_describe(exc)}"
+        return None
 
     def _play(
         self, env: gym.Env, episode: _Episode, task: Task | None, seed: int | None
-    ) -> Trajectory:
+    ) -> tuple[StopReason, Grade]:
         def before_grading(observation: str, info: dict[str, Any]) -> None:
             if "tool" in info:
                 self._tool_finished(episode, observation, info)
@@ -201,13 +312,21 @@ class EpisodeRunner:
         episode.prompt_ids = tuple(self.agent.encode_prompt(observation))
         self._start(episode)
         if info.get("infra_failure"):
-            failed = Grade(0.0, infra_failure=True, details={"error": info.get("error")})
-            return self._conclude(episode, StopReason.ERROR, failed)
+            return StopReason.ERROR, Grade(
+                0.0, infra_failure=True, details={"error": info.get("error")}
+            )
         messages = [Message("user", observation, episode.prompt_ids)]
         while True:
             if self._stopping.is_set():
-                raise RunCancelled("the run was interrupted")
-            action = self.agent.act(task, messages, episode_id=episode.episode_id)
+                raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
+            try:
+                action = self.agent.act(task, messages, episode_id=episode.episode_id)
+            except ContextExhausted as exc:
+                if not episode.turns:  # nothing to train on: the prompt alone fills the window
+                    return StopReason.LENGTH, Grade(0.0, True, {"error": str(exc)})
+                end = env.get_wrapper_attr("end_episode")
+                observation, reward, terminated, truncated, info = end(StopReason.LENGTH)
+                break
             version = self._version(action.policy_version)
             self._publish(
                 TurnCompleted(
@@ -228,7 +347,7 @@ class EpisodeRunner:
                 Message("assistant", action.text, action.token_ids),
                 Message("user", observation, observation_ids),
             ]
-        return self._conclude(episode, *_outcome(reward, info))
+        return _outcome(reward, info)
 
     def _tool_finished(
         self, episode: _Episode, observation: str, info: dict[str, Any]
@@ -310,6 +429,10 @@ class EpisodeRunner:
             stop_reason=reason.value,
             details=details,
         )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _outcome(reward: float, info: dict[str, Any]) -> tuple[StopReason, Grade]:

@@ -101,6 +101,7 @@ class ToyTask:
             workdir=workdir,
             memory_mb=256,
             pids=64,
+            disk_mb=32,  # a tmpfs: cheap to make, and a toy's workspace holds a few small files
             env={"PATH": f"{workdir}/bin:/usr/local/bin:/usr/bin:/bin"},
         )
 

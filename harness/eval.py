@@ -4,6 +4,10 @@ Every task runs ``k`` times through ``EpisodeRunner`` (so the run produces the s
 training does; ``--out`` keeps them in ``events.jsonl``). A task's reward is the mean over its
 attempts that did not hit an infrastructure failure; a task whose every attempt failed that
 way has reward None and is left out of the suite's mean (the report says how many were).
+
+SIGINT (Ctrl-C) and SIGTERM cancel the run: every live sandbox is closed at once (killing its
+command), the attempts cut short are infrastructure failures, and the partial report (with
+``"interrupted": "SIGINT"``) is written before the command exits with 128 + the signal.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,7 +58,9 @@ def _fail(message: str) -> int:
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
-    """Run the command; 0 when the run completed (whatever the rewards), 2 on bad input."""
+    """Run the command; 0 when the run completed (whatever the rewards), 1 when no task was
+    scored (every attempt an infrastructure failure), 2 on bad input, 128 + the signal when
+    SIGINT or SIGTERM cut it short (the partial report is still written)."""
     if args.agent == "policy":
         return _fail(
             "--agent policy is not yet available: it needs the training issue "
@@ -87,8 +94,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         strict=args.strict, image_aliases=tuple(args.image_alias),
     )  # fmt: skip
     out = Path(args.out) if args.out else None
-    groups = _run(config, tasks, out)
+    groups, signum = _run(config, tasks, out)
     report = build_report(config, groups)
+    if signum is not None:
+        report["interrupted"] = signal.Signals(signum).name
     if out is not None:
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
         (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -96,10 +105,17 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         _print_report(report)
-    return 0
+    if signum is not None:
+        message = f"interrupted by {report['interrupted']}: the report is partial"
+        Console(stderr=True).print(f"[bold red]eval:[/] {message}", highlight=False)
+        return 128 + signum
+    return 1 if report["num_infra_failures"] == report["num_tasks"] else 0
 
 
-def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[Trajectory]]:
+def _run(
+    config: EvalConfig, tasks: list[Any], out: Path | None
+) -> tuple[list[list[Trajectory]], int | None]:
+    """The groups of trajectories, and the signal that cancelled the run (None if none did)."""
     from environments.agents import make_agent
     from environments.core import ShellEnv
     from environments.runner import EpisodeRunner
@@ -128,7 +144,9 @@ def _run(config: EvalConfig, tasks: list[Any], out: Path | None) -> list[list[Tr
                 bus,
                 max_concurrency=config.concurrency,
             )
-            return runner.run_groups(tasks, config.k, seed=config.seed)
+            with runner.cancel_on_signals() as received:
+                groups = runner.run_groups(tasks, config.k, seed=config.seed)
+            return groups, (received[0] if received else None)
     finally:
         if sink is not None:
             sink.close()

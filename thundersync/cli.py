@@ -84,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None, help="folder for results.json and events.jsonl")
     evaluate.add_argument("--json", action="store_true", help="print a JSON report")
     evaluate.set_defaults(func=_cmd_eval)
+
+    from harness.compare_command import add_compare_parser
+    from harness.simulate import add_simulate_parser
+    from harness.timeline import add_timeline_parser
+    from leaderboard.command import add_leaderboard_parser
+    from thundersync.training.command import add_train_parser, add_warmstart_parser
+
+    add_train_parser(sub)
+    add_warmstart_parser(sub)
+    add_compare_parser(sub)
+    add_leaderboard_parser(sub)
+    add_simulate_parser(sub)
+    add_timeline_parser(sub)
     return parser
 
 
@@ -101,7 +114,11 @@ def exit_on_sigterm() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     exit_on_sigterm()
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C outside a run that handles it: no traceback
+        print("thundersync: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -33,6 +33,18 @@ def reset_clock() -> None:
     _EPOCH = time.monotonic()
 
 
+def clock_epoch() -> float:
+    """The run clock's zero as a ``time.monotonic()`` value (to hand to worker processes)."""
+    return _EPOCH
+
+
+def set_clock_epoch(epoch: float) -> None:
+    """Share a run's clock: the monotonic clock is system-wide on Linux, so a worker process
+    given its parent's ``clock_epoch()`` stamps events on the same timeline."""
+    global _EPOCH
+    _EPOCH = epoch
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Base of every event; ``t`` is seconds on the run's clock when it fired."""
@@ -145,6 +157,23 @@ class EvalFinished(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpanRecorded(Event):
+    """A worker did one piece of work from ``started`` to ``finished`` (run-clock seconds):
+    ``name`` is one of generate, tool, grading, teacher, backward, optimizer, weight_sync,
+    rollout. The raw material of step-time breakdowns and timelines (never fed to a learner).
+    """
+
+    name: str
+    started: float
+    finished: float
+    worker: str
+    step: int | None = None
+    episode_id: str | None = None
+    turn: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointSaved(Event):
     """A checkpoint directory was written."""
 
@@ -167,6 +196,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         WeightsSynced,
         EvalFinished,
         CheckpointSaved,
+        SpanRecorded,
     )
 }
 

@@ -56,7 +56,15 @@ def train_tokenizer(texts: list[str] | None = None, *, vocab_size: int = 512):
     return fast
 
 
-def tiny_config(arch: Arch, vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2):
+def tiny_config(
+    arch: Arch,
+    vocab_size: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int | None = None,
+    max_positions: int = 2048,
+):
     """A Hugging Face config for a tiny model of ``arch`` with dropout off.
 
     Dropout is off because a learner's gradient must be a function of the parameters and
@@ -64,18 +72,18 @@ def tiny_config(arch: Arch, vocab_size: int, *, hidden_size: int = 32, num_layer
     """
     from transformers import GPT2Config, LlamaConfig, Qwen3Config
 
-    heads = max(2, hidden_size // 16)
+    heads = num_heads or max(2, hidden_size // 16)
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=3, pad_token_id=0)
     if arch == "gpt2":
         return GPT2Config(
-            n_embd=hidden_size, n_layer=num_layers, n_head=heads, n_positions=2048,
+            n_embd=hidden_size, n_layer=num_layers, n_head=heads, n_positions=max_positions,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common,
         )  # fmt: skip
     cls = Qwen3Config if arch == "qwen3" else LlamaConfig
     return cls(
         hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        head_dim=hidden_size // heads, max_position_embeddings=2048, attention_dropout=0.0,
+        head_dim=hidden_size // heads, max_position_embeddings=max_positions, attention_dropout=0.0,
         tie_word_embeddings=False, **common,
     )  # fmt: skip
 
@@ -88,19 +96,27 @@ def build_tiny_model(
     num_layers: int = 2,
     vocab_size: int = 512,
     seed: int = 0,
+    texts: list[str] | None = None,
+    num_heads: int | None = None,
+    max_positions: int = 2048,
 ) -> Path:
     """Build a randomly initialised tiny model and its tokenizer into ``out_dir``.
 
-    The folder is an ordinary checkpoint: ``AutoModelForCausalLM.from_pretrained`` and
-    ``AutoTokenizer.from_pretrained`` reload it, bit-identically.
+    ``texts`` is the tokenizer's training corpus (default: a small shell/agent corpus); a
+    task's own text gives short token sequences. The folder is an ordinary checkpoint:
+    ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` reload it,
+    bit-identically.
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
-    tokenizer = train_tokenizer(vocab_size=vocab_size)
-    config = tiny_config(arch, len(tokenizer), hidden_size=hidden_size, num_layers=num_layers)
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+    config = tiny_config(
+        arch, len(tokenizer), hidden_size=hidden_size, num_layers=num_layers,
+        num_heads=num_heads, max_positions=max_positions,
+    )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

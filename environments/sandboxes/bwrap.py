@@ -7,10 +7,13 @@ Isolation, per ``execute`` call:
   its base Python). The rest of the host (``/root``, ``/home``, ``/tmp``, the repository) is
   not mounted at all. ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
 - The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
-  e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls.
+  e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls. It
+  lies on a disk of its own of ``spec.disk_mb`` (``disk.py``), so filling it fails the
+  agent's own commands with ENOSPC and nothing else.
 - ``PUBLISHED_DIRS`` (``/tests``, ``/solution``, ``/logs`` with ``agent``, ``verifier`` and
-  ``artifacts``) are fresh per-sandbox host folders bound read-write at their real places, as
-  Docker's root can create them: published Harbor and Terminal-Bench tasks hard-code them.
+  ``artifacts``) are fresh per-sandbox folders beside the workspace (on its disk) bound
+  read-write at their real places, as Docker's root can create them: published Harbor and
+  Terminal-Bench tasks hard-code them.
 - New network namespace (only ``lo``), PID, IPC and UTS namespaces. When the command's shell
   exits, the namespace's init exits and the kernel kills every process left in it, so
   background jobs, ``setsid`` and double-forked daemons never outlive their call; a timeout
@@ -19,11 +22,15 @@ Isolation, per ``execute`` call:
   ``no_new_privs``) rather than in a user namespace: a uid mapped to root is exempt from
   ``RLIMIT_NPROC``, and the per-sandbox uid is what lets the pids limit stop a fork bomb.
   Without root, bwrap makes a user namespace (``--unshare-all``) and the same rlimits apply.
+- Making a user namespace inside fails with EPERM (a seccomp filter, ``seccomp.py``, which
+  also says why bubblewrap 0.8's ``--disable-userns`` is not used).
 - rlimits via ``prlimit``: address space (``memory_mb``), processes (``pids``), file size
   (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). Where a memory cgroup can be made
   (``cgroup.py``; root with cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
   memory; otherwise the total is only bounded by ``pids × memory_mb``. ``cpus`` is not
-  enforced, and the workspace's total size is not bounded (each file is).
+  enforced; ``/tmp`` is a tmpfs of ``TMPFS_BYTES``.
+- ``close()`` may come from another thread (a run being cancelled): it kills the running
+  command at once, and that ``execute`` raises SandboxError.
 
 ``PATH`` starts with the directory of the running interpreter (``Path(sys.executable).parent``)
 so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's own.
@@ -32,6 +39,7 @@ so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's o
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import posixpath
@@ -46,7 +54,7 @@ import time
 import weakref
 from pathlib import Path
 
-from environments.sandboxes import cgroup
+from environments.sandboxes import cgroup, disk, seccomp
 from environments.sandboxes.capture import OutputCapture, read_fd_until
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
@@ -148,23 +156,44 @@ class BwrapSandbox:
         self.marker = self.root.name
         self.workspace = self.root / "workspace"
         self._closed = False
+        self._close_error: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self._state_lock = threading.Lock()  # _closed and _proc, between execute and close
+        self._close_lock = threading.Lock()
         self.cgroup = cgroup.create(self.marker, spec.memory_mb)
+        self._disks: list[Path] = []
         self._finalizer = weakref.finalize(
-            self, _cleanup, self.root, self.uid, self.is_root, self.cgroup
+            self, _cleanup, self.root, self.uid, self.is_root, self.cgroup, self._disks
         )
         try:
-            self.workspace.mkdir()
+            self._make_workspace()
             self.published = self._make_published()
             self._write_identity()
-            if spec.files is not None:
-                copy_in(Path(spec.files), self.workspace, self.uid if self.is_root else None)
-            elif self.is_root:
-                os.chown(self.workspace, self.uid, self.uid)
         except BaseException:
             self.close()
             raise
+
+    def _make_workspace(self) -> None:
+        on_disk = disk.create(self.root, self.spec.disk_mb)
+        if on_disk is None:
+            self.workspace.mkdir()
+        else:
+            self._disks.append(on_disk)
+            self.workspace = on_disk
+        files = self.spec.files
+        try:
+            if files is not None:
+                copy_in(Path(files), self.workspace, self.uid if self.is_root else None)
+            elif self.is_root:
+                os.chown(self.workspace, self.uid, self.uid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise SandboxError(
+                f"the task files {files} do not fit the workspace disk of sandbox {self.marker} "
+                f"(SandboxSpec.disk_mb={self.spec.disk_mb})"
+            ) from exc
 
     def __enter__(self) -> BwrapSandbox:
         return self
@@ -173,12 +202,13 @@ class BwrapSandbox:
         self.close()
 
     def _make_published(self) -> dict[str, Path]:
-        """A fresh host folder for each of ``PUBLISHED_DIRS`` that does not overlap the workdir."""
+        """A fresh host folder for each of ``PUBLISHED_DIRS`` that does not overlap the workdir,
+        beside the workspace: on its disk, when it has one, so the disk bounds them too."""
         made: dict[str, Path] = {}
         for inside in PUBLISHED_DIRS:
             if posixpath.commonpath([inside, self.workdir]) in (inside, self.workdir):
                 continue
-            host = self.root / "published" / inside.strip("/")
+            host = self.workspace.parent / "published" / inside.strip("/")
             folders = [host, *(host / name for name in LOG_DIRS if inside == "/logs")]
             for folder in folders:
                 folder.mkdir(parents=True)
@@ -206,8 +236,10 @@ class BwrapSandbox:
         glines = f"{SANDBOX_USER}:x:{self.uid}:\n"
         (etc / "group").write_text(group + ("" if self.uid == os.getgid() else glines))
 
-    def _argv(self, cmd: str, timeout: float, ready_fd: int) -> list[str]:
+    def _argv(self, cmd: str, timeout: float, ready_fd: int, filter_fd: int | None) -> list[str]:
         argv = [BWRAP, "--die-with-parent", "--new-session"]
+        if filter_fd is not None:
+            argv += ["--seccomp", str(filter_fd)]
         if self.is_root:
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
             argv += ["--unshare-cgroup-try"]
@@ -270,19 +302,12 @@ class BwrapSandbox:
             ready_r, ready_w = os.pipe()
             start = time.monotonic()
             try:
-                proc = subprocess.Popen(
-                    cgroup.wrap(self.cgroup, self._argv(cmd, timeout, ready_w)),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                    close_fds=True, pass_fds=(ready_w,),
-                )  # fmt: skip
-            except OSError as exc:
+                proc = self._start(cmd, timeout, ready_w)
+            except BaseException:
                 os.close(ready_r)
-                msg = f"could not start bwrap for sandbox {self.marker}: {exc}"
-                raise SandboxError(msg) from exc
+                raise
             finally:
                 os.close(ready_w)
-            self._proc = proc
             capture = OutputCapture(self.spec.max_output_bytes)
             try:
                 finished = _run_to_deadline(proc, capture, start + timeout)
@@ -294,6 +319,8 @@ class BwrapSandbox:
                 proc.wait()
                 self._proc = None
             duration = time.monotonic() - start
+        if self._closed:
+            raise SandboxError(f"bwrap sandbox {self.marker} was closed while its command ran")
         output, truncated = capture.text()
         if finished and not started:
             raise SandboxError(f"bwrap could not set up sandbox {self.marker}: {output.strip()}")
@@ -302,6 +329,29 @@ class BwrapSandbox:
             output=output, exit_code=code if finished else None, timed_out=not finished,
             duration_s=duration, truncated=truncated,
         )  # fmt: skip
+
+    def _start(self, cmd: str, timeout: float, ready_w: int) -> subprocess.Popen[bytes]:
+        """Start the command's bwrap; a ``close()`` that came first kills it at once."""
+        filter_fd = seccomp.program_fd()
+        fds = (ready_w,) if filter_fd is None else (ready_w, filter_fd)
+        try:
+            proc = subprocess.Popen(
+                cgroup.wrap(self.cgroup, self._argv(cmd, timeout, ready_w, filter_fd)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                close_fds=True, pass_fds=fds,
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxError(f"could not start bwrap for sandbox {self.marker}: {exc}") from exc
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
+        with self._state_lock:
+            self._proc = proc
+            closed = self._closed
+        if closed:
+            _kill_group(proc)
+        return proc
 
     def upload(self, src: Path, dst: str) -> None:
         """Copy a host file or folder to ``dst`` (inside ``workdir`` or a published folder)."""
@@ -317,12 +367,21 @@ class BwrapSandbox:
         copy_out(source, root, Path(dst))
 
     def close(self) -> None:
-        """Kill any running command and the sandbox uid's processes; remove the workspace."""
-        self._closed = True
-        proc = self._proc
+        """Kill any running command and the sandbox uid's processes; remove the workspace.
+        Thread-safe: a concurrent ``execute`` raises SandboxError; a second call waits for the
+        first to finish."""
+        with self._state_lock:
+            self._closed = True
+            proc = self._proc
         if proc is not None:
             _kill_group(proc)
-        self._finalizer()
+        with self._close_lock:
+            try:
+                self._finalizer()
+            except SandboxError as exc:
+                self._close_error = str(exc)
+        if self._close_error is not None:
+            raise SandboxError(self._close_error)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -362,8 +421,12 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _cleanup(root: Path, uid: int, is_root: bool, group: Path | None) -> None:
+def _cleanup(root: Path, uid: int, is_root: bool, group: Path | None, disks: list[Path]) -> None:
     if is_root:
         kill_uid(uid)
     cgroup.remove(group)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        for workspace in disks:
+            disk.remove(workspace)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -11,6 +11,19 @@ this up: if the exec has not ended shortly after its timeout, or the container d
 Paths given to ``upload``/``download`` are container paths (relative ones are relative to
 ``workdir``); the container is its own filesystem, so unlike bubblewrap any path is allowed.
 Downloads are unpacked with tarfile's ``data`` filter, so links in them cannot reach the host.
+
+The workspace (``workdir``) is bounded by ``spec.disk_mb``: a host disk (``disk.py``) served
+to the container as a named volume (the ``local`` driver's bind), which Docker fills with the
+image's own ``workdir`` content when the container is made, so images whose ``WORKDIR`` holds
+the task's files keep them, and ``put_archive`` writes onto it. A tmpfs would lose the files on
+the restarts above and is invisible to ``put_archive``; overlay2's ``--storage-opt size`` needs
+XFS with project quotas (this machine's overlay2 lies on ext4). The rest of the container's
+writable layer is bounded only by the file size limit. The disk needs root and a daemon on this
+host (a ``unix://`` socket); elsewhere the workspace is unbounded, with a warning.
+
+Every failure of the daemon (it died, or its socket is gone), in every call including
+``close()``, raises SandboxError: an infrastructure failure. ``close()`` may come from another
+thread: it removes the container at once, and a running ``execute`` raises SandboxError.
 """
 
 from __future__ import annotations
@@ -26,16 +39,24 @@ import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from environments.sandboxes import disk
 from environments.sandboxes.bwrap import MAX_ARGV_CMD_BYTES, MAX_FILE_BYTES
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.image_build import LABEL, build_image
-from environments.sandboxes.orphans import reap_once, remove_orphan_containers
+from environments.sandboxes.orphans import (
+    reap_once,
+    remove_orphan_containers,
+    remove_orphan_workspaces,
+)
 from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec
 
 BASE_IMAGE = "thundersync/base:bookworm"
+DISK_PREFIX = "thundersync-docker-"  # + the owner's pid: the host folders of workspace disks
+LOCAL_DAEMON_URL = "http+docker://localhost"  # the SDK's base_url for a unix:// socket
 
 API_TIMEOUT_S = 300
 HOST_GRACE_S = 0.5
@@ -88,6 +109,14 @@ def _client() -> Any:
     return client
 
 
+@dataclass(slots=True)
+class _HostDisk:
+    """The workspace disk's host side, filled in as it is made (a finalizer cannot hold self)."""
+
+    root: Path | None = None
+    workspace: Path | None = None
+
+
 class DockerSandbox:
     """A Docker sandbox; see the module docstring for how commands are run and bounded."""
 
@@ -98,15 +127,19 @@ class DockerSandbox:
         self.workdir = posixpath.normpath(spec.workdir)
         self.marker = f"thundersync-{uuid.uuid4().hex[:12]}"
         self._client = client if client is not None else _client()
-        reap_once("docker", lambda: remove_orphan_containers(self._client, LABEL))
+        reap_once("docker", self._reap_orphans)
         self._closed = False
+        self._close_error: str | None = None
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._container: Any = None
-        self._finalizer = weakref.finalize(self, _remove, self._client, self.marker)
+        self._disk = _HostDisk()
+        self._finalizer = weakref.finalize(self, _remove, self._client, self.marker, self._disk)
         try:
             image = spec.image or BASE_IMAGE
             if spec.build_context is not None:
                 image = build_image(self._client, Path(spec.build_context))
+            self._make_disk()
             self._container = self._run(image)
             self._main_pid = self._find_main_pid()
             if spec.files is not None:
@@ -121,18 +154,53 @@ class DockerSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _reap_orphans(self) -> None:
+        try:
+            remove_orphan_containers(self._client, LABEL)
+        except Exception as exc:
+            raise SandboxError(f"cannot list containers to reap orphans: {exc}") from exc
+        remove_orphan_workspaces(DISK_PREFIX)
+
+    def _make_disk(self) -> None:
+        """The workspace disk and its volume, where disks can be made (module docstring)."""
+        if disk.validate_disk_mb(self.spec.disk_mb) is None:
+            return
+        if getattr(self._client.api, "base_url", None) != LOCAL_DAEMON_URL:
+            disk.warn_unbounded("the Docker daemon is not on this host (no unix:// socket)")
+            return
+        if not disk.available():
+            disk.warn_unbounded("workspace disks need root, mkfs.ext4 and loop devices")
+            return
+        self._disk.root = Path(tempfile.mkdtemp(prefix=f"{DISK_PREFIX}{os.getpid()}-"))
+        self._disk.workspace = disk.create(self._disk.root, self.spec.disk_mb)
+        options = {"type": "none", "o": "bind", "device": str(self._disk.workspace)}
+        try:
+            self._client.volumes.create(
+                name=self.marker, driver="local", driver_opts=options, labels=self._labels()
+            )
+        except Exception as exc:
+            raise SandboxError(f"could not make the workspace volume {self.marker}: {exc}") from exc
+
     def _run(self, image: str) -> Any:
         spec = self.spec
+        volumes = {}
+        if self._disk.workspace is not None:
+            volumes = {self.marker: {"bind": self.workdir, "mode": "rw"}}
         try:
             return self._client.containers.run(
                 image, command=["sleep", "infinity"], name=self.marker, detach=True,
                 network_mode="none", init=True, mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m", nano_cpus=int(spec.cpus * 1e9),
                 pids_limit=spec.pids, working_dir=self.workdir, environment=dict(spec.env),
-                labels=self._labels(), auto_remove=False,
+                labels=self._labels(), auto_remove=False, volumes=volumes,
             )  # fmt: skip
         except Exception as exc:
-            raise SandboxError(f"could not start container from image {image!r}: {exc}") from exc
+            hint = ""
+            if "no space left" in str(exc).lower():
+                hint = f" (is the image's {self.workdir} larger than disk_mb={spec.disk_mb}?)"
+            raise SandboxError(
+                f"could not start container from image {image!r}: {exc}{hint}"
+            ) from exc
 
     def _labels(self) -> dict[str, str]:
         return {
@@ -141,7 +209,10 @@ class DockerSandbox:
         }  # fmt: skip
 
     def _find_main_pid(self) -> str:
-        code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
+        try:
+            code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
         pids = out.decode().split() if code == 0 else []
         if not pids:
             raise SandboxError(f"container {self.marker}: cannot find its main process: {out!r}")
@@ -163,7 +234,21 @@ class DockerSandbox:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         with self._lock:
             self._check_open()
-            return self._execute(cmd, timeout)
+            try:
+                result = self._execute(cmd, timeout)
+            except Exception as exc:
+                if self._closed:
+                    raise self._closed_while_running() from exc
+                if isinstance(exc, SandboxError):
+                    raise
+                # a broken stream or an SDK error the call sites did not name: still the daemon's
+                raise SandboxError(f"container {self.marker}: {type(exc).__name__}: {exc}") from exc
+        if self._closed:
+            raise self._closed_while_running()
+        return result
+
+    def _closed_while_running(self) -> SandboxError:
+        return SandboxError(f"docker sandbox {self.marker} was closed while its command ran")
 
     def _execute(self, cmd: str, timeout: float) -> ExecResult:
         # A command may kill the container's main process (``kill -9 -1``), stopping the
@@ -238,7 +323,10 @@ class DockerSandbox:
 
     def _exit_code(self, exec_id: str) -> int | None:
         for _ in range(50):
-            info = self._client.api.exec_inspect(exec_id)
+            try:
+                info = self._client.api.exec_inspect(exec_id)
+            except Exception as exc:
+                raise SandboxError(f"container {self.marker}: exec lost: {exc}") from exc
             if not info.get("Running"):
                 return info.get("ExitCode")
             time.sleep(0.02)
@@ -282,8 +370,10 @@ class DockerSandbox:
     def _is_dir(self, path: str) -> bool:
         try:
             stream, stat = self._client.api.get_archive(self._container.id, path)
-        except Exception:
-            return False  # missing: the upload creates it
+        except Exception as exc:
+            if type(exc).__name__ == "NotFound":
+                return False  # missing: the upload creates it
+            raise SandboxError(f"container {self.marker}: cannot inspect {path}: {exc}") from exc
         stream.close()
         return bool(stat.get("mode", 0) & GO_MODE_DIR)
 
@@ -294,11 +384,18 @@ class DockerSandbox:
         try:
             stream, _ = self._container.get_archive(path)
         except Exception as exc:
-            raise FileNotFoundError(f"download source {path} not found in {self.marker}") from exc
+            if type(exc).__name__ == "NotFound":
+                msg = f"download source {path} not found in {self.marker}"
+                raise FileNotFoundError(msg) from exc
+            raise SandboxError(f"container {self.marker}: download of {path}: {exc}") from exc
         with tempfile.TemporaryDirectory() as tmp:
             with tempfile.TemporaryFile() as buf:
-                for chunk in stream:
-                    buf.write(chunk)
+                try:
+                    for chunk in stream:
+                        buf.write(chunk)
+                except Exception as exc:
+                    msg = f"container {self.marker}: download of {path}: {exc}"
+                    raise SandboxError(msg) from exc
                 buf.seek(0)
                 with tarfile.open(fileobj=buf, mode="r") as tar:
                     tar.extractall(tmp, filter="data")
@@ -310,18 +407,39 @@ class DockerSandbox:
                 shutil.move(str(item), dst)
 
     def close(self) -> None:
-        """Remove the container (with force) and everything in it; safe to call twice."""
+        """Remove the container (with force), its volume and disk; safe to call twice and
+        from another thread (a second call waits for the first)."""
         self._closed = True
-        self._finalizer()
+        with self._close_lock:
+            try:
+                self._finalizer()
+            except SandboxError as exc:
+                self._close_error = str(exc)
+        if self._close_error is not None:
+            raise SandboxError(self._close_error)
 
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"docker sandbox {self.marker} is closed")
 
 
-def _remove(client: Any, name: str) -> None:
+def _remove(client: Any, name: str, host: _HostDisk) -> None:
+    """Remove the container, then its volume and disk; the host side goes even when the daemon
+    cannot be reached, and the daemon's failures are raised after."""
+    errors = []
+    removals = [("container", client.containers.get)]
+    if host.workspace is not None:
+        removals.append(("volume", client.volumes.get))
+    for what, get in removals:
+        try:
+            get(name).remove(force=True)
+        except Exception as exc:
+            if type(exc).__name__ != "NotFound":
+                errors.append(f"could not remove {what} {name}: {exc}")
     try:
-        client.containers.get(name).remove(force=True)
-    except Exception as exc:
-        if type(exc).__name__ != "NotFound":
-            raise SandboxError(f"could not remove container {name}: {exc}") from exc
+        disk.remove(host.workspace)
+    finally:
+        if host.root is not None:
+            shutil.rmtree(host.root, ignore_errors=True)
+    if errors:
+        raise SandboxError("; ".join(errors))

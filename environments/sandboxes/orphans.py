@@ -1,10 +1,10 @@
 """Reaping what a killed run left behind: containers and workspaces whose owner is gone.
 
 A run killed by SIGKILL (or SIGTERM without a handler) cannot remove its sandboxes. Every
-container carries its owner's pid as a label and every bubblewrap workspace has it in its
-folder name, so the next process that makes a sandbox removes those whose owner no longer
-runs. A pid that is alive (even if reused by another process) is left alone: never a live
-run's sandbox.
+container and volume carries its owner's pid as a label and every host folder (bubblewrap
+workspaces, workspace disks) has it in its name, so the next process that makes a sandbox
+removes those whose owner no longer runs, unmounting any disk still mounted in them. A pid
+that is alive (even if reused by another process) is left alone: never a live run's sandbox.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from environments.sandboxes.disk import unmount_under
 
 _lock = threading.Lock()
 _reaped: set[str] = set()
@@ -41,25 +43,36 @@ def reap_once(kind: str, reap: Callable[[], object]) -> None:
 
 
 def remove_orphan_workspaces(prefix: str, root: str | None = None) -> list[Path]:
-    """Remove ``<tmp>/<prefix><pid>-*`` folders whose ``pid`` is not running."""
+    """Remove ``<tmp>/<prefix><pid>-*`` folders whose ``pid`` is not running (their mounted
+    workspace disks unmounted first, so nothing is deleted through a mount)."""
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{prefix}*"):
         pid = folder.name[len(prefix) :].split("-", 1)[0]
         if folder.is_dir() and pid.isdigit() and not owner_alive(int(pid)):
+            unmount_under(folder)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
 def remove_orphan_containers(client: Any, label: str) -> list[str]:
-    """Remove containers labelled ``label`` whose ``<label>.owner_pid`` is not running here."""
+    """Remove containers, then volumes, labelled ``label`` whose ``<label>.owner_pid`` is not
+    running here; returns the names removed."""
     removed = []
     for container in client.containers.list(all=True, filters={"label": label}):
-        owner = container.labels.get(f"{label}.owner_pid", "")
-        host = container.labels.get(f"{label}.host")
-        if host not in (None, os.uname().nodename):
-            continue  # another machine's run on a shared daemon
-        if owner.isdigit() and not owner_alive(int(owner)):
+        if _is_orphan(container.labels, label):
             container.remove(force=True)
             removed.append(container.name)
+    for volume in client.volumes.list(filters={"label": label}):
+        if _is_orphan(volume.attrs.get("Labels") or {}, label):
+            volume.remove(force=True)
+            removed.append(volume.name)
     return removed
+
+
+def _is_orphan(labels: dict[str, str], label: str) -> bool:
+    owner = labels.get(f"{label}.owner_pid", "")
+    host = labels.get(f"{label}.host")
+    if host not in (None, os.uname().nodename):
+        return False  # another machine's run on a shared daemon
+    return owner.isdigit() and not owner_alive(int(owner))

@@ -43,6 +43,14 @@ class SandboxSpec:
     Dockerfile to build instead of ``image`` (bubblewrap raises NeedsDockerError);
     ``files``: host folder copied into ``workdir`` before the episode;
     limits apply to every command.
+
+    ``disk_mb`` bounds the workspace (``workdir``): it lies on a disk of its own of that
+    size (``disk.py``: a sparse, loop-mounted ext4 image, so only what is written takes host
+    disk), so a command that fills it fails with ENOSPC, its own doing, while other sandboxes
+    and the host are untouched. Docker keeps the image's own ``workdir`` content (copied onto
+    the disk when the container is made), so the disk must hold it too. None: no bound (each
+    file is still bounded by the file size limit); likewise, with a warning, where disks
+    cannot be made (they need root and loop devices, and for Docker a daemon on this host).
     """
 
     image: str | None = None
@@ -52,6 +60,7 @@ class SandboxSpec:
     memory_mb: int = 2048
     cpus: float = 1.0
     pids: int = 256
+    disk_mb: int | None = 4096
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     env: dict[str, str] = field(default_factory=dict)
 
@@ -78,7 +87,10 @@ class Sandbox(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop every process and remove the sandbox; safe to call twice."""
+        """Stop every process and remove the sandbox; safe to call twice, and from another
+        thread: an ``execute`` running meanwhile has its command killed and raises
+        SandboxError promptly. A sandbox that could not be removed raises SandboxError (on
+        every call, so whoever closes it last still hears of it)."""
         ...
 
 

@@ -15,25 +15,44 @@ test exit-code anti-spoofing line). A grader that could not run gives
 ``Grade(infra_failure=True)``, never a plain 0.
 
 Grading, as the official harness does it, sees only the agent's patch: ``git add -A`` into a
-throwaway index and ``git diff --cached --binary <base_commit>`` in the agent's sandbox, with
-git hooks, fsmonitor and user config off (so tracked edits and new files count; files git
-ignores, through ``.gitignore`` or ``.git/info/exclude``, do not). ShellEnv passes the task a
-``fresh_sandbox`` factory: the patch is applied there with ``git apply`` (a patch that does
-not apply, or a repository the agent broke, scores 0) and the eval script runs there, so git
-hooks, config, ignored files, leftover processes and edits outside the repository never reach
-the tests. ``grade(sandbox)`` without the factory is a fallback that runs the eval in the
-agent's sandbox with hooks removed and disabled; it is not official-equivalent.
+throwaway index and ``git diff --cached --binary --no-renames <base_commit>`` in the agent's
+sandbox, with git hooks, fsmonitor and user config off (so tracked edits and new files count;
+files git ignores, through ``.gitignore`` or ``.git/info/exclude``, do not). The task needs
+the ``GradingContext`` ShellEnv passes: the patch is applied with ``git apply`` in a sandbox
+from its ``fresh_sandbox`` factory (a patch that does not apply, or a repository the agent
+broke, scores 0) and the eval script runs there, so git hooks, config, ignored files,
+leftover processes and edits outside the repository never reach the tests. There is no
+in-place grading in the agent's own sandbox.
+
+Strict grading (``context.strict``, the default for training; ``environments.swebench.audit``)
+adds to that flow: the diff is audited with ``environments.tamper``'s rules (conftest.py,
+pytest configuration judged section by section, new modules shadowing pytest, start-up hooks,
+plugin entry points, shell rc and git config files) and for changes to the task's test files
+and test folders, the agent's git hooks and risky git config are compared with a fresh
+repository's, the task's test files are restored to the base commit, and the eval script runs
+with ``PYTHONPATH``, ``LD_PRELOAD``, ``PYTHONSTARTUP`` and the like unset. Every grade's
+details hold ``tamper_suspected`` (bool), ``tamper_reasons`` (list of strings) and ``strict``;
+non-strict grading reports them and scores as the official harness does, strict grading
+scores a suspected patch 0. Rewards are exactly 0.0 or 1.0.
 
 Offline instances: the field ``repo_snapshot``. Instead of an official image
 (``swebench/sweb.eval.x86_64.<id>:latest``, ``__`` written ``_1776_``), a row may carry
-``repo_snapshot``: a path, relative to the file holding the row (or absolute), of a folder with
-the repository's files at the base commit, as plain files without ``.git``. Such an instance
-runs in the project's base image (Docker) or in bubblewrap, with the folder copied to
-``/testbed``; ``setup`` then commits it with a fixed author, date and message
-(``snapshot.commit_script``), which makes the commit hash a function of the files alone: the
-row's ``base_commit`` must be that hash (``snapshot.snapshot_commit`` computes it), so its
-eval script can name the base commit as the official ones do. ``image`` is then optional.
-See ``environments/fixtures/swebench/README.md`` for the shipped instances.
+``repo_snapshot``: a path, relative to the file holding the row (or absolute), of
+
+- a folder of plain files without ``.git``, the repository at the base commit: ``setup``
+  commits it with a fixed author, date and message (``snapshot.commit_script``), which makes
+  the commit hash a function of the files alone, and the row's ``base_commit`` must be that
+  hash (``snapshot.snapshot_commit`` computes it);
+- a git repository (a folder with ``.git``) or a git bundle file (``git bundle create FILE
+  --all``) holding the row's real ``base_commit``: its history up to that commit, and nothing
+  else of it (no later commits, tags, remotes, hooks, config or uncommitted files), is checked
+  out at ``/testbed``.
+
+The path must resolve, after following links, inside the folder of the file holding the row
+(a row cannot send host files such as ``/`` into the agent's sandbox): ``load_instances(...,
+snapshot_root=FOLDER)``, or the environment variable ``THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT``,
+allows one more folder. Such an instance runs in the project's base image (Docker) or in
+bubblewrap; ``image`` is then optional. See ``environments/fixtures/swebench/README.md``.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from environments.swebench.instance import SWEBenchInstance, parse_instance
+from environments.swebench.instance import SNAPSHOT_ROOT_ENV, SWEBenchInstance, parse_instance
 from environments.swebench.task import SWEBenchTask
 from environments.tasks import TaskFormatError, TaskList
 
@@ -19,17 +20,28 @@ SWEBenchTaskSet = TaskList  # TaskList[SWEBenchTask]: SWE-bench instances as tas
 
 
 def load_instances(
-    source: str | Path, *, split: str = "test", max_turns: int = 50, timeout_s: float = 120.0
+    source: str | Path,
+    *,
+    split: str = "test",
+    max_turns: int = 50,
+    timeout_s: float = 120.0,
+    snapshot_root: str | Path | None = None,
 ) -> SWEBenchTaskSet:
     """Load and validate every instance of ``source``.
 
     ``source``: a local ``.json`` (a list of rows), ``.jsonl`` or ``.parquet`` file; a folder
     (every such file directly inside it); or else a Hugging Face dataset name, loaded with
     ``datasets.load_dataset(source, split=split)`` (the only path that may use the network).
-    Raises TaskFormatError naming the file, the instance and the field of the first bad row,
-    or the duplicated instance id.
+    Raises TaskFormatError naming the file, the row, the instance and the field of the first
+    bad row, or the duplicated instance id.
+
+    A row's ``repo_snapshot`` must resolve, after following links, inside the folder of the
+    file holding the row. ``snapshot_root`` (default: the environment variable
+    ``THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT``, for callers such as the CLI) names one more
+    folder it may resolve into; Hub rows, having no folder, may name snapshots only there.
     """
     path = Path(source)
+    root = _snapshot_root(snapshot_root)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())
         if not files:
@@ -47,7 +59,9 @@ def load_instances(
     instances: dict[str, SWEBenchInstance] = {}
     for origin, base_dir, rows in named_rows:
         for index, row in enumerate(rows):
-            instance = parse_instance(row, source=origin, index=index, base_dir=base_dir)
+            instance = parse_instance(
+                row, source=origin, index=index, base_dir=base_dir, snapshot_root=root
+            )
             if instance.instance_id in instances:
                 first = instances[instance.instance_id].source
                 raise TaskFormatError(
@@ -62,6 +76,20 @@ def load_instances(
         for instance in instances.values()
     )
     return SWEBenchTaskSet(name=name, tasks=tasks)
+
+
+def _snapshot_root(value: str | Path | None) -> Path | None:
+    if value is None:
+        value = os.environ.get(SNAPSHOT_ROOT_ENV) or None
+        origin = SNAPSHOT_ROOT_ENV
+    else:
+        origin = "snapshot_root"
+    if value is None:
+        return None
+    root = Path(value)
+    if not root.is_dir():
+        raise TaskFormatError(root, origin, f"expected an existing folder, got {str(value)!r}")
+    return root.resolve()
 
 
 def looks_like_swebench(path: str | Path) -> bool:

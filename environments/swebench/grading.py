@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from environments.swebench.instance import START_MARKER, SWEBenchInstance
+from environments.swebench.instance import SWEBenchInstance
+from environments.swebench.snapshot import START_MARKER
+from environments.tamper import parse_patch
 from environments.tasks import Grade
 
 MODEL_NAME = "thundersync"
@@ -18,7 +20,6 @@ _TEST_PATCH_FAILED = re.compile(
     r"|does not exist in index|corrupt patch|No valid patches in input)",
     re.MULTILINE,
 )
-_PATCH_PATH = re.compile(r"^(?:diff --git a/\S+ b/|\+\+\+ b/|--- a/)(\S+)", re.MULTILINE)
 
 
 def make_spec(instance: SWEBenchInstance) -> Any:
@@ -50,8 +51,8 @@ def eval_report(instance: SWEBenchInstance, log: str, *, model_patch: str = "") 
 
 
 def patch_paths(patch: str) -> set[str]:
-    """The repository paths a unified diff touches."""
-    return {path for path in _PATCH_PATH.findall(patch) if path != "/dev/null"}
+    """The repository paths a unified diff touches (before and after renames)."""
+    return {p for diff in parse_patch(patch) for p in (diff.old_path, diff.new_path) if p}
 
 
 def grade_log(
@@ -74,9 +75,14 @@ def grade_log(
     if START_MARKER not in log:
         return _infra("the eval script did not reach the tests", tail)
     before_tests = log.split(START_MARKER, 1)[0]
-    touched = set(changed_files) & patch_paths(instance.test_patch)
-    if _TEST_PATCH_FAILED.search(before_tests) and not touched:
-        return _infra("the test patch did not apply to the base commit", tail)
+    touched = sorted(set(changed_files) & patch_paths(instance.test_patch))
+    if _TEST_PATCH_FAILED.search(before_tests):
+        if not touched:
+            return _infra("the test patch did not apply to the base commit", tail)
+        # The instance's tests did not run as specified, so nothing was resolved, whatever
+        # the log shows (swebench itself only looks for "applied patch" anywhere in it).
+        problem = f"the test patch did not apply over the agent's changes to {touched}"
+        return Grade(0.0, details={"resolved": False, "error": problem, "log_tail": tail})
     report = eval_report(instance, log, model_patch="\n".join(changed_files))
     resolved = bool(report["resolved"])
     details = {

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from environments.swebench.repository import check_snapshot
+from environments.swebench.snapshot import END_MARKER, START_MARKER
+from environments.tamper import parse_patch
 from environments.tasks import TaskFormatError
 
 REQUIRED_TEXT_FIELDS = (
@@ -22,11 +26,18 @@ REQUIRED_TEXT_FIELDS = (
     "eval_type",
 )
 OPTIONAL_TEXT_FIELDS = ("hints_text", "created_at", "environment_setup_commit")
-START_MARKER = ">>>>> Start Test Output"
-END_MARKER = ">>>>> End Test Output"
+SNAPSHOT_ROOT_ENV = "THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT"
+"""Environment variable naming one more folder that ``repo_snapshot`` paths may resolve into
+(what ``load_instances(snapshot_root=...)`` does, for callers such as the CLI)."""
 
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+"""A Docker image reference (``[registry/]name[:tag][@digest]``)."""
 
 Fail = Callable[[str, str], TaskFormatError]
 
@@ -37,9 +48,10 @@ class SWEBenchInstance:
 
     ``fail_to_pass``/``pass_to_pass`` are decoded lists of test ids; ``image`` is the row's
     Docker image, or swebench's own naming when the row has none (empty for a snapshot
-    instance without one); ``repo_snapshot`` is the
-    absolute path of a local repository snapshot (the offline alternative to ``image``);
-    ``source`` is the file or dataset the row came from.
+    instance without one); ``repo_snapshot`` is the resolved path of a local repository
+    snapshot (the offline alternative to ``image``: a folder of plain files, a git repository
+    or a git bundle file; ``environments.swebench.repository``); ``source`` is the file or
+    dataset the row came from.
     """
 
     instance_id: str
@@ -84,12 +96,20 @@ def official_image_name(instance_id: str) -> str:
 
 
 def parse_instance(
-    row: Mapping[str, Any], *, source: str, index: int, base_dir: Path | None
+    row: Mapping[str, Any],
+    *,
+    source: str,
+    index: int,
+    base_dir: Path | None,
+    snapshot_root: Path | None = None,
 ) -> SWEBenchInstance:
     """Validate ``row`` (number ``index`` of ``source``); raise TaskFormatError naming the
-    file, the instance and the field on the first problem found.
+    file, the row, the instance and the field on the first problem found.
 
-    ``base_dir`` resolves a relative ``repo_snapshot`` (the folder of the instance file).
+    ``base_dir`` is the folder of the instance file (None for Hub rows): a relative
+    ``repo_snapshot`` resolves against it, and the snapshot, after following links, must lie
+    inside it or inside ``snapshot_root`` (a folder the caller trusts as well; Hub rows,
+    having no folder, resolve a relative path against it).
     """
     if not isinstance(row, Mapping):
         raise TaskFormatError(source, f"row {index}", f"expected an object, got {_kind(row)}")
@@ -101,7 +121,7 @@ def parse_instance(
             f"row {index}: expected a non-empty id of letters, digits, '_', '.', '-', "
             f"got {instance_id!r}",
         )
-    where = f"instance {instance_id!r}"
+    where = f"row {index}, instance {instance_id!r}"
 
     def fail(field_name: str, problem: str) -> TaskFormatError:
         return TaskFormatError(source, field_name, f"{where}: {problem}")
@@ -115,9 +135,17 @@ def parse_instance(
     if isinstance(version, bool) or not isinstance(version, str | int | float):
         raise fail("version", f"expected a string, got {_kind(version)}")
     image = row.get("image")
-    if image is not None and (not isinstance(image, str) or not image.strip()):
-        raise fail("image", f"expected a non-empty image name, got {image!r}")
-    snapshot = _snapshot(row.get("repo_snapshot"), base_dir, fail)
+    if image is not None and (not isinstance(image, str) or not _IMAGE.fullmatch(image)):
+        raise fail("image", f"expected a Docker image name, got {image!r}")
+    _check_test_patch_paths(texts["test_patch"], fail)
+    roots = tuple(p.resolve() for p in (base_dir, snapshot_root) if p is not None)
+    anchor = base_dir if base_dir is not None else snapshot_root
+    snapshot = _snapshot(row.get("repo_snapshot"), anchor, roots, fail)
+    if snapshot is not None:
+        try:
+            check_snapshot(snapshot, texts["base_commit"], roots)
+        except ValueError as exc:
+            raise fail("repo_snapshot", str(exc)) from exc
     if not image:
         image = "" if snapshot is not None else official_image_name(instance_id)
     return SWEBenchInstance(
@@ -175,17 +203,50 @@ def _test_ids(row: Mapping[str, Any], name: str, fail: Fail) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _snapshot(value: Any, base_dir: Path | None, fail: Fail) -> Path | None:
+def _snapshot(value: Any, anchor: Path | None, roots: tuple[Path, ...], fail: Fail) -> Path | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise fail("repo_snapshot", f"expected a folder path, got {value!r}")
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise fail("repo_snapshot", f"expected a path, got {value!r}")
+    widen = f"widen with load_instances(..., snapshot_root=FOLDER) or {SNAPSHOT_ROOT_ENV}=FOLDER"
+    if not roots:
+        raise fail("repo_snapshot", f"a row from a dataset without a folder has {value!r}: {widen}")
     path = Path(value)
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    if not path.is_dir():
-        raise fail("repo_snapshot", f"no such folder: {path}")
-    return path.resolve()
+    if not path.is_absolute() and anchor is not None:
+        path = anchor / path
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise fail("repo_snapshot", f"no such folder or bundle file: {path}") from None
+    if not any(real == root or root in real.parents for root in roots):
+        inside = " or ".join(str(root) for root in roots)
+        raise fail(
+            "repo_snapshot",
+            f"{value!r} resolves to {real}, outside {inside} (a row's files must lie in the "
+            f"folder of the file holding it); {widen}",
+        )
+    return real
+
+
+def is_repo_path(path: str) -> bool:
+    """A normalised path inside the repository: relative, no ``..``, not in ``.git``, not an
+    option (``-x``), one line."""
+    parts = path.split("/")
+    return (
+        bool(path)
+        and not path.startswith(("/", "-"))
+        and posixpath.normpath(path) == path
+        and ".." not in parts
+        and ".git" not in parts
+        and not any(c in path for c in "\0\n\r")
+    )
+
+
+def _check_test_patch_paths(test_patch: str, fail: Fail) -> None:
+    for diff in parse_patch(test_patch):
+        for path in (diff.old_path, diff.new_path):
+            if path is not None and not is_repo_path(path):
+                raise fail("test_patch", f"a path outside the repository: {path!r}")
 
 
 def _kind(value: Any) -> str:

@@ -1,11 +1,12 @@
-"""Offline instances: a repository snapshot becomes a git repo at a reproducible base commit.
+"""Offline instances: a plain-folder snapshot becomes a git repo at a reproducible base commit.
 
-A snapshot is a folder of plain files (no ``.git``: the project cannot commit nested
-repositories). ``commit_script`` turns it into a one-commit git repository whose commit hash
-depends only on the files: author, committer, dates and message are fixed, and file modes are
-not tracked. The instance's ``base_commit`` is that hash, so an offline instance's eval
-script can name its base commit exactly as the official ones do (``git checkout <base>
-tests/...``), and a snapshot edited without regenerating its instance is caught.
+A plain snapshot is a folder of files without ``.git`` (the project cannot commit nested
+repositories; snapshots that are git repositories or bundles: ``repository.py``).
+``commit_script`` turns it into a one-commit git repository whose commit hash depends only on
+the files: author, committer, dates and message are fixed, and file modes are not tracked.
+The instance's ``base_commit`` is that hash, so an offline instance's eval script can name its
+base commit exactly as the official ones do (``git checkout <base> tests/...``), and a
+snapshot edited without regenerating its instance is caught.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from environments.swebench.instance import END_MARKER, START_MARKER
-
+START_MARKER = ">>>>> Start Test Output"
+END_MARKER = ">>>>> End Test Output"
 SNAPSHOT_GIT_ENV = {
     "GIT_AUTHOR_NAME": "ThunderSync",
     "GIT_AUTHOR_EMAIL": "fixtures@thundersync.invalid",

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import base64
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from environments.actions import SUBMIT_WORD
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
+from environments.swebench.audit import (
+    PINNED_ENV,
+    BaseTree,
+    git_state,
+    git_state_reasons,
+    patch_reasons,
+    restore_command,
+)
 from environments.swebench.grading import grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
-from environments.swebench.snapshot import commit_script
+from environments.swebench.repository import RepoSource, repo_source
 from environments.swebench.transfer import read_bytes, read_text, write_bytes, write_text
 from environments.tasks import Grade, GradingContext
 
@@ -70,7 +77,8 @@ class SWEBenchTask:
 
     Sandbox: the official image with the repository at /testbed, or, for an instance with a
     ``repo_snapshot``, the project's base image (Docker) or bubblewrap with the snapshot
-    copied to /testbed and committed by ``setup`` as the base commit. Grading applies the
+    brought to /testbed at the base commit by ``setup`` (``repo``: the strategy for the
+    row's kind of snapshot, ``environments.swebench.repository``). Grading applies the
     agent's patch in a fresh sandbox, runs the instance's eval script there (through
     swebench's TestSpec, anti-spoofing included) and grades the log with swebench.
     """
@@ -83,9 +91,19 @@ class SWEBenchTask:
     """Timeout for the whole eval script (the official harness's default)."""
     task_id: str = field(init=False)
     instruction: str = field(init=False)
+    repo: RepoSource = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "task_id", self.instance.instance_id)
+        instance = self.instance
+        object.__setattr__(self, "task_id", instance.instance_id)
+        where = f"{instance.source}: instance {instance.instance_id!r}"
+        source = repo_source(
+            instance.repo_snapshot,
+            image=instance.image,
+            base_commit=instance.base_commit,
+            where=where,
+        )
+        object.__setattr__(self, "repo", source)
         text = INSTRUCTION.format(
             testbed=TESTBED,
             problem_statement=self.instance.problem_statement.strip(),
@@ -94,10 +112,9 @@ class SWEBenchTask:
         object.__setattr__(self, "instruction", text)
 
     def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
-        if self.instance.repo_snapshot is not None:
-            return SandboxSpec(
-                image=_base_image(), files=self.instance.repo_snapshot, workdir=TESTBED
-            )
+        files = self.repo.files()
+        if files is not None:
+            return SandboxSpec(image=_base_image(), files=files, workdir=TESTBED)
         return SandboxSpec(
             image=self.instance.image,
             workdir=TESTBED,
@@ -106,59 +123,67 @@ class SWEBenchTask:
         )
 
     def setup(self, sandbox: Sandbox) -> None:
-        """Commit a snapshot as the base commit; check that /testbed is at the base commit.
+        """Bring /testbed to the base commit (commit a plain snapshot, check out a repository
+        or bundle) and check that HEAD is the base commit.
 
         Raises SandboxError when it is not (an image without the repository, e.g. an official
-        instance in bubblewrap, or a snapshot edited since its instance was built), so that
+        instance in bubblewrap, or a snapshot edited since its row was made), so that
         grading can later blame a missing repository on the agent.
         """
-        snapshot = self.instance.repo_snapshot
-        script = commit_script() if snapshot is not None else f"{_GIT} rev-parse HEAD"
-        result = sandbox.execute(f"cd {TESTBED} && {script}", timeout=120)
+        result = sandbox.execute(f"cd {TESTBED} && {self.repo.setup_script()}", timeout=300)
         lines = result.output.strip().splitlines()
         head = lines[-1] if lines else ""
         if result.exit_code == 0 and head == self.instance.base_commit:
             return
-        where = f"{self.instance.source}: instance {self.task_id!r}"
-        if snapshot is not None:
-            problem = f"committing the snapshot {snapshot} gave {head!r}"
-            fix = "regenerate the instance"
-        else:
-            problem = f"{TESTBED} is at {head!r}"
-            fix = f"run it in Docker with the image {self.instance.image}"
         raise SandboxError(
-            f"{where}: {problem} (exit {result.exit_code}), expected base_commit "
-            f"{self.instance.base_commit}: {fix}"
+            f"{self.instance.source}: instance {self.task_id!r}: {TESTBED} is at {head!r} "
+            f"after setup (exit {result.exit_code}), expected base_commit "
+            f"{self.instance.base_commit}: {self.repo.mismatch_hint()}"
         )
 
-    def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
-        """Grade the agent's patch: ``git diff`` of its tracked and new, non-ignored files
-        against the base commit, taken from ``sandbox`` with git hooks and fsmonitor off.
+    def grade(self, sandbox: Sandbox, context: GradingContext) -> Grade:
+        """Grade the agent's patch as the official harness does: ``git diff`` of its tracked
+        and new, non-ignored files against the base commit, taken from ``sandbox`` with git
+        hooks and fsmonitor off; a new sandbox from ``context.fresh_sandbox`` set up; the
+        patch applied there with ``git apply`` (one that does not apply scores 0); the eval
+        script run; its log graded by swebench. Nothing else the agent left behind (git hooks
+        and config, ignored files, processes, edits outside the repository) reaches the tests.
+        The new sandbox is closed on return.
 
-        With a context (ShellEnv passes one; its ``fresh_sandbox`` makes a sandbox like the
-        episode's), the official harness's flow: set up a new sandbox, ``git apply`` the
-        patch there (one that does not apply scores 0), run the eval script, grade its log.
-        Nothing else the agent left behind (git hooks and config, ignored files, processes,
-        edits outside the repository) reaches the tests. The new sandbox is closed on return.
+        Every grade's details report ``tamper_suspected`` and ``tamper_reasons``
+        (``environments.swebench.audit``) and ``strict``. With ``context.strict`` (the default
+        for training) a suspected grade scores 0, the task's test files are restored to the
+        base commit before the eval script runs, and the script runs with a pinned
+        environment (``audit.PINNED_ENV``). Rewards are exactly 0.0 or 1.0.
 
-        Without it (a fallback, not official-equivalent): the eval script runs in ``sandbox``
-        itself with git hooks removed and hooks and fsmonitor disabled; other tampering with
-        the repository's git config or the environment is not ruled out.
+        There is no grading without a context: the agent's own sandbox is never trusted to
+        run the tests. A caller holding only a sandbox passes ``GradingContext(lambda:
+        make_sandbox(task.sandbox_spec(kind), kind=kind))``.
         """
+        reasons: list[str] = []
         try:
             patch = self._extract_patch(sandbox)
-            if context is None:
-                return self._run_eval(sandbox, patch)
-            return self._grade_in_fresh_sandbox(context.fresh_sandbox, patch)
+            agent_git = git_state(sandbox, TESTBED)
+            grade = self._grade_in_fresh_sandbox(context, patch, agent_git, reasons)
         except _BadPatch as exc:
-            return Grade(0.0, details={"resolved": False, "error": str(exc)})
+            grade = Grade(0.0, details={"resolved": False, "error": str(exc)})
         except SandboxError as exc:
-            return Grade(0.0, infra_failure=True, details={"error": f"sandbox: {exc}"})
+            grade = Grade(0.0, infra_failure=True, details={"error": f"sandbox: {exc}"})
+        return _audited(grade, reasons, strict=context.strict)
 
-    def _grade_in_fresh_sandbox(self, make: Callable[[], Sandbox], patch: bytes) -> Grade:
-        sandbox = make()
+    def _grade_in_fresh_sandbox(
+        self, context: GradingContext, patch: bytes, agent_git: set[str], reasons: list[str]
+    ) -> Grade:
+        """The official flow in a new sandbox; appends the audit's findings to ``reasons``
+        as soon as they are known (a patch that does not apply is still reported)."""
+        sandbox = context.fresh_sandbox()
         try:
             self.setup(sandbox)
+            text = patch.decode("utf-8", errors="replace")
+            base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
+            sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
+            reasons += patch_reasons(self.instance, text, base)
+            reasons += git_state_reasons(agent_git, git_state(sandbox, TESTBED))
             if patch:
                 write_bytes(sandbox, PATCH_FILE, patch)
                 applied = sandbox.execute(
@@ -170,20 +195,24 @@ class SWEBenchTask:
                     problem = f"the agent's patch does not apply: {applied.output[-1000:]}"
                     details = {"resolved": False, "patch_successfully_applied": False}
                     return Grade(0.0, details={**details, "error": problem})
-            return self._run_eval(sandbox, patch)
+            if context.strict:
+                restored = sandbox.execute(restore_command(self.instance, TESTBED), timeout=300)
+                if restored.exit_code != 0:
+                    raise SandboxError(f"restoring the task's test files: {restored.output}")
+            return self._run_eval(sandbox, text, strict=context.strict)
         finally:
             sandbox.close()
 
-    def _run_eval(self, sandbox: Sandbox, patch: bytes) -> Grade:
+    def _run_eval(self, sandbox: Sandbox, patch: str, *, strict: bool) -> Grade:
         script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
         write_text(sandbox, script, make_spec(self.instance).eval_script)
+        env = f"{PINNED_ENV} " if strict else ""
         result = sandbox.execute(
-            f"rm -rf {TESTBED}/.git/hooks; {_HOOKS_OFF_ENV} bash {script} > {log} 2>&1",
-            timeout=self.eval_timeout_s,
+            f"{_HOOKS_OFF_ENV} {env}bash {script} > {log} 2>&1", timeout=self.eval_timeout_s
         )
         chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
         text = read_text(sandbox, log, chunk_bytes=max(chunk, 1024))
-        changed = sorted(patch_paths(patch.decode("utf-8", errors="replace")))
+        changed = sorted(patch_paths(patch))
         return grade_log(self.instance, text, changed_files=changed, timed_out=result.timed_out)
 
     def _extract_patch(self, sandbox: Sandbox) -> bytes:
@@ -197,7 +226,7 @@ class SWEBenchTask:
         base = self.instance.base_commit
         index, out = f"{SCRATCH}/index", PATCH_FILE
         diff = (
-            "diff --cached --binary --no-color --no-ext-diff --no-textconv "
+            "diff --cached --binary --no-color --no-ext-diff --no-textconv --no-renames "
             f"--src-prefix=a/ --dst-prefix=b/ {base}"
         )
         result = sandbox.execute(
@@ -227,6 +256,18 @@ class SWEBenchTask:
             encoded = base64.b64encode(patch.encode()).decode()
             return [f"printf %s {shlex.quote(encoded)} | base64 -d | ({apply} -)"]
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
+
+
+def _audited(grade: Grade, reasons: list[str], *, strict: bool) -> Grade:
+    """``grade`` with the audit in its details; in strict mode a suspected one scores 0."""
+    details = {
+        **grade.details,
+        "tamper_suspected": bool(reasons),
+        "tamper_reasons": list(reasons),
+        "strict": strict,
+    }
+    resolved = grade.reward == 1.0 and not (strict and reasons)
+    return Grade(1.0 if resolved else 0.0, infra_failure=grade.infra_failure, details=details)
 
 
 class _BadPatch(Exception):

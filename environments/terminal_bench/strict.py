@@ -79,11 +79,10 @@ def _venv_roots(pristine: WorkTree, work: WorkTree) -> list[str]:
 
 def _judge(finding: tamper.TamperFinding, pristine: WorkTree, work: WorkTree) -> str | None:
     """The reason to report for a path rule's finding, or None when the content shows it
-    harmless (package metadata without a pytest plugin; git config without commands)."""
+    harmless (package metadata whose entry points register no pytest plugin; a git config
+    that gained no key that runs a program)."""
     parts = PurePosixPath(finding.path).parts
-    if any(p.endswith((".dist-info", ".egg-info", ".egg-link")) for p in parts):
-        if parts[-1] != "entry_points.txt":
-            return None
+    if any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1]):
         if not tamper.registers_pytest_plugin(work.read(finding.path)):
             return None
         return "package metadata that registers a pytest plugin (entry point pytest11)"
@@ -103,8 +102,9 @@ def tamper_reasons(workdir: str, pristine: WorkTree, work: WorkTree) -> list[str
     changed, deleted = work.changed_since(pristine)
     venvs = _venv_roots(pristine, work)
     changed = [p for p in changed if not any(p.startswith(root) for root in venvs)]
+    existed = set(pristine.entries)
     reasons: dict[str, str] = {}
-    for finding in tamper.path_findings(changed):
+    for finding in tamper.path_findings(changed, existed=existed.__contains__):
         reason = _judge(finding, pristine, work)
         if reason is not None:
             reasons.setdefault(finding.path, reason)

@@ -12,6 +12,10 @@ Decisions the tests pin down:
   Docker: the link is the container's own and tarfile's ``data`` filter refuses absolute
   links); links inside downloaded folders arrive as links, never as their targets.
 - Background processes die when their command ends (the call is stateless), not only at close.
+- The workspace lies on a disk of its own (``disk_mb``): filling it is the agent's ENOSPC.
+- Making a user namespace fails (bubblewrap: a seccomp filter; Docker: its default profile).
+- ``close()`` from another thread (a cancelled run) kills a command that ignores SIGTERM at
+  once, and the ``execute`` running it raises SandboxError.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import resource
 import socket
 import stat
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 OUTPUT_LIMIT = 4096
 MEMORY_MB = 256
 PIDS = 64
+DISK_MB = 384  # above MAX_FILE_BYTES, so the file size limit is what the fill tests meet first
 KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
 
 
@@ -86,7 +92,9 @@ def uid_processes(uid: int) -> list[str]:
 
 @pytest.fixture
 def sandbox(kind: str, token: str, leftovers: Callable) -> Iterator[Sandbox]:
-    spec = SandboxSpec(memory_mb=MEMORY_MB, pids=PIDS, max_output_bytes=OUTPUT_LIMIT)
+    spec = SandboxSpec(
+        memory_mb=MEMORY_MB, pids=PIDS, max_output_bytes=OUTPUT_LIMIT, disk_mb=DISK_MB
+    )
     sb = make_sandbox(spec, kind)
     try:
         yield sb
@@ -299,6 +307,37 @@ def test_disk_fill_is_bounded_by_file_size_limit(sandbox: Sandbox) -> None:
     size_mb = MAX_FILE_BYTES // 2**20 + 64
     result = run(sandbox, f"head -c {size_mb}M /dev/zero > big; stat -c %s big; rm -f big")
     assert int(result.output.split()[-1]) <= MAX_FILE_BYTES
+
+
+def test_filling_the_workspace_meets_its_disk_and_the_sandbox_recovers(sandbox: Sandbox) -> None:
+    fill = "for i in 1 2; do head -c 200M /dev/zero > fill$i || echo FAILED; done; du -sm ."
+    result = run(sandbox, fill, timeout=60)
+    assert "No space left on device" in result.output and "FAILED" in result.output
+    assert int(result.output.split()[-2]) <= DISK_MB
+    result = run(sandbox, "rm -f fill*; echo ok > ok.txt && cat ok.txt")
+    assert (result.output, result.exit_code) == ("ok\n", 0)
+
+
+def test_user_namespaces_cannot_be_made(sandbox: Sandbox, kind: str) -> None:
+    result = run(sandbox, "unshare -U true; echo rc=$?; unshare -Ur id -u; echo rc=$?")
+    assert result.output.count("rc=1") == 2, result.output
+    assert "Operation not permitted" in result.output
+    if kind == "bwrap":
+        nested = run(sandbox, "bwrap --unshare-user --ro-bind / / true && echo NESTED")
+        assert nested.exit_code != 0 and "NESTED" not in nested.output
+    threads = "import threading; t = threading.Thread(target=print, args=('ok',)); t.start()"
+    assert run(sandbox, f'python3 -c "{threads}"').output == "ok\n"
+
+
+def test_close_from_another_thread_kills_a_command_ignoring_sigterm_at_once(
+    sandbox: Sandbox, token: str
+) -> None:
+    threading.Timer(0.5, sandbox.close).start()
+    start = time.monotonic()
+    with pytest.raises(SandboxError, match="closed while its command ran"):
+        sandbox.execute(f"trap '' TERM INT HUP; sleep 1000.{token}; echo done", 60)
+    assert time.monotonic() - start < 2.5
+    assert wait_gone(token) == []
 
 
 def test_endless_output_is_truncated_with_bounded_memory(sandbox: Sandbox) -> None:

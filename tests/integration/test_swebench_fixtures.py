@@ -1,14 +1,13 @@
 """The shipped SWE-bench instances, graded for real through the episode runner (the path real
-episodes take: the agent's patch graded in a fresh sandbox): gold patch resolves, no patch
-does not, tampering gains nothing, in bubblewrap and (marked ``docker``) in the project's
-base image."""
+episodes take: the agent's patch graded in a fresh sandbox): gold patch resolves and no
+patch does not, in strict and official grading; tampering gains nothing even in official
+grading; in bubblewrap and (marked ``docker``) in the project's base image. Strict grading's
+reward-hack suite: test_reward_hacks_swebench.py."""
 
 from __future__ import annotations
 
 import shlex
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from environments.actions import format_action
 from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
-from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from thundersync.types import Trajectory
 
@@ -40,24 +38,11 @@ def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@contextmanager
-def open_sandbox(task: SWEBenchTask, kind: str) -> Iterator[Sandbox]:
-    sandbox = make_sandbox(task.sandbox_spec(), kind=kind)
-    try:
-        task.setup(sandbox)
-        yield sandbox
-    finally:
-        sandbox.close()
-
-
-def run(sandbox: Sandbox, command: str) -> None:
-    result = sandbox.execute(command, timeout=60)
-    assert result.exit_code == 0, result.output
-
-
-def play(task: SWEBenchTask, kind: str, agent: Agent) -> Trajectory:
+def play(task: SWEBenchTask, kind: str, agent: Agent, *, strict: bool = True) -> Trajectory:
     """One episode through EpisodeRunner and ShellEnv; the result's details are the grade's."""
-    runner = EpisodeRunner(lambda: ShellEnv([task], sandbox=kind), agent, lambda event: None)
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=kind, strict_grading=strict), agent, lambda event: None
+    )
     result = runner.run_episode(task)
     assert not result.infra_failure, result.details
     return result
@@ -67,31 +52,36 @@ def scripted(*commands: str) -> ScriptedAgent:
     return ScriptedAgent([format_action(command) for command in commands])
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "official"])
 @pytest.mark.parametrize("task_id", sorted(TASKS))
-def test_gold_patch_resolves(kind: str, task_id: str) -> None:
+def test_gold_patch_resolves(kind: str, task_id: str, strict: bool) -> None:
     task = TASKS[task_id]
-    result = play(task, kind, OracleAgent())
+    result = play(task, kind, OracleAgent(), strict=strict)
     assert result.reward == 1.0, result.details
+    assert result.details["strict"] is strict and result.details["tamper_suspected"] is False
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["success"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "official"])
 @pytest.mark.parametrize("task_id", sorted(TASKS))
-def test_empty_patch_does_not_resolve(kind: str, task_id: str) -> None:
+def test_empty_patch_does_not_resolve(kind: str, task_id: str, strict: bool) -> None:
     task = TASKS[task_id]
-    result = play(task, kind, NopAgent())
+    result = play(task, kind, NopAgent(), strict=strict)
     assert result.reward == 0.0, result.details
+    assert result.details["strict"] is strict and result.details["tamper_suspected"] is False
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
     assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(task.instance.pass_to_pass)
 
 
 def test_agent_editing_the_tests_gains_nothing(kind: str) -> None:
-    """Tests the agent rewrites are reset to the base commit before the test patch applies."""
+    """Tests the agent rewrites are reset to the base commit before the test patch applies,
+    by the eval script itself (so in official, non-strict grading too)."""
     fake = "def test_merge_touching_endpoints():\\n    pass\\n"
     agent = scripted(f"printf '{fake}' > tests/test_ops.py")
-    result = play(TASKS["thundersync__intervals-1"], kind, agent)
+    result = play(TASKS["thundersync__intervals-1"], kind, agent, strict=False)
     assert result.reward == 0.0, result.details
 
 
@@ -103,7 +93,7 @@ def test_spoofed_pass_lines_are_caught_by_the_exit_code(kind: str) -> None:
     hook = "def pytest_unconfigure(config):\n" + "".join(
         f"    print('PASSED {t}')\n" for t in tests
     )
-    result = play(task, kind, scripted(f"cat > conftest.py <<'EOF'\n{hook}EOF"))
+    result = play(task, kind, scripted(f"cat > conftest.py <<'EOF'\n{hook}EOF"), strict=False)
     assert result.reward == 0.0
     assert result.details["patch_successfully_applied"] is False
 
@@ -132,19 +122,10 @@ def _fake_pass_hook(task: SWEBenchTask) -> str:
 
 def test_git_hook_faking_a_passing_log_scores_zero(kind: str) -> None:
     task = TASKS["thundersync__intervals-1"]
-    result = play(task, kind, scripted(_fake_pass_hook(task)))
+    result = play(task, kind, scripted(_fake_pass_hook(task)), strict=False)
     assert result.reward == 0.0, result.details
     status = result.details["tests_status"]
     assert sorted(status["FAIL_TO_PASS"]["failure"]) == sorted(task.instance.fail_to_pass)
-
-
-def test_git_hook_is_disabled_in_the_in_place_fallback(kind: str) -> None:
-    """``grade(sandbox)`` without a fresh sandbox runs the eval in the agent's sandbox."""
-    task = TASKS["thundersync__intervals-1"]
-    with open_sandbox(task, kind) as sandbox:
-        run(sandbox, _fake_pass_hook(task))
-        grade = task.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure, grade.details
 
 
 _MONKEYPATCH_FIX = """\
@@ -161,11 +142,14 @@ ops.merge.__code__ = namespace["merge"].__code__
 
 @pytest.mark.parametrize("hidden", [False, True])
 def test_only_files_in_the_patch_are_graded(kind: str, hidden: bool) -> None:
-    """A fix in a new conftest.py counts when it is part of the patch; hidden from git by
-    .git/info/exclude it is not in the patch (as in the official harness), so not graded."""
+    """Non-strict (the official harness's grading): a fix in a new conftest.py counts when it
+    is part of the patch; hidden from git by .git/info/exclude it is not in the patch, so not
+    graded. (Strict grading scores any conftest.py 0: tests/integration/
+    test_reward_hacks_swebench.py.)"""
     task = TASKS["thundersync__intervals-1"]
     commands = [f"cat > conftest.py <<'EOF'\n{_MONKEYPATCH_FIX}EOF"]
     if hidden:
         commands.append("echo conftest.py >> .git/info/exclude")
-    result = play(task, kind, scripted(*commands))
+    result = play(task, kind, scripted(*commands), strict=False)
     assert result.reward == (0.0 if hidden else 1.0), result.details
+    assert result.details["tamper_suspected"] is not hidden

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import make_sandbox
+from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from environments.swebench.snapshot import snapshot_commit
+from environments.tasks import GradingContext
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +90,28 @@ def task(downloads: Path, tmp_path_factory: pytest.TempPathFactory) -> SWEBenchT
     return load_instances(work / "row.jsonl").get(INSTANCE_ID)
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "official"])
 @pytest.mark.parametrize("patch", ["gold", "none"])
-def test_flask_5014_rebuilt_offline(task: SWEBenchTask, patch: str) -> None:
+def test_flask_5014_rebuilt_offline(task: SWEBenchTask, patch: str, strict: bool) -> None:
     sandbox = make_sandbox(task.sandbox_spec(), kind="bwrap")
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec(), kind="bwrap"))
+        return made[-1]
+
     try:
         task.setup(sandbox)
         if patch == "gold":
             for command in task.reference_solution():
                 result = sandbox.execute(command, timeout=60)
                 assert result.exit_code == 0, result.output
-        grade = task.grade(sandbox)
+        grade = task.grade(sandbox, GradingContext(fresh, strict=strict))
     finally:
-        sandbox.close()
+        for each in [sandbox, *made]:
+            each.close()
     assert not grade.infra_failure, grade.details
+    assert grade.details["tamper_suspected"] is False, grade.details
     status = grade.details["tests_status"]
     assert len(status["PASS_TO_PASS"]["success"]) == len(task.instance.pass_to_pass)
     if patch == "gold":

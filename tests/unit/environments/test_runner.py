@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 from environments.actions import format_action
-from environments.agents import NopAgent, OracleAgent, ScriptedAgent
+from environments.agents import Action, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
+from environments.sandboxes.protocol import SandboxError
 from environments.toy import ToySumEnv
-from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
+from tests.unit.environments.shell_fakes import FileTask, LocalSandbox, SandboxMaker
 from thundersync.events import (
     EpisodeStarted,
     RewardReady,
@@ -255,3 +259,151 @@ def test_a_stopping_run_starts_no_more_episodes_and_removes_every_sandbox():
         runner.run_groups([FileTask()] * 4, group_size=2)
     assert len(started) < 8
     assert maker.num_open == 0
+
+
+class FullContextAgent:
+    """Acts once, then finds its context window full."""
+
+    policy_version = 0
+
+    def act(self, task, messages, *, episode_id):
+        from environments.agents import Action, ContextExhausted
+
+        if len(messages) > 1:
+            raise ContextExhausted("no room left")
+        return Action(format_action("echo ok > answer.txt"), (1, 2), (-0.5, -0.5))
+
+    def encode_prompt(self, text):
+        return (7,)
+
+    def encode_observation(self, text):
+        return (8,)
+
+
+def test_a_full_context_truncates_the_episode_and_still_grades_it():
+    result, events, maker, task = run_one(FullContextAgent())
+    assert names(events) == [
+        "EpisodeStarted", "TurnCompleted", "ToolFinished", "EpisodeCompleted", "RewardReady"
+    ]  # fmt: skip
+    assert events[-2].stop_reason == "length" and events[-2].num_turns == 1
+    assert result.reward == 1.0 and not result.infra_failure and result.stop_reason == "length"
+    assert len(task.grade_started) == 1 and maker.num_open == 0
+
+
+# --- cancellation --------------------------------------------------------------------------
+
+
+class BlockingSandbox(LocalSandbox):
+    """A fake whose commands containing ``block`` run until ``close()`` (from any thread)
+    interrupts them, as the real sandboxes' close does; others run normally."""
+
+    def __init__(self, spec, **kwargs):
+        super().__init__(spec, **kwargs)
+        self.released = threading.Event()
+        self.running = threading.Event()
+
+    def execute(self, cmd, timeout):
+        if "block" not in cmd:
+            return super().execute(cmd, timeout)
+        self.running.set()
+        if not self.released.wait(timeout=30):
+            raise AssertionError("nobody closed the sandbox")
+        raise SandboxError("closed while its command ran")
+
+    def close(self):
+        self.released.set()
+        super().close()
+
+
+class BlockingMaker(SandboxMaker):
+    def __call__(self, spec):
+        sandbox = BlockingSandbox(spec)
+        self.made.append(sandbox)
+        return sandbox
+
+    def wait_running(self, count):
+        deadline = time.monotonic() + 10
+        while sum(s.running.is_set() for s in self.made) < count:
+            assert time.monotonic() < deadline, "the blocking commands never started"
+            time.sleep(0.01)
+
+
+def test_cancel_from_another_thread_ends_a_running_command_at_once():
+    maker = BlockingMaker()
+    events = []
+    runner = EpisodeRunner(
+        lambda: ShellEnv([FileTask()], sandbox=maker),
+        ScriptedAgent([format_action("block")]),
+        events.append,
+    )
+    result = []
+    worker = threading.Thread(target=lambda: result.append(runner.run_episode()))
+    worker.start()
+    maker.wait_running(1)
+    runner.cancel("test says stop")
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "run_episode kept waiting for the command"
+    (trajectory,) = result
+    assert trajectory.infra_failure and trajectory.reward == 0.0
+    assert trajectory.details["cancelled"] == "test says stop"
+    assert trajectory.details["error"].startswith("RunCancelled: test says stop")
+    assert names(events)[-2:] == ["EpisodeCompleted", "RewardReady"]
+    assert maker.num_open == 0 and runner.cancelled == "test says stop"
+
+
+def test_a_cancelled_run_returns_every_group_and_keeps_finished_rewards():
+    tasks = [FileTask(task_id="quick"), FileTask(task_id="stuck")]
+
+    class Agent(OracleAgent):
+        def act(self, task, messages, *, episode_id=""):
+            if task.task_id == "stuck" and len(messages) == 1:
+                return Action(format_action("block"))
+            return super().act(task, messages, episode_id=episode_id)
+
+    maker = BlockingMaker()
+    events = []
+    runner = EpisodeRunner(
+        lambda: ShellEnv(tasks, sandbox=maker), Agent(), events.append, max_concurrency=2
+    )
+    threading.Timer(0.0, lambda: (maker.wait_running(1), runner.cancel("SIGINT"))).start()
+    quick, stuck = runner.run_groups(tasks, group_size=2)
+    assert [r.reward for r in quick] == [1.0, 1.0] and not any(r.infra_failure for r in quick)
+    assert all(r.infra_failure and r.details["cancelled"] == "SIGINT" for r in stuck)
+    assert sum(isinstance(e, RewardReady) for e in events) == 4 and maker.num_open == 0
+    made = len(maker.made)
+    later = runner.run_episode(tasks[0])
+    assert later.infra_failure and later.details["cancelled"] == "SIGINT"
+    assert len(maker.made) == made, "a cancelled runner made another sandbox"
+
+
+class UnremovableSandbox(LocalSandbox):
+    def close(self):
+        super().close()
+        raise SandboxError("could not remove container x: the daemon is gone")
+
+
+class UnremovableMaker(SandboxMaker):
+    def __call__(self, spec):
+        self.made.append(UnremovableSandbox(spec))
+        return self.made[-1]
+
+
+def test_an_env_whose_sandbox_cannot_be_removed_is_an_infra_failure_not_a_crash():
+    events = []
+    make_env = lambda: ShellEnv([FileTask()], sandbox=UnremovableMaker())  # noqa: E731
+    result = EpisodeRunner(make_env, OracleAgent(), events.append).run_episode()
+    assert result.infra_failure and "the daemon is gone" in result.details["error"]
+    assert events[-1].infra_failure and names(events).count("RewardReady") == 1
+
+
+def test_cancel_on_signals_turns_sigint_into_a_cancel_and_restores_the_handler():
+    runner = EpisodeRunner(lambda: ShellEnv([FileTask()], sandbox=SandboxMaker()), NopAgent(),
+                           lambda e: None)  # fmt: skip
+    before = signal.getsignal(signal.SIGINT)
+    with runner.cancel_on_signals() as received:
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while runner.cancelled is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert received == [signal.SIGINT] and runner.cancelled == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is before

@@ -113,7 +113,7 @@ def fixture_rows() -> list[dict]:
 def test_every_local_format_loads_the_same_instances(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"rows{suffix}"
     write_rows(path, fixture_rows())
-    loaded = load_instances(path)
+    loaded = load_instances(path, snapshot_root=FIXTURES)
     reference = load_instances(FIXTURES / "instances.jsonl")
     assert len(loaded) == len(reference) >= 3
     for got, want in zip(loaded, reference, strict=True):
@@ -126,7 +126,7 @@ def test_folder_loads_every_data_file(tmp_path: Path) -> None:
     write_rows(tmp_path / "a.jsonl", rows[:1])
     write_rows(tmp_path / "b.parquet", rows[1:])
     (tmp_path / "notes.md").write_text("not data")
-    loaded = load_instances(tmp_path)
+    loaded = load_instances(tmp_path, snapshot_root=FIXTURES)
     assert sorted(t.task_id for t in loaded) == sorted(r["instance_id"] for r in rows)
     assert all(isinstance(t, SWEBenchTask) for t in loaded)
 
@@ -144,7 +144,7 @@ def test_duplicate_ids_across_files_name_both(tmp_path: Path) -> None:
     write_rows(tmp_path / "a.jsonl", rows[:1])
     write_rows(tmp_path / "b.json", rows[:1])
     with pytest.raises(TaskFormatError) as info:
-        load_instances(tmp_path)
+        load_instances(tmp_path, snapshot_root=FIXTURES)
     assert info.value.field == "instance_id"
     assert info.value.path == str(tmp_path / "b.json")
     assert "duplicate" in str(info.value) and str(tmp_path / "a.jsonl") in str(info.value)
@@ -185,7 +185,7 @@ def test_hub_name_goes_through_datasets(monkeypatch: pytest.MonkeyPatch) -> None
         return fixture_rows()
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    loaded = load_instances("SWE-bench/SWE-bench_Verified", split="dev")
+    loaded = load_instances("SWE-bench/SWE-bench_Verified", split="dev", snapshot_root=FIXTURES)
     assert calls == [("SWE-bench/SWE-bench_Verified", "dev")]
     assert loaded.name == "SWE-bench/SWE-bench_Verified" and len(loaded) == len(fixture_rows())
 

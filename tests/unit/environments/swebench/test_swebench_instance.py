@@ -61,9 +61,23 @@ MALFORMED = [
     ("unknown eval_type", {"eval_type": "sometimes"}, "eval_type", "expected one of"),
     ("eval_script without markers", {"eval_script": "pytest\n"}, "eval_script", "marker"),
     ("version a list", {"version": ["1"]}, "version", "expected a string"),
-    ("empty image", {"image": " "}, "image", "non-empty image name"),
+    ("empty image", {"image": " "}, "image", "Docker image name"),
+    ("image a path", {"image": "../../etc/passwd"}, "image", "Docker image name"),
+    ("image with spaces", {"image": "a b:latest"}, "image", "Docker image name"),
     ("bad snapshot path", {"repo_snapshot": "repos/nowhere"}, "repo_snapshot", "no such folder"),
-    ("snapshot not a string", {"repo_snapshot": 3}, "repo_snapshot", "folder path"),
+    ("snapshot not a string", {"repo_snapshot": 3}, "repo_snapshot", "expected a path"),
+    (
+        "test patch leaving the repo",
+        {"test_patch": "--- a/../x\n+++ b/../x\n"},
+        "test_patch",
+        "outside the repository",
+    ),
+    (
+        "test patch into .git",
+        {"test_patch": "diff --git a/.git/config b/.git/config\n"},
+        "test_patch",
+        "outside the repository",
+    ),
 ]
 
 
@@ -120,3 +134,78 @@ def test_row_that_is_not_an_object(tmp_path: Path) -> None:
     path.write_text(json.dumps([good_row(), ["not", "a", "row"]]))
     with pytest.raises(TaskFormatError, match=r"row 1.*expected an object"):
         load_instances(path)
+
+
+# --- repo_snapshot stays inside the folder of the file holding the row ----------------------
+
+
+def snapshot_rows(tmp_path: Path, snapshot: str) -> Path:
+    """A rows file in ``tmp_path/rows`` whose one row names ``snapshot``."""
+    (tmp_path / "rows" / "repos" / "w").mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "rows" / "rows.jsonl"
+    path.write_text(json.dumps(good_row(repo_snapshot=snapshot, image=_DROP)) + "\n")
+    return path
+
+
+def assert_outside(error: TaskFormatError, path: Path) -> None:
+    assert error.path == str(path) and error.field == "repo_snapshot"
+    assert "row 0, instance 'octo__widget-7'" in str(error) and "outside" in str(error)
+    assert "snapshot_root" in str(error)  # says how to widen it
+
+
+@pytest.mark.parametrize("snapshot", ["/", "../../../root", "UP/etc", "repos/w/../../.."], ids=str)
+def test_snapshot_outside_the_rows_folder_is_refused(tmp_path: Path, snapshot: str) -> None:
+    """``/`` or ``../../../root`` would copy host files into the agent's sandbox."""
+    nested = tmp_path / "a" / "b"
+    (tmp_path / "root").mkdir()  # what ../../../root reaches from nested/rows
+    up = "/".join([".."] * (len((nested / "rows").parts) - 1))
+    path = snapshot_rows(nested, snapshot.replace("UP", up))
+    with pytest.raises(TaskFormatError) as info:
+        load_instances(path)
+    assert_outside(info.value, path)
+
+
+def test_symlink_leading_outside_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "secret").mkdir()
+    path = snapshot_rows(tmp_path, "repos/link")
+    (tmp_path / "rows" / "repos" / "link").symlink_to(tmp_path / "secret")
+    with pytest.raises(TaskFormatError) as info:
+        load_instances(path)
+    assert_outside(info.value, path)
+    assert str(tmp_path / "secret") in str(info.value)
+
+
+def test_snapshot_root_widens_the_allowed_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared" / "w"
+    shared.mkdir(parents=True)
+    path = snapshot_rows(tmp_path, str(shared))
+    with pytest.raises(TaskFormatError):
+        load_instances(path)
+    loaded = load_instances(path, snapshot_root=tmp_path / "shared")
+    assert loaded.get("octo__widget-7").instance.repo_snapshot == shared.resolve()
+    monkeypatch.setenv("THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT", str(tmp_path / "shared"))
+    assert load_instances(path).get("octo__widget-7").instance.repo_snapshot == shared.resolve()
+    with pytest.raises(TaskFormatError):  # a wider root for other folders only
+        load_instances(snapshot_rows(tmp_path, "/"))
+    monkeypatch.setenv("THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT", str(tmp_path / "absent"))
+    with pytest.raises(TaskFormatError, match="THUNDERSYNC_SWEBENCH_SNAPSHOT_ROOT"):
+        load_instances(path)
+
+
+def test_hub_rows_name_snapshots_only_under_snapshot_root(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    row = good_row(repo_snapshot="w", image=_DROP)
+    with pytest.raises(TaskFormatError, match="snapshot_root"):
+        parse_instance(row, source="org/dataset", index=0, base_dir=None)
+    instance = parse_instance(
+        row, source="org/dataset", index=0, base_dir=None, snapshot_root=tmp_path
+    )
+    assert instance.repo_snapshot == (tmp_path / "w").resolve()
+
+
+def test_instance_id_must_match_entirely() -> None:
+    for bad in ("ok\n", "ok/..", "ok id", "ok\x00"):
+        with pytest.raises(TaskFormatError, match="instance_id"):
+            parse_instance(good_row(instance_id=bad), source="r.json", index=0, base_dir=None)

@@ -5,73 +5,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from environments.sandboxes.protocol import ExecResult, SandboxError, truncate_output
+from environments.sandboxes.protocol import ExecResult, SandboxError
 from environments.swebench import SWEBenchTask, load_instances
 from environments.swebench.transfer import read_text, write_text
 from environments.tasks import GradingContext
+from tests.unit.environments.swebench.host_sandbox import (
+    BrokenSandbox,
+    FreshSandboxes,
+    SubprocessSandbox,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 FIXTURES = REPO_ROOT / "environments/fixtures/swebench"
-
-
-class SubprocessSandbox:
-    """Runs each command with ``bash -c`` on the host in ``root``, with the literal path
-    ``/testbed`` in the command rewritten to ``root``; output truncated like a real sandbox.
-    Not isolated: only for the tests' own commands."""
-
-    def __init__(self, root: Path, *, max_output_bytes: int = 64 * 1024) -> None:
-        self.root = root
-        self.workdir = "/testbed"
-        self.max_output_bytes = max_output_bytes
-        self.commands: list[str] = []
-        self.closed = False
-
-    def execute(self, cmd: str, timeout: float) -> ExecResult:
-        self.commands.append(cmd)
-        start = time.monotonic()
-        try:
-            done = subprocess.run(
-                ["bash", "-c", cmd.replace("/testbed", str(self.root))],
-                cwd=self.root,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as exc:
-            text, truncated = truncate_output(exc.stdout or b"", self.max_output_bytes)
-            return ExecResult(text, None, True, time.monotonic() - start, truncated)
-        text, truncated = truncate_output(done.stdout, self.max_output_bytes)
-        return ExecResult(text, done.returncode, False, time.monotonic() - start, truncated)
-
-    def upload(self, src: Path, dst: str) -> None:
-        raise NotImplementedError
-
-    def download(self, src: str, dst: Path) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class BrokenSandbox:
-    """A sandbox whose every command fails the way a dead container does."""
-
-    workdir = "/testbed"
-
-    def execute(self, cmd: str, timeout: float) -> ExecResult:
-        raise SandboxError("container vanished")
-
-    def upload(self, src: Path, dst: str) -> None: ...
-
-    def download(self, src: str, dst: Path) -> None: ...
-
-    def close(self) -> None: ...
 
 
 @pytest.fixture
@@ -149,7 +99,7 @@ def _grade_with_script(task: SWEBenchTask, testbed: Path, body: str, **kw: objec
     scripted = SWEBenchTask(instance, **kw)  # type: ignore[arg-type]
     sandbox = SubprocessSandbox(testbed)
     scripted.setup(sandbox)
-    return scripted.grade(sandbox)
+    return scripted.grade(sandbox, GradingContext(FreshSandboxes(testbed.parent, scripted)))
 
 
 def _summary(task: SWEBenchTask, failing: set[str] = frozenset()) -> str:
@@ -179,17 +129,15 @@ def test_grade_eval_timeout_scores_zero(shipped: SWEBenchTask, testbed: Path) ->
 
 
 def test_grade_on_dead_sandbox_is_infra_failure(shipped: SWEBenchTask) -> None:
-    grade = shipped.grade(BrokenSandbox())
+    grade = shipped.grade(BrokenSandbox(), GradingContext(BrokenSandbox))
     assert grade.infra_failure and grade.reward == 0.0
     assert "container vanished" in grade.details["error"]
 
 
-def test_agent_deleting_git_scores_zero_not_infra(shipped: SWEBenchTask, testbed: Path) -> None:
-    sandbox = SubprocessSandbox(testbed)
-    shipped.setup(sandbox)
-    sandbox.execute("rm -rf /testbed/.git", timeout=10)
-    grade = shipped.grade(sandbox)
-    assert grade.reward == 0.0 and not grade.infra_failure
+def test_grading_needs_a_fresh_sandbox(shipped: SWEBenchTask, testbed: Path) -> None:
+    """No in-place fallback: the agent's sandbox never runs the tests."""
+    with pytest.raises(TypeError):
+        shipped.grade(SubprocessSandbox(testbed))  # type: ignore[call-arg]
 
 
 def test_transfer_round_trip_in_small_chunks(tmp_path: Path) -> None:
@@ -231,21 +179,6 @@ def test_setup_refuses_an_official_instance_without_its_image(tmp_path: Path) ->
 
 
 # --- grading the agent's patch in a fresh sandbox ---------------------------------------------
-
-
-class FreshSandboxes:
-    """A ``fresh_sandbox`` factory: each call copies the snapshot to a new host folder."""
-
-    def __init__(self, tmp_path: Path, task: SWEBenchTask) -> None:
-        self.tmp_path = tmp_path
-        self.snapshot = task.instance.repo_snapshot
-        self.made: list[SubprocessSandbox] = []
-
-    def __call__(self) -> SubprocessSandbox:
-        root = self.tmp_path / f"fresh-{len(self.made)}"
-        subprocess.run(["cp", "-r", str(self.snapshot), str(root)], check=True)
-        self.made.append(SubprocessSandbox(root))
-        return self.made[-1]
 
 
 def _hook_hack_task(task: SWEBenchTask) -> SWEBenchTask:
@@ -291,12 +224,15 @@ def test_git_hook_faking_a_passing_log_scores_zero(
         text=True,
     )
     assert grade_log(task.instance, unprotected.stdout).reward == 1.0
-    fresh = FreshSandboxes(tmp_path, task)
-    official = task.grade(sandbox, GradingContext(fresh))
-    assert official.reward == 0.0 and not official.infra_failure, official.details
-    assert len(fresh.made) == 1 and fresh.made[0].closed
-    in_place = task.grade(sandbox)
-    assert in_place.reward == 0.0 and not in_place.infra_failure, in_place.details
+    for strict in (False, True):
+        fresh = FreshSandboxes(tmp_path / f"strict-{strict}", task)
+        grade = task.grade(sandbox, GradingContext(fresh, strict=strict))
+        assert grade.reward == 0.0 and not grade.infra_failure, grade.details
+        assert len(fresh.made) == 1 and fresh.made[0].closed
+        reasons = grade.details["tamper_reasons"]
+        assert grade.details["tamper_suspected"] and grade.details["strict"] is strict
+        assert any(r.startswith(".git/hooks/post-checkout: a git hook") for r in reasons)
+        assert any("core.hooksPath" in r or "core.hookspath" in r for r in reasons), reasons
 
 
 def test_fresh_sandbox_gets_the_agents_patch_and_nothing_else(

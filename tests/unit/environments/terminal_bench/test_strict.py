@@ -54,7 +54,7 @@ def test_a_real_fix_is_not_flagged(tmp_path: Path) -> None:
     ("changes", "expected"),
     [
         ({"conftest.py": "x = 1\n"}, "/app/conftest.py: a conftest.py"),
-        ({"pytest.py": "import sys\n"}, "/app/pytest.py: shadows the 'pytest' module"),
+        ({"pytest.py": "import sys\n"}, "/app/pytest.py: a new module that shadows the 'pytest' module"),
         ({"sitecustomize.py": "\n"}, "/app/sitecustomize.py: a Python start-up hook"),
         ({"lib/hack.pth": "import os\n"}, "/app/lib/hack.pth: a Python start-up hook"),
         ({"pytest.ini": "[pytest]\n"}, "/app/pytest.ini: pytest configuration"),

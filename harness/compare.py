@@ -1,0 +1,193 @@
+"""``thundersync compare``: one workload under sync, async(k) and streaming, several seeds.
+
+Every (mode, seed) run is a ``thundersync train`` process saving a checkpoint every
+``eval_every`` steps; after all runs, each checkpoint is evaluated on one held-out task set
+(the same for every run), so evaluation never competes with training and the training clock
+excludes it. Runs alternate their mode order from seed to seed, so slow drift of a shared
+machine does not favour one mode. The report: time to the target accuracy and accuracy at a
+fixed budget, each as a median with a bootstrap CI over seeds, speed-ups over sync, the
+step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.curves import Point
+from thundersync.training.config import TrainConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CompareConfig:
+    """One comparison (``results.json`` holds it)."""
+
+    train: TrainConfig
+    """The workload: every run uses it, with its own mode, seed and run folder."""
+    modes: tuple[str, ...] = ("sync", "async", "streaming")
+    """sync, streaming, async (with ``train.staleness``) or async-k<K>."""
+    seeds: int = 3
+    """Runs per mode, seeds ``train.seed``, ``train.seed + 1``, ..."""
+    target: float = 0.8
+    """Held-out accuracy whose time-to-reach is compared."""
+    budget_s: float | None = None
+    """Training seconds at which accuracy is compared (None: the shortest run's length)."""
+    eval_every: int = 2
+    """Evaluate a checkpoint every this many steps."""
+    eval_tasks: int = 32
+    """Held-out tasks (drawn once, the same for every run)."""
+    eval_samples: int = 1
+    """Attempts per held-out task."""
+    out: str = "runs/compare"
+    """Folder for results.json, plots and the runs."""
+    leaderboard: bool = True
+    """Append the comparison to the leaderboard."""
+    leaderboard_db: str | None = None
+    """Leaderboard file (None: ``$THUNDERSYNC_LEADERBOARD`` or runs/leaderboard.sqlite)."""
+
+
+@dataclass(slots=True)
+class Run:
+    """One (mode, seed) training run and its evaluated checkpoints."""
+
+    mode: str
+    seed: int
+    folder: Path
+    curve: list[Point] = field(default_factory=list)
+
+
+def mode_config(base: TrainConfig, mode: str, seed: int, folder: Path, every: int) -> TrainConfig:
+    """The run's TrainConfig: ``async-k2`` is async with staleness 2."""
+    name, _, k = mode.partition("-k")
+    if name not in ("sync", "async", "streaming") or (k and not k.isdigit()):
+        raise ValueError(f"mode {mode!r}: expected sync, streaming, async or async-k<K>")
+    staleness = int(k) if k else base.staleness
+    return replace(base, mode=name, staleness=staleness, seed=seed, out=str(folder),
+                   checkpoint_every=every, keep_checkpoints=10_000)  # fmt: skip
+
+
+def mode_name(mode: str, base: TrainConfig) -> str:
+    """The results key: sync, streaming, or async-k<K>."""
+    return f"async-k{base.staleness}" if mode == "async" else mode
+
+
+def train_run(config: TrainConfig, label: str) -> None:
+    """Run ``thundersync train`` for ``config``, its progress lines prefixed with ``label``."""
+    folder = Path(config.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_file = folder / "requested-config.json"
+    config_file.write_text(json.dumps(config.to_dict(), indent=2))
+    command = [sys.executable, "-m", "thundersync.cli", "train", "--config", str(config_file)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:  # fmt: skip
+        tail: list[str] = []
+        for line in proc.stdout or ():
+            tail = (tail + [line.rstrip()])[-20:]
+            print(f"compare: [{label}] {line.rstrip()}", flush=True)
+        proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"compare: run {label} failed (exit {proc.returncode}):\n"
+                           + "\n".join(tail))  # fmt: skip
+
+
+def checkpoints(folder: Path) -> list[tuple[int, float, Path]]:
+    """(completed steps, training seconds, checkpoint folder) of a finished run."""
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    times = {m["step"] + 1: m["time_s"] for m in metrics}
+    found = []
+    for path in sorted((folder / "checkpoints").glob("step-*")):
+        steps = int(path.name.split("-")[1])
+        found.append((steps, times[steps], path))
+    return found
+
+
+def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[str]]:
+    """Fill every run's curve (its initial model's accuracy at step 0 first); returns that
+    initial accuracy and the held-out task ids."""
+    import gymnasium
+
+    import environments  # noqa: F401  (registers the built-in envs)
+    from harness.policy_eval import PolicyEvaluator, draw_eval_tasks
+
+    base = config.train
+
+    def make_env() -> Any:
+        return gymnasium.make(base.env, **{"sandbox": base.sandbox, **base.env_kwargs})
+
+    tasks = draw_eval_tasks(make_env, config.eval_tasks, seed=base.seed)
+    initial = base.model or str(runs[0].folder / "init-model")
+    with PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens) as judge:
+        start = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
+        for run in runs:
+            run.curve = [Point(0, 0.0, start)]
+            for steps, time_s, path in checkpoints(run.folder):
+                judge.load(path)
+                score = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
+                run.curve.append(Point(steps, time_s, score))
+            print(f"compare: evaluated {run.mode} seed {run.seed}: "
+                  + " ".join(f"{p.accuracy:.2f}" for p in run.curve), flush=True)  # fmt: skip
+    return start, [task.task_id for task in tasks]
+
+
+def accuracy(groups: list[list[Any]]) -> float:
+    """Mean over tasks of the mean reward of their scored (non-infra) attempts."""
+    per_task = []
+    for attempts in groups:
+        scored = [a.reward for a in attempts if not a.infra_failure]
+        if scored:
+            per_task.append(sum(scored) / len(scored))
+    return sum(per_task) / len(per_task) if per_task else 0.0
+
+
+def run_compare(config: CompareConfig) -> dict[str, Any]:
+    """Train every (mode, seed), evaluate, summarise, plot; returns the results."""
+    from harness.compare_report import summarize, write_outputs
+
+    out = Path(config.out)
+    runs: list[Run] = []
+    shared_init = config.train
+    if shared_init.model is None:  # every run starts from the same tiny model
+        from thundersync.models import build_tiny_model
+
+        shared_init = replace(shared_init, model=str(build_tiny_model(out / "init-model")))
+    config = replace(config, train=shared_init)
+    for i in range(config.seeds):
+        seed = config.train.seed + i
+        order = config.modes if i % 2 == 0 else tuple(reversed(config.modes))
+        for mode in order:
+            name = mode_name(mode, config.train)
+            folder = out / "runs" / f"{name}-seed{seed}"
+            train_run(mode_config(config.train, mode, seed, folder, config.eval_every),
+                      f"{name} seed {seed}")  # fmt: skip
+            runs.append(Run(name, seed, folder))
+    initial, task_ids = evaluate_runs(runs, config)
+    results = summarize(runs, config, initial)
+    write_outputs(results, runs, config)
+    if config.leaderboard:
+        record(results, config, task_ids)
+    return results
+
+
+def record(results: dict[str, Any], config: CompareConfig, task_ids: list[str]) -> None:
+    """One leaderboard row for the comparison (per mode: its headline statistics)."""
+    from leaderboard.store import Entry, Store, suite_version
+
+    keys = ("time_to_target_s", "accuracy_at_budget", "speedup_vs_sync", "final_accuracy")
+    metrics = {
+        "target": results["target"],
+        "budget_s": results["budget_s"],
+        "modes": {name: {k: m[k] for k in keys} for name, m in results["modes"].items()},
+    }
+    entry = Entry(
+        kind="compare", suite=config.train.env, suite_version=suite_version(task_ids),
+        subject=",".join(results["modes"]), metrics=metrics, config=results["config"],
+        checkpoint=config.train.model,
+        artifacts={"plots": results["plots"], "results": str(Path(config.out) / "results.json")},
+    )  # fmt: skip
+    with Store(config.leaderboard_db) as store:
+        entry_id = store.append(entry)
+    print(f"compare: leaderboard row #{entry_id} in {store.path}", flush=True)

@@ -1,0 +1,143 @@
+"""The comparison's report: per-mode statistics over seeds, ``results.json``, plots, the table
+and a one-line verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from harness.bootstrap import median_ci
+from harness.critical_path import batched_cost_per_trajectory
+from harness.critical_path import summarize as critical_path
+from harness.curves import accuracy_at_budget, time_to_target
+
+BREAKDOWN = ("engine", "tool", "grading", "teacher", "backward", "step", "optimizer",
+             "weight_publish", "weight_sync")  # fmt: skip
+
+
+def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str, Any]:
+    """Statistics per mode (keys sync, streaming, async-k<K>), each over seeds."""
+    budget = config.budget_s or min(max(p.time_s for p in run.curve) for run in runs)
+    modes: dict[str, list[Any]] = {}
+    for run in runs:
+        modes.setdefault(run.mode, []).append(run)
+    sync_times = {r.seed: time_to_target(r.curve, config.target) for r in modes.get("sync", [])}
+    sync_folders = {r.seed: r.folder for r in modes.get("sync", [])}
+    summary = {}
+    for name, mode_runs in modes.items():
+        mode_runs.sort(key=lambda r: r.seed)
+        times = [time_to_target(r.curve, config.target) for r in mode_runs]
+        speedups = [_speedup(sync_times.get(r.seed), t) for r, t in zip(mode_runs, times)]
+        summary[name] = {
+            "seeds": [r.seed for r in mode_runs],
+            "time_to_target_s": median_ci(times),
+            "accuracy_at_budget": median_ci(
+                [accuracy_at_budget(r.curve, budget) for r in mode_runs]
+            ),  # fmt: skip
+            "speedup_vs_sync": median_ci(speedups),
+            "final_accuracy": median_ci([r.curve[-1].accuracy for r in mode_runs]),
+            **_step_statistics(mode_runs, sync_folders if name == "streaming" else {}),
+        }
+    return {
+        "config": _config_dict(config),
+        "target": config.target,
+        "budget_s": budget,
+        "initial_accuracy": initial_accuracy,
+        "modes": summary,
+        "runs": [{"mode": r.mode, "seed": r.seed, "folder": str(r.folder),
+                  "curve": [dataclasses.asdict(p) for p in r.curve]} for r in runs],
+    }  # fmt: skip
+
+
+def _speedup(sync_time: float | None, mode_time: float | None) -> float | None:
+    """T_sync / T_mode for one seed: 0 when the mode never reached the target, None (∞) when
+    only sync never did (and None for sync itself then)."""
+    if sync_time is None and mode_time is None:
+        return None
+    if mode_time is None:
+        return 0.0
+    if sync_time is None:
+        return None
+    return sync_time / mode_time if mode_time > 0 else None
+
+
+def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str, Any]:
+    """Step time, its breakdown (fraction of step time), idle fractions, staleness and, for
+    streaming, T*/T against the same seed's sync run."""
+    metrics = [json.loads(line) for r in runs
+               for line in (r.folder / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    if not metrics:
+        return {}
+    out: dict[str, Any] = {
+        "step_time_s": statistics.median(m["step_time_s"] for m in metrics),
+        "breakdown_fraction": {
+            name: statistics.mean(
+                m["breakdown_s"].get(name, 0.0) / m["step_time_s"] for m in metrics
+            )
+            for name in BREAKDOWN
+        },  # fmt: skip
+        "learner_idle_fraction": _mean(m.get("learner_idle_fraction") for m in metrics),
+        "engine_idle_fraction": _mean(m.get("engine_idle_fraction") for m in metrics),
+    }
+    histogram: dict[int, int] = {}
+    for m in metrics:
+        for k, v in (m["learner"].get("staleness_histogram") or {}).items():
+            histogram[int(k)] = histogram.get(int(k), 0) + int(v)
+    tokens = sum(histogram.values())
+    out["staleness"] = {
+        "mean": sum(k * v for k, v in histogram.items()) / tokens if tokens else 0.0,
+        "max": max(histogram, default=0),
+        "histogram": {str(k): v for k, v in sorted(histogram.items())},
+    }
+    out["clip_fraction"] = _mean(m["learner"].get("clip_fraction") for m in metrics)
+    efficiencies = []
+    for run in runs:
+        if run.seed in sync_folders:
+            cost = batched_cost_per_trajectory(sync_folders[run.seed])
+            efficiencies.append(critical_path(run.folder, cost).get("efficiency"))
+    if efficiencies:
+        out["bound_efficiency"] = median_ci(efficiencies)
+    return out
+
+
+def _mean(values: Any) -> float | None:
+    numbers = [v for v in values if isinstance(v, int | float)]
+    return statistics.mean(numbers) if numbers else None
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(config)
+    data["modes"] = list(config.modes)
+    return data
+
+
+def write_outputs(results: dict[str, Any], runs: list[Any], config: Any) -> None:
+    """results.json (strict JSON) and the plots, all under ``config.out``."""
+    from harness.plots import write_plots
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results["plots"] = [str(p) for p in write_plots(results, runs, out)]
+    (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+
+
+def verdict(results: dict[str, Any]) -> str:
+    """One plain line: time to target and accuracy at the budget, streaming vs the others."""
+    modes, target = results["modes"], results["target"]
+    parts = []
+    for name, m in modes.items():
+        t = m["time_to_target_s"]["median"]
+        reached = "never" if t is None else f"{t:.0f} s"
+        speed = m["speedup_vs_sync"]["median"]
+        speedup = "" if name == "sync" or speed is None else f" ({speed:.2f}x sync)"
+        parts.append(f"{name} {reached}{speedup}")
+    budget = ", ".join(f"{n} {_fmt(m['accuracy_at_budget']['median'])}" for n, m in modes.items())
+    return (f"compare: time to accuracy {target:g}: " + "; ".join(parts)
+            + f" | accuracy at {results['budget_s']:.0f} s: {budget}")  # fmt: skip
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

@@ -1,0 +1,151 @@
+"""The comparison's plots (matplotlib, PNG): accuracy against the training clock and against
+the step, the step-time breakdown, and one step's timeline per mode as a Gantt chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.bootstrap import median_ci
+from harness.curves import accuracy_on_grid
+
+COLORS = {"sync": "#4c72b0", "streaming": "#dd8452"}
+STACK = (("engine", "generation"), ("tool", "tools"), ("grading", "grading"),
+         ("teacher", "teacher"), ("backward", "backward"), ("step", "learner step"),
+         ("weight_publish", "weight sync"))  # fmt: skip
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(mode: str) -> str:
+    return COLORS.get(mode, "#55a868")
+
+
+def write_plots(results: dict[str, Any], runs: list[Any], out: Path) -> list[Path]:
+    """Write the four plots into ``out``; returns their paths."""
+    return [
+        _accuracy_plot(runs, out / "accuracy_vs_time.png", by_step=False, target=results["target"]),
+        _accuracy_plot(runs, out / "accuracy_vs_step.png", by_step=True, target=results["target"]),
+        _breakdown_plot(results, out / "step_breakdown.png"),
+        _timeline_plot(runs, out / "step_timeline.png"),
+    ]
+
+
+def _accuracy_plot(runs: list[Any], path: Path, *, by_step: bool, target: float) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    modes: dict[str, list[Any]] = {}
+    for run in runs:
+        modes.setdefault(run.mode, []).append(run)
+    for mode, mode_runs in modes.items():
+        if by_step:
+            grid = sorted({p.step for r in mode_runs for p in r.curve})
+            curves = [[_at_step(r.curve, s) for s in grid] for r in mode_runs]
+        else:
+            end = max(p.time_s for r in mode_runs for p in r.curve)
+            grid = [end * i / 100 for i in range(101)]
+            curves = [accuracy_on_grid(r.curve, grid) for r in mode_runs]
+        stats = [median_ci([c[i] for c in curves if c[i] is not None]) for i in range(len(grid))]
+        median = [s["median"] for s in stats]
+        lo = [s["ci"][0] if s["ci"][0] is not None else s["median"] for s in stats]
+        hi = [s["ci"][1] if s["ci"][1] is not None else s["median"] for s in stats]
+        ax.plot(grid, median, label=f"{mode} (median of {len(mode_runs)} seeds)",
+                color=_color(mode), drawstyle="steps-post")  # fmt: skip
+        ax.fill_between(grid, lo, hi, color=_color(mode), alpha=0.2, step="post")
+    ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("optimizer step" if by_step else "training time (s, evaluation excluded)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("accuracy per step (same updates: curves coincide)" if by_step
+                 else "accuracy vs wall-clock (band: 95% bootstrap CI of the median)")  # fmt: skip
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _at_step(curve: list[Any], step: int) -> float | None:
+    known = [p for p in curve if p.step <= step]
+    return max(known, key=lambda p: p.step).accuracy if known else None
+
+
+def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = list(results["modes"])
+    for i, mode in enumerate(names):
+        m = results["modes"][mode]
+        step_time, fractions = m.get("step_time_s", 0.0), m.get("breakdown_fraction", {})
+        ax.bar(i, step_time, color="#dddddd", edgecolor="black", linewidth=0.5,
+               label="step time" if i == 0 else None)  # fmt: skip
+        bottom = 0.0
+        for j, (key, label) in enumerate(STACK):
+            height = fractions.get(key, 0.0) * step_time
+            ax.bar(i, height, bottom=bottom, width=0.5, color=f"C{j}",
+                   label=label if i == 0 else None)  # fmt: skip
+            bottom += height
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("seconds per step (busy time summed over workers)")
+    ax.set_title("step-time breakdown (grey: the step's wall time)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _timeline_plot(runs: list[Any], path: Path) -> Path:
+    shown: dict[str, Any] = {}
+    for run in sorted(runs, key=lambda r: r.seed):
+        shown.setdefault(run.mode, run)
+    return timeline_plot({mode: run.folder for mode, run in shown.items()}, path)
+
+
+def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None) -> Path:
+    """One step of each run (its middle step by default) as a Gantt chart."""
+    plt = _pyplot()
+    shown = folders
+    fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.6 + 1.6 * len(shown)), squeeze=False)
+    for ax, (mode, folder) in zip(axes[:, 0], shown.items()):
+        spans, start, end = _one_step(folder, step)
+        rows = ["engine", "tools", "grading", "teacher", "learner"]
+        row_of = {"engine": "engine", "tool": "tools", "grading": "grading",
+                  "teacher": "teacher", "backward": "learner", "step": "learner",
+                  "optimizer": "learner", "weight_publish": "learner"}  # fmt: skip
+        for s in spans:
+            row = row_of.get(s["name"])
+            if row is None:
+                continue
+            y = rows.index(row)
+            ax.broken_barh([(s["started"] - start, max(s["finished"] - s["started"], 1e-3))],
+                           (y - 0.35, 0.7), color=f"C{y}", alpha=0.5)  # fmt: skip
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set_xlim(0, max(end - start, 1e-3))
+        ax.set_title(f"{mode}: one step ({end - start:.2f} s)", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds from the batch's start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _one_step(folder: Path, step: int | None = None) -> tuple[list[dict[str, Any]], float, float]:
+    """The spans of one step of the run (its middle one by default), with its window."""
+    metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    chosen = [m for m in metrics if m["step"] == step]
+    if step is not None and not chosen:
+        raise ValueError(f"{folder}: no step {step} (steps {metrics[0]['step']}.."
+                         f"{metrics[-1]['step']})")  # fmt: skip
+    m = chosen[0] if chosen else metrics[len(metrics) // 2]
+    start, end = m["submitted_at"], m["finished_at"]
+    spans = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]
+    return [s for s in spans if s["finished"] >= start and s["started"] <= end], start, end

@@ -1,0 +1,104 @@
+"""A checkpoint as an agent: the policy agent on an HF engine, run over tasks in sandboxes.
+
+One ``PolicyEvaluator`` holds one engine (loaded once); ``load`` swaps another checkpoint's
+weights in place (a run's checkpoints share an architecture), so evaluating every checkpoint
+of a run costs one model load. Attempts are seeded per task and sample (``request_seed`` with
+the evaluation's seed), so the same checkpoint, tasks and seed give the same episodes whether
+``thundersync eval --checkpoint`` or ``thundersync compare`` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thundersync import events as ev
+from thundersync.types import Trajectory
+
+EVAL_PREFIX = "v"
+
+
+class PolicyEvaluator:
+    """Runs a checkpoint's policy agent over tasks; a context manager (closes its engine)."""
+
+    def __init__(self, checkpoint: str | Path, *, seed: int = 0, max_new_tokens: int = 48,
+                 temperature: float = 1.0, concurrency: int = 32) -> None:  # fmt: skip
+        from thundersync.models import load_tokenizer
+        from thundersync.training.agent import PolicyAgent
+        from thundersync.training.chat import ChatFormat
+        from thundersync.training.engines.batcher import DynamicBatcher
+        from thundersync.training.engines.hf import HFEngine
+
+        self.checkpoint = Path(checkpoint)
+        self.engine = HFEngine(self.checkpoint)
+        self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
+        self.agent = PolicyAgent(
+            self.batcher.generate, ChatFormat(load_tokenizer(self.checkpoint)),
+            policy_version=lambda: self.engine.policy_version, run_seed=seed,
+            max_new_tokens=max_new_tokens, max_context=self.engine.max_context,
+            temperature=temperature,
+        )  # fmt: skip
+        self.concurrency = concurrency
+
+    def load(self, checkpoint: str | Path) -> None:
+        """Evaluate ``checkpoint`` from now on (same architecture, weights loaded in place)."""
+        from safetensors.torch import load_file
+
+        state = load_file(Path(checkpoint) / "model.safetensors")
+        model = self.engine.model
+        missing = [name for name, _ in model.named_parameters() if name not in state]
+        if missing:
+            raise ValueError(f"{checkpoint}: not a checkpoint of this architecture "
+                             f"(missing {missing[:3]})")  # fmt: skip
+        flat = torch.cat([state[name].reshape(-1).to(p.dtype)
+                          for name, p in model.named_parameters()])  # fmt: skip
+        self.batcher.call(lambda engine: engine.load_weights(flat, engine.policy_version))
+        self.checkpoint = Path(checkpoint)
+
+    def run(self, tasks: Sequence[Any], make_env: Callable[[], Any], *, k: int,
+            sink: Callable[[ev.Event], None] | None = None) -> list[list[Trajectory]]:  # fmt: skip
+        """``k`` attempts per task, all concurrent (up to ``concurrency``); per task, in order."""
+        from environments.runner import EpisodeRunner
+
+        runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
+        jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
+
+        def attempt(job: tuple[int, int]) -> Trajectory:
+            t, s = job
+            return runner.run_episode(
+                tasks[t],
+                group_id=f"{EVAL_PREFIX}-g{t}",
+                group_size=k,
+                episode_id=f"{EVAL_PREFIX}-g{t}-e{s}",
+                seed=t * 1000 + s,
+            )
+
+        with ThreadPoolExecutor(max(1, min(self.concurrency, len(jobs)))) as pool:
+            results = list(pool.map(attempt, jobs))
+        return [results[t * k : (t + 1) * k] for t in range(len(tasks))]
+
+    def close(self) -> None:
+        self.batcher.close()
+        self.engine.close()
+
+    def __enter__(self) -> PolicyEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def draw_eval_tasks(make_env: Callable[[], Any], num_tasks: int, *, seed: int = 0) -> list[Any]:
+    """Held-out tasks of an env: drawn from a stream that training draws never use."""
+    import numpy as np
+
+    env = make_env()
+    try:
+        draw = env.get_wrapper_attr("draw_task")
+        return [draw(np.random.default_rng([seed, 2**31 - 1, i])) for i in range(num_tasks)]
+    finally:
+        env.close()

@@ -1,0 +1,200 @@
+"""``thundersync simulate``: the three modes' step times for a workload, without running a model.
+
+A discrete-event model of one learner fed by one rollout batch per step (docs/design.md §4):
+trajectory i's reward is ready cᵢ after its batch starts; a learner micro-batch of k
+trajectories costs ``o + k·b`` (``b`` the batched cost per trajectory, ``o`` the fixed cost of
+a pass, so a lone backward costs ``o + b``); then the optimizer and the weight sync.
+
+- sync: T = max cᵢ + passes of the whole batch + optimizer + sync.
+- streaming (lazy drain): whenever the learner is free it takes everything that has arrived
+  as one micro-batch; eager: one pass per trajectory.
+- async(k): batch n starts when the weights of step n−k−1 exist; the learner takes batch n
+  when it is complete; the step time is the learner's throughput.
+- T*: max_k (c₍ₖ₎ + Σ_{j≥k} b) + optimizer + sync, the bound of any zero-staleness schedule.
+
+A workload is named (``long-tail``, ``balanced``, ``agentic``) or read from a run folder (its
+reward-ready times per step, and b, o, optimizer and sync from its spans), so a prediction can
+be checked against a measured run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One learner's view of training: per step, when each trajectory's reward is ready."""
+
+    name: str
+    ready_s: tuple[tuple[float, ...], ...]
+    """Per step, the reward-ready times of its trajectories (from the batch's start)."""
+    cost_per_trajectory_s: float
+    """b: batched learner time per trajectory."""
+    pass_overhead_s: float = 0.0
+    """o: fixed cost of one learner pass (a lone trajectory costs o + b)."""
+    optimizer_s: float = 0.0
+    sync_s: float = 0.0
+    micro_batch_size: int = 8
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:
+    """``long-tail`` (32 log-normal completions, median 2 s, σ 1; batched learner time about
+    half the makespan), ``balanced`` (σ 0.5; learner time about the makespan), ``agentic``
+    (64 episodes of minutes, σ 1.2; learner about half the makespan). The fixed cost of a
+    learner pass is a fifth of a trajectory's (a lone backward costs 1.2× its batched share,
+    as measured on CPU; docs/design.md §4)."""
+    presets = {
+        "long-tail": (32, 2.0, 1.0, 0.25, 0.05),
+        "balanced": (32, 2.0, 0.5, 0.18, 0.04),
+        "agentic": (64, 120.0, 1.2, 11.0, 2.0),
+    }
+    if name not in presets:
+        raise ValueError(f"unknown workload {name!r}; expected one of {sorted(presets)} or a "
+                         "run folder")  # fmt: skip
+    n, median, sigma, b, o = presets[name]
+    rng = random.Random(seed)
+    ready = tuple(
+        tuple(median * math.exp(sigma * rng.gauss(0, 1)) for _ in range(n)) for _ in range(steps)
+    )
+    return Workload(name, ready, b, o, optimizer_s=b * 2, sync_s=b)
+
+
+def run_workload(folder: Path, sync_folder: Path | None = None) -> Workload:
+    """A measured run's workload: its reward-ready times per step; b and o from a sync run's
+    learner spans (``sync_folder``, or the run itself when it is a sync run)."""
+    from harness.critical_path import batched_cost_per_trajectory, step_windows
+
+    windows = step_windows(folder)
+    b = batched_cost_per_trajectory(sync_folder or folder)
+    ready = tuple(tuple(t - w.submitted_at for t in w.reward_times) for w in windows)
+    opt = statistics.median(w.durations.get("optimizer", 0.0) for w in windows)
+    sync = statistics.median(w.durations.get("weight_publish", 0.0) for w in windows)
+    measured = [w.time_s for w in windows]
+    return Workload(folder.name, ready, b, 0.0, optimizer_s=opt, sync_s=sync,
+                    notes={"measured_step_time_s": statistics.median(measured)})  # fmt: skip
+
+
+def _passes(k: int, w: Workload) -> float:
+    batches = math.ceil(k / w.micro_batch_size) if k else 0
+    return batches * w.pass_overhead_s + k * w.cost_per_trajectory_s
+
+
+def sync_step(ready: Sequence[float], w: Workload) -> float:
+    return max(ready) + _passes(len(ready), w) + w.optimizer_s + w.sync_s
+
+
+def streaming_step(ready: Sequence[float], w: Workload, *, eager: bool = False) -> float:
+    arrivals, t, i = sorted(ready), 0.0, 0
+    while i < len(arrivals):
+        t = max(t, arrivals[i])
+        k = 1 if eager else sum(1 for a in arrivals[i:] if a <= t)
+        t += _passes(k, w)
+        i += k
+    return t + w.optimizer_s + w.sync_s
+
+
+def bound_step(ready: Sequence[float], w: Workload) -> float:
+    arrivals, b = sorted(ready), w.cost_per_trajectory_s
+    n = len(arrivals)
+    tail = max(c + (n - k) * b for k, c in enumerate(arrivals))
+    return tail + w.optimizer_s + w.sync_s
+
+
+def async_steps(w: Workload, staleness: int) -> float:
+    """Mean step time of async(k): batch n starts once step n−k−1's weights exist."""
+    done: list[float] = []  # learner finish time of each step
+    learner_free = 0.0
+    for n, ready in enumerate(w.ready_s):
+        start = done[n - staleness - 1] if n - staleness - 1 >= 0 else 0.0
+        available = start + max(ready)
+        learner_free = max(learner_free, available) + _passes(len(ready), w) + w.optimizer_s
+        done.append(learner_free + w.sync_s)
+    return done[-1] / len(done)
+
+
+def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
+    sync = [sync_step(r, w) for r in w.ready_s]
+    lazy = [streaming_step(r, w) for r in w.ready_s]
+    eager = [streaming_step(r, w, eager=True) for r in w.ready_s]
+    bound = [bound_step(r, w) for r in w.ready_s]
+    mean = statistics.mean
+    result = {
+        "workload": w.name,
+        "steps": len(w.ready_s),
+        "step_time_s": {
+            "sync": mean(sync),
+            "streaming": mean(lazy),
+            "streaming-eager": mean(eager),
+            f"async-k{staleness}": async_steps(w, staleness),
+            "bound": mean(bound),
+        },  # fmt: skip
+        "efficiency": {
+            "streaming": mean(b / t for b, t in zip(bound, lazy)),
+            "streaming-eager": mean(b / t for b, t in zip(bound, eager)),
+        },  # fmt: skip
+        **w.notes,
+    }
+    times = result["step_time_s"]
+    result["speedup_vs_sync"] = {k: times["sync"] / v for k, v in times.items() if k != "bound"}
+    return result
+
+
+def add_simulate_parser(sub: Any) -> None:
+    import argparse
+
+    parser = sub.add_parser(
+        "simulate", help="predict sync, async and streaming step times for a workload",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--workload", required=True,
+                        help="long-tail, balanced, agentic, or a run folder of thundersync "
+                             "train")  # fmt: skip
+    parser.add_argument("--sync-run", default=None,
+                        help="a sync run folder whose learner cost b to use (default: the "
+                             "workload's run itself)")  # fmt: skip
+    parser.add_argument("--staleness", type=int, default=1, help="k of async(k)")
+    parser.add_argument("--steps", type=int, default=20, help="steps of a named workload")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a named workload")
+    parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    parser.set_defaults(func=run_simulate_command)
+
+
+def run_simulate_command(args: Any) -> int:
+    import json
+    import sys
+
+    try:
+        folder = Path(args.workload)
+        if folder.is_dir():
+            sync = Path(args.sync_run) if args.sync_run else None
+            workload = run_workload(folder, sync)
+        else:
+            workload = named_workload(args.workload, steps=args.steps, seed=args.seed)
+        if args.staleness < 1 or not workload.ready_s:
+            raise ValueError("--staleness must be >= 1 and the workload needs steps")
+        result = simulate(workload, staleness=args.staleness)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{'mode':<18}{'step time':>11}{'vs sync':>9}")
+    for mode, t in result["step_time_s"].items():
+        speed = result["speedup_vs_sync"].get(mode)
+        print(f"{mode:<18}{t:>9.3f} s{'' if speed is None else f'{speed:>8.2f}x'}")
+    measured = result.get("measured_step_time_s")
+    extra = f"; measured {measured:.3f} s" if measured is not None else ""
+    print(
+        f"simulate: {result['workload']}: streaming {result['step_time_s']['streaming']:.3f} s "
+        f"per step, {result['efficiency']['streaming']:.3f} of the bound{extra}"
+    )
+    return 0

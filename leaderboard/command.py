@@ -1,0 +1,48 @@
+"""``thundersync leaderboard``: print the results table, or write the static HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "leaderboard", help="show evaluation and comparison results",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--db", default=None,
+                        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or "
+                             "runs/leaderboard.sqlite)")  # fmt: skip
+    parser.add_argument("--suite", default=None, help="only this suite or env id")
+    parser.add_argument("--kind", choices=["eval", "compare"], default=None, help="only these")
+    parser.add_argument("--sort", default=None,
+                        help="metric to sort by (eval: mean_reward, pass@1, ...; compare: "
+                             "accuracy_at_budget, time_to_target_s, ...)")  # fmt: skip
+    parser.add_argument(
+        "--html",
+        default=None,
+        metavar="DIR",
+        help="write a static page (tables and plots) to DIR/index.html",
+    )
+    parser.set_defaults(func=run_leaderboard_command)
+
+
+def run_leaderboard_command(args: argparse.Namespace) -> int:
+    from leaderboard.render import print_tables, write_html
+    from leaderboard.store import Store, StoreError
+
+    try:
+        with Store(args.db) as store:
+            entries = store.entries(suite=args.suite, kind=args.kind)
+            path = store.path
+    except StoreError as exc:
+        print(f"leaderboard: error: {exc}", file=sys.stderr)
+        return 2
+    if args.html:
+        index = write_html(entries, args.html)
+        print(f"leaderboard: {len(entries)} result(s) from {path}; page written to {index}")
+        return 0
+    print_tables(entries, sort=args.sort)
+    print(f"leaderboard: {len(entries)} result(s) from {path}")
+    return 0

@@ -1,0 +1,126 @@
+"""The leaderboard as a terminal table and as a static HTML page (tables and plots)."""
+
+from __future__ import annotations
+
+import html
+import shutil
+from pathlib import Path
+from typing import Any
+
+from leaderboard.store import Entry
+
+EVAL_COLUMNS = ("#", "suite", "agent / checkpoint", "mean reward", "pass@1", "pass@k", "tasks",
+                "infra", "date")  # fmt: skip
+COMPARE_COLUMNS = ("#", "env", "mode", "time to target (s)", "acc @ budget", "speed-up vs sync",
+                   "seeds", "date")  # fmt: skip
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ci(stat: dict[str, Any] | None, digits: int = 2) -> str:
+    if not stat or stat.get("median") is None:
+        return "never" if stat else "-"
+    lo, hi = ("inf" if v is None else f"{v:.{digits}f}" for v in stat["ci"])
+    return f"{stat['median']:.{digits}f} [{lo}, {hi}]"
+
+
+def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]]:
+    chosen = [e for e in entries if e.kind == "eval"]
+    chosen.sort(key=lambda e: -(e.metrics.get(sort) if e.metrics.get(sort) is not None else -1))
+    rows = []
+    for e in chosen:
+        m = e.metrics
+        k = m.get("k", 1)
+        rows.append([str(e.id), e.suite, e.subject, _num(m.get("mean_reward")),
+                     _num(m.get("pass@1")), f"{_num(m.get(f'pass@{k}'))} (k={k})",
+                     str(m.get("num_tasks", "-")), str(m.get("num_infra_failed_attempts", 0)),
+                     e.created_at[:10]])  # fmt: skip
+    return rows
+
+
+def compare_rows(entries: list[Entry], sort: str = "accuracy_at_budget") -> list[list[str]]:
+    rows = []
+    for e in (x for x in entries if x.kind == "compare"):
+        modes = e.metrics.get("modes", {})
+        ordered = sorted(modes.items(), key=lambda kv: -((kv[1].get(sort) or {}).get("median")
+                                                         or 0.0))  # fmt: skip
+        for name, m in ordered:
+            rows.append([str(e.id), e.suite, name, _ci(m.get("time_to_target_s"), 1),
+                         _ci(m.get("accuracy_at_budget")), _ci(m.get("speedup_vs_sync")),
+                         str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
+                         e.created_at[:10]])  # fmt: skip
+    return rows
+
+
+def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    for title, columns, rows in (
+        ("evaluations", EVAL_COLUMNS, eval_rows(entries, sort or "mean_reward")),
+        ("comparisons", COMPARE_COLUMNS, compare_rows(entries, sort or "accuracy_at_budget")),
+    ):
+        if not rows:
+            continue
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def write_html(entries: list[Entry], folder: str | Path, *, title: str = "ThunderSync") -> Path:
+    """``folder/index.html`` with both tables and every comparison's plots (copied next to it,
+    so the folder can be served or archived on its own)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = [f"<h1>{html.escape(title)} leaderboard</h1>"]
+    tables = (
+        ("Evaluations", EVAL_COLUMNS, eval_rows(entries)),
+        ("Comparisons", COMPARE_COLUMNS, compare_rows(entries)),
+    )
+    for name, columns, rows in tables:
+        sections.append(f"<h2>{name}</h2>" + _table(columns, rows, name.lower()))
+    for e in entries:
+        plots = [Path(p) for p in e.artifacts.get("plots", []) if Path(p).is_file()]
+        if not plots:
+            continue
+        images = []
+        for plot in plots:
+            target = out / "plots" / str(e.id) / plot.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(plot, target)
+            alt = html.escape(f"{e.suite} comparison {e.id}: {plot.stem.replace('_', ' ')}")
+            images.append(f'<img src="plots/{e.id}/{html.escape(plot.name)}" alt="{alt}">')
+        sections.append(f"<h2>Comparison #{e.id}: {html.escape(e.suite)}</h2>"
+                        f'<div class="plots">{"".join(images)}</div>')  # fmt: skip
+    page = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)} leaderboard</title><style>{_CSS}</style></head>"
+        f"<body>{''.join(sections)}</body></html>\n"
+    )
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+def _table(columns: tuple[str, ...], rows: list[list[str]], name: str) -> str:
+    if not rows:
+        return f'<p class="empty">No {name} yet.</p>'
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)  # fmt: skip
+    return f'<table id="{name}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: left; }
+th { background: #f3f3f3; }
+.plots img { max-width: 48%; margin: 0.5em 1% 0.5em 0; border: 1px solid #ddd; }
+"""

@@ -1,0 +1,278 @@
+"""``thundersync train`` end to end: real processes, real sandboxed ToySum episodes, a tiny
+warm-started model. Sync and streaming give the same update; async trains on bounded-stale
+tokens; OPD moves a student toward its teacher; a run killed with -9 resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from thundersync.events import read_jsonl
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing"),
+]
+
+SMALL = ["--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16", "--lr", "3e-3"]
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory) -> Path:
+    """A tiny model warm-started on ToySum oracle play (it solves a minority of tasks, so
+    groups have differing rewards and the gradient is not zero)."""
+    from thundersync.training.warmstart import WarmStartConfig, warm_start
+
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("warm") / "model"
+    config = WarmStartConfig(num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
+    return warm_start(config, folder)
+
+
+def train(out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    last = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return load_file(last / "model.safetensors")
+
+
+def token_events(out: Path) -> list[tuple]:
+    """Every sampled action's length and episode, in a canonical order."""
+    records = read_jsonl(out / "events.jsonl")
+    turns = [(r["episode_id"], r["turn"], r["action_ids_len"])
+             for r in records if r["event"] == "TurnCompleted"]  # fmt: skip
+    return sorted(turns)
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
+    warm_model, tmp_path
+):
+    args = ["--model", str(warm_model), "--steps", "3", "--deterministic", "--seed", "3", *SMALL]
+    train(tmp_path / "sync", "--mode", "sync", *args)
+    train(tmp_path / "streaming", "--mode", "streaming", *args)
+    assert token_events(tmp_path / "sync") == token_events(tmp_path / "streaming")
+    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "streaming")
+    initial = final_weights_of(warm_model)
+    assert any(not torch.equal(a[k], initial[k]) for k in a), "training changed nothing"
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for m in metrics(tmp_path / "streaming"):
+        assert m["learner"].get("max_staleness_seen", 0) == 0
+    assert [m["step"] for m in metrics(tmp_path / "sync")] == [0, 1, 2]
+
+
+def final_weights_of(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, tmp_path):
+    out = tmp_path / "async"
+    train(out, "--mode", "async", "--staleness", "1", "--model", str(warm_model),
+          "--steps", "3", *SMALL)  # fmt: skip
+    records = metrics(out)
+    assert [m["step"] for m in records] == [0, 1, 2]
+    for m in records:
+        histogram = {int(k): v for k, v in m["learner"]["staleness_histogram"].items()}
+        assert max(histogram) <= 1 and sum(histogram.values()) == m["num_action_tokens"]
+        assert 0.0 <= m["learner"]["clip_fraction"] <= 1.0
+    assert any(int(k) == 1 for m in records for k in m["learner"]["staleness_histogram"])
+
+
+def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(warm_model, tmp_path):
+    args = ["--mode", "streaming", "--model", str(warm_model), "--steps", "3",
+            "--deterministic", "--seed", "5", *SMALL]  # fmt: skip
+    train(tmp_path / "whole", *args)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        family = descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_gone(family)
+    resumed = train(out, "--resume")
+    assert "resuming after step 1" in resumed.stdout
+    a, b = final_weights(tmp_path / "whole"), final_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["step"] for m in metrics(out)] == [0, 1, 2]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def wait_gone(pids: set[int], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if Path(f"/proc/{p}").exists() and not zombie(p)}
+        time.sleep(0.2)
+    assert not alive, f"processes left behind by the killed run: {sorted(alive)}"
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    train(out, "--mode", "sync", "--model", str(warm_model), "--steps", "1", *SMALL)
+    folder = sorted((out / "checkpoints").glob("step-*"))[-1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "Add red and blue."}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    generated = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] > ids.shape[1]
+    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    assert state["completed_steps"] == 1 and state["policy_version"] == 1
+
+
+def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_calls(
+    warm_model, tmp_path
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = tmp_path / "student"  # the teacher with noise: it still calls the tools
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    model.save_pretrained(student)
+    AutoTokenizer.from_pretrained(warm_model).save_pretrained(student)
+    out = tmp_path / "opd"
+    train(out, "--algo", "opd", "--mode", "streaming", "--model", str(student),
+          "--teacher", str(warm_model), "--steps", "4", "--objective",
+          '{"granularity": "turn"}', "--env-kwargs", '{"tool_latency_s": 0.3}',
+          "--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "12",
+          "--lr", "1e-3")  # fmt: skip
+    kl = [m["teacher_kl"] for m in metrics(out)]
+    assert all(k is not None for k in kl) and max(kl[-2:]) < 0.9 * kl[0], kl
+    spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
+    tools = {(s["episode_id"], s["turn"]): s for s in spans
+             if s["name"] == "tool" and s["finished"] - s["started"] >= 0.25}  # fmt: skip
+
+    def overlaps_its_tool_call(span: dict) -> bool:
+        tool = tools.get((span["episode_id"], span["turn"]))
+        return (
+            tool is not None
+            and span["started"] < tool["finished"]
+            and (span["finished"] > tool["started"])
+        )
+
+    with_tool = [s for s in spans if (s["episode_id"], s["turn"]) in tools]
+    teacher = [s for s in with_tool if s["name"] == "teacher"]
+    backward = [s for s in with_tool if s["name"] == "backward"]
+    assert teacher and len(backward) >= len(teacher) // 2
+    assert sum(map(overlaps_its_tool_call, teacher)) >= len(teacher) // 2
+    assert sum(map(overlaps_its_tool_call, backward)) >= len(backward) // 2
+
+
+def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--mode",
+         "streaming", "--model", str(warm_model), "--steps", "50", *SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        workers = [p for p in descendants(proc.pid) if b"spawn_main" in cmdline(p)]
+        assert workers
+        family = descendants(proc.pid)
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "rollout" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    wait_gone(family)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_metrics_reach_tensorboard_and_offline_wandb_under_the_same_names(
+    warm_model, tmp_path, monkeypatch
+):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                        "WANDB_DIR": tmp_path, "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
+                        "WANDB_CACHE_DIR": tmp_path / "wandb-cache"}.items():  # fmt: skip
+        monkeypatch.setenv(name, str(value))
+    train(out, "--mode", "sync", "--model", str(warm_model), "--steps", "2", "--tensorboard",
+          "--wandb", *SMALL)  # fmt: skip
+    accumulator = EventAccumulator(str(out / "tensorboard"))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"reward_mean", "learner/grad_norm", "step_time_s"} <= tags
+    assert [e.step for e in accumulator.Scalars("learner/grad_norm")] == [0, 1]
+    runs = list((out / "wandb").glob("offline-run-*/*.wandb"))
+    assert runs and runs[0].stat().st_size > 0

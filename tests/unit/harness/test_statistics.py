@@ -1,0 +1,71 @@
+"""pass@k against hand-computed cases, bootstrap medians, curves and the bound T*."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+
+import pytest
+
+from harness.bootstrap import median_ci
+from harness.critical_path import StepWindow, bound, step_windows
+from harness.curves import Point, accuracy_at_budget, time_to_target
+from harness.passk import mean_pass_at_k, pass_at_k
+
+
+def test_pass_at_k_matches_hand_computed_cases():
+    assert pass_at_k(5, 0, 1) == 0.0
+    assert pass_at_k(5, 5, 3) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(10, 3, 5) == pytest.approx(1 - comb(7, 5) / comb(10, 5))  # 11/12
+    assert pass_at_k(10, 3, 5) == pytest.approx(11 / 12)
+    assert pass_at_k(3, 2, 2) == 1.0  # any 2 of 3 include a pass
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_mean_pass_at_k_skips_tasks_with_too_few_scored_attempts():
+    outcomes = [[True, False], [False, False], [True]]
+    assert mean_pass_at_k(outcomes, 1) == pytest.approx((0.5 + 0.0 + 1.0) / 3)
+    assert mean_pass_at_k(outcomes, 2) == pytest.approx((1.0 + 0.0) / 2)
+    assert mean_pass_at_k(outcomes, 3) is None
+
+
+def test_bootstrap_median_and_ci_treat_a_missing_seed_as_never():
+    stat = median_ci([10.0, 12.0, 11.0])
+    assert stat["median"] == 11.0 and 10.0 <= stat["ci"][0] <= 11.0 <= stat["ci"][1] <= 12.0
+    assert median_ci([10.0, None, None])["median"] is None  # two of three never got there
+    assert median_ci([10.0, 20.0, None])["ci"][1] is None
+    json.dumps(median_ci([1.0, None]), allow_nan=False)
+    assert median_ci([]) == {"median": None, "ci": [None, None], "per_seed": []}
+
+
+def test_time_to_target_and_accuracy_at_budget_read_the_checkpoints():
+    curve = [Point(0, 0.0, 0.1), Point(2, 10.0, 0.5), Point(4, 20.0, 0.85), Point(6, 30.0, 0.7)]
+    assert time_to_target(curve, 0.8) == 20.0 and time_to_target(curve, 0.9) is None
+    assert accuracy_at_budget(curve, 25.0) == 0.85 and accuracy_at_budget(curve, 9.9) == 0.1
+
+
+def test_the_bound_is_the_critical_path_of_rewards_and_learner_work():
+    window = StepWindow(0, 100.0, 110.0, (101.0, 102.0, 109.0),
+                        {"optimizer": 0.5, "weight_publish": 0.25})  # fmt: skip
+    # max(1 + 3b, 2 + 2b, 9 + b) with b = 1 is 10; plus 0.75 of optimizer and sync
+    assert bound(window, 1.0) == pytest.approx(10.75)
+    # learner-bound: with b = 4 the first reward's chain dominates: 1 + 12
+    assert bound(window, 4.0) == pytest.approx(13.75)
+
+
+def test_step_windows_read_a_run_folder(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "submitted_at": 1.0, "finished_at": 5.0}) + "\n"
+    )
+    events = [{"event": "RewardReady", "t": 3.0, "episode_id": "s0-g0-e0"},
+              {"event": "RewardReady", "t": 9.0, "episode_id": "v-g0-e0"}]  # fmt: skip
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    spans = [{"name": "optimizer", "started": 4.0, "finished": 4.5, "worker": "learner"},
+             {"name": "engine", "started": 1.0, "finished": 2.0, "worker": "engine"}]  # fmt: skip
+    (tmp_path / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    (window,) = step_windows(tmp_path)
+    assert window.reward_times == (3.0,) and window.durations == {"optimizer": 0.5}
+    assert window.time_s == 4.0

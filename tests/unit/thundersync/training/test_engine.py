@@ -1,0 +1,132 @@
+"""HFEngine and DynamicBatcher: seeded, batch-invariant sampling; log-probs of the sampling
+distribution; in-place weight loads between batches; failures reach every waiter."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from thundersync.models import load_model
+from thundersync.training.engines.batcher import DynamicBatcher, EngineClosedError
+from thundersync.training.engines.hf import HFEngine
+from thundersync.training.engines.protocol import GenerationRequest, SamplingParams, request_seed
+
+
+def requests(n: int, *, max_new: int = 12, stop: tuple[int, ...] = ()) -> list:
+    return [
+        GenerationRequest(tuple(range(5, 8 + i)), SamplingParams(max_new, stop_ids=stop), seed=i)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tiny_model_dirs):
+    return tiny_model_dirs["qwen3"]
+
+
+def test_tokens_depend_on_the_seed_not_on_the_batch(engine_dir):
+    batched = HFEngine(engine_dir)
+    invariant = HFEngine(engine_dir, batch_invariant=True)
+    reqs = requests(6)
+    together = batched.generate(reqs)
+    alone = [invariant.generate([r])[0] for r in reqs]
+    reordered = invariant.generate(reqs[::-1])[::-1]
+    assert [c.token_ids for c in reordered] == [c.token_ids for c in alone]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    reseeded = invariant.generate([GenerationRequest(reqs[0].prompt_ids, reqs[0].params, 99)])
+    assert reseeded[0].token_ids != alone[0].token_ids
+
+
+def test_logprobs_are_the_models_and_limits_hold(engine_dir):
+    engine = HFEngine(engine_dir, batch_invariant=True)
+    request = requests(1, max_new=10)[0]
+    completion = engine.generate([request])[0]
+    assert len(completion.token_ids) == 10 and completion.finish_reason == "length"
+    model = load_model(engine_dir)
+    ids = torch.tensor([list(request.prompt_ids) + list(completion.token_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+    start = len(request.prompt_ids) - 1
+    expected = [float(logp[start + i, t]) for i, t in enumerate(completion.token_ids)]
+    assert max(abs(a - b) for a, b in zip(expected, completion.logprobs)) < 1e-4
+    first = completion.token_ids[0]
+    stopped = engine.generate([requests(1, max_new=10, stop=(first,))[0]])[0]
+    assert stopped.token_ids == (first,) and stopped.finish_reason == "stop"
+    with pytest.raises(ValueError, match="exceed the context"):
+        engine.generate([requests(1, max_new=engine.max_context)[0]])
+
+
+def test_greedy_sampling_takes_the_argmax(engine_dir):
+    engine = HFEngine(engine_dir)
+    request = GenerationRequest((5, 6, 7), SamplingParams(4, temperature=0.0), seed=1)
+    again = GenerationRequest((5, 6, 7), SamplingParams(4, temperature=0.0), seed=2)
+    assert engine.generate([request])[0].token_ids == engine.generate([again])[0].token_ids
+
+
+def test_loaded_weights_change_the_output_and_the_version(engine_dir):
+    engine = HFEngine(engine_dir, batch_invariant=True)
+    before = engine.generate(requests(2))
+    flat = torch.cat([p.detach().reshape(-1) for p in engine.params])
+    engine.load_weights(torch.randn_like(flat), policy_version=3)
+    after = engine.generate(requests(2))
+    assert after[0].policy_version == 3 and before[0].policy_version == 0
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    with pytest.raises(ValueError, match="values for"):
+        engine.load_weights(flat[:-1], policy_version=4)
+
+
+def test_request_seeds_are_a_function_of_seed_episode_and_turn():
+    assert request_seed(0, "s1-g0-e0", 2) == request_seed(0, "s1-g0-e0", 2)
+    seeds = {request_seed(s, e, t) for s in (0, 1) for e in ("s0-g0-e0", "s0-g0-e1")
+             for t in (0, 1)}  # fmt: skip
+    assert len(seeds) == 8
+
+
+class SlowEngine:
+    """Records batch sizes; each batch takes a while, so requests queue up behind it."""
+
+    policy_version = 0
+    max_context = 100
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[int] = []
+        self.fail = fail
+
+    def generate(self, reqs):
+        if self.fail:
+            raise RuntimeError("engine died")
+        self.batches.append(len(reqs))
+        time.sleep(0.05)
+        from thundersync.training.engines.protocol import Completion
+
+        return [Completion((1,), (-0.1,), "length", self.policy_version) for _ in reqs]
+
+
+def test_requests_that_wait_together_are_generated_together():
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=0.02, max_batch_size=8)
+    threads = [threading.Thread(target=batcher.generate, args=(r,)) for r in requests(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert sum(engine.batches) == 8 and len(engine.batches) < 8
+
+
+def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=0.0)
+    batcher.generate(requests(1)[0])
+    assert batcher.call(lambda e: setattr(e, "policy_version", 5)) is None
+    assert batcher.generate(requests(1)[0]).policy_version == 5
+    batcher.close()
+    with pytest.raises(EngineClosedError):
+        batcher.generate(requests(1)[0])
+    broken = DynamicBatcher(SlowEngine(fail=True), window_s=0.0)
+    with pytest.raises(EngineClosedError, match="engine died"):
+        broken.generate(requests(1)[0])
+    broken.close()

@@ -1,0 +1,118 @@
+"""TrainConfig flags and files, checkpoints, batch bookkeeping and metrics records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from thundersync import events as ev
+from thundersync.training import checkpoint as ckpt
+from thundersync.training.config import (
+    TrainConfig,
+    add_config_flags,
+    load_config_file,
+    resolve_config,
+)
+from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_field_is_a_flag_and_flags_override_the_file(tmp_path):
+    file = tmp_path / "run.toml"
+    file.write_text('mode = "sync"\nsteps = 7\nenv_kwargs = { tool_latency_s = 0.5 }\n')
+    args = parse("--steps", "3", "--no-deterministic", "--objective", '{"loss_agg": "token-mean"}')
+    config = resolve_config(args, load_config_file(file))
+    assert (config.mode, config.steps, config.deterministic) == ("sync", 3, False)
+    assert config.env_kwargs == {"tool_latency_s": 0.5}
+    assert config.objective == {"loss_agg": "token-mean"}
+    assert resolve_config(parse(), {}) == TrainConfig()
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [({"mode": "fast"}, "mode"), ({"staleness": 0}, "staleness"), ({"algo": "opd"}, "teacher"),
+     ({"engine": "vllm"}, "engine"), ({"steps": -1}, "steps")],
+)  # fmt: skip
+def test_a_bad_config_names_the_field(values, field):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**values)
+
+
+def test_unknown_file_keys_are_named(tmp_path):
+    file = tmp_path / "run.json"
+    file.write_text(json.dumps({"step": 3}))
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) \['step'\]"):
+        load_config_file(file)
+
+
+def test_checkpoints_are_complete_pruned_and_restorable(tiny_model_dirs, tmp_path):
+    from thundersync.models import load_model, load_tokenizer
+
+    model = load_model(tiny_model_dirs["gpt2"])
+    tokenizer = load_tokenizer(tiny_model_dirs["gpt2"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(input_ids=torch.tensor([[5, 6]])).logits.sum().backward()
+    optimizer.step()
+    folder = tmp_path / "checkpoints"
+    (folder / ".tmp-step-000009-1").mkdir(parents=True)  # a killed save
+    for steps in (1, 2, 3):
+        ckpt.save_checkpoint(folder, model, tokenizer, optimizer, completed_steps=steps,
+                             policy_version=steps, keep=2)  # fmt: skip
+    assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-000002", "step-000003"]
+    ckpt.remove_temporaries(folder)
+    assert not list(folder.glob(".tmp-*"))
+    state = ckpt.load_state(folder / "step-000003")
+    assert state["completed_steps"] == 3 and state["policy_version"] == 3
+    restored = torch.optim.AdamW(load_model(folder / "step-000003").parameters(), lr=0.1)
+    restored.load_state_dict(state["optimizer"])
+    a, b = optimizer.state_dict()["state"][0], restored.state_dict()["state"][0]
+    assert torch.equal(a["exp_avg"], b["exp_avg"])
+
+
+def episode_events(eid: str, reward: float, turns: int, *, infra: bool = False) -> list:
+    out: list = [ev.EpisodeStarted(episode_id=eid, group_id="g", group_size=2, task_id="t",
+                                   prompt_ids=(1,), policy_version=0)]  # fmt: skip
+    for k in range(turns):
+        out.append(ev.TurnCompleted(episode_id=eid, turn=k, action_ids=(2, 3),
+                                    action_logprobs=(-1.0, -2.0), policy_version=0))  # fmt: skip
+    out.append(ev.EpisodeCompleted(episode_id=eid, num_turns=turns, stop_reason="submitted"))
+    out.append(ev.RewardReady(episode_id=eid, reward=reward, infra_failure=infra))
+    return out
+
+
+def test_a_batch_is_complete_with_every_reward_and_for_opd_every_teacher_score():
+    grpo = BatchTracker(0, frozenset({"a", "b"}), needs_teacher=False)
+    opd = BatchTracker(0, frozenset({"a", "b"}), needs_teacher=True)
+    for tracker in (grpo, opd):
+        for e in episode_events("a", 1.0, 2) + episode_events("b", 0.0, 1, infra=True)[:-1]:
+            tracker.apply(e)
+        assert not tracker.complete
+        tracker.apply(ev.RewardReady(episode_id="b", reward=0.0, infra_failure=True))
+    assert grpo.complete and not opd.complete
+    for eid, turn in (("a", 0), ("a", 1), ("b", 0)):
+        opd.apply(ev.TeacherScored(episode_id=eid, turn=turn, teacher_logprobs=(-1.5, -1.5)))
+    assert opd.complete
+    stats = opd.stats()
+    assert stats["reward_mean"] == 1.0 and stats["num_infra_failures"] == 1
+    assert stats["num_action_tokens"] == 6 and stats["teacher_kl"] == pytest.approx(0.0)
+    assert len(opd.take()) == 12 and opd.take() == []
+
+
+def test_metrics_are_strict_json_and_a_resume_drops_the_steps_it_redoes(tmp_path):
+    logger = MetricsLogger(tmp_path, tensorboard=False, wandb=False, config={})
+    for step in range(3):
+        logger.log({"step": step, "loss": float("nan") if step == 1 else 1.0})
+    logger.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["loss"] is None
+    truncate_metrics(tmp_path / "metrics.jsonl", 2)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]

@@ -1,0 +1,106 @@
+"""``thundersync train``: resolve the config, run the mode, end cleanly on every path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from thundersync.training.config import add_config_flags, load_config_file, resolve_config
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "train",
+        help="train a policy on an env in sync, async or streaming mode",
+        description="Train a policy on an env. Every TrainConfig field is a flag; --config "
+        "FILE (JSON or TOML) sets any of them, flags override the file, and the resolved "
+        "config is written to OUT/config.json.",
+    )
+    parser.add_argument("--config", default=None, help="JSON or TOML file of config fields")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint "
+                             "(its config.json is the base; flags still override)")  # fmt: skip
+    add_config_flags(parser)
+    parser.set_defaults(func=run_train_command)
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    """0 when every step ran; 1 when a worker failed; 2 on a bad config; 130 on Ctrl-C."""
+    try:
+        base = load_config_file(args.config) if args.config else {}
+        if args.resume:
+            out = Path(args.out or base.get("out") or "runs/train")
+            saved = out / "config.json"
+            if saved.is_file():
+                base = {**json.loads(saved.read_text()), **base}
+        config = resolve_config(args, base)
+    except (ValueError, TypeError) as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2
+    from thundersync.training.modes import mode_runner
+    from thundersync.training.trainer import Trainer, WorkerError
+
+    try:
+        with Trainer(config, resume=args.resume) as trainer:
+            if trainer.start_step:
+                print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}")
+            history = mode_runner(config.mode)(trainer)
+    except WorkerError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("train: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    last = history[-1] if history else None
+    summary = (
+        "no steps to run"
+        if last is None
+        else (f"{len(history)} step(s), last reward {last['reward_mean']}, run folder {config.out}")
+    )
+    print(f"train: done: {summary}")
+    return 0
+
+
+def add_warmstart_parser(sub: Any) -> None:
+    import argparse
+
+    parser = sub.add_parser(
+        "warmstart",
+        help="build a tiny model and tokenizer for an env and fine-tune it on its oracle's play",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from thundersync.training.warmstart import WarmStartConfig
+
+    defaults = WarmStartConfig()
+    parser.add_argument("--env", default=defaults.env, help="registered env id")
+    parser.add_argument("--out", required=True, help="checkpoint folder to write")
+    for name in ("num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int,
+                            default=getattr(defaults, name))  # fmt: skip
+    for name in ("corrupt_fraction", "lr"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float,
+                            default=getattr(defaults, name))  # fmt: skip
+    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox)
+    parser.set_defaults(func=_run_warmstart)
+
+
+def _run_warmstart(args: Any) -> int:
+    import time
+
+    import torch
+
+    from thundersync.training.warmstart import WarmStartConfig, warm_start
+
+    torch.set_num_threads(1)
+    fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
+              "corrupt_fraction", "lr", "sandbox")  # fmt: skip
+    config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
+    started = time.monotonic()
+    print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "
+          f"{config.steps}+{config.bias_steps} fine-tuning steps", flush=True)  # fmt: skip
+    out = warm_start(config, args.out)
+    print(f"warmstart: done in {time.monotonic() - started:.0f} s: {out}")
+    return 0

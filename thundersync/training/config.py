@@ -1,0 +1,211 @@
+"""``TrainConfig``: every knob of a training run, in one typed dataclass.
+
+The command line is generated from it (each field is a ``--flag``), a config file (JSON or
+TOML with the same keys) sets any of them, flags override the file, and every run writes the
+resolved config to ``config.json`` in its run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+MODES = ("sync", "async", "streaming")
+ALGOS = ("grpo", "opd")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """One training run (docs/design.md §4, §5)."""
+
+    env: str = "thundersync/ToySum-v0"
+    """Registered env id (``thundersync envs`` lists them; plugins too)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``gymnasium.make(env, **env_kwargs)`` (JSON on the command line)."""
+    mode: Literal["sync", "async", "streaming"] = "streaming"
+    """sync: roll out and grade the whole batch, then learn. async: rollout never waits and
+    samples with weights up to ``staleness`` versions old. streaming: zero staleness, each
+    piece of gradient work starts as soon as its inputs are fixed, the same update as sync."""
+    staleness: int = 1
+    """async only: how many versions behind the learner a sampled token may be (k >= 1)."""
+    algo: Literal["grpo", "opd"] = "grpo"
+    """grpo (rewards from the env's grader) or opd (on-policy distillation from ``teacher``)."""
+    objective: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``GRPO(...)`` or ``OPD(...)`` (e.g. {"loss_agg": "token-mean"})."""
+    model: str | None = None
+    """Hugging Face checkpoint folder of the policy (None: a tiny random model is built)."""
+    teacher: str | None = None
+    """opd: checkpoint folder of the teacher (same tokenizer as the student)."""
+    steps: int = 10
+    """Optimizer steps (one per rollout batch)."""
+    tasks_per_step: int = 4
+    """B: tasks per rollout batch (one GRPO group each)."""
+    group_size: int = 4
+    """G: episodes per task (samples per group)."""
+    seed: int = 0
+    """Seeds task draws, sampling (per episode and turn) and env resets."""
+    deterministic: bool = False
+    """Bitwise reproducible: every request is generated alone (batch-invariant sampling) and
+    the learner reduces in canonical order, so sync and streaming give identical weights."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine (vllm: planned)."""
+    backend: Literal["local"] = "local"
+    """Where workers run: local processes (ray: planned)."""
+    sandbox: Literal["bwrap", "docker"] = "bwrap"
+    """Sandbox kind for the env's tasks."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """adamw, or sgd (plain gradient descent: what exactness checks of updates compare,
+    since Adam's division by sqrt(v) amplifies last-bit gradient differences)."""
+    lr: float = 1e-4
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    """Learner parameter dtype (the engine samples in float32 or the checkpoint's dtype)."""
+    max_new_tokens: int = 48
+    """Most tokens one action may have."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0: the policy the learner trains)."""
+    max_concurrency: int = 0
+    """Episodes in flight at once (0: B×G, or 2×B×G in async)."""
+    batch_window_s: float = 0.005
+    """How long the engine waits for more requests after the first one of a batch."""
+    early_start: bool = False
+    """streaming GRPO: start a trajectory's backward at EpisodeCompleted, during grading."""
+    buffer_budget_bytes: int = 0
+    """streaming: cap on accumulator memory (0: no cap)."""
+    micro_batch_size: int = 8
+    """Trajectories per padded backward."""
+    learner_threads: int = 1
+    """torch threads of the learner (1 is robust when rollout shares the CPU)."""
+    rollout_threads: int = 1
+    """torch threads of the rollout engine."""
+    checkpoint_every: int = 1
+    """Save a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept (oldest removed first)."""
+    out: str = "runs/train"
+    """Run folder: config.json, metrics.jsonl, events.jsonl, spans.jsonl, checkpoints/."""
+    tensorboard: bool = False
+    """Also log metrics to TensorBoard (needs the tensorboard package)."""
+    wandb: bool = False
+    """Also log metrics to Weights & Biases in offline mode (needs the wandb package)."""
+    worker_timeout_s: float = 600.0
+    """A run with no event from any worker for this long stops with an error."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.mode in MODES, "mode", f"one of {MODES}"),
+            (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
+            (self.staleness >= 1, "staleness", ">= 1"),
+            (self.steps >= 0, "steps", ">= 0"),
+            (self.tasks_per_step >= 1 and self.group_size >= 1, "tasks_per_step/group_size",
+             ">= 1"),
+            (self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
+            (self.temperature >= 0, "temperature", ">= 0"),
+            (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
+            (self.engine == "hf", "engine", "'hf' (the vLLM engine is not built yet)"),
+            (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
+             ">= 1"),
+        ]  # fmt: skip
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"config field {name!r}: expected {expected}, got "
+                                 f"{getattr(self, name.split('/')[0])!r}")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The fields set by a JSON or TOML file; unknown keys are an error naming them."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+        values = tomllib.loads(text) if file.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{file}: not a readable JSON/TOML config: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ValueError(f"{file}: expected a table of config fields")
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"{file}: unknown config field(s) {unknown}")
+    return values
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+    """One ``--field`` per TrainConfig field but ``exclude`` (default: not given, so a file
+    can set it)."""
+    docs, hints = field_docs(), typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in exclude:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        base, choices = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = f"{docs.get(f.name, '')} (default: {default!r})"
+        if base is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)  # fmt: skip
+        elif base is dict:
+            parser.add_argument(flag, dest=f.name, type=_json_dict, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=base, choices=choices, default=None,
+                                help=help_text)  # fmt: skip
+
+
+def resolve_config(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then ``base`` (a config file or a resumed run's config.json), then flags."""
+    values = dict(base or {})
+    for f in dataclasses.fields(TrainConfig):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return TrainConfig(**values)
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring (the string literal under it in this module)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    docs, body = {}, tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+            value = getattr(nxt, "value", None)
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs[node.target.id] = " ".join(value.value.split())  # type: ignore[union-attr]
+    return docs
+
+
+def _base_type(resolved: Any) -> tuple[type, list[Any] | None]:
+    origin = typing.get_origin(resolved)
+    if origin is Literal:
+        values = list(typing.get_args(resolved))
+        return type(values[0]), values
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(resolved) if a is not type(None)]
+        return _base_type(args[0])
+    if origin is dict or resolved is dict:
+        return dict, None
+    return resolved, None
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value

@@ -1,0 +1,129 @@
+"""Dynamic batching: requests from concurrent episodes, which arrive at different times (after
+their tool calls), are generated together instead of one episode at a time."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from thundersync.events import now
+from thundersync.training.engines.protocol import Completion, Engine, GenerationRequest
+
+BatchHook = Callable[[float, float, list[GenerationRequest], list[Completion]], None]
+
+
+class EngineClosedError(RuntimeError):
+    """The batcher was closed (or its engine failed) while a request waited."""
+
+
+class DynamicBatcher:
+    """Owns the engine on one thread. ``generate`` (any thread) blocks until its request was
+    sampled as part of a batch: everything waiting, gathered for at most ``window_s`` after
+    the first request, up to ``max_batch_size``. ``call(fn)`` runs ``fn(engine)`` on the
+    engine thread between batches (weight loads: no batch ever sees half-loaded weights).
+    ``on_batch(started, finished, requests, completions)`` observes every batch."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        window_s: float = 0.005,
+        max_batch_size: int = 64,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        self.engine = engine
+        self.window_s = window_s
+        self.max_batch_size = max_batch_size
+        self.on_batch = on_batch
+        self._inbox: queue.Queue[tuple[str, Any, Future]] = queue.Queue()
+        self._closed = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def generate(self, request: GenerationRequest) -> Completion:
+        return self._submit("generate", request).result()
+
+    def call(self, fn: Callable[[Engine], Any]) -> Any:
+        return self._submit("call", fn).result()
+
+    def _submit(self, kind: str, payload: Any) -> Future:
+        if self._closed.is_set():
+            raise EngineClosedError(f"the engine is closed ({self._error or 'stopped'})")
+        future: Future = Future()
+        self._inbox.put((kind, payload, future))
+        return future
+
+    def close(self) -> None:
+        """Stop the engine thread; waiting requests fail with EngineClosedError."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self._inbox.put(("stop", None, Future()))
+            self._thread.join(timeout=60)
+        self._fail_waiting(EngineClosedError("the engine was closed"))
+
+    # --- the engine thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        pending: tuple[str, Any, Future] | None = None
+        while True:
+            item = pending or self._inbox.get()
+            pending = None
+            kind, payload, future = item
+            if kind == "stop":
+                return
+            if kind == "call":
+                self._run(future, payload)
+                continue
+            batch = [item]
+            deadline = now() + self.window_s
+            while len(batch) < self.max_batch_size:
+                try:
+                    nxt = self._inbox.get(timeout=max(0.0, deadline - now()))
+                except queue.Empty:
+                    break
+                if nxt[0] != "generate":
+                    pending = nxt  # a weight load or stop waits for this batch
+                    break
+                batch.append(nxt)
+            self._generate(batch)
+
+    def _generate(self, batch: list[tuple[str, Any, Future]]) -> None:
+        requests = [payload for _, payload, _ in batch]
+        started = now()
+        try:
+            completions = self.engine.generate(requests)
+        except BaseException as exc:  # the engine failed: every waiter learns why
+            self._error = exc
+            for _, _, future in batch:
+                future.set_exception(EngineClosedError(f"the engine failed: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finished = now()
+        for (_, _, future), completion in zip(batch, completions):
+            future.set_result(completion)
+        if self.on_batch is not None:
+            self.on_batch(started, finished, requests, completions)
+
+    def _run(self, future: Future, fn: Callable[[Engine], Any]) -> None:
+        try:
+            future.set_result(fn(self.engine))
+        except Exception as exc:
+            future.set_exception(exc)
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        while True:
+            try:
+                _, _, future = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if not future.done():
+                future.set_exception(error)

@@ -1,0 +1,164 @@
+"""``HFEngine``: batched sampling with a transformers causal LM (CPU or GPU), the embedded default.
+
+One padded prefill, then one decode step per token with the KV cache, for every request of a
+batch at once. Each request draws from its own ``torch.Generator`` seeded with its
+``GenerationRequest.seed``, so a token depends on the request's seed and its logits only. With
+``batch_invariant=True`` every request also runs alone (no padding, no other rows in the
+matmuls), which makes its logits — hence its tokens — bitwise independent of batch
+composition and timing: what ``--deterministic`` training needs. Batched, logits can differ
+in the last bits between batch shapes, which flips a sampled token only when the uniform draw
+lands within rounding of a boundary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thundersync.training.engines.protocol import Completion, GenerationRequest
+
+
+class HFEngine:
+    """Matches ``thundersync.training.engines.protocol.Engine``."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        batch_invariant: bool = False,
+        policy_version: int = 0,
+    ) -> None:
+        from thundersync.models import load_model
+
+        self.model = load_model(model_dir, dtype=dtype).to(device)
+        self.model.requires_grad_(False)
+        self.params = [p for p in self.model.parameters()]
+        self.device = torch.device(device)
+        self.batch_invariant = batch_invariant
+        self.policy_version = policy_version
+        config = self.model.config
+        self.max_context = int(
+            getattr(config, "max_position_embeddings", None) or config.n_positions
+        )
+        pad = getattr(config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        # transformers renamed past_key_values to cache (5.x); accept either.
+        self._cache_kw = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters
+            else "past_key_values"
+        )  # fmt: skip
+
+    # --- weights -----------------------------------------------------------------------------
+
+    def load_weights(self, flat: torch.Tensor, policy_version: int) -> None:
+        numel = sum(p.numel() for p in self.params)
+        if flat.numel() != numel:
+            raise ValueError(f"load_weights: got {flat.numel()} values for {numel} parameters")
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+        self.policy_version = policy_version
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+    # --- generation --------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        for request in requests:
+            self._check(request)
+        if self.batch_invariant:
+            return [self._generate([request])[0] for request in requests]
+        return self._generate(list(requests))
+
+    def _check(self, request: GenerationRequest) -> None:
+        if not request.prompt_ids:
+            raise ValueError("generate: a request needs at least one prompt token")
+        if len(request.prompt_ids) + request.params.max_new_tokens > self.max_context:
+            raise ValueError(
+                f"generate: {len(request.prompt_ids)} prompt + "
+                f"{request.params.max_new_tokens} new tokens exceed the context of "
+                f"{self.max_context}"
+            )
+
+    @torch.no_grad()
+    def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        batch = len(requests)
+        length = max(len(r.prompt_ids) for r in requests)
+        ids_BL = torch.full((batch, length), self.pad_id, dtype=torch.long)
+        mask_BL = torch.zeros((batch, length), dtype=torch.long)
+        for b, request in enumerate(requests):
+            ids_BL[b, length - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            mask_BL[b, length - len(request.prompt_ids) :] = 1
+        ids_BL, mask_BL = ids_BL.to(self.device), mask_BL.to(self.device)
+        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        reasons = ["length"] * batch
+        live = [True] * batch
+        position_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids_BL, attention_mask=mask_BL, position_ids=position_BL, use_cache=True
+        )
+        positions_B = position_BL[:, -1]
+        while True:
+            next_B = self._sample(out.logits[:, -1], requests, generators, live, tokens, logprobs)
+            for b, request in enumerate(requests):
+                if live[b] and tokens[b][-1] in request.params.stop_ids:
+                    live[b], reasons[b] = False, "stop"
+                elif live[b] and len(tokens[b]) >= request.params.max_new_tokens:
+                    live[b] = False
+            if not any(live):
+                break
+            ones_B1 = torch.ones((batch, 1), dtype=mask_BL.dtype, device=self.device)
+            mask_BL = torch.cat([mask_BL, ones_B1], dim=1)
+            positions_B = positions_B + 1
+            out = self.model(
+                input_ids=next_B[:, None], attention_mask=mask_BL,
+                position_ids=positions_B[:, None], use_cache=True,
+                **{self._cache_kw: _cache_of(out)},
+            )  # fmt: skip
+        return [
+            Completion(tuple(t), tuple(lp), reason, self.policy_version)
+            for t, lp, reason in zip(tokens, logprobs, reasons)
+        ]
+
+    def _sample(
+        self,
+        logits_BV: torch.Tensor,
+        requests: list[GenerationRequest],
+        generators: list[torch.Generator],
+        live: list[bool],
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+    ) -> torch.Tensor:
+        """One token for every live request, drawn with its own generator (pad elsewhere)."""
+        next_B = torch.full((len(requests),), self.pad_id, dtype=torch.long)
+        logits_BV = logits_BV.float().cpu()
+        for b, request in enumerate(requests):
+            if not live[b]:
+                continue
+            temperature = request.params.temperature
+            if temperature > 0:
+                logp_V = torch.log_softmax(logits_BV[b] / temperature, dim=-1)
+                token = int(torch.multinomial(logp_V.exp(), 1, generator=generators[b]))
+            else:
+                logp_V = torch.log_softmax(logits_BV[b], dim=-1)
+                token = int(logp_V.argmax())
+            tokens[b].append(token)
+            logprobs[b].append(float(logp_V[token]))
+            next_B[b] = token
+        return next_B.to(self.device)
+
+
+def _cache_of(output: Any) -> Any:
+    return output["cache"] if "cache" in output else output["past_key_values"]

@@ -1,0 +1,165 @@
+"""The rollout worker: an engine and many concurrent agent episodes in sandboxes, in one process.
+
+It receives commands on its control queue, in order:
+
+- ``("weights",)``: copy the latest published weights into the engine (between two generation
+  batches) and report ``WeightsSynced``;
+- ``("run", plan)``: start the plan's episodes (B tasks × G samples) on its episode threads;
+  they share one ``DynamicBatcher``, so requests that wait together are generated together;
+- ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
+
+Every episode event goes to the trainer's queue (and the token events to the teacher's, for
+OPD), stamped on the trainer's clock. Task draws and sampling seeds are functions of the run's
+seed, the step and the episode only, so every mode rolls out the same episodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from thundersync import events as ev
+
+TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """What the rollout worker needs (picklable: it crosses to the spawned process)."""
+
+    env: str
+    env_kwargs: dict[str, Any]
+    sandbox: str
+    model_dir: str
+    dtype: str
+    seed: int
+    deterministic: bool
+    max_new_tokens: int
+    temperature: float
+    max_concurrency: int
+    batch_window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPlan:
+    """One batch of episodes: ``num_tasks`` groups of ``group_size`` for ``step``."""
+
+    step: int
+    num_tasks: int
+    group_size: int
+    prefix: str = "s"
+    """Episode ids are ``{prefix}{step}-g{task}-e{sample}``: ``s`` for training batches."""
+
+
+def episode_prefix(prefix: str, step: int) -> str:
+    return f"{prefix}{step}-"
+
+
+def derive_seed(*parts: object) -> int:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:
+    """The worker's entry point (runs in its own process; see ``workers.spawn``)."""
+    import gymnasium
+
+    import environments  # noqa: F401  (registers the built-in envs and plugins)
+    from environments.registry import load_plugins
+    from environments.runner import EpisodeRunner
+    from thundersync.models import load_tokenizer
+    from thundersync.training.agent import PolicyAgent
+    from thundersync.training.chat import ChatFormat
+    from thundersync.training.engines.batcher import DynamicBatcher
+    from thundersync.training.engines.hf import HFEngine
+
+    load_plugins()
+    import torch
+
+    engine = HFEngine(spec.model_dir, dtype=getattr(torch, spec.dtype),
+                      batch_invariant=spec.deterministic)  # fmt: skip
+
+    def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
+        output.put(ev.SpanRecorded(
+            name="engine", started=started, finished=finished, worker="engine",
+            metrics={"batch_size": len(requests),
+                     "num_tokens": sum(len(c.token_ids) for c in completions)},
+        ))  # fmt: skip
+
+    batcher = DynamicBatcher(engine, window_s=spec.batch_window_s,
+                             max_batch_size=spec.max_concurrency, on_batch=on_batch)  # fmt: skip
+    agent = PolicyAgent(
+        batcher.generate, ChatFormat(load_tokenizer(spec.model_dir)),
+        policy_version=lambda: engine.policy_version, run_seed=spec.seed,
+        max_new_tokens=spec.max_new_tokens, max_context=engine.max_context,
+        temperature=spec.temperature, record=output.put,
+    )  # fmt: skip
+
+    def sink(event: ev.Event) -> None:
+        output.put(event)
+        if teacher is not None and isinstance(event, TEACHER_EVENTS):
+            teacher.put(event)
+
+    def make_env() -> Any:
+        return gymnasium.make(spec.env, **{"sandbox": spec.sandbox, **spec.env_kwargs})
+
+    runner = EpisodeRunner(make_env, agent, sink)
+    pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix="episode")
+    running: list[Future] = []
+    try:
+        while True:
+            command = control.get()
+            running = [f for f in running if not f.done() or _raise(f)]
+            if command[0] == "weights":
+                started = ev.now()
+                version = batcher.call(weights.load_into)
+                output.put(
+                    ev.WeightsSynced(
+                        policy_version=version, metrics={"started": started, "finished": ev.now()}
+                    )
+                )
+            elif command[0] == "run":
+                running += _start(pool, runner, make_env, spec, command[1])
+            elif command[0] == "stop":
+                break
+    finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
+        runner.cancel("the rollout worker is stopping")
+        pool.shutdown(wait=True, cancel_futures=True)
+        batcher.close()
+        engine.close()
+    for future in running:
+        _raise(future)
+
+
+def _start(pool: ThreadPoolExecutor, runner: Any, make_env: Any, spec: RolloutSpec,
+           plan: RolloutPlan) -> list[Future]:  # fmt: skip
+    """Submit the plan's episodes: every member of a group plays the same drawn task."""
+    env = make_env()
+    try:
+        draw = env.get_wrapper_attr("draw_task")
+        tasks = [
+            draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]))
+            for g in range(plan.num_tasks)
+        ]
+    finally:
+        env.close()
+    futures = []
+    for g, task in enumerate(tasks):
+        group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
+        for e in range(plan.group_size):
+            episode_id = f"{group_id}-e{e}"
+            futures.append(pool.submit(
+                runner.run_episode, task, group_id=group_id, group_size=plan.group_size,
+                seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,
+            ))  # fmt: skip
+    return futures
+
+
+def _raise(future: Future) -> bool:
+    """Re-raise an episode thread's exception (only a broken event sink escapes a run)."""
+    future.result()
+    return False

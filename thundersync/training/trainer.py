@@ -1,0 +1,372 @@
+"""The trainer: one run's learner, its worker processes and its run folder. The modes
+(``thundersync.training.modes``) drive it; this module owns everything they share.
+
+The learner runs on the trainer's main thread and never on a thread that publishes events:
+events reach it through the inbox queue (docs/design.md §5), and ``poll`` routes whatever is
+waiting — episode events to their batch, spans to ``spans.jsonl``, a crashed worker to a
+clear error — so a mode can drain what has queued and compute it as one micro-batch.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thundersync import events as ev
+from thundersync.learner import Learner
+from thundersync.objectives import GRPO, OPD
+from thundersync.training import checkpoint as ckpt
+from thundersync.training.config import TrainConfig
+from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
+from thundersync.training.rollout import RolloutPlan, RolloutSpec, rollout_main
+from thundersync.training.teacher import teacher_main
+from thundersync.training.weights import SharedWeights
+from thundersync.training.workers import CONTEXT, WorkerFailed, spawn, stop
+
+POLL_S = 1.0
+
+
+class WorkerError(RuntimeError):
+    """A worker process crashed, died, or went silent: the run stops (``--resume`` continues
+    it from its last checkpoint)."""
+
+
+class Trainer:
+    """See the module docstring. ``with Trainer(config) as trainer: mode.run(trainer)``."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+        self.config = config
+        self.out = Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        ev.reset_clock()
+        torch.set_num_threads(config.learner_threads)
+        self._procs: list[Any] = []
+        self._window: dict[str, float] = defaultdict(float)
+        self._completed: dict[str, float] = {}
+        self.batches: dict[int, BatchTracker] = {}
+        self.history: list[dict[str, Any]] = []
+        self._setup_model(resume)
+        self._setup_records(resume)
+        self._setup_workers()
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _setup_model(self, resume: bool) -> None:
+        from thundersync.models import load_model, load_tokenizer
+
+        config, folder = self.config, self.out / "checkpoints"
+        ckpt.remove_temporaries(folder)
+        found = ckpt.list_checkpoints(folder) if resume else []
+        self.initial_model = config.model or str(self._tiny_model())
+        self.model_dir = str(found[-1]) if found else self.initial_model
+        dtype = getattr(torch, config.dtype)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.model = load_model(self.model_dir, dtype=dtype)
+        optimizer = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
+        self.optimizer = optimizer(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        self._optimizer_started = 0.0
+        self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
+        self.optimizer.register_step_post_hook(self._optimizer_post_hook)
+        self.start_step, version = 0, 0
+        if found:
+            state = ckpt.load_state(found[-1])
+            self.optimizer.load_state_dict(state["optimizer"])
+            ckpt.restore_rng(state)
+            self.start_step, version = state["completed_steps"], state["policy_version"]
+        objective = (GRPO if config.algo == "grpo" else OPD)(**config.objective)
+        reference = None
+        if isinstance(objective, GRPO) and objective.kl_coef:
+            reference = load_model(self.initial_model, dtype=dtype)
+        self.learner = Learner(
+            self.model, objective, self.optimizer, streaming=config.mode == "streaming",
+            reference=reference, deterministic=config.deterministic,
+            early_start=config.early_start, eager=False,
+            max_grad_norm=config.max_grad_norm or None,
+            buffer_budget_bytes=config.buffer_budget_bytes or None,
+            micro_batch_size=config.micro_batch_size, policy_version=version,
+            publish=self._on_learner_event, **self._staleness_kwargs(),
+        )  # fmt: skip
+
+    def _optimizer_pre_hook(self, *args: Any) -> None:
+        self._optimizer_started = ev.now()
+
+    def _optimizer_post_hook(self, *args: Any) -> None:
+        self._span(ev.SpanRecorded(name="optimizer", started=self._optimizer_started,
+                                   finished=ev.now(), worker="learner"))  # fmt: skip
+
+    def _staleness_kwargs(self) -> dict[str, Any]:
+        if self.config.mode != "async":
+            return {}
+        return {"max_staleness": self.config.staleness}
+
+    def _tiny_model(self) -> Path:
+        from thundersync.models import build_tiny_model
+
+        folder = self.out / "init-model"
+        if not (folder / "config.json").is_file():
+            print(f"train: no --model given: building a tiny random model in {folder}")
+            build_tiny_model(folder, "qwen3", seed=self.config.seed)
+        return folder
+
+    def _setup_records(self, resume: bool) -> None:
+        config_path = self.out / "config.json"
+        config_path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        if resume:
+            truncate_metrics(self.out / "metrics.jsonl", self.start_step)
+        else:
+            for name in ("metrics.jsonl", "events.jsonl", "spans.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+        self.metrics = MetricsLogger(
+            self.out,
+            tensorboard=self.config.tensorboard,
+            wandb=self.config.wandb,
+            config=self.config.to_dict(),
+        )
+        self.events_log = ev.JsonlSink(self.out / "events.jsonl")
+        self.spans_log = (self.out / "spans.jsonl").open("a", encoding="utf-8")
+
+    def _setup_workers(self) -> None:
+        c = self.config
+        self.inbox, self.control = CONTEXT.Queue(), CONTEXT.Queue()
+        self.teacher_inbox = CONTEXT.Queue() if c.algo == "opd" else None
+        self.weights = SharedWeights(list(self.model.parameters()))
+        concurrency = c.max_concurrency or c.tasks_per_step * c.group_size * (
+            1 + (c.staleness if c.mode == "async" else 0)
+        )
+        spec = RolloutSpec(
+            env=c.env, env_kwargs=dict(c.env_kwargs), sandbox=c.sandbox,
+            model_dir=self.model_dir, dtype=c.dtype, seed=c.seed,
+            deterministic=c.deterministic, max_new_tokens=c.max_new_tokens,
+            temperature=c.temperature, max_concurrency=concurrency,
+            batch_window_s=c.batch_window_s,
+        )  # fmt: skip
+        self._procs.append(spawn("rollout", rollout_main, spec, self.control, self.inbox,
+                                 self.teacher_inbox, self.weights,
+                                 num_threads=c.rollout_threads, output=self.inbox))  # fmt: skip
+        if self.teacher_inbox is not None:
+            self._procs.append(spawn("teacher", teacher_main, c.teacher, c.dtype,
+                                     self.teacher_inbox, self.inbox, num_threads=1,
+                                     output=self.inbox))  # fmt: skip
+        self.publish_weights()
+        self.engine_version = -1
+        while self.engine_version < self.learner.policy_version:  # workers loaded and ready
+            self.poll()
+        self.clock_start = ev.now()
+
+    # --- rollout -----------------------------------------------------------------------------
+
+    def steps(self) -> range:
+        return range(self.start_step, self.config.steps)
+
+    def submit(self, step: int) -> None:
+        """Start rolling out batch ``step`` (with whatever weights the engine has by then)."""
+        c = self.config
+        ids = frozenset(
+            f"s{step}-g{g}-e{e}" for g in range(c.tasks_per_step) for e in range(c.group_size)
+        )
+        self.batches[step] = BatchTracker(step, ids, needs_teacher=c.algo == "opd",
+                                          submitted_at=ev.now())  # fmt: skip
+        self.control.put(("run", RolloutPlan(step, c.tasks_per_step, c.group_size)))
+
+    def wait_batch(self, step: int) -> list[ev.Event]:
+        """Block until batch ``step`` is complete; its events not taken yet."""
+        while not self.batches[step].complete:
+            self.poll()
+        return self.batches[step].take()
+
+    def poll(self, timeout_s: float | None = None) -> None:
+        """Route everything waiting in the inbox, blocking for the first item; a worker that
+        died or stayed silent for ``worker_timeout_s`` raises WorkerError."""
+        waited = 0.0
+        limit = self.config.worker_timeout_s if timeout_s is None else timeout_s
+        while True:
+            try:
+                item = self.inbox.get(timeout=min(POLL_S, limit))
+                break
+            except queue.Empty:
+                waited += min(POLL_S, limit)
+                self._check_workers()
+                if waited >= limit:
+                    if timeout_s is not None:
+                        return
+                    raise WorkerError(f"no event from any worker for {limit:g} s") from None
+        self._route(item)
+        while True:
+            try:
+                self._route(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _check_workers(self) -> None:
+        for proc in self._procs:
+            if proc.exitcode is not None:
+                raise WorkerError(f"{proc.name} exited with code {proc.exitcode}; "
+                                  "continue the run with --resume")  # fmt: skip
+
+    def _route(self, item: Any) -> None:
+        if isinstance(item, WorkerFailed):
+            raise WorkerError(f"the {item.worker} worker failed:\n{item.error}")
+        if isinstance(item, ev.SpanRecorded):
+            self._span(item)
+            return
+        self.events_log(item)
+        if isinstance(item, ev.WeightsSynced):
+            self.engine_version = item.policy_version
+            m = item.metrics
+            self._span(ev.SpanRecorded(name="weight_sync", started=m["started"],
+                                       finished=m["finished"], worker="engine"))  # fmt: skip
+            return
+        eid = getattr(item, "episode_id", "")
+        tracker = self.batches.get(_step_of(eid))
+        if tracker is None:
+            return
+        tracker.apply(item)
+        self._derived_spans(item)
+
+    def _derived_spans(self, event: ev.Event) -> None:
+        """Tool calls and grading as spans (from the events that bound them)."""
+        if isinstance(event, ev.ToolFinished):
+            self._span(ev.SpanRecorded(
+                name="tool", started=event.t - event.duration_s, finished=event.t,
+                worker="sandbox", episode_id=event.episode_id, turn=event.turn,
+            ))  # fmt: skip
+        elif isinstance(event, ev.EpisodeCompleted):
+            self._completed[event.episode_id] = event.t
+        elif isinstance(event, ev.RewardReady) and event.episode_id in self._completed:
+            self._span(ev.SpanRecorded(
+                name="grading", started=self._completed.pop(event.episode_id),
+                finished=event.t, worker="sandbox", episode_id=event.episode_id,
+            ))  # fmt: skip
+
+    def _span(self, span: ev.SpanRecorded) -> None:
+        record = ev.summarize(span)
+        record.pop("event", None)
+        self.spans_log.write(json.dumps(record, default=str) + "\n")
+        self._window[span.name] += max(0.0, span.finished - span.started)
+
+    def _on_learner_event(self, event: ev.Event) -> None:
+        self.events_log(event)
+        if isinstance(event, ev.GradientComputed):
+            self._span(ev.SpanRecorded(
+                name="backward", started=event.started, finished=event.finished,
+                worker="learner", episode_id=event.episode_id, turn=event.turn,
+            ))  # fmt: skip
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def publish_weights(self) -> None:
+        started = ev.now()
+        self.weights.publish(list(self.model.parameters()), self.learner.policy_version)
+        self.control.put(("weights",))
+        self._span(ev.SpanRecorded(name="weight_publish", started=started, finished=ev.now(),
+                                   worker="learner"))  # fmt: skip
+
+    def finish_step(self, step: int) -> dict[str, Any]:
+        """``learner.step()``, weights to the engine, checkpoint, metrics; returns them."""
+        tracker = self.batches.pop(step)
+        started = ev.now()
+        learned = self.learner.step()
+        self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
+                                   worker="learner", step=step))  # fmt: skip
+        self.publish_weights()
+        completed = step + 1
+        if completed % self.config.checkpoint_every == 0 or completed == self.config.steps:
+            self.save_checkpoint(completed)
+        metrics = self._step_metrics(step, tracker, learned)
+        self.metrics.log(metrics)
+        self.history.append(metrics)
+        print(_progress_line(metrics, self.config.steps), flush=True)
+        return metrics
+
+    def save_checkpoint(self, completed_steps: int) -> Path:
+        started = ev.now()
+        path = ckpt.save_checkpoint(
+            self.out / "checkpoints", self.model, self.tokenizer, self.optimizer,
+            completed_steps=completed_steps, policy_version=self.learner.policy_version,
+            keep=self.config.keep_checkpoints,
+        )  # fmt: skip
+        self.events_log(ev.CheckpointSaved(step=completed_steps, path=str(path)))
+        self._span(ev.SpanRecorded(name="checkpoint", started=started, finished=ev.now(),
+                                   worker="learner"))  # fmt: skip
+        return path
+
+    def _step_metrics(self, step: int, tracker: BatchTracker, learned: dict) -> dict[str, Any]:
+        now = ev.now() - self.clock_start
+        previous = self.history[-1]["time_s"] if self.history else 0.0
+        step_time = now - previous
+        window, self._window = dict(self._window), defaultdict(float)
+        busy = window.get("backward", 0.0) + window.get("step", 0.0)
+        return {
+            "step": step,
+            "mode": self.config.mode,
+            "time_s": now,
+            "submitted_at": tracker.submitted_at,
+            "finished_at": ev.now(),
+            "step_time_s": step_time,
+            **tracker.stats(),
+            "learner": learned,
+            "breakdown_s": window,
+            "learner_idle_fraction": max(0.0, 1.0 - busy / step_time) if step_time else None,
+            "engine_idle_fraction": (
+                max(0.0, 1.0 - window.get("engine", 0.0) / step_time) if step_time else None
+            ),  # fmt: skip
+        }
+
+    # --- shutdown ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every worker (draining the inbox so none blocks on a full pipe), then close
+        the run's files. Safe on every path out, errors included."""
+        self.control.put(("stop",))
+        if self.teacher_inbox is not None:
+            self.teacher_inbox.put(None)
+        for proc in self._procs:
+            for _ in range(60):
+                proc.join(0.5)
+                if not proc.is_alive():
+                    break
+                self._discard_inbox()
+            stop(proc, timeout_s=1.0)
+        self._discard_inbox()
+        self.metrics.close()
+        self.events_log.close()
+        self.spans_log.close()
+
+    def _discard_inbox(self) -> None:
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                return
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _step_of(episode_id: str) -> int:
+    head = episode_id.split("-", 1)[0]
+    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else -1
+
+
+def _progress_line(m: dict[str, Any], total: int) -> str:
+    b = m["breakdown_s"]
+
+    def fmt(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    return (
+        f"train: step {m['step'] + 1}/{total} reward {fmt(m['reward_mean'])} "
+        f"accuracy {fmt(m['accuracy'])} step {m['step_time_s']:.2f} s "
+        f"(engine {b.get('engine', 0):.2f}, tools {b.get('tool', 0):.2f}, "
+        f"grading {b.get('grading', 0):.2f}, learner {b.get('backward', 0) + b.get('step', 0):.2f})"
+    )
