@@ -54,6 +54,10 @@ class EvalConfig:
     """Episodes running at once."""
     seed: int = 0
     """Seeds each episode's reset."""
+    strict: bool = False
+    """Strict grading (``--strict``; ``environments.tasks.GradingContext.strict``)."""
+    image_aliases: tuple[str, ...] = ()
+    """``--image-alias PUBLIC=LOCAL`` pairs (``environments.sandboxes.image_build``)."""
 
 
 def _fail(message: str) -> int:
@@ -101,9 +105,14 @@ def run_eval_command(args: argparse.Namespace) -> int:
     ran or every attempt was an infrastructure failure, 2 on bad input or prerequisites."""
     if args.k < 1 or args.concurrency < 1:
         return _fail(f"-k and --concurrency must be >= 1, got {args.k} and {args.concurrency}")
+    from environments.sandboxes.image_build import parse_image_aliases, use_image_aliases
     from environments.suites import UnknownSuiteError, resolve_suite
     from environments.tasks import TaskFormatError
 
+    try:
+        use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         tasks = list(resolve_suite(args.suite))
     except (UnknownSuiteError, TaskFormatError) as exc:
@@ -113,7 +122,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
     problem = sandbox_problem(args.sandbox)
     if problem is not None:
         return _fail(problem)
-    config = EvalConfig(args.suite, args.agent, args.sandbox, args.k, args.concurrency)
+    config = EvalConfig(
+        args.suite, args.agent, args.sandbox, args.k, args.concurrency,
+        strict=args.strict, image_aliases=tuple(args.image_alias),
+    )  # fmt: skip
     out = Path(args.out) if args.out else None
     groups, signum = _run(config, tasks, out)
     report = build_report(config, groups)
@@ -155,7 +167,7 @@ def _run(
         with Progress("eval", len(tasks) * config.k, "attempts") as progress:
             bus.subscribe(lambda e: progress.advance() if isinstance(e, RewardReady) else None)
             runner = EpisodeRunner(
-                lambda: ShellEnv(tasks, sandbox=config.sandbox),
+                lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
                 make_agent(config.agent),
                 bus,
                 max_concurrency=config.concurrency,

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
 def _add_others(sub: argparse._SubParsersAction) -> None:
     """Subcommands whose parsers live next to their code (each module is light to import)."""
     from harness.compare_command import add_compare_parser
@@ -174,6 +175,16 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the JSON report on stdout; the summary goes to stderr",
     )
+    evaluate.add_argument(
+        "--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
+        help="use the local image LOCAL where a task names the public image PUBLIC (repeatable; "
+        "also $THUNDERSYNC_IMAGE_ALIASES), e.g. ubuntu:24.04=thundersync/base:bookworm",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--strict", action="store_true",
+        help="grade strictly, as training does: a fresh sandbox with only the agent's work, "
+        "tampering scored 0 (default: as the benchmark's own harness, comparable numbers)",
+    )  # fmt: skip
     evaluate.set_defaults(func=_cmd_eval)
 
 

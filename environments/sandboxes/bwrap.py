@@ -10,6 +10,10 @@ Isolation, per ``execute`` call:
   e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls. It
   lies on a disk of its own of ``spec.disk_mb`` (``disk.py``), so filling it fails the
   agent's own commands with ENOSPC and nothing else.
+- ``PUBLISHED_DIRS`` (``/tests``, ``/solution``, ``/logs`` with ``agent``, ``verifier`` and
+  ``artifacts``) are fresh per-sandbox folders beside the workspace (on its disk) bound
+  read-write at their real places, as Docker's root can create them: published Harbor and
+  Terminal-Bench tasks hard-code them.
 - New network namespace (only ``lo``), PID, IPC and UTS namespaces. When the command's shell
   exits, the namespace's init exits and the kernel kills every process left in it, so
   background jobs, ``setsid`` and double-forked daemons never outlive their call; a timeout
@@ -71,6 +75,10 @@ MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's ar
 MAX_ARGV_CMD_BYTES = 64 * 1024  # longer commands go through a file (one argv string <= 128 KiB)
 CMD_FILE = "/run/thundersync/cmd"
 DRAIN_AFTER_KILL_S = 0.5
+PUBLISHED_DIRS = ("/tests", "/solution", "/logs")
+"""Folders published Harbor and Terminal-Bench tasks hard-code (tests in /tests, the oracle's
+files in /solution, /logs/verifier/reward.txt); ``upload``/``download`` reach them too."""
+LOG_DIRS = ("agent", "verifier", "artifacts")
 
 
 def validate_workdir(workdir: str) -> str:
@@ -160,6 +168,7 @@ class BwrapSandbox:
         )
         try:
             self._make_workspace()
+            self.published = self._make_published()
             self._write_identity()
         except BaseException:
             self.close()
@@ -192,6 +201,31 @@ class BwrapSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _make_published(self) -> dict[str, Path]:
+        """A fresh host folder for each of ``PUBLISHED_DIRS`` that does not overlap the workdir,
+        beside the workspace: on its disk, when it has one, so the disk bounds them too."""
+        made: dict[str, Path] = {}
+        for inside in PUBLISHED_DIRS:
+            if posixpath.commonpath([inside, self.workdir]) in (inside, self.workdir):
+                continue
+            host = self.workspace.parent / "published" / inside.strip("/")
+            folders = [host, *(host / name for name in LOG_DIRS if inside == "/logs")]
+            for folder in folders:
+                folder.mkdir(parents=True)
+                if self.is_root:
+                    os.chown(folder, self.uid, self.uid)
+            made[inside] = host
+        return made
+
+    def _host_path(self, path: str) -> tuple[Path, Path]:
+        """(host path, the host folder it must stay in) of sandbox ``path``: a published
+        folder's or the workspace's (ValueError naming ``path`` when it is in neither)."""
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        for inside, host in self.published.items():
+            if full == inside or full.startswith(inside + "/"):
+                return host_path(host, inside, full), host
+        return host_path(self.workspace, self.workdir, path), self.workspace
+
     def _write_identity(self) -> None:
         etc = self.root / "etc"
         etc.mkdir()
@@ -213,6 +247,8 @@ class BwrapSandbox:
             argv += ["--unshare-all"]
         cmd, cmd_mount = self._command(cmd)
         argv += _mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
+        for inside, host in self.published.items():
+            argv += ["--bind", str(host), inside]
         argv += ["--clearenv"]
         for key, value in self._environment().items():
             argv += ["--setenv", key, value]
@@ -318,15 +354,17 @@ class BwrapSandbox:
         return proc
 
     def upload(self, src: Path, dst: str) -> None:
-        """Copy a host file or folder to ``dst`` (inside ``workdir``) in the sandbox."""
+        """Copy a host file or folder to ``dst`` (inside ``workdir`` or a published folder)."""
         self._check_open()
-        target = host_path(self.workspace, self.workdir, dst)
-        copy_in(Path(src), target, self.uid if self.is_root else None, root=self.workspace)
+        target, root = self._host_path(dst)
+        copy_in(Path(src), target, self.uid if self.is_root else None, root=root)
 
     def download(self, src: str, dst: Path) -> None:
-        """Copy ``src`` (inside ``workdir``) to the host; symlinks are copied as links."""
+        """Copy ``src`` (inside ``workdir`` or a published folder) to the host; symlinks are
+        copied as links."""
         self._check_open()
-        copy_out(host_path(self.workspace, self.workdir, src), self.workspace, Path(dst))
+        source, root = self._host_path(src)
+        copy_out(source, root, Path(dst))
 
     def close(self) -> None:
         """Kill any running command and the sandbox uid's processes; remove the workspace.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from environments.sandboxes.bwrap import validate_workdir
 from environments.tasks import TaskFormatError
+from environments.terminal_bench import inputs
 
 BASE_IMAGE = "thundersync/base:bookworm"
 DEFAULT_WORKDIR = "/app"
@@ -43,6 +44,9 @@ class DockerfilePlan:
 
     path: Path
     workdir: str
+    base_image: str = BASE_IMAGE
+    """The ``FROM`` image as written; bubblewrap runs the plan when it is, or is aliased to,
+    ``BASE_IMAGE`` (``environments.sandboxes.image_build``)."""
     env: dict[str, str] = field(default_factory=dict)
     copies: tuple[Copy, ...] = ()
     run_steps: tuple[RunStep, ...] = ()
@@ -144,19 +148,20 @@ class _State:
     runs: list[RunStep] = field(default_factory=list)
     build_step: str | None = None
     num_from: int = 0
+    base_image: str = BASE_IMAGE
 
 
 def _apply(state: _State, path: Path, number: int, keyword: str, args: str) -> None:
     where = f"line {number} ({keyword} {args})"[:160]
     if keyword == "FROM":
         state.num_from += 1
-        image = args.split()[0] if args else ""
+        words = [w for w in args.split() if not w.startswith("--")]
+        if not words:
+            raise TaskFormatError(path, f"line {number} FROM", "expected an image name")
         if state.num_from > 1:
             state.build_step = state.build_step or f"{where}: a multi-stage build"
-        elif image != BASE_IMAGE:
-            state.build_step = (
-                state.build_step or f"{where}: base image {image!r}, not {BASE_IMAGE}"
-            )
+        else:
+            state.base_image = words[0]
     elif keyword == "WORKDIR":
         target = posixpath.normpath(posixpath.join(state.workdir or "/", args.strip()))
         state.workdir = target
@@ -199,7 +204,9 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     """Parse ``path`` (built from ``context``) into a plan; malformed files raise.
 
     The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
-    without Docker when it has one ``FROM thundersync/base:bookworm`` and otherwise only
+    without Docker when it has one ``FROM`` of ``thundersync/base:bookworm`` or of an image
+    aliased to it (``--image-alias ubuntu:24.04=thundersync/base:bookworm``; the alias is looked
+    up when the sandbox is made, see ``TaskEnvironment``) and otherwise only
 
     - ``WORKDIR`` (the last one is the workspace: not ``/``, outside the system folders and the
       interpreter's, as ``environments.sandboxes.bwrap.validate_workdir`` checks),
@@ -212,14 +219,15 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     - ``CMD``, ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL``, ``HEALTHCHECK``
       (ignored: the sandbox runs one command at a time).
 
-    Anything else (another base image, ``ADD``, ``USER``, ``ARG``, multi-stage builds, ``COPY``
+    Anything else (``ADD``, ``USER``, ``ARG``, multi-stage builds, ``COPY``
     outside the workspace, ``RUN`` heredocs or exec form...) is a build step: bubblewrap refuses the
     task with NeedsDockerError naming the line, and Docker builds the Dockerfile as it is.
     """
     if not path.is_file():
         raise TaskFormatError(path, "Dockerfile", "expected a Dockerfile, found none")
     state = _State()
-    for number, line in _logical_lines(path, path.read_text(encoding="utf-8", errors="replace")):
+    text = inputs.read_text(path, "Dockerfile", errors="replace")
+    for number, line in _logical_lines(path, text):
         keyword, _, args = line.partition(" ")
         keyword = keyword.upper()
         if keyword not in _KNOWN:
@@ -252,6 +260,7 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     return DockerfilePlan(
         path=path,
         workdir=workdir,
+        base_image=state.base_image,
         env=state.env,
         copies=tuple(copies),
         run_steps=tuple(state.runs),

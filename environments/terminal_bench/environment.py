@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.bwrap import validate_workdir
+from environments.sandboxes.image_build import ALIASES_VARIABLE, normalise_image, resolve_image
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec
 from environments.terminal_bench.dockerfile import BASE_IMAGE, DockerfilePlan
@@ -25,15 +26,17 @@ STAGING_PREFIX = "thundersync-tb-"
 hook leaves them behind, and the next process that stages files removes those of dead pids."""
 
 _staged: dict[Path, Path] = {}
+_image_contexts: dict[str, Path] = {}
 _staged_lock = threading.Lock()
 
 
 @atexit.register
 def _remove_staged() -> None:
     with _staged_lock:
-        for folder in _staged.values():
+        for folder in [*_staged.values(), *_image_contexts.values()]:
             shutil.rmtree(folder.parent, ignore_errors=True)
         _staged.clear()
+        _image_contexts.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +60,20 @@ class TaskEnvironment:
 
     @property
     def needs_docker_reason(self) -> str | None:
-        """Why only Docker can make this sandbox (None: bubblewrap can)."""
+        """Why only Docker can make this sandbox (None: bubblewrap can). Bubblewrap runs on the
+        host's files, which stand for ``BASE_IMAGE``; another base image qualifies only through
+        an image alias to it, looked up now (``environments.sandboxes.image_build``)."""
         if self.plan is not None and self.plan.build_step is not None:
             return f"its Dockerfile has a build step: {self.plan.build_step}"
-        if self.plan is None and self.image != BASE_IMAGE:
-            return f"it runs in the prebuilt image {self.image!r}"
+        base = self.plan.base_image if self.plan is not None else self.image or BASE_IMAGE
+        local = resolve_image(base)
+        if normalise_image(local) != BASE_IMAGE:
+            what = "its Dockerfile's base image" if self.plan else "it runs in the prebuilt image"
+            aliased = f" (aliased to {local!r})" if local != base else ""
+            return (
+                f"{what} {base!r}{aliased} is not {BASE_IMAGE}; if the task needs nothing else "
+                f"from it, pass --image-alias {base}={BASE_IMAGE} (or set {ALIASES_VARIABLE})"
+            )
         try:
             validate_workdir(self.workdir)
         except ValueError as err:
@@ -81,18 +93,31 @@ class TaskEnvironment:
         limits = {"memory_mb": self.memory_mb, "cpus": self.cpus}
         if kind == "docker" or (kind is None and reason is not None):
             env = {**(self.plan.env if self.plan else {}), **self.env}
+            image, context = self.image, self.build_context if self.plan else None
+            if context is None and image is not None and image != BASE_IMAGE:
+                image, context = None, self._image_context(image)
             return SandboxSpec(
-                image=self.image,
-                build_context=self.build_context if self.plan else None,
-                workdir=self.workdir,
-                env=env,
-                **limits,
+                image=image, build_context=context, workdir=self.workdir, env=env, **limits
             )
         if reason is not None:
             raise NeedsDockerError(f"task {self.task_id} needs Docker: {reason}")
         files = self._staged_files() if self.plan else None
         env = {**(self.plan.env if self.plan else {}), **self.env}
         return SandboxSpec(image=BASE_IMAGE, files=files, workdir=self.workdir, env=env, **limits)
+
+    def _image_context(self, image: str) -> Path:
+        """A build context of ``FROM image`` alone: a prebuilt image goes through
+        ``build_image`` too, which maps it through the aliases and refuses a missing one
+        without trying a pull (no registry is reachable)."""
+        with _staged_lock:
+            staged = _image_contexts.get(image)
+            if staged is None or not staged.exists():
+                prefix = f"{STAGING_PREFIX}{os.getpid()}-{self.task_id}-"
+                staged = Path(tempfile.mkdtemp(prefix=prefix)) / "image"
+                staged.mkdir()
+                (staged / "Dockerfile").write_text(f"FROM {image}\n", encoding="utf-8")
+                _image_contexts[image] = staged
+            return staged
 
     def _staged_files(self) -> Path:
         if self.plan is None:

@@ -21,8 +21,20 @@ _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)")
 _FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
 
 
+REWARD_RANGE = (0.0, 1.0)
+"""Every reward a verifier reports must be a finite number in [0, 1]. Harbor and Terminal-Bench
+rewards are pass fractions, training normalises rewards per group, and eval averages them: a
+NaN, an infinity or a 1e9 from a broken (or steered) verifier would poison both. A value outside
+the range scores 0 with the reason in ``details["reward_error"]``, counted like any other 0."""
+
+
 class RewardFileError(ValueError):
-    """A verifier wrote a reward file that is not in the Harbor format."""
+    """A verifier wrote a reward file that is not in the Harbor format or outside
+    ``REWARD_RANGE``: the attempt scores 0 (it is counted, not excluded)."""
+
+
+class RewardFileMissing(RewardFileError):
+    """The verifier wrote neither reward file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,27 +58,39 @@ class GraderSetupError(Exception):
     otherwise an agent could turn its own failure into an episode that is never trained on."""
 
 
+def _empty_folder(path: str) -> str:
+    """Make ``path`` an empty folder. Its contents are removed, not the folder, which may be a
+    mount point (bubblewrap binds /tests and /logs); a file or link the agent put in its place
+    is removed first, so nothing is written through a link. ``find`` never follows links."""
+    q = shlex.quote(path)
+    return (
+        f"{{ if [ -L {q} ] || {{ [ -e {q} ] && [ ! -d {q} ]; }}; then rm -f {q}; fi; }} && "
+        f"mkdir -p {q} && {{ find {q} -type d -exec chmod u+rwx {{}} + 2>/dev/null; true; }} && "
+        f'find {q} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + && test -z "$(ls -A {q})"'
+    )
+
+
 def _reset_command(paths: GraderPaths, root: str | None) -> str:
-    """Remove old grader folders and create them afresh. Under ``root`` (our own folder in the
-    workspace) an agent-made file, link or read-only tree of that name is removed first; ``find``
-    never follows links, so no folder outside is touched."""
-    folders = " ".join(shlex.quote(p) for p in (paths.tests, paths.verifier, paths.tmp) if p)
-    reset = f"rm -rf {folders}"
+    """Empty the grader's folders (creating them). Under ``root`` (our own folder in the
+    workspace) an agent-made file, link or read-only tree of that name is removed first."""
+    folders = [p for p in (paths.tests, paths.verifier, paths.tmp) if p]
+    reset = " && ".join(_empty_folder(folder) for folder in folders)
     if root is not None:
         quoted = shlex.quote(root)
         reset = (
             f"{{ find {quoted} -type d -exec chmod u+rwx {{}} + 2>/dev/null; true; }} && "
-            f"rm -rf {quoted}"
+            f"rm -rf {quoted} && {reset}"
         )
     return (
-        f"{reset} && mkdir -p {folders} && test -w {shlex.quote(paths.verifier)} && "
+        f"{reset} && test -w {shlex.quote(paths.verifier)} && "
         'if test -w "${TMPDIR:-/tmp}"; then echo tmp-writable; fi'
     )
 
 
 def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
-    """Fresh /tests and /logs/verifier, or the same under ``<workdir>/.thundersync-grader/``
-    where the host is read-only (bubblewrap); scripts find them in $TEST_DIR and $VERIFIER_DIR.
+    """Empty /tests and /logs/verifier at their published places (Docker, and bubblewrap, which
+    binds them), or the same under ``<workdir>/.thundersync-grader/`` in a sandbox that has
+    neither; scripts also find them in $TEST_DIR and $VERIFIER_DIR.
     Raises GraderSetupError when neither can be made (a SandboxError when the sandbox fails)."""
     root = f"{workdir.rstrip('/')}/{FALLBACK_DIR}"
     candidates = [
@@ -103,12 +127,21 @@ def prepare_grader(sandbox: Sandbox, workdir: str, tests: list[tuple[Path, str]]
 
 
 def run_script(
-    sandbox: Sandbox, paths: GraderPaths, script: str, timeout: float, env: dict[str, str]
+    sandbox: Sandbox,
+    paths: GraderPaths,
+    script: str,
+    timeout: float,
+    env: dict[str, str],
+    *,
+    prefix: str = "",
 ) -> ExecResult:
-    """Run ``script`` with bash from the workdir, with the grader's variables and ``env``."""
+    """Run ``script`` with bash from the workdir, after ``prefix`` (shell commands that set up
+    the environment), with the grader's variables and ``env`` (names checked by the loader,
+    values quoted)."""
     extra = "".join(f" {k}={shlex.quote(v)}" for k, v in env.items())
+    setup = f"{prefix} ; " if prefix else ""
     return sandbox.execute(
-        f"{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
+        f"{setup}{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
     )
 
 
@@ -155,18 +188,30 @@ def grade_tb1(result: ExecResult, timeout: float) -> Grade:
     return Grade(reward=1.0 if passed else 0.0, details=details)
 
 
+def _check_range(name: str, value: float) -> float:
+    low, high = REWARD_RANGE
+    if not math.isfinite(value):
+        raise RewardFileError(
+            f"{name}: expected a finite number in [{low:g}, {high:g}], got {value!r}"
+        )
+    if not low <= value <= high:
+        raise RewardFileError(f"{name}: expected a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
 def parse_reward_txt(text: str) -> float:
+    """The one number in ``reward.txt``, finite and in ``REWARD_RANGE``."""
     try:
         value = float(text.strip())
     except ValueError:
         raise RewardFileError(f"reward.txt: expected a number, got {text.strip()[:80]!r}") from None
-    if not math.isfinite(value):
-        raise RewardFileError(f"reward.txt: expected a finite number, got {value!r}")
-    return value
+    return _check_range("reward.txt", value)
 
 
 def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
-    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics."""
+    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics.
+    Every metric must be finite; the reward, and every metric averaged into it, must lie in
+    ``REWARD_RANGE`` (so that out-of-range metrics cannot cancel out in the mean)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -179,8 +224,11 @@ def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
         if not math.isfinite(value):
             raise RewardFileError(f"reward.json: metric {key!r}: expected a finite number")
     metrics = {key: float(value) for key, value in data.items()}
-    reward = metrics.get("reward", sum(metrics.values()) / len(metrics))
-    return reward, metrics
+    if "reward" in metrics:
+        return _check_range("reward.json: metric 'reward'", metrics["reward"]), metrics
+    for key, value in metrics.items():
+        _check_range(f"reward.json: metric {key!r} (averaged into the reward)", value)
+    return sum(metrics.values()) / len(metrics), metrics
 
 
 def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dict[str, Any]]:
@@ -194,16 +242,21 @@ def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dic
             return parse_reward_txt(shown.output), {}
         reward, metrics = parse_reward_json(shown.output)
         return reward, {"metrics": metrics}
-    raise RewardFileError(f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json")
+    raise RewardFileMissing(
+        f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json"
+    )
 
 
 def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
     """Reward of a Harbor ``tests/test.sh`` run, from ``reward.txt`` (a number) or else
     ``reward.json`` (metric names to numbers: its ``"reward"`` entry, else their mean). A run past
-    its timeout scores 0. Without a valid reward file: a verifier that failed (non-zero exit)
-    scores 0, since the agent's final state can break a verifier (delete python3, leave output
-    that crashes it) and must not thereby escape its score; a verifier that exited 0 yet wrote
-    no valid file is a broken task, an infrastructure failure."""
+    its timeout scores 0. A reward file that is malformed, not finite or outside
+    ``REWARD_RANGE`` scores 0 with ``details["reward_error"]`` (the agent's output can steer what
+    a verifier writes, so this is never an excluded infrastructure failure). Without a reward
+    file: a verifier that failed (non-zero exit) scores 0, since the agent's final state can
+    break a verifier (delete python3, leave output that crashes it) and must not thereby escape
+    its score; a verifier that exited 0 yet wrote no file is a broken task, an infrastructure
+    failure."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     details: dict[str, Any] = {
@@ -212,8 +265,13 @@ def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeo
     }
     try:
         reward, extra = read_harbor_reward(sandbox, paths)
-    except RewardFileError as err:
+    except RewardFileMissing as err:
         verifier_failed = result.exit_code != 0
         return Grade(reward=0.0, infra_failure=not verifier_failed,
                      details={**details, "error": str(err)})  # fmt: skip
+    except RewardFileError as err:
+        return Grade(
+            reward=0.0,
+            details={**details, "reward_error": str(err), "reason": f"invalid reward: {err}"},
+        )
     return Grade(reward=reward, details={**details, **extra})

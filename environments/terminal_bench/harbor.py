@@ -10,7 +10,7 @@ from typing import Any
 
 from environments.sandboxes.bwrap import SYSTEM_DIRS
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import schema
+from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
@@ -19,8 +19,11 @@ DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 DEFAULT_BUILD_TIMEOUT_S = 600.0
 TOP_LEVEL = frozenset(
-    {"version", "task", "metadata", "verifier", "agent", "environment", "solution"}
-)
+    {
+        "version", "schema_version", "source", "task", "metadata", "verifier", "agent",
+        "environment", "solution",
+    }
+)  # fmt: skip
 """Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
 unknown keys inside the known tables only warn, since Harbor keeps adding optional ones."""
 _TABLE_KEYS = {
@@ -36,7 +39,7 @@ _TABLE_KEYS = {
         }
     ),
 }  # fmt: skip
-_TASK_NAME = re.compile(r"^([a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*$", re.IGNORECASE)
+_TASK_NAME = re.compile(r"([a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*", re.IGNORECASE)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -48,9 +51,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     schema.check_keys(path, data, TOP_LEVEL, strict=True)
-    version = data.get("version", "1.0")
-    if not isinstance(version, str):
-        raise TaskFormatError(path, "version", f"expected a version string, got {version!r}")
+    for key in ("version", "schema_version"):
+        if not isinstance(data.get(key, "1.0"), str):
+            raise TaskFormatError(path, key, f"expected a version string, got {data[key]!r}")
     tables = {
         name: schema.check_mapping(path, name, data.get(name, {}))
         for name in ("task", "metadata", "verifier", "agent", "environment", "solution")
@@ -59,7 +62,7 @@ def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         schema.check_keys(path, tables[name], known, prefix=f"{name}.", strict=False)
     name = tables["task"].get("name")
     if name is not None and (
-        not isinstance(name, str) or not _TASK_NAME.match(name) or ".." in name
+        not isinstance(name, str) or not _TASK_NAME.fullmatch(name) or ".." in name
     ):
         raise TaskFormatError(
             path, "task.name", f"expected 'name' or 'org/name' without path parts, got {name!r}"
@@ -142,12 +145,14 @@ def _instruction(task_dir: Path) -> str:
     path = task_dir / "instruction.md"
     if not path.is_file():
         raise TaskFormatError(task_dir, "instruction.md", "expected an instruction.md file")
-    return schema.read_text(path, "instruction", schema.read_utf8(path, "instruction"))
+    text = schema.read_utf8(path, "instruction", limit=inputs.MAX_INSTRUCTION_BYTES)
+    return schema.read_instruction(path, "instruction", text)
 
 
 def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
     """Read and validate one Harbor task folder."""
     task_id = schema.check_task_id(task_dir)
+    inputs.check_task_folder(task_dir)
     path = task_dir / "task.toml"
     tables = _tables(path, _read_toml(path))
     instruction = _instruction(task_dir)

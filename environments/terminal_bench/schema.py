@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from environments.tasks import TaskFormatError
+from environments.terminal_bench import inputs
 
 DIFFICULTIES = frozenset({"easy", "medium", "hard", "unknown"})
-TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MEMORY_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Matched in full (``re.fullmatch``): ``$`` would let a trailing newline through."""
+ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""Environment variable names are shell names: they are exported by the grader's command."""
+_MEMORY_PATTERN = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", re.IGNORECASE)
 _MEMORY_UNIT_MB = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 MAX_TIMEOUT_S = 86_400.0
@@ -115,8 +119,15 @@ def read_env(path: Path, field: str, value: object) -> dict[str, str]:
         return {}
     table = check_mapping(path, field, value)
     for key, item in table.items():
-        if not isinstance(item, str):
-            raise TaskFormatError(path, f"{field}.{key}", f"expected a string, got {item!r}")
+        if not ENV_KEY_PATTERN.fullmatch(key):
+            raise TaskFormatError(
+                path, f"{field}.{key}",
+                "expected a variable name of letters, digits and '_' not starting with a digit",
+            )  # fmt: skip
+        if not isinstance(item, str) or "\0" in item:
+            raise TaskFormatError(
+                path, f"{field}.{key}", f"expected a string without NUL, got {item!r}"
+            )
     return table
 
 
@@ -124,7 +135,7 @@ def read_memory_mb(path: Path, field: str, value: object) -> int | None:
     """A size such as ``"2G"`` or ``"512M"`` (bytes when unitless), in MiB."""
     if value is None:
         return None
-    match = _MEMORY_PATTERN.match(value) if isinstance(value, str) else None
+    match = _MEMORY_PATTERN.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise TaskFormatError(path, field, f"expected a size such as '2G' or '512M', got {value!r}")
     size_mb = float(match.group(1)) * _MEMORY_UNIT_MB[match.group(2).upper()]
@@ -146,7 +157,7 @@ def read_memory_number(path: Path, field: str, value: object) -> int:
 def check_task_id(task_dir: Path) -> str:
     """The task id is its folder's name: a plain name, never a path."""
     name = task_dir.name
-    if not TASK_ID_PATTERN.match(name):
+    if not TASK_ID_PATTERN.fullmatch(name):
         raise TaskFormatError(
             task_dir,
             "task_id",
@@ -156,8 +167,18 @@ def check_task_id(task_dir: Path) -> str:
     return name
 
 
-def read_utf8(path: Path, field: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise TaskFormatError(path, field, f"expected UTF-8 text: {err}") from err
+def read_utf8(path: Path, field: str, *, limit: int = inputs.MAX_TASK_FILE_BYTES) -> str:
+    """A task file's UTF-8 text, at most ``limit`` bytes (see ``inputs.read_text``)."""
+    return inputs.read_text(path, field, limit=limit)
+
+
+def read_instruction(path: Path, field: str, value: object) -> str:
+    """A non-empty instruction of at most ``inputs.MAX_INSTRUCTION_BYTES`` bytes of UTF-8."""
+    text = read_text(path, field, value)
+    size = len(text.encode("utf-8"))
+    if size > inputs.MAX_INSTRUCTION_BYTES:
+        raise TaskFormatError(
+            path, field,
+            f"expected at most {inputs.MAX_INSTRUCTION_BYTES} bytes (64 KiB), got {size} bytes",
+        )  # fmt: skip
+    return text

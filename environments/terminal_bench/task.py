@@ -6,17 +6,22 @@ import base64
 import io
 import shlex
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade, GradingContext
-from environments.terminal_bench import grading
+from environments.tasks import Grade, GradingContext, TaskFormatError
+from environments.terminal_bench import grading, inputs, strict, work
 from environments.terminal_bench.environment import TaskEnvironment
 
 _CHUNK_CHARS = 64 * 1024
 """Base64 per command: well under Linux's 128 KiB limit on one argument."""
+SOLUTION_DIR = "/solution"
+SOLUTION_DIR_VARIABLE = "THUNDERSYNC_SOLUTION_DIR"
+"""Overrides where the oracle unpacks the solution, for running its commands outside a
+sandbox (tests do): on a real host /solution would be a folder at the root."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,72 +67,126 @@ class TerminalBenchTask:
     def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         """Upload the tests, run them with the task's test timeout, and score the result.
 
-        Only a SandboxError (the sandbox could not run a command) is an infrastructure failure.
-        A preparation step that ran but failed in the state the agent left (a read-only
-        workspace, deleted tools) scores 0 with ``details["reason"]``: otherwise an agent could
-        turn its own failure into an episode that is excluded from training."""
-        workdir = self.environment.workdir
+        With a context (ShellEnv passes one), the agent's work folder is compared with a fresh
+        sandbox's (the task's pristine state) and files that touch test infrastructure are
+        reported: ``details["tamper_suspected"]`` and ``details["tamper_reasons"]``. Strict
+        (``context.strict``): such an attempt scores 0, and otherwise the tests run in the
+        fresh sandbox with only the work folder copied in and a pinned environment
+        (``environments.terminal_bench.strict``). Not strict: the tests run in ``sandbox``
+        itself, as the benchmark's own harness runs them, and the report changes no score.
+        Without a context: the tests run in ``sandbox``, nothing is compared.
+
+        Only a SandboxError (the sandbox could not run a command) is an infrastructure failure,
+        and a task folder that changed after loading. A step that ran but failed in the state
+        the agent left (a read-only workspace, deleted tools, an unreadable work folder) scores
+        0 with ``details["reason"]``: otherwise an agent could turn its own failure into an
+        episode that is excluded from training."""
         try:
-            if self.format == "tb1":
-                uploads = [*_test_files(self.tests_dir, ""), (self.test_script, "run-tests.sh")]
-                paths = grading.prepare_grader(sandbox, workdir, uploads)
-                script = f"{paths.tests}/run-tests.sh"
-                result = grading.run_script(
-                    sandbox, paths, script, self.test_timeout_s, self.test_env
-                )
-                return grading.grade_tb1(result, self.test_timeout_s)
-            paths = grading.prepare_grader(sandbox, workdir, _test_files(self.tests_dir, ""))
-            script = f"{paths.tests}/test.sh"
-            result = grading.run_script(sandbox, paths, script, self.test_timeout_s, self.test_env)
-            return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
+            if context is None:
+                return self._run_tests(sandbox, pinned=False)
+            with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
+                return self._grade_against_pristine(sandbox, context, Path(tmp))
         except grading.GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
+        except TaskFormatError as err:
+            return Grade(reward=0.0, infra_failure=True, details={"error": f"task folder: {err}"})
+
+    def _grade_against_pristine(
+        self, sandbox: Sandbox, context: GradingContext, tmp: Path
+    ) -> Grade:
+        workdir = self.environment.workdir
+        try:
+            agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
+        except work.WorkExportError as err:  # the agent's doing: its 0 when strict
+            if context.strict:
+                return Grade(reward=0.0, details={"strict": True, "reason": str(err)})
+            grade = self._run_tests(sandbox, pinned=False)
+            unreported = {"strict": False, "tamper_report_error": str(err)}
+            return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported})
+        fresh = context.fresh_sandbox()
+        self.setup(fresh)
+        try:
+            pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
+        except work.WorkExportError as err:
+            raise SandboxError(f"the fresh sandbox's work folder: {err}") from err
+        reasons = strict.tamper_reasons(workdir, pristine, agent_work)
+        report = {"strict": context.strict, "tamper_suspected": bool(reasons),
+                  "tamper_reasons": reasons}  # fmt: skip
+        if not context.strict:
+            grade = self._run_tests(sandbox, pinned=False)
+        elif reasons:
+            reason = "strict grading: the agent's work touches test infrastructure"
+            return Grade(reward=0.0, details={**report, "reason": reason})
+        else:
+            work.import_work(fresh, workdir, agent_work)
+            grade = self._run_tests(fresh, pinned=True)
+        return Grade(grade.reward, grade.infra_failure, {**grade.details, **report})
+
+    def _run_tests(self, sandbox: Sandbox, *, pinned: bool) -> Grade:
+        """Upload the tests and run them in ``sandbox`` (with the strict environment when
+        ``pinned``); the reward as the task's format defines it."""
+        workdir = self.environment.workdir
+        paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
+        script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
+        prefix = strict.pinned_environment(workdir) if pinned else ""
+        result = grading.run_script(
+            sandbox, paths, script, self.test_timeout_s, self.test_env, prefix=prefix
+        )
+        if self.format == "tb1":
+            return grading.grade_tb1(result, self.test_timeout_s)
+        return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
+
+    def test_uploads(self) -> list[tuple[Path, str]]:
+        """The files the grader uploads (host file, path under the tests folder), each checked
+        again to lie inside the task folder: tests/, plus run-tests.sh for Terminal-Bench 1."""
+        uploads = inputs.list_files(self.tests_dir, self.path)
+        if self.format == "tb1":
+            script = inputs.inside(self.test_script, self.path, "run-tests.sh")
+            uploads.append((script, "run-tests.sh"))
+        return uploads
 
     def reference_solution(self) -> list[str]:
-        """Commands that unpack the solution into a temporary folder and run it from the
-        workspace; nothing of the solution is in the sandbox before they run. One command when
-        it fits (bubblewrap's /tmp lasts one command); larger ones are staged in the workspace.
+        """Commands that unpack the solution into ``/solution`` (Harbor's path, which published
+        solve.sh scripts hard-code; ``$SOLUTION_DIR`` names it too) and run it from the
+        workdir; nothing of the solution is in the sandbox before they run, and /solution is
+        emptied after. Where /solution cannot be made, a temporary folder stands in for it.
+        One command when it fits; larger ones are staged in the workspace first.
         """
         if self.solution_script is None:
             return list(self.solution_commands)
-        folder = self.solution_script.parent if self.format == "harbor" else None
-        payload = _pack(self.solution_script, folder)
+        if self.format == "harbor":
+            files = inputs.list_files(self.solution_script.parent, self.path)
+        else:
+            files = [(inputs.inside(self.solution_script, self.path, "solution.sh"), "")]
+        payload = _pack(files, self.solution_script.name)
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.solution_env.items())
+        empty = 'find "$d" -mindepth 1 -maxdepth 1 -exec rm -rf {} +'
         run = (
+            f'top="${{{SOLUTION_DIR_VARIABLE}:-{SOLUTION_DIR}}}"; d="$top"; '
+            f'{{ mkdir -p "$d" && {empty} && test -w "$d"; }} 2>/dev/null || '
             'd=$(mktemp -d 2>/dev/null || mktemp -d -p "$PWD" .thundersync-oracle.XXXXXX) && '
-            f'{{ {{SOURCE}} | base64 -d | tar -xzf - -C "$d"; }} && '
-            f'({exports}SOLUTION_DIR="$d" bash "$d/{self.solution_script.name}"); '
-            'status=$?; rm -rf "$d" {STAGED}; exit $status'
+            '{ {SOURCE} | base64 -d | tar -xzf - -C "$d"; } && '
+            f'({exports}SOLUTION_DIR="$d" bash "$d/{self.solution_script.name}"); status=$?; '
+            f'if [ "$d" = "$top" ]; then {empty}; else rm -rf "$d"; fi; {{STAGED}}exit $status'
         )
         if len(payload) <= _CHUNK_CHARS:
-            return [run.replace("{SOURCE}", f"printf %s {payload}").replace(" {STAGED}", "")]
+            return [run.replace("{SOURCE}", f"printf %s {payload}").replace("{STAGED}", "")]
         staged = ".thundersync-oracle.b64"
         commands = [f"rm -f {staged}"]
         for start in range(0, len(payload), _CHUNK_CHARS):
             commands.append(f"printf %s {payload[start : start + _CHUNK_CHARS]} >> {staged}")
-        commands.append(run.replace("{SOURCE}", f"cat {staged}").replace("{STAGED}", staged))
+        cleanup = f"rm -f {staged}; "
+        commands.append(run.replace("{SOURCE}", f"cat {staged}").replace("{STAGED}", cleanup))
         return commands
 
 
-def _test_files(folder: Path, prefix: str) -> list[tuple[Path, str]]:
-    """Every file under ``folder`` with its path relative to it."""
-    return [
-        (path, prefix + path.relative_to(folder).as_posix())
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    ]
-
-
-def _pack(script: Path, folder: Path | None) -> str:
-    """A base64 tar.gz of ``folder`` (Harbor's solution/) or of the single ``script``."""
+def _pack(files: list[tuple[Path, str]], script_name: str) -> str:
+    """A base64 tar.gz of ``files`` (host path, name in the archive; an empty name is the
+    script itself): Harbor's solution/ folder or TB1's single solution.sh."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        if folder is None:
-            archive.add(script, arcname=script.name)
-        else:
-            for path in sorted(folder.rglob("*")):
-                if path.is_file():
-                    archive.add(path, arcname=path.relative_to(folder).as_posix())
+        for path, name in files:
+            archive.add(path, arcname=name or script_name, recursive=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")

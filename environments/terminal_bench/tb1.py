@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import schema
+from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
@@ -41,13 +41,13 @@ def _instruction(path: Path, data: dict[str, Any]) -> str:
     if "instruction" in data or "descriptions" not in data:
         if "instruction" not in data:
             raise TaskFormatError(path, "instruction", "expected the task's instruction, missing")
-        return schema.read_text(path, "instruction", data["instruction"])
+        return schema.read_instruction(path, "instruction", data["instruction"])
     entries = data["descriptions"]
     if not isinstance(entries, list):
         raise TaskFormatError(path, "descriptions", f"expected a list, got {entries!r}")
     for i, entry in enumerate(entries):
         if isinstance(entry, dict) and entry.get("key") == "base":
-            return schema.read_text(
+            return schema.read_instruction(
                 path, f"descriptions[{i}].description", entry.get("description")
             )
     raise TaskFormatError(path, "descriptions", "expected an entry with key 'base'")
@@ -131,6 +131,7 @@ def _environment(task_dir: Path, task_id: str, data: dict[str, Any]) -> TaskEnvi
 def load_tb1_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
     """Read and validate one Terminal-Bench 1 task folder."""
     task_id = schema.check_task_id(task_dir)
+    inputs.check_task_folder(task_dir)
     path = task_dir / "task.yaml"
     data = _read_yaml(path)
     schema.check_keys(path, data, KNOWN_KEYS, strict=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from environments.sandboxes import NeedsDockerError, Sandbox, make_sandbox
-from environments.tasks import Grade
+from environments.sandboxes.image_build import ALIASES_VARIABLE
+from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from environments.terminal_bench.dockerfile import BASE_IMAGE
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -30,16 +33,65 @@ def bwrap_sandbox(task: TerminalBenchTask) -> Iterator[Sandbox]:
         sandbox.close()
 
 
-def run_agent(task: TerminalBenchTask, agent: str, commands: list[str] = ()) -> Grade:
-    with bwrap_sandbox(task) as sandbox:
-        for cmd in task.reference_solution() if agent == "oracle" else commands:
-            done = sandbox.execute(cmd, timeout=task.timeout_s)
-            assert done.exit_code == 0, done.output[-2000:]
-        return task.grade(sandbox)
+def run_agent(
+    task: TerminalBenchTask, agent: str, commands: list[str] = (), *, strict: bool | None = None
+) -> Grade:
+    """Grade without a context (None), or strictly or not with fresh sandboxes it closes."""
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap"))
+        return made[-1]
+
+    context = None if strict is None else GradingContext(fresh_sandbox=fresh, strict=strict)
+    try:
+        with bwrap_sandbox(task) as sandbox:
+            for cmd in task.reference_solution() if agent == "oracle" else commands:
+                done = sandbox.execute(cmd, timeout=task.timeout_s)
+                assert done.exit_code == 0, done.output[-2000:]
+            return task.grade(sandbox, context)
+    finally:
+        for other in made:
+            other.close()
 
 
 def by_id(fmt: str, task_id: str) -> TerminalBenchTask:
     return next(t for t in TASKS if t.format == fmt and t.task_id == task_id)
+
+
+def test_a_task_that_hard_codes_published_paths_runs_as_in_docker() -> None:
+    """Its solve.sh reads /solution, its test.sh reads /tests and writes
+    /logs/verifier/reward.txt: bubblewrap binds each at its real place."""
+    task = load_tasks(FIXTURES / "published" / "greeting-file").get("greeting-file")
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+
+
+def test_a_public_base_image_runs_in_bwrap_through_an_alias(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task = load_tasks(FIXTURES / "published" / "ubuntu-word-count").get("ubuntu-word-count")
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    with pytest.raises(NeedsDockerError, match=f"pass --image-alias ubuntu:24.04={BASE_IMAGE}"):
+        run_agent(task, "oracle")
+    monkeypatch.setenv(ALIASES_VARIABLE, f"ubuntu:24.04={BASE_IMAGE}")
+    oracle, nop = run_agent(task, "oracle"), run_agent(task, "nop")
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+
+
+def test_published_folders_are_fresh_per_sandbox_and_persist_between_calls() -> None:
+    task = by_id("harbor", "sales-report")
+    with bwrap_sandbox(task) as first:
+        assert (
+            first.execute("echo 1 > /logs/verifier/reward.txt && ls /tests /solution", 10).exit_code
+            == 0
+        )
+        assert first.execute("cat /logs/verifier/reward.txt", 10).output == "1\n"
+        with bwrap_sandbox(task) as second:
+            listing = second.execute("ls -A /tests /solution /logs/verifier", 10).output
+            assert listing.split() == ["/logs/verifier:", "/solution:", "/tests:"]
 
 
 @pytest.mark.parametrize("fmt", ["tb1", "harbor"])
@@ -62,15 +114,18 @@ def test_partial_report_gets_partial_harbor_reward_but_fails_tb1() -> None:
     assert run_agent(by_id("tb1", "sales-report"), "scripted", partial).reward == 0.0
 
 
-def test_tampered_reward_file_is_an_infra_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("written", ["all good", "nan", "inf", "1e9"])
+def test_a_garbage_or_out_of_range_reward_scores_zero_with_the_reason(
+    tmp_path: Path, written: str
+) -> None:
     task_dir = tmp_path / "sales-report"
     shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
     (task_dir / "tests" / "test.sh").write_text(
-        '#!/bin/bash\necho "all good" > "${VERIFIER_DIR:-/logs/verifier}/reward.txt"\n'
+        f'#!/bin/bash\necho "{written}" > /logs/verifier/reward.txt\n'
     )
     grade = run_agent(load_tasks(task_dir).get("sales-report"), "nop")
-    assert grade.infra_failure
-    assert "reward.txt: expected a number, got 'all good'" in grade.details["error"]
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert "reward.txt: expected a" in grade.details["reward_error"]
 
 
 def test_a_verifier_the_agent_broke_scores_zero_not_infra(tmp_path: Path) -> None:
@@ -102,9 +157,18 @@ def test_an_agent_made_grader_folder_is_replaced(prank: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["tb1", "harbor"])
-def test_a_read_only_workspace_left_by_the_agent_scores_zero_not_infra(fmt: str) -> None:
+def test_a_read_only_workspace_does_not_stop_grading(fmt: str) -> None:
+    """The grader's folders are /tests and /logs/verifier, as in Docker, not the workspace."""
     task = by_id(fmt, "sales-report")
     grade = run_agent(task, "scripted", [*task.reference_solution(), "chmod 555 ."])
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+
+
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_grader_folders_the_agent_broke_score_zero_not_infra(fmt: str) -> None:
+    task = by_id(fmt, "sales-report")
+    sabotage = "rm -rf /logs/verifier && chmod 555 /logs ."
+    grade = run_agent(task, "scripted", [*task.reference_solution(), sabotage])
     assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
     assert grade.details["grader_setup_failed"] is True
     assert "Permission denied" in grade.details["reason"]
@@ -141,9 +205,84 @@ def test_replayed_build_step_that_writes_outside_the_workspace_needs_docker(
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
 def test_every_shipped_task_oracle_scores_1_and_nop_scores_0(task: TerminalBenchTask) -> None:
-    oracle = run_agent(task, "oracle")
+    """Graded strictly, as training grades: every shipped task qualifies."""
+    oracle = run_agent(task, "oracle", strict=True)
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    nop = run_agent(task, "nop")
+    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
+    nop = run_agent(task, "nop", strict=True)
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
     if task.task_id == "fast-pair-count":
         assert nop.details["timed_out"] is True
+
+
+def eval_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    from thundersync.cli import main
+
+    assert main(["eval", *argv, "--sandbox", "bwrap", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_eval_runs_published_style_tasks_with_an_alias_and_strict_grading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    suite, alias = str(FIXTURES / "published"), f"ubuntu:24.04={BASE_IMAGE}"
+    out = tmp_path / "run"
+    report = eval_json(
+        capsys, "--suite", suite, "--agent", "oracle", "--image-alias", alias, "--strict",
+        "--out", str(out),
+    )  # fmt: skip
+    assert (report["mean_reward"], report["num_infra_failures"]) == (1.0, 0), report
+    config = json.loads((out / "config.json").read_text())
+    assert (config["strict"], config["image_aliases"]) == (True, [alias])
+    report = eval_json(capsys, "--suite", suite, "--agent", "nop")  # no alias: bwrap refuses
+    (failed,) = [row for row in report["tasks"] if row["infra_failure"]]
+    assert failed["task_id"] == "ubuntu-word-count"
+    assert f"pass --image-alias {alias}" in failed["attempts"][0]["error"]
+
+
+def test_eval_refuses_a_malformed_image_alias(capsys: pytest.CaptureFixture[str]) -> None:
+    from thundersync.cli import main
+
+    argv = ["eval", "--suite", "harbor-mini", "--agent", "nop", "--image-alias", "ubuntu"]
+    assert main(argv) == 2
+    assert "--image-alias: expected PUBLIC=LOCAL" in capsys.readouterr().err
+
+
+def test_the_env_grades_strictly_by_default_even_with_a_read_only_logs_folder() -> None:
+    """ShellEnv's default (training) grading is strict; the agent's work is archived through a
+    scratch folder in its work folder when /logs is not writable."""
+    from environments.actions import format_action
+    from environments.core import ShellEnv
+
+    task = by_id("harbor", "sales-report")
+    env = ShellEnv([task], sandbox="bwrap")
+    try:
+        env.reset(options={"task": task.task_id})
+        for command in [*task.reference_solution(), "chmod 555 /logs"]:
+            env.step(format_action(command))
+        _, reward, terminated, _, info = env.step(format_action("submit"))
+    finally:
+        env.close()
+    assert (terminated, reward, info["infra_failure"]) == (True, 1.0, False), info
+    details = info["grade_details"]
+    assert details["strict"] is True and details["tamper_suspected"] is False
+
+
+def test_an_unarchivable_work_folder_scores_zero_strictly_not_infra() -> None:
+    task = by_id("harbor", "sales-report")
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec("bwrap"), kind="bwrap"))
+        return made[-1]
+
+    with bwrap_sandbox(task) as sandbox:
+        for command in [*task.reference_solution(), "chmod 000 report.json"]:
+            assert sandbox.execute(command, timeout=60).exit_code == 0
+        grade = task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=True))
+    for other in made:
+        other.close()
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert "cannot archive the work folder /app" in grade.details["reason"]

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import Sandbox, make_sandbox
-from environments.tasks import Grade
+from environments.sandboxes import Sandbox, SandboxError, make_sandbox
+from environments.sandboxes.image_build import ALIASES_VARIABLE, use_image_aliases
+from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from environments.terminal_bench.dockerfile import BASE_IMAGE
 
 pytestmark = pytest.mark.docker
 
@@ -30,21 +32,69 @@ def docker_sandbox(task: TerminalBenchTask, kind: str | None = "docker") -> Iter
         sandbox.close()
 
 
-def run_agent(task: TerminalBenchTask, agent: str, kind: str | None = "docker") -> Grade:
-    with docker_sandbox(task, kind) as sandbox:
-        if agent == "oracle":
-            for cmd in task.reference_solution():
-                done = sandbox.execute(cmd, timeout=task.timeout_s)
-                assert done.exit_code == 0, done.output[-2000:]
-        return task.grade(sandbox)
+def run_agent(
+    task: TerminalBenchTask, agent: str, kind: str | None = "docker", *, strict: bool | None = None
+) -> Grade:
+    """Grade without a context (None), or strictly or not with fresh sandboxes it closes."""
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec(kind), kind="docker"))
+        return made[-1]
+
+    context = None if strict is None else GradingContext(fresh_sandbox=fresh, strict=strict)
+    try:
+        with docker_sandbox(task, kind) as sandbox:
+            if agent == "oracle":
+                for cmd in task.reference_solution():
+                    done = sandbox.execute(cmd, timeout=task.timeout_s)
+                    assert done.exit_code == 0, done.output[-2000:]
+            return task.grade(sandbox, context)
+    finally:
+        for other in made:
+            other.close()
+
+
+@pytest.fixture
+def ubuntu_alias(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(ALIASES_VARIABLE, raising=False)
+    use_image_aliases({"ubuntu:24.04": BASE_IMAGE})
+    yield
+    use_image_aliases({})
+
+
+def test_a_public_base_image_is_refused_with_the_alias_that_would_help() -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        if any("ubuntu:24.04" in image.tags for image in client.images.list("ubuntu")):
+            pytest.skip("this daemon has an ubuntu:24.04 image: the task builds without an alias")
+    finally:
+        client.close()
+    task = load_tasks(FIXTURES / "published" / "ubuntu-word-count").get("ubuntu-word-count")
+    with pytest.raises(SandboxError, match=f"pass --image-alias ubuntu:24.04={BASE_IMAGE}"):
+        make_sandbox(task.sandbox_spec("docker"), kind="docker")
+
+
+@pytest.mark.parametrize("task_id", ["ubuntu-word-count", "greeting-file"])
+def test_published_style_tasks_in_docker(ubuntu_alias: None, task_id: str) -> None:
+    """FROM ubuntu:24.04 through an alias; scripts that hard-code /solution, /tests and
+    /logs/verifier/reward.txt."""
+    task = load_tasks(FIXTURES / "published" / task_id).get(task_id)
+    oracle, nop = run_agent(task, "oracle", strict=True), run_agent(task, "nop", strict=True)
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
 def test_every_shipped_task_in_docker(task: TerminalBenchTask) -> None:
-    oracle = run_agent(task, "oracle")
+    """Graded strictly, as training grades: every shipped task qualifies."""
+    oracle = run_agent(task, "oracle", strict=True)
     assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    nop = run_agent(task, "nop")
+    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
+    nop = run_agent(task, "nop", strict=True)
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
 

@@ -1,0 +1,122 @@
+"""Strict grading's rules: which of the agent's files suspect tampering, and the grader's
+pinned environment.
+
+What strict grading does (``TerminalBenchTask.grade`` with ``GradingContext.strict``), after
+Harbor's separate verifier environments, BenchFlow's lockdown and verifiers that restore test
+files before grading:
+
+- the tests run in a FRESH sandbox made from the task (its image, or the host's read-only
+  files in bubblewrap), into which only the agent's work folder (the task's WORKDIR) is copied
+  (``work.py``); interpreters, shells and tools therefore come from the task's image or the
+  host, never from the agent's copies, and everything the agent did outside the work folder
+  (installed packages, edited system files, a replaced ``python3``, a planted
+  ``/logs/verifier/reward.txt``) is gone;
+- the test files are always the task's own, uploaded to /tests;
+- the test script runs with a pinned environment (``pinned_environment``): ``PATH`` and
+  ``LD_LIBRARY_PATH`` without relative entries or entries inside the work folder, no
+  ``PYTHONPATH``, ``PYTHONSTARTUP``, ``PYTHONHOME``, ``LD_PRELOAD`` and similar hooks, pytest
+  plugin autoloading off, no user site-packages, a fresh empty ``HOME``. The task's
+  ``[verifier] env`` is applied after pinning: a task that needs ``PYTHONPATH`` declares it there;
+- the agent's added, changed or deleted files (relative to the task's pristine work folder)
+  are judged by ``environments.tamper`` (``tamper_reasons``): any finding sets
+  ``details["tamper_suspected"]`` with ``details["tamper_reasons"]`` and scores 0.
+
+Deliberate limit: tasks whose tests check state outside the work folder (installed packages,
+running services, files elsewhere) cannot pass strict grading, for any agent, the oracle
+included, because that state is exactly what strict grading discards: telling a legitimately
+installed package from a planted one would need the task to declare its artifacts. Such tasks
+are graded non-strictly (the default of ``thundersync eval``); ``eval --agent oracle --strict``
+shows which tasks of a suite qualify for strict grading. Every shipped task does.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from pathlib import PurePosixPath
+
+from environments import tamper
+from environments.terminal_bench.work import WorkTree
+
+UNSET_VARIABLES = (
+    "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONINSPECT",
+    "PYTHONBREAKPOINT", "PYTHONWARNINGS", "LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "ENV", "CDPATH",
+    "GLOBIGNORE", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PERL5OPT", "PERL5LIB", "NODE_OPTIONS",
+    "RUBYOPT", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+)  # fmt: skip
+"""Variables that load code or change how interpreters and test runners start."""
+
+
+def pinned_environment(workdir: str) -> str:
+    """Shell commands (ending in ``&&``-able form) that pin the environment for the test script."""
+    inside = shlex.quote(workdir.rstrip("/"))
+    keep = (
+        f'case "$_e" in /*) case "$_e/" in {inside}/*) ;; *) _k="${{_k:+$_k:}}$_e" ;; esac ;; esac'
+    )
+    filters = " ; ".join(
+        f'_k=; IFS=: read -r -a _d <<< "${{{name}:-}}"; for _e in "${{_d[@]}}"; do {keep}; done; '
+        f'export {name}="$_k"'
+        for name in ("PATH", "LD_LIBRARY_PATH")
+    )
+    return (
+        f"unset {' '.join(UNSET_VARIABLES)} ; {filters} ; "
+        '[ -n "$LD_LIBRARY_PATH" ] || unset LD_LIBRARY_PATH ; '
+        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 ; "
+        'export HOME="$(mktemp -d 2>/dev/null || echo /tmp)" ; unset _k _d _e'
+    )
+
+
+def _venv_roots(pristine: WorkTree, work: WorkTree) -> list[str]:
+    """Folders (below the work folder itself) that became virtual environments during the
+    episode: their files only reach a run of their own interpreter, which the agent built."""
+    roots = []
+    for path in work.entries:
+        parent = posixpath.dirname(path)
+        if PurePosixPath(path).name == "pyvenv.cfg" and parent and path not in pristine.entries:
+            roots.append(parent + "/")
+    return roots
+
+
+def _judge(finding: tamper.TamperFinding, pristine: WorkTree, work: WorkTree) -> str | None:
+    """The reason to report for a path rule's finding, or None when the content shows it
+    harmless (package metadata whose entry points register no pytest plugin; a git config
+    that gained no key that runs a program)."""
+    parts = PurePosixPath(finding.path).parts
+    if any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1]):
+        if not tamper.registers_pytest_plugin(work.read(finding.path)):
+            return None
+        return "package metadata that registers a pytest plugin (entry point pytest11)"
+    if ".git" in parts and parts[-1] == "config":
+        added = tamper.git_config_command_keys(work.read(finding.path))
+        added -= tamper.git_config_command_keys(pristine.read(finding.path))
+        if not added:
+            return None
+        return f"git configuration that runs programs ({', '.join(sorted(added))})"
+    return finding.reason
+
+
+def tamper_reasons(workdir: str, pristine: WorkTree, work: WorkTree) -> list[str]:
+    """``"<path>: <reason>"`` for each of the agent's files that touches test infrastructure:
+    path rules (judged by content where that tells harmless from harmful), test sections of
+    mixed config files, and the task's own test files changed or deleted."""
+    changed, deleted = work.changed_since(pristine)
+    venvs = _venv_roots(pristine, work)
+    changed = [p for p in changed if not any(p.startswith(root) for root in venvs)]
+    existed = set(pristine.entries)
+    reasons: dict[str, str] = {}
+    for finding in tamper.path_findings(changed, existed=existed.__contains__):
+        reason = _judge(finding, pristine, work)
+        if reason is not None:
+            reasons.setdefault(finding.path, reason)
+    for path in changed:
+        if tamper.is_mixed_config(path) and tamper.pytest_config_sections_touched(
+            pristine.read(path), work.read(path)
+        ):
+            reasons.setdefault(path, "changes a test section of a configuration file")
+    for path in [*changed, *deleted]:
+        if path in pristine.entries and tamper.is_test_file(path):
+            verb = "deletes" if path in deleted else "modifies"
+            reasons.setdefault(path, f"{verb} one of the task's own test files")
+    return [
+        f"{posixpath.join(workdir, path)}: {reason}" for path, reason in sorted(reasons.items())
+    ]
