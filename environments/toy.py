@@ -200,11 +200,13 @@ class _ToyEnv(ShellEnv):
         grade_latency_sigma: float = 0.0,
         max_episode_s: float | None = None,
         max_format_errors: int = 3,
+        strict_grading: bool = True,
         **task_kwargs: Any,
     ) -> None:
         super().__init__(
-            sandbox=sandbox, max_episode_s=max_episode_s, max_format_errors=max_format_errors
-        )
+            sandbox=sandbox, max_episode_s=max_episode_s, max_format_errors=max_format_errors,
+            strict_grading=strict_grading,
+        )  # fmt: skip
         self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
         self.grade_latency = LatencyModel(grade_latency_s, grade_latency_sigma)
         self.task_kwargs = task_kwargs

@@ -1,16 +1,20 @@
-"""``thundersync eval``: run an agent on every task of a suite and report per-task rewards.
+"""``thundersync eval``: an agent (oracle, nop, or a checkpoint's policy) on every task of a suite
+or on held-out tasks of a registered env, with per-task rewards and pass@k.
 
 Every task runs ``k`` times through ``EpisodeRunner`` (so the run produces the same events as
-training does; ``--out`` keeps them in ``events.jsonl``). A task's reward is the mean over its
-attempts that did not hit an infrastructure failure; a task whose every attempt failed that
-way has reward None and is left out of the suite's mean (the report says how many were, as
-tasks and as attempts). A non-finite reward from a grader is reported as null with a reason
-and scored 0 in the means: a broken grade must never raise a score.
+training does; ``--out`` keeps them in ``events.jsonl``, each attempt's conversation and grade
+in ``attempts.jsonl``). Attempts are named and seeded per task and sample, so the same
+checkpoint, tasks and seed give the same episodes here and in ``thundersync compare``. A task's
+reward is the mean over its attempts that did not hit an infrastructure failure; a task whose
+every attempt failed that way has reward None and is left out of the suite's mean (the report
+says how many were, as tasks and as attempts). A non-finite reward from a grader is reported as
+null with a reason and scored 0 in the means: a broken grade must never raise a score.
 
 Nothing passes vacuously (docs/design.md §8): the sandbox's prerequisites are checked before
 any task runs (exit 2 naming the fix), and a run in which no attempt ran, or every attempt was
 an infrastructure failure, exits 1. The summary is the last line; ``--json`` and
-``results.json`` are strict JSON.
+``results.json`` are strict JSON. Results are appended to the leaderboard unless
+``--no-leaderboard``.
 
 SIGINT (Ctrl-C) and SIGTERM cancel the run: every live sandbox is closed at once (killing its
 command), the attempts cut short are infrastructure failures, and the partial report (with
@@ -20,17 +24,18 @@ command), the attempts cut short are infrastructure failures, and the partial re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import math
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thundersync.cli_output import Progress, fit, plain_table, print_verdict, strict_json
+from harness.eval_report import build_report, report_table, summary
+from thundersync.cli_output import HelpFormatter, Progress, print_verdict, strict_json
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
 from thundersync.types import Trajectory
 
@@ -43,9 +48,10 @@ class EvalConfig:
     """What one ``thundersync eval`` run did (written to ``config.json``)."""
 
     suite: str
-    """A registered suite name or a path to a folder/file of tasks."""
+    """A registered suite name, a path to a folder/file of tasks, or a registered env id."""
     agent: str
-    """``oracle`` (runs each task's reference solution) or ``nop`` (submits at once)."""
+    """``oracle`` (each task's reference solution), ``nop`` (submits at once) or ``policy``
+    (the checkpoint's model through the policy agent)."""
     sandbox: str
     """``bwrap`` or ``docker``."""
     k: int
@@ -53,11 +59,89 @@ class EvalConfig:
     concurrency: int
     """Episodes running at once."""
     seed: int = 0
-    """Seeds each episode's reset."""
+    """Seeds each attempt's env reset and its sampling."""
     strict: bool = False
     """Strict grading (``--strict``; ``environments.tasks.GradingContext.strict``)."""
     image_aliases: tuple[str, ...] = ()
     """``--image-alias PUBLIC=LOCAL`` pairs (``environments.sandboxes.image_build``)."""
+    checkpoint: str | None = None
+    """The policy's Hugging Face checkpoint folder (``--checkpoint``)."""
+    env: str | None = None
+    """A registered env id whose held-out tasks are drawn (``--env``; else a suite)."""
+    num_tasks: int = 32
+    """Held-out tasks drawn from ``env``."""
+    max_new_tokens: int = 48
+    """Most tokens of one policy action."""
+    temperature: float = 1.0
+    """Policy sampling temperature (0: greedy)."""
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "eval",
+        help="run an agent or a checkpoint on every task of a suite or env",
+        description="Run an agent (oracle, nop, or a checkpoint's policy) on every task of a "
+        "suite, or on held-out tasks of a registered env. Exit 0: attempts were scored; "
+        "1: no attempt ran or every attempt was an infrastructure failure; 2: bad input or "
+        "a missing sandbox prerequisite; 128+N: cut short by signal N (partial report).",
+        formatter_class=HelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--suite", metavar="NAME|PATH",
+                        help="a registered suite (swebench-mini, tb1-mini, harbor-mini, "
+                             "toy-sum), a folder of Terminal-Bench/Harbor tasks, or SWE-bench "
+                             "rows (default: none; --suite or --env is required)")  # fmt: skip
+    source.add_argument("--env", metavar="ID", help="a registered env id (plugins too): its "
+                        "held-out tasks (default: none; --suite or --env is required)")  # fmt: skip
+    parser.add_argument("--tasks", type=int, default=32, metavar="N",
+                        help="held-out tasks drawn from --env")  # fmt: skip
+    parser.add_argument("--agent", choices=["oracle", "nop", "policy"], default=None,
+                        help="oracle runs each task's reference solution; nop submits at once; "
+                             "policy runs --checkpoint (default: policy with --checkpoint, "
+                             "else oracle)")  # fmt: skip
+    parser.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        default=None,
+        help="a Hugging Face checkpoint folder with a chat template (default: none: the "
+        "oracle or nop agent)",
+    )
+    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap",
+                        help="where the agent's commands run")  # fmt: skip
+    parser.add_argument("-k", type=int, default=1, help="attempts per task (pass@1..k)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="episodes at once (default: 2, or every attempt for a policy)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds resets, draws and sampling")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="per policy action")
+    parser.add_argument("--temperature", type=float, default=1.0, help="policy sampling")
+    parser.add_argument("--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
+                        help="use the local image LOCAL where a task names the public image "
+                             "PUBLIC (repeatable; also $THUNDERSYNC_IMAGE_ALIASES), e.g. "
+                             "ubuntu:24.04=thundersync/base:bookworm")  # fmt: skip
+    parser.add_argument("--strict", action="store_true",
+                        help="grade strictly, as training does: a fresh sandbox with only the "
+                             "agent's work, tampering scored 0 (default: as the benchmark's own "
+                             "harness, comparable numbers)")  # fmt: skip
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="folder for config.json, events.jsonl, attempts.jsonl and "
+                             "results.json (default: write nothing)")  # fmt: skip
+    parser.add_argument("--db", default=None, metavar="FILE",
+                        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or "
+                             "runs/leaderboard.sqlite)")  # fmt: skip
+    parser.add_argument(
+        "--no-leaderboard", action="store_true", help="do not append the result to the leaderboard"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the JSON report on stdout; the summary goes to stderr",
+    )
+    parser.set_defaults(func=run_eval_command)
 
 
 def _fail(message: str) -> int:
@@ -100,34 +184,47 @@ def sandbox_problem(kind: str) -> str | None:
     return None
 
 
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The run's config from the flags; ValueError naming a bad one."""
+    agent = args.agent or ("policy" if args.checkpoint else "oracle")
+    if agent == "policy" and not args.checkpoint:
+        raise ValueError("--agent policy needs --checkpoint DIR (a model folder)")
+    if args.checkpoint and agent != "policy":
+        raise ValueError(f"--checkpoint runs the policy agent, not --agent {agent}")
+    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
+        raise ValueError(f"--checkpoint {args.checkpoint}: not a model folder (no config.json)")
+    concurrency = args.concurrency or (64 if agent == "policy" else 2)
+    if args.k < 1 or concurrency < 1 or args.tasks < 1:
+        raise ValueError(f"-k, --concurrency and --tasks must be >= 1, got {args.k}, "
+                         f"{concurrency} and {args.tasks}")  # fmt: skip
+    return EvalConfig(
+        args.suite or args.env, agent, args.sandbox, args.k, concurrency, seed=args.seed,
+        strict=args.strict, image_aliases=tuple(args.image_alias), checkpoint=args.checkpoint,
+        env=args.env, num_tasks=args.tasks, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+    )  # fmt: skip
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run the command: 0 when attempts were scored (whatever the rewards), 1 when no attempt
     ran or every attempt was an infrastructure failure, 2 on bad input or prerequisites."""
-    if args.k < 1 or args.concurrency < 1:
-        return _fail(f"-k and --concurrency must be >= 1, got {args.k} and {args.concurrency}")
     from environments.sandboxes.image_build import parse_image_aliases, use_image_aliases
-    from environments.suites import UnknownSuiteError, resolve_suite
+    from environments.suites import UnknownSuiteError
     from environments.tasks import TaskFormatError
 
     try:
+        config = eval_config(args)
         use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
-    except ValueError as exc:
-        return _fail(str(exc))
-    try:
-        tasks = list(resolve_suite(args.suite))
-    except (UnknownSuiteError, TaskFormatError) as exc:
+        make_env, tasks = task_source(config)
+    except (ValueError, UnknownSuiteError, TaskFormatError) as exc:
         return _fail(str(exc))
     if not tasks:
-        return _fail(f"suite {args.suite!r} has no tasks")
-    problem = sandbox_problem(args.sandbox)
+        return _fail(f"suite {config.suite!r} has no tasks")
+    problem = sandbox_problem(config.sandbox)
     if problem is not None:
         return _fail(problem)
-    config = EvalConfig(
-        args.suite, args.agent, args.sandbox, args.k, args.concurrency,
-        strict=args.strict, image_aliases=tuple(args.image_alias),
-    )  # fmt: skip
     out = Path(args.out) if args.out else None
-    groups, signum = _run(config, tasks, out)
+    groups, signum = _run(config, make_env, tasks, out)
     report = build_report(config, groups)
     if signum is not None:
         report["interrupted"] = signal.Signals(signum).name
@@ -143,17 +240,46 @@ def run_eval_command(args: argparse.Namespace) -> int:
     code, line = summary(report)
     if signum is not None:
         code, line = 128 + signum, f"eval: INTERRUPTED by {report['interrupted']}: " + line
+    elif code == 0 and not args.no_leaderboard:
+        record(report, config, [t.task_id for t in tasks], args.db)
     print_verdict(line, to_stderr=args.json)
     return code
 
 
-def _run(
-    config: EvalConfig, tasks: list[Any], out: Path | None
-) -> tuple[list[list[Trajectory]], int | None]:
+def task_source(config: EvalConfig) -> tuple[Callable[[], Any], list[Any]]:
+    """The env factory and the tasks: a suite's tasks, or ``num_tasks`` held-out draws of a
+    registered env (a plugin's envs included)."""
+    if config.env is None:
+        from environments.core import ShellEnv
+        from environments.suites import resolve_suite
+
+        tasks = list(resolve_suite(config.suite))
+        return (lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
+                tasks)  # fmt: skip
+    import gymnasium
+
+    from environments.registry import load_plugins
+    from harness.policy_eval import draw_eval_tasks
+
+    load_plugins()
+    if config.env not in gymnasium.registry:
+        raise ValueError(f"--env {config.env!r}: not a registered env (thundersync envs)")
+
+    def make_env() -> Any:
+        return gymnasium.make(config.env, sandbox=config.sandbox, strict_grading=config.strict)
+
+    try:
+        return make_env, draw_eval_tasks(make_env, config.num_tasks, seed=config.seed)
+    except TypeError as exc:
+        raise ValueError(f"--env {config.env}: cannot make it with sandbox= and "
+                         f"strict_grading= ({exc})") from exc  # fmt: skip
+
+
+def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],
+         out: Path | None) -> tuple[list[list[Trajectory]], int | None]:  # fmt: skip
     """The groups of trajectories, and the signal that cancelled the run (None if none did)."""
-    from environments.agents import make_agent
-    from environments.core import ShellEnv
     from environments.runner import EpisodeRunner
+    from harness.policy_eval import Transcripts, run_attempts
 
     reset_clock()
     bus = EventBus()
@@ -164,117 +290,48 @@ def _run(
         sink = JsonlSink(out / "events.jsonl")
         bus.subscribe(sink)
     try:
-        with Progress("eval", len(tasks) * config.k, "attempts") as progress:
+        with _agent(config) as agent, Progress("eval", len(tasks) * config.k,
+                                                 "attempts") as progress:  # fmt: skip
             bus.subscribe(lambda e: progress.advance() if isinstance(e, RewardReady) else None)
-            runner = EpisodeRunner(
-                lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
-                make_agent(config.agent),
-                bus,
-                max_concurrency=config.concurrency,
-            )
+            transcripts = Transcripts(agent)
+            runner = EpisodeRunner(make_env, transcripts, bus, max_concurrency=config.concurrency)
             with runner.cancel_on_signals() as received:
-                groups = runner.run_groups(tasks, config.k, seed=config.seed)
+                groups = run_attempts(runner, tasks, config.k, concurrency=config.concurrency)
+            if out is not None:
+                transcripts.write(out / "attempts.jsonl", groups)
             return groups, (received[0] if received else None)
     finally:
         if sink is not None:
             sink.close()
 
 
-def build_report(config: EvalConfig, groups: Sequence[Sequence[Trajectory]]) -> dict:
-    """The JSON report: ``mean_reward``; ``num_tasks`` and ``num_infra_failures`` (tasks whose
-    every attempt failed that way); ``num_attempts``, ``num_infra_failed_attempts`` and
-    ``num_invalid_rewards`` (attempts); per task ``task_id``, ``reward``, ``infra_failure``
-    and the attempts."""
-    rows = []
-    for group in groups:
-        scored = [_score(result) for result in group if not result.infra_failure]
-        rows.append(
-            {
-                "task_id": group[0].task_id,
-                "reward": sum(scored) / len(scored) if scored else None,
-                "infra_failure": not scored,
-                "attempts": [_attempt(result) for result in group],
-            }
-        )
-    rewards = [row["reward"] for row in rows if row["reward"] is not None]
-    attempts = [attempt for row in rows for attempt in row["attempts"]]
-    return {
-        "suite": config.suite,
-        "agent": config.agent,
-        "sandbox": config.sandbox,
-        "k": config.k,
-        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-        "num_tasks": len(rows),
-        "num_infra_failures": sum(row["infra_failure"] for row in rows),
-        "num_attempts": len(attempts),
-        "num_infra_failed_attempts": sum(a["infra_failure"] for a in attempts),
-        "num_invalid_rewards": sum(
-            "reward_invalid" in a and not a["infra_failure"] for a in attempts
-        ),
-        "infra_failures_excluded_from_mean": True,
-        "tasks": rows,
-    }
+@contextlib.contextmanager
+def _agent(config: EvalConfig) -> Any:
+    if config.agent != "policy":
+        from environments.agents import make_agent
+
+        yield make_agent(config.agent)
+        return
+    from harness.policy_eval import PolicyEvaluator
+
+    with PolicyEvaluator(config.checkpoint, seed=config.seed, concurrency=config.concurrency,
+                         max_new_tokens=config.max_new_tokens,
+                         temperature=config.temperature) as evaluator:  # fmt: skip
+        yield evaluator.agent
 
 
-def _score(result: Trajectory) -> float:
-    """The attempt's reward in the means: a non-finite one scores 0, so it cannot raise them."""
-    return result.reward if math.isfinite(result.reward) else 0.0
+def record(report: dict[str, Any], config: EvalConfig, task_ids: list[str],
+           db: str | None) -> None:  # fmt: skip
+    """Append the result to the leaderboard."""
+    from leaderboard.store import Entry, Store, suite_version
 
-
-def _attempt(result: Trajectory) -> dict[str, Any]:
-    attempt: dict[str, Any] = {
-        "episode_id": result.episode_id,
-        "reward": result.reward,
-        "infra_failure": result.infra_failure,
-        "stop_reason": result.stop_reason,
-        "num_turns": len(result.turns),
-    }
-    if not math.isfinite(result.reward):
-        attempt["reward"] = None
-        attempt["reward_invalid"] = (
-            f"non-finite reward ({result.reward!r}) of an infrastructure failure; not scored"
-            if result.infra_failure
-            else f"the grader returned a non-finite reward ({result.reward!r}); scored 0"
-        )
-    if "error" in result.details:
-        attempt["error"] = str(result.details["error"])
-    return attempt
-
-
-def summary(report: dict) -> tuple[int, str]:
-    """(exit code, the one-line summary): 1 when nothing was scored because no attempt ran or
-    every attempt was an infrastructure failure."""
-    attempts, failed = report["num_attempts"], report["num_infra_failed_attempts"]
-    if attempts == 0:
-        return 1, "eval: FAILED: no attempt ran"
-    if failed == attempts:
-        errors = [a.get("error", "") for row in report["tasks"] for a in row["attempts"]]
-        first = next((e.splitlines()[0] for e in errors if e.strip()), "no error recorded")
-        return 1, f"eval: FAILED: all {attempts} attempts were infrastructure failures: {first}"
-    mean = report["mean_reward"]
-    scored = report["num_tasks"] - report["num_infra_failures"]
-    line = (
-        f"eval: mean reward {'n/a' if mean is None else f'{mean:.3f}'} over "
-        f"{scored}/{report['num_tasks']} tasks; {failed}/{attempts} attempts infra-failed"
-    )
-    if report["num_invalid_rewards"]:
-        line += f", {report['num_invalid_rewards']} non-finite"
-    return 0, line
-
-
-def report_table(report: dict) -> list[str]:
-    """Per task: the reward and the first infrastructure error, in at most 80 columns."""
-    header = ["task", "reward", "infra failure"]
-    rows = []
-    for row in report["tasks"]:
-        reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
-        errors = [a["error"] for a in row["attempts"] if a["infra_failure"] and "error" in a]
-        failure = ("yes: " + errors[0].splitlines()[0]) if errors else "no"
-        rows.append([row["task_id"], reward, failure])
-    title = f"{report['suite']} · agent {report['agent']} · {report['sandbox']}"
-    lines = [fit(title), *plain_table(header, rows, [28, 6, 42])]
-    if report["num_infra_failed_attempts"] or report["num_invalid_rewards"]:
-        lines.append(
-            "infra-failed attempts are excluded from the means; non-finite rewards score 0"
-        )
-    return lines
+    keys = ("mean_reward", "k", "num_tasks", "num_attempts", "num_infra_failed_attempts", "strict")
+    metrics = {key: report[key] for key in keys}
+    metrics.update({f"pass@{k}": v for k, v in report["pass_at_k"].items()})
+    subject = Path(config.checkpoint).name if config.checkpoint else config.agent
+    entry = Entry(kind="eval", suite=config.suite, suite_version=suite_version(task_ids),
+                  subject=subject, metrics=metrics, config=dataclasses.asdict(config),
+                  checkpoint=config.checkpoint)  # fmt: skip
+    with Store(db) as store:
+        entry_id = store.append(entry)
+    print(f"eval: leaderboard row #{entry_id} in {store.path}", file=sys.stderr)

@@ -9,6 +9,7 @@ the evaluation's seed), so the same checkpoint, tasks and seed give the same epi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,6 +91,81 @@ class PolicyEvaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *,
+                 concurrency: int) -> list[list[Trajectory]]:  # fmt: skip
+    """``k`` attempts per task, up to ``concurrency`` at once; per task, in order. Attempt s of
+    task t is episode ``v-g{t}-e{s}`` with reset seed ``1000 t + s`` (and the policy's
+    sampling seeded by that id), whoever runs it."""
+    jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
+
+    def attempt(job: tuple[int, int]) -> Trajectory:
+        t, s = job
+        return runner.run_episode(
+            tasks[t],
+            group_id=f"{EVAL_PREFIX}-g{t}",
+            group_size=k,
+            episode_id=f"{EVAL_PREFIX}-g{t}-e{s}",
+            seed=t * 1000 + s,
+        )
+
+    with ThreadPoolExecutor(max(1, min(concurrency, len(jobs)))) as pool:
+        results = list(pool.map(attempt, jobs))
+    return [results[t * k : (t + 1) * k] for t in range(len(tasks))]
+
+
+class Transcripts:
+    """An agent that records each episode's conversation as text, for ``attempts.jsonl``."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.conversations: dict[str, list[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def policy_version(self) -> int:
+        return self.agent.policy_version
+
+    def act(self, task: Any, messages: Sequence[Any], *, episode_id: str) -> Any:
+        action = self.agent.act(task, messages, episode_id=episode_id)
+        with self._lock:
+            self.conversations[episode_id] = [(m.role, m.content) for m in messages] + [
+                ("assistant", action.text)
+            ]
+        return action
+
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        return self.agent.encode_prompt(text)
+
+    def encode_observation(self, text: str) -> tuple[int, ...]:
+        return self.agent.encode_observation(text)
+
+    def write(self, path: Path, groups: Sequence[Sequence[Trajectory]]) -> None:
+        """One JSON line per attempt: outcome, grade details (grading logs) and conversation."""
+        from thundersync.cli_output import strict_json
+
+        with path.open("w", encoding="utf-8") as fh:
+            for group in groups:
+                for t in group:
+                    record = {
+                        "episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward,
+                        "infra_failure": t.infra_failure, "stop_reason": t.stop_reason,
+                        "num_turns": len(t.turns), "details": _plain(t.details),
+                        "conversation": self.conversations.get(t.episode_id, []),
+                    }  # fmt: skip
+                    fh.write(strict_json(record, indent=None) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able: containers kept, anything else as its string."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def draw_eval_tasks(make_env: Callable[[], Any], num_tasks: int, *, seed: int = 0) -> list[Any]:

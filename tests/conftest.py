@@ -22,6 +22,20 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _leaderboard_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
+    """Commands append to the leaderboard by default: keep the tests' rows out of the checkout
+    (subprocesses inherit the variable)."""
+    path = tmp_path_factory.mktemp("leaderboard") / "leaderboard.sqlite"
+    previous = os.environ.get("THUNDERSYNC_LEADERBOARD")
+    os.environ["THUNDERSYNC_LEADERBOARD"] = str(path)
+    yield
+    if previous is None:
+        os.environ.pop("THUNDERSYNC_LEADERBOARD", None)
+    else:
+        os.environ["THUNDERSYNC_LEADERBOARD"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """Tiny checkpoints built once per session: {"gpt2": Path, "qwen3": Path, "llama": Path}."""

@@ -8,6 +8,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from thundersync.cli_output import HelpFormatter
+
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     from environments.registry import list_envs
@@ -36,22 +38,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return run_verify_command(args)
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from harness.eval import run_eval_command
-
-    return run_eval_command(args)
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where its help already says what happens without
-    it (an option with no default value, or a required one)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.required or action.default is None or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="thundersync",
@@ -61,7 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_envs(sub)
     _add_verify(sub)
-    _add_eval(sub)
     _add_others(sub)
     return parser
 
@@ -70,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_others(sub: argparse._SubParsersAction) -> None:
     """Subcommands whose parsers live next to their code (each module is light to import)."""
     from harness.compare_command import add_compare_parser
+    from harness.eval import add_eval_parser
     from harness.simulate import add_simulate_parser
     from harness.timeline import add_timeline_parser
     from leaderboard.command import add_leaderboard_parser
     from thundersync.training.command import add_train_parser, add_warmstart_parser
 
+    add_eval_parser(sub)
     add_train_parser(sub)
     add_warmstart_parser(sub)
     add_compare_parser(sub)
@@ -131,61 +118,6 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
         help="print a JSON report on stdout; the verdict goes to stderr",
     )
     verify.set_defaults(func=_cmd_verify)
-
-
-def _add_eval(sub: argparse._SubParsersAction) -> None:
-    evaluate = sub.add_parser(
-        "eval",
-        help="run an agent on every task of a suite",
-        description="Run an agent on every task of a suite. Exit 0: attempts were scored; "
-        "1: no attempt ran or every attempt was an infrastructure failure; 2: bad input or "
-        "a missing sandbox prerequisite.",
-        formatter_class=HelpFormatter,
-    )
-    evaluate.add_argument(
-        "--suite",
-        required=True,
-        metavar="NAME|PATH",
-        help="a registered suite name or a folder of tasks (required)",
-    )
-    evaluate.add_argument(
-        "--agent",
-        choices=["oracle", "nop"],
-        default="oracle",
-        help="oracle runs each task's reference solution; nop submits at once",
-    )
-    evaluate.add_argument(
-        "--sandbox",
-        choices=["bwrap", "docker"],
-        default="bwrap",
-        help="where the agent's commands run",
-    )
-    evaluate.add_argument("-k", type=int, default=1, help="attempts per task")
-    evaluate.add_argument(
-        "--concurrency", type=int, default=2, metavar="N", help="episodes at once"
-    )
-    evaluate.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="folder for config.json, events.jsonl and results.json (default: write nothing)",
-    )
-    evaluate.add_argument(
-        "--json",
-        action="store_true",
-        help="print the JSON report on stdout; the summary goes to stderr",
-    )
-    evaluate.add_argument(
-        "--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
-        help="use the local image LOCAL where a task names the public image PUBLIC (repeatable; "
-        "also $THUNDERSYNC_IMAGE_ALIASES), e.g. ubuntu:24.04=thundersync/base:bookworm",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--strict", action="store_true",
-        help="grade strictly, as training does: a fresh sandbox with only the agent's work, "
-        "tampering scored 0 (default: as the benchmark's own harness, comparable numbers)",
-    )  # fmt: skip
-    evaluate.set_defaults(func=_cmd_eval)
 
 
 def exit_on_sigterm() -> None:

@@ -9,6 +9,7 @@ JSON parsers other than Python's reject).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -146,3 +147,13 @@ def _finite(value: Any) -> tuple[Any, str | None]:
                 problems.append(f"[{i}] {problem}")
         return items, ("; ".join(problems) or None)
     return value, None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where its help already says what happens without
+    it (an option with no default value, or a required one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)

@@ -202,3 +202,52 @@ def test_infra_failures_are_reported_and_excluded_from_the_mean():
     assert rows["c"]["reward"] == 0.5
     assert report["mean_reward"] == 0.75 and report["num_infra_failures"] == 1
     assert report["num_attempts"] == 6 and report["num_infra_failed_attempts"] == 3
+
+
+PLUGIN_DIR = ROOT / "tests" / "fixtures" / "plugin_env"
+
+
+@needs_bwrap
+def test_a_plugins_env_is_evaluated_by_id_as_a_new_user_would(tmp_path):
+    """A third-party package's env, named by its id: oracle 1, nop 0, through the real CLI."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGIN_DIR), str(ROOT)]))
+    scores = {}
+    for agent in ("oracle", "nop"):
+        done = subprocess.run(
+            [sys.executable, "-m", "thundersync.cli", "eval", "--env", "demoplugin/Greet-v0",
+             "--tasks", "2", "--agent", agent, "--json", "--no-leaderboard"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        scores[agent] = json.loads(done.stdout)["mean_reward"]
+    assert scores == {"oracle": 1.0, "nop": 0.0}
+
+
+def test_an_unknown_env_id_is_a_clear_error(capsys):
+    assert main(["eval", "--env", "nobody/Nothing-v0", "--no-leaderboard"]) == 2
+    assert "not a registered env" in capsys.readouterr().err
+
+
+@needs_bwrap
+def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, tmp_path, capsys):
+    from leaderboard.store import Store
+
+    out, db = tmp_path / "out", tmp_path / "lb.sqlite"
+    checkpoint = str(tiny_model_dirs["qwen3"])
+    code = main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
+                 "--tasks", "3", "-k", "2", "--max-new-tokens", "8", "--out", str(out),
+                 "--db", str(db), "--json"])  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["agent"] == "policy" and report["num_attempts"] == 6
+    assert set(report["pass_at_k"]) == {"1", "2"}
+    assert report["pass_at_k"]["1"] <= report["pass_at_k"]["2"]
+    attempts = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert sorted(a["episode_id"] for a in attempts) == [
+        f"v-g{t}-e{s}" for t in range(3) for s in range(2)
+    ]
+    assert all(a["conversation"][0][0] == "user" for a in attempts)
+    with Store(db) as store:
+        (entry,) = store.entries()
+    assert entry.kind == "eval" and entry.checkpoint == str(tiny_model_dirs["qwen3"])
+    assert entry.metrics["pass@2"] == report["pass_at_k"]["2"]

@@ -37,7 +37,9 @@ def canned(monkeypatch):
     """Make ``eval`` return ``groups`` without running a sandbox: (set_groups)."""
     state: dict = {"groups": []}
     monkeypatch.setattr(harness_eval, "sandbox_problem", lambda kind: None)
-    monkeypatch.setattr(harness_eval, "_run", lambda config, tasks, out: (state["groups"], None))
+    monkeypatch.setattr(
+        harness_eval, "_run", lambda config, make_env, tasks, out: (state["groups"], None)
+    )
     return lambda groups: state.update(groups=groups)
 
 

@@ -24,8 +24,7 @@ def test_every_option_shows_its_default_or_is_required(name):
             continue
         text = formatter._expand_help(action) if action.help else ""
         assert action.required or "(default: " in text, (
-            f"thundersync {name} {'/'.join(action.option_strings)}: help {text!r} hides its "
-            "default"
+            f"thundersync {name} {'/'.join(action.option_strings)}: help {text!r} hides its default"
         )
 
 
@@ -39,13 +38,12 @@ def test_help_names_the_defaults_users_rely_on(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["--agent", "policy"], ["--checkpoint", "some/dir"]],
-    ids=["agent-policy", "checkpoint"],
-)
-def test_eval_does_not_offer_options_that_do_nothing_yet(argv, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "--suite", "toy-sum", *argv])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "invalid choice: 'policy'" in err or "unrecognized arguments: --checkpoint" in err
+    "argv, message",
+    [(["--agent", "policy"], "--agent policy needs --checkpoint"),
+     (["--checkpoint", "some/dir"], "not a model folder"),
+     (["--checkpoint", "some/dir", "--agent", "nop"], "runs the policy agent, not --agent nop")],
+    ids=["policy-without-checkpoint", "checkpoint-not-a-model", "checkpoint-with-nop"],
+)  # fmt: skip
+def test_eval_refuses_a_policy_it_cannot_run(argv, message, capsys):
+    assert main(["eval", "--suite", "toy-sum", *argv]) == 2
+    assert message in capsys.readouterr().err

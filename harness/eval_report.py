@@ -1,0 +1,124 @@
+"""The report of ``thundersync eval``: per-task rewards, pass@k, attempt counts, the table and
+the one-line summary (docs/design.md §7)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from harness.passk import mean_pass_at_k
+from thundersync.cli_output import fit, plain_table
+from thundersync.types import Trajectory
+
+PASS = 1.0 - 1e-9
+"""An attempt passes (for pass@k) when its reward is 1: the task fully solved."""
+
+
+def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
+    """The JSON report: ``mean_reward``; ``pass_at_k`` for every k' <= k (the unbiased
+    estimator, over tasks with k' scored attempts); ``num_tasks`` and ``num_infra_failures``
+    (tasks whose every attempt failed that way); ``num_attempts``,
+    ``num_infra_failed_attempts`` and ``num_invalid_rewards`` (attempts); per task
+    ``task_id``, ``reward``, ``num_scored``, ``num_passed``, ``infra_failure`` and the
+    attempts. An attempt passes when its reward is 1 (the task fully solved)."""
+    rows = []
+    for group in groups:
+        scored = [_score(result) for result in group if not result.infra_failure]
+        rows.append(
+            {
+                "task_id": group[0].task_id,
+                "reward": sum(scored) / len(scored) if scored else None,
+                "num_scored": len(scored),
+                "num_passed": sum(r >= PASS for r in scored),
+                "infra_failure": not scored,
+                "attempts": [_attempt(result) for result in group],
+            }
+        )
+    outcomes = [[r >= PASS for r in (_score(a) for a in g if not a.infra_failure)]
+                for g in groups]  # fmt: skip
+    rewards = [row["reward"] for row in rows if row["reward"] is not None]
+    attempts = [attempt for row in rows for attempt in row["attempts"]]
+    return {
+        "suite": config.suite,
+        "agent": config.agent,
+        "checkpoint": config.checkpoint,
+        "sandbox": config.sandbox,
+        "strict": config.strict,
+        "k": config.k,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "pass_at_k": {str(k): mean_pass_at_k(outcomes, k) for k in range(1, config.k + 1)},
+        "num_tasks": len(rows),
+        "num_infra_failures": sum(row["infra_failure"] for row in rows),
+        "num_attempts": len(attempts),
+        "num_infra_failed_attempts": sum(a["infra_failure"] for a in attempts),
+        "num_invalid_rewards": sum(
+            "reward_invalid" in a and not a["infra_failure"] for a in attempts
+        ),
+        "infra_failures_excluded_from_mean": True,
+        "tasks": rows,
+    }
+
+
+def _score(result: Trajectory) -> float:
+    """The attempt's reward in the means: a non-finite one scores 0, so it cannot raise them."""
+    return result.reward if math.isfinite(result.reward) else 0.0
+
+
+def _attempt(result: Trajectory) -> dict[str, Any]:
+    attempt: dict[str, Any] = {
+        "episode_id": result.episode_id,
+        "reward": result.reward,
+        "infra_failure": result.infra_failure,
+        "stop_reason": result.stop_reason,
+        "num_turns": len(result.turns),
+    }
+    if not math.isfinite(result.reward):
+        attempt["reward"] = None
+        attempt["reward_invalid"] = (
+            f"non-finite reward ({result.reward!r}) of an infrastructure failure; not scored"
+            if result.infra_failure
+            else f"the grader returned a non-finite reward ({result.reward!r}); scored 0"
+        )
+    if "error" in result.details:
+        attempt["error"] = str(result.details["error"])
+    return attempt
+
+
+def summary(report: dict) -> tuple[int, str]:
+    """(exit code, the one-line summary): 1 when nothing was scored because no attempt ran or
+    every attempt was an infrastructure failure."""
+    attempts, failed = report["num_attempts"], report["num_infra_failed_attempts"]
+    if attempts == 0:
+        return 1, "eval: FAILED: no attempt ran"
+    if failed == attempts:
+        errors = [a.get("error", "") for row in report["tasks"] for a in row["attempts"]]
+        first = next((e.splitlines()[0] for e in errors if e.strip()), "no error recorded")
+        return 1, f"eval: FAILED: all {attempts} attempts were infrastructure failures: {first}"
+    mean = report["mean_reward"]
+    scored = report["num_tasks"] - report["num_infra_failures"]
+    line = (
+        f"eval: mean reward {'n/a' if mean is None else f'{mean:.3f}'} over "
+        f"{scored}/{report['num_tasks']} tasks; {failed}/{attempts} attempts infra-failed"
+    )
+    if report["num_invalid_rewards"]:
+        line += f", {report['num_invalid_rewards']} non-finite"
+    return 0, line
+
+
+def report_table(report: dict) -> list[str]:
+    """Per task: the reward and the first infrastructure error, in at most 80 columns."""
+    header = ["task", "reward", "infra failure"]
+    rows = []
+    for row in report["tasks"]:
+        reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
+        errors = [a["error"] for a in row["attempts"] if a["infra_failure"] and "error" in a]
+        failure = ("yes: " + errors[0].splitlines()[0]) if errors else "no"
+        rows.append([row["task_id"], reward, failure])
+    title = f"{report['suite']} · agent {report['agent']} · {report['sandbox']}"
+    lines = [fit(title), *plain_table(header, rows, [28, 6, 42])]
+    if report["num_infra_failed_attempts"] or report["num_invalid_rewards"]:
+        lines.append(
+            "infra-failed attempts are excluded from the means; non-finite rewards score 0"
+        )
+    return lines
