@@ -14,11 +14,20 @@ vocabulary for a word-level tokenizer): ``lookup KEY``, ``calc A+B``, ``answer N
 ``reference_solution()`` is the oracle's play. A latency knob adds a fixed (``sigma=0``) or
 log-normal delay (median ``*_latency_s``) to every tool call and every grading, drawn from a
 generator seeded at reset, to build long-tail workloads.
+
+``tools="python"`` runs the three tools in-process instead of as scripts in a sandbox: an
+interpreter of exactly ``lookup``, ``calc``, ``answer`` (and the grader's ``cat answer.txt``),
+with the scripts' outputs and exit codes, and ``command not found`` (127) for anything else;
+no shell and no process is ever started. Workloads that measure a training pipeline use it
+with the latency knob, so what they time is rollout, tools' latency and learning, not
+sandbox start-up costs.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -201,10 +210,14 @@ class _ToyEnv(ShellEnv):
         max_episode_s: float | None = None,
         max_format_errors: int = 3,
         strict_grading: bool = True,
+        tools: str = "sandbox",
         **task_kwargs: Any,
     ) -> None:
+        if tools not in ("sandbox", "python"):
+            raise ValueError(f"tools: expected 'sandbox' or 'python', got {tools!r}")
         super().__init__(
-            sandbox=sandbox, max_episode_s=max_episode_s, max_format_errors=max_format_errors,
+            sandbox=(lambda spec: InProcessTools(self)) if tools == "python" else sandbox,
+            max_episode_s=max_episode_s, max_format_errors=max_format_errors,
             strict_grading=strict_grading,
         )  # fmt: skip
         self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
@@ -227,11 +240,87 @@ class _ToyEnv(ShellEnv):
         return replace(result, duration_s=result.duration_s + delay)
 
 
+class InProcessTools:
+    """The toy's tools as an in-process workspace (a ``Sandbox`` that runs no process):
+    ``lookup KEY``, ``calc EXPR`` and ``answer N`` behave as the sandbox scripts do, the
+    grader's ``cat answer.txt`` reads the answer, setup succeeds, anything else is ``command
+    not found``. Only the command's first word and first argument count, as ``$1`` does."""
+
+    workdir = SandboxSpec().workdir
+
+    def __init__(self, env: _ToyEnv) -> None:
+        self.env = env
+        self.answer: str | None = None
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        words = cmd.split()
+        if cmd.startswith("set -e\nmkdir -p bin"):  # the task's setup script
+            return ExecResult("", 0, False, 0.0)
+        if not words:
+            return ExecResult("", 0, False, 0.0)
+        name, arg = words[0], (words[1] if len(words) > 1 else "")
+        if name == "cat" and arg == "answer.txt":
+            if self.answer is None:
+                return ExecResult("cat: answer.txt: No such file or directory\n", 1, False, 0.0)
+            return ExecResult(f"{self.answer}\n", 0, False, 0.0)
+        if name == "lookup":
+            value = dict(self.env.task.table).get(arg) if re.fullmatch(r"[a-z0-9]+", arg) else None
+            if value is None:
+                return ExecResult(f"unknown key {arg}\n", 1, False, 0.0)
+            return ExecResult(f"{value}\n", 0, False, 0.0)
+        if name == "calc":
+            total = _arithmetic(arg) if re.fullmatch(r"[0-9+*-]+", arg) else None
+            if total is None:
+                return ExecResult(f"bad expression {arg}\n", 1, False, 0.0)
+            return ExecResult(f"{total}\n", 0, False, 0.0)
+        if name == "answer":
+            self.answer = arg
+            return ExecResult("THUNDERSYNC_SUBMIT\n", 0, False, 0.0)
+        return ExecResult(f"bash: line 1: {name}: command not found\n", 127, False, 0.0)
+
+    def upload(self, src: Any, dst: str) -> None:
+        raise SandboxError("in-process toy tools hold no files")
+
+    def download(self, src: str, dst: Any) -> None:
+        raise SandboxError("in-process toy tools hold no files")
+
+    def close(self) -> None:
+        self.answer = None
+
+
+def _arithmetic(expression: str) -> int | None:
+    """+, - and * of integers (what the calc script's ``$(( ))`` computes for its inputs),
+    or None for anything else (``**``, a huge number, bad syntax)."""
+    try:
+        tree = ast.parse(expression, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and node.value < 2**31:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
+            a, b = value(node.left), value(node.right)
+            result = a + b if isinstance(node.op, ast.Add) else a - b if isinstance(
+                node.op, ast.Sub) else a * b  # fmt: skip
+            if abs(result) >= 2**63:
+                raise ValueError("overflow")
+            return result
+        raise ValueError("not plain arithmetic")
+
+    try:
+        return value(tree)
+    except ValueError:
+        return None
+
+
 class ToySumEnv(_ToyEnv):
     """``thundersync/ToySum-v0``: look up two keys, add them, answer (see module docstring).
 
     Keyword arguments: ``num_keys`` (table size, default 6), ``max_value`` (default 9), the
-    latency knob and ``sandbox``.
+    latency knob, ``sandbox`` and ``tools`` (``"sandbox"`` or ``"python"``).
     """
 
     def draw_task(self, rng: np.random.Generator) -> ToyTask:
@@ -241,8 +330,8 @@ class ToySumEnv(_ToyEnv):
 class ToyChainEnv(_ToyEnv):
     """``thundersync/ToyChain-v0``: follow a chain of keys to a number (see module docstring).
 
-    Keyword arguments: ``max_hops`` (default 3), ``max_value`` (default 9), the latency knob
-    and ``sandbox``.
+    Keyword arguments: ``max_hops`` (default 3), ``max_value`` (default 9), the latency knob,
+    ``sandbox`` and ``tools``.
     """
 
     def draw_task(self, rng: np.random.Generator) -> ToyTask:

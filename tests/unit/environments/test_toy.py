@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,35 @@ def test_toy_sum_suite_is_fixed():
     suite = toy_sum_suite()
     assert len(suite) == 8 and [t.task_id for t in suite] == [t.task_id for t in toy_sum_suite()]
     assert len({t.task_id for t in suite}) == 8
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing")
+def test_in_process_tools_answer_as_the_sandbox_scripts_do():
+    """tools='python' is the same env without processes: the same observations, exit codes
+    and rewards for the tools' commands, bad arguments included."""
+    from environments.actions import format_action
+    from environments.toy import ToySumEnv
+
+    commands = ["lookup {key}", "lookup nokey", "lookup ../x", "calc 3+4", "calc 12-5*2",
+                "calc 1/2", "calc", "answer {total}"]  # fmt: skip
+    outcomes = {}
+    for tools in ("sandbox", "python"):
+        env = ToySumEnv(tools=tools)
+        env.reset(seed=3)
+        task = env.unwrapped.task
+        key, total = task.table[0][0], task.answer
+        steps = []
+        for command in commands:
+            obs, reward, terminated, truncated, info = env.step(
+                format_action(command.format(key=key, total=total))
+            )
+            steps.append((obs, reward, terminated, info["tool"]["exit_code"]))
+        outcomes[tools] = steps
+        env.close()
+    assert outcomes["python"] == outcomes["sandbox"]
+    assert outcomes["python"][-1][1:] == (1.0, True, 0)
+    env = ToySumEnv(tools="python")
+    env.reset(seed=3)
+    obs, *_, info = env.step(format_action("ls /"))
+    assert info["tool"]["exit_code"] == 127 and "command not found" in obs
+    env.close()
