@@ -23,12 +23,32 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# The demo's workload: ToySum with in-process tools and heavy-tailed tool and grading latencies
+# (log-normal), so the comparison times the training pipeline, not sandbox start-up.
+DEMO       ?= demo-out
+DEMO_DB    := $(DEMO)/leaderboard.sqlite
+DEMO_ENV   := thundersync/ToySum-v0
+DEMO_STEPS ?= 10
+DEMO_SEEDS ?= 2
+DEMO_WORKLOAD := {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5, "grade_latency_s": 0.3, "grade_latency_sigma": 1.0}
+DEMO_TRAIN := --env $(DEMO_ENV) --env-kwargs '$(DEMO_WORKLOAD)' --model $(DEMO)/warm-model \
+              --steps $(DEMO_STEPS) --tasks-per-step 8 --group-size 8 --lr 1e-3 --max-new-tokens 16
+DEMO_LAST  := $(DEMO)/compare/runs/streaming-seed0/checkpoints/step-$(shell printf %06d $(DEMO_STEPS))
+
 demo: install
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/thundersync envs
 	$(BIN)/thundersync verify --trials 1 --deterministic
-	$(BIN)/python benchmarks/learner_overhead.py --repeats 3 --groups 4
-	$(BIN)/thundersync eval --suite tb1-mini --agent oracle
-	$(BIN)/thundersync eval --suite tb1-mini --agent nop
+	$(BIN)/thundersync eval --suite tb1-mini --agent oracle --db $(DEMO_DB)
+	$(BIN)/thundersync eval --suite tb1-mini --agent nop --db $(DEMO_DB)
+	$(BIN)/thundersync warmstart --env $(DEMO_ENV) --out $(DEMO)/warm-model --hidden-size 128
+	$(BIN)/thundersync compare $(DEMO_TRAIN) --modes sync,async,streaming --seeds $(DEMO_SEEDS) \
+	    --target 0.6 --eval-every 2 --eval-tasks 32 --out $(DEMO)/compare --db $(DEMO_DB)
+	$(BIN)/thundersync eval --env $(DEMO_ENV) --env-kwargs '{"tools": "python"}' \
+	    --checkpoint $(DEMO_LAST) --tasks 32 --db $(DEMO_DB) --out $(DEMO)/eval-final
+	$(BIN)/thundersync leaderboard --db $(DEMO_DB) --html $(DEMO)/leaderboard
+	@echo "demo: everything is under $(DEMO)/: compare/results.json, compare/*.png,"
+	@echo "demo: leaderboard/index.html, the warm model and every run's checkpoints"
 
 test: install
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm and not browser" $(PYTEST_ARGS)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import shutil
 import signal
 import sys
@@ -70,6 +71,8 @@ class EvalConfig:
     """A registered env id whose held-out tasks are drawn (``--env``; else a suite)."""
     num_tasks: int = 32
     """Held-out tasks drawn from ``env``."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for ``gymnasium.make(env, ...)``."""
     max_new_tokens: int = 48
     """Most tokens of one policy action."""
     temperature: float = 1.0
@@ -95,6 +98,13 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         "held-out tasks (default: none; --suite or --env is required)")  # fmt: skip
     parser.add_argument("--tasks", type=int, default=32, metavar="N",
                         help="held-out tasks drawn from --env")  # fmt: skip
+    parser.add_argument(
+        "--env-kwargs",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for gymnasium.make(--env, ...)",
+    )
     parser.add_argument("--agent", choices=["oracle", "nop", "policy"], default=None,
                         help="oracle runs each task's reference solution; nop submits at once; "
                              "policy runs --checkpoint (default: policy with --checkpoint, "
@@ -142,6 +152,16 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         help="print the JSON report on stdout; the summary goes to stderr",
     )
     parser.set_defaults(func=run_eval_command)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _fail(message: str) -> int:
@@ -200,7 +220,8 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         args.suite or args.env, agent, args.sandbox, args.k, concurrency, seed=args.seed,
         strict=args.strict, image_aliases=tuple(args.image_alias), checkpoint=args.checkpoint,
-        env=args.env, num_tasks=args.tasks, max_new_tokens=args.max_new_tokens,
+        env=args.env, num_tasks=args.tasks, env_kwargs=dict(args.env_kwargs),
+        max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
     )  # fmt: skip
 
@@ -266,7 +287,10 @@ def task_source(config: EvalConfig) -> tuple[Callable[[], Any], list[Any]]:
         raise ValueError(f"--env {config.env!r}: not a registered env (thundersync envs)")
 
     def make_env() -> Any:
-        return gymnasium.make(config.env, sandbox=config.sandbox, strict_grading=config.strict)
+        return gymnasium.make(
+            config.env,
+            **{"sandbox": config.sandbox, "strict_grading": config.strict, **config.env_kwargs},
+        )
 
     try:
         return make_env, draw_eval_tasks(make_env, config.num_tasks, seed=config.seed)
