@@ -12,6 +12,7 @@ from thundersync import (
     IncompleteBatchError,
     InvalidEventError,
     Learner,
+    NonFiniteGradientError,
     StaleTokenError,
 )
 from thundersync import events as ev
@@ -201,3 +202,104 @@ def step_grad(model) -> torch.Tensor:
 def _group(events, reward_event) -> str:
     return next(e.group_id for e in events
                 if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id)
+
+
+# --- a non-finite gradient, resuming, memory -------------------------------------------------
+
+
+NON_FINITE = {
+    "sync": (GRPO(), {"streaming": False}),
+    "streaming": (GRPO(), {"streaming": True}),
+    "deterministic-streaming": (GRPO(), {"streaming": True, "deterministic": True}),
+    "off-policy": (GRPO(), {"streaming": False, "max_staleness": 1}),
+    "opd-sync": (OPD(), {"streaming": False}),
+    "opd-streaming": (OPD(granularity="turn"), {"streaming": True}),
+}
+
+
+@pytest.mark.parametrize("objective,options", NON_FINITE.values(), ids=NON_FINITE.keys())
+def test_a_non_finite_gradient_steps_nothing_and_the_next_batch_steps(model, objective, options):
+    teacher = isinstance(objective, OPD)
+    first, second = (random_batch(11 + v, model.config.vocab_size, SHAPE, teacher=teacher,
+                                  policy_version=v) for v in (0, 1))  # fmt: skip
+    lrn = Learner(model, objective, torch.optim.Adam(model.parameters(), lr=1e-3), **options)
+    for e in first:
+        lrn.consume(e)
+    lrn.step()  # the optimizer now has state, and every parameter a .grad
+    params = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = {k: v.clone() for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
+             if torch.is_tensor(v)}  # fmt: skip
+    state_before = [v.clone() for v in state.values()]
+    poisoned = next(iter(model.parameters()))
+    hook = poisoned.register_hook(lambda g: torch.full_like(g, float("nan")))
+    try:
+        for e in second:
+            lrn.consume(e)
+        with pytest.raises(NonFiniteGradientError, match="no optimizer step.*policy_version"):
+            lrn.step()
+    finally:
+        hook.remove()
+    assert all(torch.equal(a, p) for a, p in zip(params, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    after = {k: v for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
+             if torch.is_tensor(v)}  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(state_before, after.values()))
+    assert (lrn.policy_version, lrn.num_steps) == (1, 1)
+    for e in second:  # the dropped batch's episodes are new to the learner
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert (metrics["step"], metrics["policy_version"]) == (1, 2)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_resumed_learner_continues_numbering_and_version(model):
+    lrn = learner(model, policy_version=7, num_steps=3)
+    events = random_batch(0, model.config.vocab_size, SHAPE, policy_version=7)
+    for e in events:
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert (metrics["step"], metrics["policy_version"]) == (3, 8)
+    assert (lrn.num_steps, lrn.policy_version) == (4, 8)
+    with pytest.raises(StaleTokenError, match="version 7.*version 8"):
+        lrn.consume(next(e for e in events if isinstance(e, ev.EpisodeStarted)))
+
+
+@pytest.mark.parametrize("options", [{"policy_version": -1}, {"num_steps": 1.5},
+                                     {"max_staleness": True}, {"micro_batch_size": 0}])
+def test_bad_options_are_refused_by_name(model, options):
+    with pytest.raises(ValueError, match=next(iter(options))):
+        learner(model, **options)
+
+
+def test_no_copy_of_the_gradient_outlives_a_step(model):
+    """.grad holds the step's gradient without a clone per parameter: views of one vector at
+    the first step, then the same .grad tensors, written in place; no last_gradient."""
+    for p in model.parameters():
+        p.grad = None
+    lrn = learner(model, streaming=False)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    lrn.step()
+    assert lrn.last_gradient is None
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(storages) == 1
+    grads = [p.grad for p in model.parameters()]
+    lrn2 = learner(model, streaming=True)
+    for e in informative_batch(model, seed=5):
+        lrn2.consume(e)
+    lrn2.step()
+    assert all(g is p.grad for g, p in zip(grads, model.parameters()))
+    assert lrn2.last_gradient is None
+
+
+def test_keep_last_gradient_keeps_a_separate_copy(model):
+    lrn = learner(model, max_grad_norm=None, keep_last_gradient=True)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    lrn.step()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.equal(lrn.last_gradient, grads) and float(grads.norm()) > 0
+    for p in model.parameters():
+        p.grad.zero_()
+    assert float(lrn.last_gradient.norm()) > 0
