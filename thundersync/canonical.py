@@ -145,9 +145,10 @@ class CanonicalGRPO:
         return total, trained
 
     def _piece(self, rec: EpisodeRecord) -> Piece:
-        return grpo_piece(
-            self.ctx.policy, self.objective, rec.trajectory(), self.ctx.reference, self.ctx.stats
-        )
+        started, ctx = ev.now(), self.ctx
+        piece = grpo_piece(ctx.policy, self.objective, rec.trajectory(), ctx.reference, ctx.stats)
+        ctx.published(rec.episode_id, None, started)
+        return piece
 
     def _drop_if_degenerate(self, gid: str, size: int) -> None:
         """Dynamic sampling: free the pieces of a group it drops, once all rewards are in."""

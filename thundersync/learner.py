@@ -71,7 +71,8 @@ __all__ = ["IncompleteBatchError", "Learner", "StaleTokenError"]
 
 
 class Learner:
-    """See the module docstring.
+    """See the module docstring. In every strategy an infra-failed GRPO episode is dropped
+    from its group and the group's statistics are over the rest; OPD ignores the flag.
 
     Options past the public four: ``reference`` (the frozen model of GRPO's KL term);
     ``deterministic``; ``early_start``, ``eager`` and ``buffer_budget_bytes`` (streaming only,

@@ -90,7 +90,7 @@ BAD_VALUES = [
     (ev.TurnCompleted, "policy_version", False),
     (ev.EpisodeStarted, "prompt_ids", (5, 6.0, 7)),
     (ev.EpisodeStarted, "group_size", 2.0),
-    (ev.EpisodeStarted, "group_size", True),
+    (ev.EpisodeStarted, "group_size", True, "e0"),  # the first member sets the group's size
     (ev.ToolFinished, "observation_ids", "vocab"),
     (ev.ToolFinished, "duration_s", NAN),
     (ev.EpisodeCompleted, "num_turns", 2.0),
@@ -98,17 +98,18 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-@pytest.mark.parametrize("kind,field,value", BAD_VALUES)
-def test_a_bad_value_is_refused_and_the_learner_goes_on(model, streaming, kind, field, value):
+@pytest.mark.parametrize("case", BAD_VALUES, ids=lambda c: f"{c[0].__name__}-{c[1]}-{c[2]!r}")
+def test_a_bad_value_is_refused_and_the_learner_goes_on(model, streaming, case):
+    kind, field, value, eid = (*case, "e1") if len(case) == 3 else case
     events = batch()
-    good = first(events, kind)
+    good = first(events, kind, eid)
     value = (9, vocab(model)) if value == "vocab" else value
     bad = dataclasses.replace(good, **{field: value})
     learner = make(model, streaming=streaming)
     at = events.index(good)
     for e in events[:at]:
         learner.consume(e)
-    with pytest.raises(InvalidEventError, match=rf"episode_id='e1'.*{field}"):
+    with pytest.raises(InvalidEventError, match=rf"episode_id='{eid}'.*{field}"):
         learner.consume(bad)
     for e in events[at:]:  # the corrected event, then the rest
         learner.consume(e)
