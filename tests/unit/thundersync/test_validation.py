@@ -32,14 +32,29 @@ def episode(eid: str, reward: float, *, teacher: bool = False, prompt=(5, 6, 7),
         policy_version=0,
     )]  # fmt: skip
     for k, action in enumerate(actions):
-        out.append(ev.TurnCompleted(episode_id=eid, turn=k, action_ids=action,
-                                    action_logprobs=(-1.5,) * len(action), policy_version=0))
+        out.append(
+            ev.TurnCompleted(
+                episode_id=eid,
+                turn=k,
+                action_ids=action,
+                action_logprobs=(-1.5,) * len(action),
+                policy_version=0,
+            )
+        )
         if teacher:
             out.append(ev.TeacherScored(episode_id=eid, turn=k,
                                         teacher_logprobs=(-0.5,) * len(action)))  # fmt: skip
         if k < len(observations):
-            out.append(ev.ToolFinished(episode_id=eid, turn=k, observation_ids=observations[k],
-                                       duration_s=0.01, exit_code=0, timed_out=False))
+            out.append(
+                ev.ToolFinished(
+                    episode_id=eid,
+                    turn=k,
+                    observation_ids=observations[k],
+                    duration_s=0.01,
+                    exit_code=0,
+                    timed_out=False,
+                )
+            )
     out.append(ev.EpisodeCompleted(episode_id=eid, num_turns=len(actions), stop_reason="x"))
     out.append(ev.RewardReady(episode_id=eid, reward=reward))
     return out
@@ -113,8 +128,9 @@ def test_a_bad_value_is_refused_and_the_learner_goes_on(model, streaming, case):
         learner.consume(bad)
     for e in events[at:]:  # the corrected event, then the rest
         learner.consume(e)
-    assert torch.equal(step_grad(learner, model), clean_gradient(model, events,
-                                                                 streaming=streaming))
+    assert torch.equal(
+        step_grad(learner, model), clean_gradient(model, events, streaming=streaming)
+    )
 
 
 @pytest.mark.parametrize("streaming", [False, True])
