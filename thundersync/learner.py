@@ -88,13 +88,14 @@ class Learner:
     ``step()`` returns the metrics: ``step``, ``policy_version``, ``grad_norm`` (before
     clipping), ``num_trajectories``, ``num_groups``, ``num_tokens``, ``denominator``,
     ``reward_mean``, ``learner_time_s``, ``peak_buffer_bytes``, ``buffer_bytes``,
-    ``staleness_histogram`` ({versions behind: action tokens}, string keys),
-    ``max_staleness_seen``, ``clip_fraction`` (trained action tokens whose PPO ratio was
-    clipped; 0.0 on-policy), and the engine-vs-learner mismatch over the trained action tokens
-    whose log-probs the learner computed (``num_compared_tokens``; a trajectory with zero
-    advantage and no KL term needs no forward on the batched path): ``logprob_mismatch_mean``
-    and ``logprob_mismatch_max`` of |log π_learner − log π_sampler|, and
-    ``kl_sampler_learner``, the mean k3 estimate of KL(π_sampler ‖ π_learner). The mismatch
+    ``staleness_histogram`` ({versions behind: action tokens} over every action token the
+    batch consumed, trained or not; string keys), ``max_staleness_seen``, ``clip_fraction``
+    (the fraction of trained action tokens whose PPO ratio was clipped; 0.0 on-policy), and
+    the engine-vs-learner mismatch over the trained action tokens whose log-probs the learner
+    computed (``num_compared_tokens``; a trajectory with zero advantage and no KL term needs
+    no forward on the batched path): ``logprob_mismatch_mean`` and ``logprob_mismatch_max``
+    of |log π_learner − log π_sampler|, and ``kl_sampler_learner``, the mean k3 estimate of
+    KL(π_sampler ‖ π_learner) (None when no token was compared). The mismatch
     comes from forward passes the learner runs anyway, and is not exactness (streaming vs
     sync): it measures the rollout engine against the learner.
     """
@@ -227,7 +228,7 @@ class Learner:
             "learner_time_s": self.learner_time_s,
             "peak_buffer_bytes": self.pool.peak_bytes,
             "buffer_bytes": self.pool.buffer_bytes,
-            **staleness_metrics(trained, self.policy_version),
+            **staleness_metrics(self.episodes.records.values(), self.policy_version),
             **self.stats.summary({m.episode_id for m in trained}, sum(counts)),
         }
 

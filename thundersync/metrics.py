@@ -63,11 +63,11 @@ class TokenStats:
         }
 
 
-def staleness_metrics(trained: Iterable[EpisodeRecord], policy_version: int) -> dict[str, Any]:
+def staleness_metrics(episodes: Iterable[EpisodeRecord], policy_version: int) -> dict[str, Any]:
     """``staleness_histogram`` ({versions behind: action tokens}, keys as strings for JSON)
-    and ``max_staleness_seen`` (None without trained tokens)."""
+    over every action token of ``episodes``, and ``max_staleness_seen`` (None without any)."""
     histogram: dict[int, int] = {}
-    for rec in trained:
+    for rec in episodes:
         last = rec.num_turns if rec.num_turns is not None else len(rec.actions)
         for k, action in rec.actions.items():
             if k < last:
