@@ -135,6 +135,7 @@ class Learner:
         self.budget_bytes, self.publish = buffer_budget_bytes, publish
         self.policy_version, self.num_steps = policy_version, num_steps
         self.limits = _limits(self.policy, self.reference)
+        self.accepted_lag = _accepted_lag(streaming=streaming, max_staleness=max_staleness)
         self.make_strategy = choose_strategy(
             objective, streaming=streaming, deterministic=deterministic,
             max_staleness=max_staleness, early_start=early_start,
@@ -237,10 +238,12 @@ class Learner:
         step's gradient is allocated by the strategy at first use, not here."""
         numel = sum(p.numel() for p in self.policy.params)
         self.pool = BufferPool(numel, self.policy.dtype, self.policy.device, self.budget_bytes)
+        versions = None
+        if self.accepted_lag is not None:
+            versions = VersionWindow(self.policy_version, *self.accepted_lag)
         self.episodes = Assembler(
-            self.limits, needs_rewards=isinstance(self.objective, GRPO),
-            versions=_version_window(self.policy_version, self.streaming, self.max_staleness),
-        )  # fmt: skip
+            self.limits, needs_rewards=isinstance(self.objective, GRPO), versions=versions
+        )
         self.stats = TokenStats()
         self.strategy = self.make_strategy(BatchContext(
             self.policy, self.reference, self.pool, self.stats, self.micro_batch_size,
@@ -271,12 +274,12 @@ def choose_strategy(
     return partial(BatchGRPO, objective=objective)
 
 
-def _version_window(version: int, streaming: bool, max_staleness: int) -> VersionWindow | None:
+def _accepted_lag(*, streaming: bool, max_staleness: int) -> tuple[int, str] | None:
+    """How many versions behind the learner a token may be, and why (None: not checked)."""
     if streaming:
-        why = "streaming trains only on tokens of the current policy (zero staleness)"
-        return VersionWindow(version, 0, why)
+        return 0, "streaming trains only on tokens of the current policy (zero staleness)"
     if max_staleness > 0:
-        return VersionWindow(version, max_staleness, f"max_staleness={max_staleness}")
+        return max_staleness, f"max_staleness={max_staleness}"
     return None  # on-policy sync trains on the batch it is given, as sampled by its version
 
 
