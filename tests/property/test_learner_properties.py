@@ -163,3 +163,34 @@ def test_the_jsonl_log_holds_lengths_not_token_arrays(tmp_path_factory, events):
             if hasattr(event, name):
                 assert name not in record
                 assert record[f"{name}_len"] == len(getattr(event, name))
+
+
+@given(
+    seed=st.integers(0, 10**6),
+    drains=st.lists(st.integers(0, 400), max_size=8),
+    opd=st.booleans(),
+    budget_buffers=st.sampled_from([None, 0, 2]),
+)
+def test_deterministic_streaming_drained_at_any_points_is_bitwise_sync(
+    model, seed, drains, opd, budget_buffers
+):
+    """What a training loop does (``eager=False``, ``drain()`` when its inbox runs dry) keeps
+    deterministic streaming bitwise equal to deterministic sync, within any budget."""
+    from thundersync import OPD
+
+    objective = OPD(granularity="turn") if opd else GRPO(kl_coef=0.0)
+    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
+    events = random_batch(seed, model.config.vocab_size, shape, teacher=opd)
+    numel = sum(p.numel() for p in model.parameters())
+    budget = None if budget_buffers is None else budget_buffers * numel * 8
+    sync, _, _ = run(model, objective, events, deterministic=True)
+    sync = sync.clone()
+    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
+                      streaming=True, deterministic=True, eager=False, max_grad_norm=None,
+                      buffer_budget_bytes=budget)  # fmt: skip
+    for i, event in enumerate(events):
+        learner.consume(event)
+        if i in drains:
+            learner.drain()
+    learner.step()
+    assert torch.equal(step_grad(model), sync)
