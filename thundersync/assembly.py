@@ -268,7 +268,7 @@ class Assembler:
         if length > limit:
             raise InvalidEventError(
                 f"{where}: episode {rec.episode_id!r}'s context would hold at least {length} "
-                f"tokens, more than the model's maximum of {limit} (max_position_embeddings)"
+                f"tokens, more than the model's maximum of {limit} (its position embeddings)"
             )
 
     # --- the batch -------------------------------------------------------------------------------
