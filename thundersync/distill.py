@@ -1,4 +1,6 @@
-"""Streaming on-policy distillation: each turn's gradient while that turn's tool call runs.
+"""On-policy distillation from pieces: streaming computes each turn's gradient while that
+turn's tool call runs; deterministic mode sums the pieces in canonical order (sync and
+streaming alike).
 
 Turn k's OPD terms depend only on the context up to action k and on the teacher's scores of
 action k, so its piece can be computed as soon as ``TeacherScored(turn=k)`` arrives, before
