@@ -9,21 +9,52 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["GRPO", "OPD", "IncompleteBatchError", "Learner", "StaleTokenError", "events"]
+__all__ = [
+    "GRPO",
+    "OPD",
+    "EventOrderError",
+    "IncompleteBatchError",
+    "InvalidEventError",
+    "InvariantError",
+    "Learner",
+    "NonFiniteGradientError",
+    "StaleTokenError",
+    "ThunderSyncError",
+    "events",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
     "GRPO": "thundersync.objectives",
     "OPD": "thundersync.objectives",
     "Learner": "thundersync.learner",
-    "StaleTokenError": "thundersync.learner",
-    "IncompleteBatchError": "thundersync.learner",
     "events": "thundersync.events",
+    **{
+        name: "thundersync.errors"
+        for name in (
+            "EventOrderError",
+            "IncompleteBatchError",
+            "InvalidEventError",
+            "InvariantError",
+            "NonFiniteGradientError",
+            "StaleTokenError",
+            "ThunderSyncError",
+        )
+    },  # fmt: skip
 }
 
 if TYPE_CHECKING:
     from thundersync import events
-    from thundersync.learner import IncompleteBatchError, Learner, StaleTokenError
+    from thundersync.errors import (
+        EventOrderError,
+        IncompleteBatchError,
+        InvalidEventError,
+        InvariantError,
+        NonFiniteGradientError,
+        StaleTokenError,
+        ThunderSyncError,
+    )
+    from thundersync.learner import Learner
     from thundersync.objectives import GRPO, OPD
 
 

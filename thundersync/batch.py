@@ -1,104 +1,173 @@
-"""Batch-synchronous gradients: the textbook computation a sync trainer runs after rollout —
-advantages first, then padded micro-batches of the whole loss, one backward each."""
+"""Batch-synchronous strategies: the textbook computation a sync trainer runs after rollout —
+advantages first, then padded micro-batches of the whole loss, one backward each.
+
+``BatchGRPO`` is on-policy: π_old is the learner itself, so the PPO ratio is exactly 1 and
+clipping is inactive. ``OffPolicyGRPO`` (``max_staleness > 0``) takes the ratio against the
+sampler's log-probs, so ``clip_low``/``clip_high`` act: one optimizer step per batch on PPO's
+clipped surrogate with the behaviour policy as π_old. ``BatchOPD`` is sync OPD.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from thundersync import events as ev
 from thundersync.assembly import EpisodeRecord
-from thundersync.gradients import flat_grad
+from thundersync.canonical import select_groups
+from thundersync.gradients import flat_grad, sampler_logprobs, teacher_logprobs
 from thundersync.objectives import (
     GRPO,
     OPD,
+    clipped_tokens,
     group_advantages,
     grpo_terms,
     importance_weights,
     opd_term,
     ppo_clip_loss,
 )
-from thundersync.policy import Policy
+from thundersync.strategy import BatchContext, Groups
+from thundersync.types import Trajectory
 
 
-def grpo_batch_grad(
-    policy: Policy,
-    objective: GRPO,
-    groups: dict[str, list[EpisodeRecord]],
-    selected: list[str],
-    reference: Policy | None,
-    *,
-    micro_batch_size: int,
-    total: torch.Tensor,
-) -> torch.Tensor:
-    """Σ_i ∇[PPO-clip surrogate of A_i + KL] over the selected groups (before 1/D)."""
+class BatchGRPO:
+    """GRPO, sync, on-policy: nothing happens before the step."""
+
+    def __init__(self, ctx: BatchContext, objective: GRPO) -> None:
+        self.ctx, self.objective = ctx, objective
+
+    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
+        """Sync waits for the step."""
+
+    def drain(self) -> None:
+        """Sync waits for the step."""
+
+    def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
+        items = advantage_items(groups, select_groups(groups, self.objective), self.objective)
+        total = weighted_grad(self.ctx, self.objective, items, total=self.ctx.pool.zeros())
+        return total, [m for m, _ in items]
+
+
+class OffPolicyGRPO:
+    """GRPO, sync, with tokens up to ``max_staleness`` versions old: PPO-clip against the
+    sampler's log-probs (decoupled from the learner's own π_old, which is θ itself)."""
+
+    def __init__(self, ctx: BatchContext, objective: GRPO) -> None:
+        self.ctx, self.objective = ctx, objective
+
+    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
+        """Sync waits for the step."""
+
+    def drain(self) -> None:
+        """Sync waits for the step."""
+
+    def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
+        items = advantage_items(groups, select_groups(groups, self.objective), self.objective)
+        total = weighted_grad(
+            self.ctx, self.objective, items, total=self.ctx.pool.zeros(), against_sampler=True
+        )
+        return total, [m for m, _ in items]
+
+
+class BatchOPD:
+    """OPD, sync: every episode's whole term at the step, in padded micro-batches."""
+
+    def __init__(self, ctx: BatchContext, objective: OPD) -> None:
+        self.ctx, self.objective = ctx, objective
+
+    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
+        """Sync waits for the step."""
+
+    def drain(self) -> None:
+        """Sync waits for the step."""
+
+    def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
+        episodes = opd_episodes(groups)
+        total = opd_batch_grad(self.ctx, self.objective, episodes, total=self.ctx.pool.zeros())
+        return total, episodes
+
+
+def opd_episodes(groups: Groups) -> list[EpisodeRecord]:
+    """The episodes OPD trains on: all with actions, in canonical order. OPD uses no reward,
+    so an infra-failure flag does not exclude an episode whose tokens and scores are known."""
+    return [m for members in groups.values() for m in members if m.num_turns]
+
+
+def advantage_items(
+    groups: Groups, selected: list[str], objective: GRPO
+) -> list[tuple[EpisodeRecord, float]]:
+    """(episode, A_i) for the selected groups; infra failures are dropped from their group
+    and the group's statistics are over the rest."""
     items: list[tuple[EpisodeRecord, float]] = []
     for gid in selected:
         kept = [m for m in groups[gid] if not m.is_infra_failure]
-        advantages = group_advantages([m.reward.reward for m in kept], objective)
-        items += list(zip(kept, advantages))
-    return weighted_grad(
-        policy, objective, items, reference, micro_batch_size=micro_batch_size, total=total
-    )
+        items += list(zip(kept, group_advantages([m.reward_value for m in kept], objective)))
+    return items
 
 
 def weighted_grad(
-    policy: Policy,
+    ctx: BatchContext,
     objective: GRPO,
     items: list[tuple[EpisodeRecord, float]],
-    reference: Policy | None,
     *,
-    micro_batch_size: int,
     total: torch.Tensor,
+    against_sampler: bool = False,
 ) -> torch.Tensor:
     """Add Σ_i ∇[PPO-clip surrogate with advantage A_i + KL_i] for (trajectory, A_i) items,
     one padded forward and one backward per micro-batch; items that contribute nothing
     (A = 0 and no KL term) are skipped."""
     items = [(m, a) for m, a in items if a != 0.0 or objective.kl_coef != 0.0]
-    for start in range(0, len(items), micro_batch_size):
-        chunk = items[start : start + micro_batch_size]
+    for start in range(0, len(items), ctx.micro_batch_size):
+        chunk = items[start : start + ctx.micro_batch_size]
         trajectories = [m.trajectory() for m, _ in chunk]
-        logps = policy.batch_action_logprobs(trajectories)
+        logps = ctx.policy.batch_action_logprobs(trajectories)
         refs: list[torch.Tensor | None] = [None] * len(chunk)
-        if reference is not None and objective.kl_coef != 0.0:
+        if ctx.reference is not None and objective.kl_coef != 0.0:
             with torch.no_grad():
-                refs = list(reference.batch_action_logprobs(trajectories))
-        loss = torch.zeros((), dtype=policy.dtype, device=policy.device)
+                refs = list(ctx.reference.batch_action_logprobs(trajectories))
+        loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         for (_, advantage), traj, logp_T, ref_T in zip(chunk, trajectories, logps, refs):
-            sampler_T = torch.tensor(
-                [v for t in traj.turns for v in t.action_logprobs],
-                dtype=logp_T.dtype, device=logp_T.device,
-            )  # fmt: skip
-            rho_T = importance_weights(logp_T, sampler_T, objective.tis_cap)
-            # On-policy sync: π_old is the learner itself before the step (ratio exactly 1).
-            loss = loss + ppo_clip_loss(objective, logp_T, logp_T.detach(), advantage, rho_T)
-            _, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+            pg, kl = _grpo_loss(ctx, objective, traj, logp_T, ref_T, advantage, against_sampler)
+            loss = loss + pg
             if kl is not None:
                 loss = loss + kl
-        total.add_(flat_grad(policy.params, loss))
+        total.add_(flat_grad(ctx.policy.params, loss))
     return total
 
 
+def _grpo_loss(
+    ctx: BatchContext, objective: GRPO, traj: Trajectory, logp_T: torch.Tensor,
+    ref_T: torch.Tensor | None, advantage: float, against_sampler: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """One trajectory's PPO-clip surrogate and KL term."""
+    sampler_T = sampler_logprobs(traj, logp_T)
+    if against_sampler:
+        old_T, rho_T = sampler_T, torch.ones_like(logp_T)
+        clipped_T = clipped_tokens(objective, torch.exp(logp_T.detach() - sampler_T), advantage)
+    else:
+        # On-policy: π_old is the learner itself before the step (ratio exactly 1).
+        old_T, clipped_T = logp_T.detach(), None
+        rho_T = importance_weights(logp_T, sampler_T, objective.tis_cap)
+    ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, clipped_T)
+    pg = ppo_clip_loss(objective, logp_T, old_T, advantage, rho_T)
+    _, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+    return pg, kl
+
+
 def opd_batch_grad(
-    policy: Policy,
-    objective: OPD,
-    episodes: list[EpisodeRecord],
-    *,
-    micro_batch_size: int,
-    total: torch.Tensor,
+    ctx: BatchContext, objective: OPD, episodes: list[EpisodeRecord], *, total: torch.Tensor
 ) -> torch.Tensor:
-    """Σ_i ∇(−Σ_t w_t Â_t log π_θ(a_t)) over whole episodes (before 1/D)."""
-    for start in range(0, len(episodes), micro_batch_size):
-        trajectories = [rec.trajectory() for rec in episodes[start : start + micro_batch_size]]
-        logps = policy.batch_action_logprobs(trajectories)
-        loss = torch.zeros((), dtype=policy.dtype, device=policy.device)
+    """Add Σ_i ∇(−Σ_t w_t Â_t log π_θ(a_t)) over whole episodes (before 1/D)."""
+    for start in range(0, len(episodes), ctx.micro_batch_size):
+        trajectories = [rec.trajectory() for rec in episodes[start : start + ctx.micro_batch_size]]
+        logps = ctx.policy.batch_action_logprobs(trajectories)
+        loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         for traj, logp_T in zip(trajectories, logps):
-            teacher = [v for turn in traj.turns for v in (turn.teacher_logprobs or ())]
-            sampler = [v for turn in traj.turns for v in turn.action_logprobs]
+            turns = range(len(traj.turns))
+            sampler_T = sampler_logprobs(traj, logp_T)
+            ctx.stats.record((traj.episode_id, None), logp_T, sampler_T)
             loss = loss + opd_term(
-                objective,
-                logp_T,
-                torch.tensor(teacher, dtype=logp_T.dtype, device=logp_T.device),
-                torch.tensor(sampler, dtype=logp_T.dtype, device=logp_T.device),
+                objective, logp_T, teacher_logprobs(traj, turns, logp_T), sampler_T,
                 num_episode_tokens=traj.num_action_tokens,
-            )
-        total.add_(flat_grad(policy.params, loss))
+            )  # fmt: skip
+        total.add_(flat_grad(ctx.policy.params, loss))
     return total

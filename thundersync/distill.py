@@ -1,4 +1,6 @@
-"""Streaming on-policy distillation: each turn's gradient while that turn's tool call runs.
+"""On-policy distillation from pieces: streaming computes each turn's gradient while that
+turn's tool call runs; deterministic mode sums the pieces in canonical order (sync and
+streaming alike).
 
 Turn k's OPD terms depend only on the context up to action k and on the teacher's scores of
 action k, so its piece can be computed as soon as ``TeacherScored(turn=k)`` arrives, before
@@ -9,51 +11,50 @@ with the number of turns; per-episode work runs one forward at the end. Both are
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from thundersync import events as ev
 from thundersync.assembly import EpisodeRecord
-from thundersync.batch import opd_batch_grad
+from thundersync.batch import opd_batch_grad, opd_episodes
 from thundersync.canonical import PieceStore
-from thundersync.gradients import BufferPool, opd_piece
+from thundersync.gradients import opd_piece
 from thundersync.objectives import OPD
-from thundersync.policy import Policy
+from thundersync.strategy import BatchContext, Groups
 
 EPISODE = -1  # the piece key's turn for per-episode work
 
 
-class OPDStream:
-    """OPD pieces for one batch. ``update`` after every consumed event; ``finish`` returns the
-    gradient sum (before the denominator). In deterministic mode pieces are held and summed in
-    canonical order (episodes by natural id, then turns), the same as deterministic sync."""
+class PiecewiseOPD:
+    """OPD from per-turn or per-episode pieces. Streaming computes each piece as soon as its
+    inputs are fixed; ``deterministic`` holds the pieces and sums them in canonical order
+    (episodes by natural id, then turns), so deterministic sync (which computes every piece
+    at the step) and deterministic streaming are bitwise equal."""
 
     def __init__(
-        self,
-        policy: Policy,
-        objective: OPD,
-        pool: BufferPool,
-        *,
-        deterministic: bool,
-        streaming: bool,
-        micro_batch_size: int,
-        publish: Callable[[ev.Event], None] | None,
+        self, ctx: BatchContext, objective: OPD, *, deterministic: bool, streaming: bool
     ) -> None:
-        self.policy, self.objective, self.publish = policy, objective, publish
+        self.ctx, self.objective = ctx, objective
         self.deterministic, self.streaming = deterministic, streaming
-        self.micro_batch_size = micro_batch_size
-        self.queue: dict[str, EpisodeRecord] = {}
-        self.store = PieceStore(pool)
-        self.step_grad = pool.zeros()
-        self.done: set[tuple[str, int]] = set()
+        self.unblocked: dict[str, EpisodeRecord] = {}
+        self.store = PieceStore(ctx.pool)
+        self.computed: set[tuple[str, int]] = set()
+        """Pieces already in the step's gradient (or, when deterministic, in the store)."""
         self.granularity: dict[str, str] = {}
         self.tool_latency_s: float | None = None
         self.turn_backward_s: float | None = None
-        self.num_backward = 0
+        self._total: torch.Tensor | None = None
 
-    def observe_tool(self, duration_s: float) -> None:
-        self.tool_latency_s = _ema(self.tool_latency_s, duration_s)
+    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
+        if isinstance(event, ev.ToolFinished):
+            self.tool_latency_s = _ema(self.tool_latency_s, event.duration_s)
+        if self.streaming and rec.started is not None and rec.num_turns != 0:
+            self.unblocked[rec.episode_id] = rec  # no actions: nothing to train
+
+    def _step_grad(self) -> torch.Tensor:
+        """The step's gradient sum, allocated at first use (nothing outlives a step)."""
+        if self._total is None:
+            self._total = self.ctx.pool.zeros()
+        return self._total
 
     def _resolve(self, rec: EpisodeRecord) -> str:
         if rec.episode_id not in self.granularity:
@@ -78,50 +79,41 @@ class OPDStream:
 
     def _compute(self, rec: EpisodeRecord, turn: int) -> torch.Tensor:
         started = ev.now()
+        ctx = self.ctx
         if turn == EPISODE:
             turns = list(range(rec.num_turns or 0))
-            vector = opd_piece(self.policy, self.objective, rec.trajectory(), turns)
+            vector = opd_piece(ctx.policy, self.objective, rec.trajectory(), turns, ctx.stats,
+                               key=(rec.episode_id, None))  # fmt: skip
         else:
-            vector = opd_piece(self.policy, self.objective, rec.trajectory(turn), [turn])
+            vector = opd_piece(ctx.policy, self.objective, rec.trajectory(turn), [turn],
+                               ctx.stats, key=(rec.episode_id, turn))  # fmt: skip
             self.turn_backward_s = _ema(self.turn_backward_s, ev.now() - started)
-        self._published(rec.episode_id, None if turn == EPISODE else turn, started)
+        ctx.published(rec.episode_id, None if turn == EPISODE else turn, started)
         return vector
-
-    def _published(self, episode_id: str, turn: int | None, started: float) -> None:
-        self.num_backward += 1
-        if self.publish is not None:
-            self.publish(ev.GradientComputed(
-                episode_id=episode_id, turn=turn, started=started, finished=ev.now()
-            ))  # fmt: skip
 
     def _ready(self, rec: EpisodeRecord, turn: int) -> bool:
         if turn == EPISODE:
             return rec.tokens_ready and rec.teacher_ready
         return rec.turn_ready(turn) and turn in rec.teacher
 
-    def update(self, rec: EpisodeRecord) -> None:
-        if rec.started is not None and rec.num_turns != 0:  # no actions, nothing to train
-            self.queue[rec.episode_id] = rec
-
     def drain(self) -> None:
-        """Run queued pieces. Outside deterministic mode, episodes that became wholly ready
+        """Run unblocked pieces. Outside deterministic mode, episodes that became wholly ready
         with no piece done yet are batched at episode granularity (exact, and one padded
         backward per micro-batch instead of one per turn)."""
-        queued, self.queue = list(self.queue.values()), {}
+        unblocked, self.unblocked = list(self.unblocked.values()), {}
         if not self.deterministic:
             whole = [
-                rec for rec in queued
+                rec for rec in unblocked
                 if rec.tokens_ready and rec.teacher_ready
-                and not any(key in self.done for key in self._keys(rec))
+                and not any(key in self.computed for key in self._keys(rec))
             ]  # fmt: skip
             if len(whole) > 1:
                 started = ev.now()
-                opd_batch_grad(self.policy, self.objective, whole,
-                               micro_batch_size=self.micro_batch_size, total=self.step_grad)
+                opd_batch_grad(self.ctx, self.objective, whole, total=self._step_grad())
                 for rec in whole:
-                    self.done.update(self._keys(rec))
-                    self._published(rec.episode_id, None, started)
-        for rec in queued:
+                    self.computed.update(self._keys(rec))
+                    self.ctx.published(rec.episode_id, None, started)
+        for rec in unblocked:
             self._run_ready(rec)
 
     def _run_ready(self, rec: EpisodeRecord) -> None:
@@ -130,28 +122,30 @@ class OPDStream:
         else:
             candidates = [(rec.episode_id, EPISODE)]
         for key in candidates:
-            if key in self.done or not self._ready(rec, key[1]):
+            if key in self.computed or not self._ready(rec, key[1]):
                 continue
             if self.deterministic:
                 self.store.offer(key, 1, lambda k=key: (self._compute(rec, k[1]),))
                 if self.store.has(key):
-                    self.done.add(key)
+                    self.computed.add(key)
             else:
-                self.step_grad.add_(self._compute(rec, key[1]))
-                self.done.add(key)
+                self._step_grad().add_(self._compute(rec, key[1]))
+                self.computed.add(key)
 
-    def finish(self, episodes: list[EpisodeRecord]) -> torch.Tensor:
+    def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         """Complete every missing piece; sum in canonical order when deterministic."""
+        episodes = opd_episodes(groups)
         self.drain()
+        total = self._step_grad()
         for rec in episodes:
             for key in self._keys(rec):
                 if self.deterministic:
                     (vector,) = self.store.get(key, lambda k=key, r=rec: (self._compute(r, k[1]),))
-                    self.step_grad.add_(vector)
-                elif key not in self.done:
-                    self.step_grad.add_(self._compute(rec, key[1]))
+                    total.add_(vector)
+                elif key not in self.computed:
+                    total.add_(self._compute(rec, key[1]))
         self.store.clear()
-        return self.step_grad
+        return total, episodes
 
 
 def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:

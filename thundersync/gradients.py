@@ -7,9 +7,14 @@ from collections.abc import Sequence
 
 import torch
 
+from thundersync.errors import InvariantError
+from thundersync.metrics import TokenStats
 from thundersync.objectives import GRPO, OPD, grpo_terms, opd_term
 from thundersync.policy import Policy
 from thundersync.types import Trajectory
+
+Piece = tuple[torch.Tensor, torch.Tensor | None]
+"""One trajectory's (h_i, k_i): its policy-gradient and KL gradients (k_i None without KL)."""
 
 
 class BufferPool:
@@ -62,12 +67,14 @@ def grpo_piece(
     objective: GRPO,
     trajectory: Trajectory,
     reference: Policy | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    stats: TokenStats,
+) -> Piece:
     """One trajectory's backward pass: (h_i, k_i) = (∇ℓ_i, ∇κ_i), kept apart because h_i is
     scaled by an advantage not known yet (k_i is None without a KL term). Trajectories whose
     advantage is already final go through ``batch.weighted_grad`` instead."""
     logp_T, _ = policy.action_logprobs(trajectory)
-    sampler_T = _sampler_logprobs(trajectory, logp_T)
+    sampler_T = sampler_logprobs(trajectory, logp_T)
+    stats.record((trajectory.episode_id, None), logp_T, sampler_T)
     ref_T = None
     if reference is not None and objective.kl_coef != 0.0:
         with torch.no_grad():
@@ -79,47 +86,64 @@ def grpo_piece(
 
 
 def opd_piece(
-    policy: Policy, objective: OPD, trajectory: Trajectory, turns: Sequence[int]
-) -> torch.Tensor:
+    policy: Policy, objective: OPD, trajectory: Trajectory, turns: Sequence[int],
+    stats: TokenStats, *, key: tuple[str, int | None],
+) -> torch.Tensor:  # fmt: skip
     """∇ of the OPD term of ``turns`` of one episode, from one forward over the prefix that
     ends with the last of them (a per-turn piece is a prefix forward, so it can run while
     that turn's tool call is still running)."""
     logp_T, turn_T = policy.action_logprobs(trajectory, upto_turn=max(turns))
     wanted = torch.tensor(sorted(turns), device=turn_T.device)
     mask_T = torch.isin(turn_T, wanted)
-    teacher = [v for k in sorted(turns) for v in _teacher(trajectory, k)]
-    sampler = [v for k in sorted(turns) for v in trajectory.turns[k].action_logprobs]
-    dtype = logp_T.dtype
+    teacher_T = teacher_logprobs(trajectory, sorted(turns), logp_T)
+    sampler_T = sampler_logprobs(trajectory, logp_T, sorted(turns))
+    stats.record(key, logp_T[mask_T], sampler_T)
     loss = opd_term(
-        objective,
-        logp_T[mask_T],
-        torch.tensor(teacher, dtype=dtype, device=logp_T.device),
-        torch.tensor(sampler, dtype=dtype, device=logp_T.device),
+        objective, logp_T[mask_T], teacher_T, sampler_T,
         num_episode_tokens=trajectory.num_action_tokens,
-    )
+    )  # fmt: skip
     return flat_grad(policy.params, loss)
 
 
-def _teacher(trajectory: Trajectory, k: int) -> tuple[float, ...]:
-    turn = trajectory.turns[k]
-    if turn.teacher_logprobs is None or len(turn.teacher_logprobs) != len(turn.action_ids):
-        got = None if turn.teacher_logprobs is None else len(turn.teacher_logprobs)
-        raise ValueError(
-            f"episode {trajectory.episode_id} turn {k}: teacher_logprobs has {got} values, "
-            f"expected {len(turn.action_ids)} (one per action token)"
-        )
-    return turn.teacher_logprobs
+def teacher_logprobs(
+    trajectory: Trajectory, turns: Sequence[int], like: torch.Tensor
+) -> torch.Tensor:
+    """The teacher's log-probs of ``turns``' action tokens, one per token (the assembler
+    refused any other length, so a mismatch here is a bug)."""
+    values: list[float] = []
+    for k in turns:
+        turn = trajectory.turns[k]
+        if turn.teacher_logprobs is None or len(turn.teacher_logprobs) != len(turn.action_ids):
+            got = None if turn.teacher_logprobs is None else len(turn.teacher_logprobs)
+            raise InvariantError(
+                f"episode {trajectory.episode_id!r} turn {k}: teacher_logprobs has {got} "
+                f"values, expected {len(turn.action_ids)} (one per action token)"
+            )
+        values.extend(turn.teacher_logprobs)
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
-def _sampler_logprobs(trajectory: Trajectory, like: torch.Tensor) -> torch.Tensor:
-    values = [v for turn in trajectory.turns for v in turn.action_logprobs]
+def sampler_logprobs(
+    trajectory: Trajectory, like: torch.Tensor, turns: Sequence[int] | None = None
+) -> torch.Tensor:
+    """The sampler's (behaviour) log-probs of the action tokens of ``turns`` (all: None)."""
+    chosen = trajectory.turns if turns is None else [trajectory.turns[k] for k in turns]
+    values = [v for turn in chosen for v in turn.action_logprobs]
     return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
 def write_grads(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Set each parameter's ``.grad`` from a flat vector (what the optimizer then steps on)."""
+    """Set each parameter's ``.grad`` to its slice of a flat vector, without a second copy of
+    the gradient: copied into the existing ``.grad`` when there is one of the right shape and
+    dtype (optimizers and hooks holding it keep seeing the same tensor), else a view of
+    ``flat`` (whose storage then is the ``.grad``)."""
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
+        piece = flat[offset : offset + n].view_as(p)
+        grad = p.grad
+        if grad is not None and grad.shape == p.shape and grad.dtype == piece.dtype:
+            grad.copy_(piece)
+        else:
+            p.grad = piece
         offset += n

@@ -1,16 +1,42 @@
 """The learner: consumes events in any arrival order and takes one exact optimizer step per batch.
 
 ``Learner(model, objective=GRPO(...), optimizer=opt, streaming=True)``; ``consume(event)`` for
-every event; ``step()`` finishes the batch: fold, divide by the batch denominator, clip the
-gradient norm, ``optimizer.step()``.
+every event; ``step()`` finishes the batch: complete the gradient, divide by the batch
+denominator, clip the gradient norm, ``optimizer.step()``.
+
+How the gradient is computed is one strategy (``thundersync.strategy``), picked once here:
 
 - sync (``streaming=False``): collects the batch; at ``step`` computes advantages and runs the
-  textbook batched backward (padded micro-batches).
+  textbook batched backward (padded micro-batches) — ``BatchGRPO``, ``BatchOPD``.
 - streaming: starts each piece of gradient work as soon as its inputs are fixed — a GRPO
   trajectory's backward at its ``RewardReady`` (or at ``EpisodeCompleted`` with
-  ``early_start``), an OPD turn's at its ``TeacherScored`` — and produces the same update.
+  ``early_start``), an OPD turn's at its ``TeacherScored`` — and produces the same update —
+  ``StreamingGRPO``, ``PiecewiseOPD``.
 - ``deterministic``: sync and streaming both reduce per-trajectory (per-turn) pieces in
-  canonical order (groups, then episodes by natural id) and are bitwise equal.
+  canonical order (groups, then episodes by natural id) and are bitwise equal —
+  ``CanonicalGRPO``, ``PiecewiseOPD``.
+- ``max_staleness=k > 0`` (async; sync only): tokens sampled up to k versions behind the
+  learner are accepted and the PPO ratio is taken against the sampler's log-probs, so the
+  clip acts — ``OffPolicyGRPO``. It has one reduction order, so ``deterministic`` changes
+  nothing there.
+
+Rules every strategy shares:
+
+- Infra failures: a GRPO episode whose ``RewardReady`` has ``infra_failure=True`` is dropped
+  from its group, and the group's statistics (μ, σ, dynamic sampling's all-equal test) are
+  over the rest; its tokens need not be complete, and it counts in no denominator. OPD uses no
+  reward, so the flag excludes nothing: every OPD episode needs its tokens and teacher scores.
+- Bad input is refused by ``consume`` before it changes anything (``thundersync.validation``
+  for the rules): ``InvalidEventError`` for bad values (wrong types, non-finite or
+  |reward| > 1e6, log-probs that are not finite or above +1e-3, ids outside the vocabulary,
+  a context longer than the model's maximum), ``EventOrderError`` for contradictions with what
+  was consumed (duplicates, teacher scores whose length differs from the action's),
+  ``StaleTokenError`` for tokens of a policy version outside the accepted window. Afterwards
+  the learner takes the rest of the batch; to go on without the refused event, send a
+  corrected one or, for GRPO, end the episode as an infra failure.
+- A non-finite gradient norm at ``step`` raises ``NonFiniteGradientError``: no optimizer step,
+  parameters, ``.grad`` and optimizer state untouched, the batch dropped, ``policy_version``
+  unchanged.
 
 Exactness holds for one optimizer step per rollout batch, which is what this learner does.
 Several PPO minibatches per batch would make later minibatches depend on earlier updates:
@@ -19,42 +45,60 @@ streaming could then apply to the first minibatch only; this learner does not of
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 
 from thundersync import events as ev
 from thundersync.assembly import Assembler, EpisodeRecord
-from thundersync.batch import grpo_batch_grad, opd_batch_grad
-from thundersync.canonical import PieceStore, reduce_grpo, select_groups
-from thundersync.distill import OPDStream
-from thundersync.gradients import BufferPool, grpo_piece, write_grads
-from thundersync.objectives import (
-    GRPO,
-    OPD,
-    Objective,
-    clip_coefficient,
-    denominator,
-    is_degenerate,
-)
+from thundersync.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
+from thundersync.canonical import CanonicalGRPO
+from thundersync.distill import PiecewiseOPD
+from thundersync.errors import IncompleteBatchError, NonFiniteGradientError, StaleTokenError
+from thundersync.gradients import BufferPool, write_grads
+from thundersync.metrics import TokenStats, staleness_metrics
+from thundersync.objectives import GRPO, OPD, Objective, clip_coefficient, denominator
 from thundersync.policy import Policy
-from thundersync.streaming import GRPOStream
+from thundersync.strategy import BatchContext, GradientStrategy
+from thundersync.streaming import StreamingGRPO
+from thundersync.validation import EventLimits, VersionWindow
 
-
-class StaleTokenError(ValueError):
-    """Streaming consumed a token sampled by another policy version than the learner's."""
-
-
-class IncompleteBatchError(RuntimeError):
-    """``step()`` was called before every input of the batch was consumed."""
+__all__ = ["IncompleteBatchError", "Learner", "StaleTokenError"]
 
 
 class Learner:
-    """See the module docstring. ``buffer_budget_bytes`` caps what streaming holds beyond the
-    step's gradient (per-group accumulators, early per-trajectory buffers, deterministic
-    pieces); past it work waits for its inputs to be final and stays exact."""
+    """See the module docstring. In every strategy an infra-failed GRPO episode is dropped
+    from its group and the group's statistics are over the rest; OPD ignores the flag.
+
+    Options past the public four: ``reference`` (the frozen model of GRPO's KL term);
+    ``deterministic``; ``early_start``, ``eager`` and ``buffer_budget_bytes`` (streaming only,
+    ignored by sync: the budget caps what streaming holds beyond the step's gradient, and past
+    it work waits for its inputs to be final and stays exact); ``max_grad_norm`` (None: no
+    clipping); ``micro_batch_size`` (trajectories per padded forward); ``max_staleness``
+    (0: on-policy; streaming takes only its own version's tokens, sync any batch it is given,
+    treated as on-policy); ``keep_last_gradient`` (keep a copy of the step's gradient in
+    ``last_gradient``; off, nothing parameter-sized outlives a step but ``.grad``);
+    ``policy_version`` and ``num_steps`` (where a resumed run continues); ``publish``
+    (receives ``GradientComputed`` and ``StepFinished``).
+
+    ``step()`` returns the metrics: ``step``, ``policy_version``, ``grad_norm`` (before
+    clipping), ``num_trajectories``, ``num_groups``, ``num_tokens``, ``denominator``,
+    ``reward_mean``, ``learner_time_s``, ``peak_buffer_bytes``, ``buffer_bytes``,
+    ``staleness_histogram`` ({versions behind: action tokens} over every action token the
+    batch consumed, trained or not; string keys), ``max_staleness_seen``, ``clip_fraction``
+    (the fraction of trained action tokens whose PPO ratio was clipped; 0.0 on-policy), and
+    the engine-vs-learner mismatch over the trained action tokens whose log-probs the learner
+    computed (``num_compared_tokens``; a trajectory with zero advantage and no KL term needs
+    no forward on the batched path): ``logprob_mismatch_mean`` and ``logprob_mismatch_max``
+    of |log π_learner − log π_sampler|, and ``kl_sampler_learner``, the mean k3 estimate of
+    KL(π_sampler ‖ π_learner) (None when no token was compared). The mismatch
+    comes from forward passes the learner runs anyway, and is not exactness (streaming vs
+    sync): it measures the rollout engine against the learner.
+    """
 
     def __init__(
         self,
@@ -70,71 +114,46 @@ class Learner:
         max_grad_norm: float | None = 1.0,
         buffer_budget_bytes: int | None = None,
         micro_batch_size: int = 8,
+        max_staleness: int = 0,
+        keep_last_gradient: bool = False,
         policy_version: int = 0,
+        num_steps: int = 0,
         publish: Callable[[ev.Event], None] | None = None,
     ) -> None:
-        if not isinstance(objective, GRPO | OPD):
-            raise TypeError(f"objective: expected GRPO(...) or OPD(...), got {objective!r}")
+        _check_options(
+            objective, reference=reference, streaming=streaming, max_staleness=max_staleness,
+            max_grad_norm=max_grad_norm, micro_batch_size=micro_batch_size,
+            buffer_budget_bytes=buffer_budget_bytes, policy_version=policy_version,
+            num_steps=num_steps,
+        )  # fmt: skip
         self.policy = Policy(model)
         self.reference = Policy(reference) if reference is not None else None
-        if isinstance(objective, GRPO) and objective.kl_coef != 0.0 and reference is None:
-            raise ValueError("GRPO(kl_coef != 0) needs reference=<a frozen reference model>")
         self.objective, self.optimizer = objective, optimizer
-        self.streaming, self.deterministic, self.early_start = streaming, deterministic, early_start
-        self.eager = eager
+        self.streaming, self.deterministic, self.eager = streaming, deterministic, eager
         self.max_grad_norm, self.micro_batch_size = max_grad_norm, micro_batch_size
-        self.policy_version, self.publish = policy_version, publish
-        self.budget_bytes = buffer_budget_bytes
-        self.num_steps = 0
+        self.max_staleness, self.keep_last_gradient = max_staleness, keep_last_gradient
+        self.budget_bytes, self.publish = buffer_budget_bytes, publish
+        self.policy_version, self.num_steps = policy_version, num_steps
+        self.limits = _limits(self.policy, self.reference)
+        self.accepted_lag = _accepted_lag(streaming=streaming, max_staleness=max_staleness)
+        self.make_strategy = choose_strategy(
+            objective, streaming=streaming, deterministic=deterministic,
+            max_staleness=max_staleness, early_start=early_start,
+        )  # fmt: skip
         self.peak_buffer_bytes = 0
         self.last_gradient: torch.Tensor | None = None
         self._new_batch()
 
-    def _new_batch(self) -> None:
-        params = self.policy.params
-        numel = sum(p.numel() for p in params)
-        self.pool = BufferPool(numel, self.policy.dtype, self.policy.device, self.budget_bytes)
-        self.episodes = Assembler()
-        self.store = PieceStore(self.pool)
-        self.grpo: GRPOStream | None = None
-        self.opd: OPDStream | None = None
-        self.learner_time_s = 0.0
-        if isinstance(self.objective, OPD) and (self.streaming or self.deterministic):
-            self.opd = OPDStream(
-                self.policy, self.objective, self.pool, deterministic=self.deterministic,
-                streaming=self.streaming, micro_batch_size=self.micro_batch_size,
-                publish=self.publish,
-            )  # fmt: skip
-        elif isinstance(self.objective, GRPO) and self.streaming and not self.deterministic:
-            self.grpo = GRPOStream(
-                self.policy, self.objective, self.pool, reference=self.reference,
-                early_start=self.early_start, micro_batch_size=self.micro_batch_size,
-                publish=self.publish,
-            )  # fmt: skip
-
     # --- consuming events ----------------------------------------------------------------------
 
     def consume(self, event: ev.Event) -> None:
-        """Take one event (any type, any arrival order); streaming starts work it unblocks."""
-        if self.streaming:
-            self._audit(event)
+        """Take one event (any type, any arrival order); streaming starts work it unblocks.
+        A refused event raises (see the module docstring) and changes nothing."""
         rec = self.episodes.apply(event)
-        if isinstance(event, ev.ToolFinished) and self.opd is not None:
-            self.opd.observe_tool(event.duration_s)
-        if rec is None or not self.streaming:
+        if rec is None:
             return
         started = time.perf_counter()
-        if self.grpo is not None:
-            self.grpo.update(rec)
-        elif self.opd is not None:
-            self.opd.update(rec)
-        elif rec.tokens_ready and not rec.is_infra_failure:
-            key = rec.episode_id
-            count = 1 + int(isinstance(self.objective, GRPO) and self.objective.kl_coef != 0.0)
-            self.store.offer(key, count, lambda: self._grpo_piece(rec))
-        if rec.is_infra_failure:
-            self.store.discard(rec.episode_id)
-        self._discard_dropped(rec)
+        self.strategy.on_event(event, rec)
         self.learner_time_s += time.perf_counter() - started
         if self.eager:
             self.drain()
@@ -149,120 +168,56 @@ class Learner:
         learner time at sync's when nothing overlaps. Exact either way.
         """
         started = time.perf_counter()
-        if self.grpo is not None:
-            self.grpo.drain()
-        elif self.opd is not None:
-            self.opd.drain()
+        self.strategy.drain()
         self.learner_time_s += time.perf_counter() - started
 
-    def _discard_dropped(self, rec: EpisodeRecord) -> None:
-        """Deterministic streaming: free the pieces of a group dynamic sampling drops."""
-        objective = self.objective
-        if not (isinstance(objective, GRPO) and objective.dynamic_sampling and self.store.pieces):
-            return
-        members = [m for m in self.episodes.records.values() if m.group_id == rec.group_id]
-        if len(members) < (rec.started.group_size if rec.started else 0):
-            return
-        if all(m.has_reward for m in members):
-            rewards = [m.reward.reward for m in members if not m.is_infra_failure]
-            if is_degenerate(rewards):
-                for m in members:
-                    self.store.discard(m.episode_id)
-
-    def _audit(self, event: ev.Event) -> None:
-        version = getattr(event, "policy_version", None)
-        is_token_event = isinstance(event, ev.EpisodeStarted | ev.TurnCompleted)
-        if is_token_event and version != self.policy_version:
-            raise StaleTokenError(
-                f"{type(event).__name__}(episode_id={event.episode_id!r}) was sampled by policy "
-                f"version {version}, but the learner is at version {self.policy_version}: "
-                "streaming trains only on tokens of the current policy (zero staleness)"
-            )
-
-    def _grpo_piece(self, rec: EpisodeRecord) -> tuple:
-        assert isinstance(self.objective, GRPO)
-        return grpo_piece(self.policy, self.objective, rec.trajectory(), self.reference)
-
     # --- the step --------------------------------------------------------------------------------
-
-    def _check_complete(self) -> dict[str, list[EpisodeRecord]]:
-        groups = self.episodes.groups()
-        if not groups:
-            raise IncompleteBatchError("step() on an empty batch: no EpisodeStarted consumed")
-        orphans = [r.episode_id for r in self.episodes.records.values() if r.started is None]
-        if orphans:
-            raise IncompleteBatchError(f"events for episodes never started: {orphans[:5]}")
-        is_grpo = isinstance(self.objective, GRPO)
-        for gid, members in groups.items():
-            size = members[0].started.group_size
-            if is_grpo and len(members) != size:
-                raise IncompleteBatchError(
-                    f"group {gid!r}: {len(members)} of {size} episodes consumed"
-                )
-            for m in members:
-                if is_grpo and not m.has_reward:
-                    raise IncompleteBatchError(f"episode {m.episode_id!r}: no RewardReady yet")
-                if is_grpo and m.is_infra_failure:
-                    continue  # excluded from GRPO; OPD needs no reward and trains on it
-                if not m.tokens_ready:
-                    raise IncompleteBatchError(f"episode {m.episode_id!r}: tokens incomplete")
-                if not is_grpo and not m.teacher_ready:
-                    raise IncompleteBatchError(f"episode {m.episode_id!r}: teacher scores missing")
-        return groups
-
-    def _gradient_sum(self, groups: dict[str, list[EpisodeRecord]]) -> tuple[torch.Tensor, list]:
-        """Σ of the batch's loss gradients before 1/D, and the trained-on episodes."""
-        if isinstance(self.objective, OPD):
-            episodes = [m for members in groups.values() for m in members if m.num_turns]
-            if self.opd is not None:
-                return self.opd.finish(episodes), episodes
-            total = opd_batch_grad(
-                self.policy, self.objective, episodes,
-                micro_batch_size=self.micro_batch_size, total=self.pool.zeros(),
-            )  # fmt: skip
-            return total, episodes
-        selected = select_groups(groups, self.objective)
-        kept = [m for g in selected for m in groups[g] if not m.is_infra_failure]
-        if self.grpo is not None:
-            return self.grpo.finish(selected), kept
-        if self.deterministic:
-
-            def piece(m: EpisodeRecord) -> tuple:
-                vectors = self.store.get(m.episode_id, lambda: self._grpo_piece(m))
-                return vectors[0], (vectors[1] if len(vectors) > 1 else None)
-
-            total = reduce_grpo(groups, selected, self.objective, piece, self.pool.zeros())
-            return total, kept
-        total = grpo_batch_grad(
-            self.policy, self.objective, groups, selected, self.reference,
-            micro_batch_size=self.micro_batch_size, total=self.pool.zeros(),
-        )  # fmt: skip
-        return total, kept
 
     def step(self) -> dict[str, Any]:
         """Finish the batch: complete the gradient, divide by D, clip, ``optimizer.step()``.
 
-        Afterwards each parameter's ``.grad`` holds the step's gradient (until the next step)
-        and ``policy_version`` is one higher. Returns the step's metrics.
+        Afterwards each parameter's ``.grad`` holds the step's (clipped) gradient and
+        ``policy_version`` is one higher. Returns the step's metrics (see the class doc).
         """
-        groups = self._check_complete()
+        groups = self.episodes.complete_groups()
         started = time.perf_counter()
-        total, trained = self._gradient_sum(groups)
-        counts = [m.trajectory().num_action_tokens for m in trained]
+        total, trained = self.strategy.finish(groups)
+        counts = [m.num_action_tokens for m in trained]
         denom = denominator(self.objective.loss_agg, counts) if trained else 1.0
         total.div_(denom)
         grad_norm = float(total.norm())
+        if not math.isfinite(grad_norm):
+            self._new_batch()
+            raise NonFiniteGradientError(
+                f"step {self.num_steps}: the gradient norm over {len(trained)} episodes is "
+                f"{grad_norm}; no optimizer step was taken (parameters, .grad and optimizer "
+                f"state are unchanged), the batch is dropped and policy_version stays "
+                f"{self.policy_version}"
+            )
         scale = clip_coefficient(grad_norm, self.max_grad_norm)
         if scale != 1.0:
             total.mul_(scale)
         write_grads(self.policy.params, total)
         self.optimizer.step()
-        self.last_gradient = total
+        self.last_gradient = total.clone() if self.keep_last_gradient else None
         self.learner_time_s += time.perf_counter() - started
-        self.store.clear()
+        metrics = self._metrics(groups, trained, counts, denom, grad_norm)
+        self.num_steps += 1
+        self.policy_version += 1
+        if self.publish is not None:
+            self.publish(ev.StepFinished(
+                step=metrics["step"], policy_version=self.policy_version, metrics=metrics
+            ))  # fmt: skip
+        self._new_batch()
+        return metrics
+
+    def _metrics(
+        self, groups: dict[str, list[EpisodeRecord]], trained: list[EpisodeRecord],
+        counts: list[int], denom: float, grad_norm: float,
+    ) -> dict[str, Any]:  # fmt: skip
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.pool.peak_bytes)
-        rewards = [m.reward.reward for m in trained if m.reward is not None]
-        metrics = {
+        rewards = [m.reward_value for m in trained if m.has_reward and not m.is_infra_failure]
+        return {
             "step": self.num_steps,
             "policy_version": self.policy_version + 1,
             "grad_norm": grad_norm,
@@ -274,12 +229,99 @@ class Learner:
             "learner_time_s": self.learner_time_s,
             "peak_buffer_bytes": self.pool.peak_bytes,
             "buffer_bytes": self.pool.buffer_bytes,
+            **staleness_metrics(self.episodes.records.values(), self.policy_version),
+            **self.stats.summary({m.episode_id for m in trained}, sum(counts)),
         }
-        self.num_steps += 1
-        self.policy_version += 1
-        if self.publish is not None:
-            self.publish(ev.StepFinished(
-                step=metrics["step"], policy_version=self.policy_version, metrics=metrics
-            ))  # fmt: skip
-        self._new_batch()
-        return metrics
+
+    def _new_batch(self) -> None:
+        """Fresh per-batch state: assembler, buffer budget, token statistics, strategy. The
+        step's gradient is allocated by the strategy at first use, not here."""
+        numel = sum(p.numel() for p in self.policy.params)
+        self.pool = BufferPool(numel, self.policy.dtype, self.policy.device, self.budget_bytes)
+        versions = None
+        if self.accepted_lag is not None:
+            versions = VersionWindow(self.policy_version, *self.accepted_lag)
+        self.episodes = Assembler(
+            self.limits, needs_rewards=isinstance(self.objective, GRPO), versions=versions
+        )
+        self.stats = TokenStats()
+        self.strategy = self.make_strategy(BatchContext(
+            self.policy, self.reference, self.pool, self.stats, self.micro_batch_size,
+            self.publish,
+        ))  # fmt: skip
+        self.learner_time_s = 0.0
+
+
+# --- choices made once, in the constructor --------------------------------------------------------
+
+
+def choose_strategy(
+    objective: Objective, *, streaming: bool, deterministic: bool, max_staleness: int,
+    early_start: bool,
+) -> Callable[[BatchContext], GradientStrategy]:  # fmt: skip
+    """The strategy class (with its options) that makes each batch's gradient."""
+    if isinstance(objective, OPD):
+        if streaming or deterministic:
+            return partial(PiecewiseOPD, objective=objective, deterministic=deterministic,
+                           streaming=streaming)  # fmt: skip
+        return partial(BatchOPD, objective=objective)
+    if max_staleness > 0:
+        return partial(OffPolicyGRPO, objective=objective)
+    if deterministic:
+        return partial(CanonicalGRPO, objective=objective, precompute=streaming)
+    if streaming:
+        return partial(StreamingGRPO, objective=objective, early_start=early_start)
+    return partial(BatchGRPO, objective=objective)
+
+
+def _accepted_lag(*, streaming: bool, max_staleness: int) -> tuple[int, str] | None:
+    """How many versions behind the learner a token may be, and why (None: not checked)."""
+    if streaming:
+        return 0, "streaming trains only on tokens of the current policy (zero staleness)"
+    if max_staleness > 0:
+        return max_staleness, f"max_staleness={max_staleness}"
+    return None  # on-policy sync trains on the batch it is given, as sampled by its version
+
+
+def _limits(policy: Policy, reference: Policy | None) -> EventLimits:
+    """The vocabulary and context limits of the policy (and of the reference, if smaller)."""
+    models = [policy] if reference is None else [policy, reference]
+    vocab = [v for m in models if (v := m.vocab_size) is not None]
+    context = [c for m in models if (c := m.max_context_tokens) is not None]
+    return EventLimits(vocab_size=min(vocab, default=None),
+                       max_context_tokens=min(context, default=None))  # fmt: skip
+
+
+def _check_options(
+    objective: Objective, *, reference: torch.nn.Module | None, streaming: bool,
+    max_staleness: int, max_grad_norm: float | None, micro_batch_size: int,
+    buffer_budget_bytes: int | None, policy_version: int, num_steps: int,
+) -> None:  # fmt: skip
+    """Refuse option combinations that cannot work or would silently do nothing."""
+    if not isinstance(objective, GRPO | OPD):
+        raise TypeError(f"objective: expected GRPO(...) or OPD(...), got {objective!r}")
+    if isinstance(objective, GRPO) and objective.kl_coef != 0.0 and reference is None:
+        raise ValueError("GRPO(kl_coef != 0) needs reference=<a frozen reference model>")
+    for name, value, minimum in (
+        ("max_staleness", max_staleness, 0), ("micro_batch_size", micro_batch_size, 1),
+        ("policy_version", policy_version, 0), ("num_steps", num_steps, 0),
+        ("buffer_budget_bytes", 0 if buffer_budget_bytes is None else buffer_budget_bytes, 0),
+    ):  # fmt: skip
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"{name}={value!r}: expected an int >= {minimum}")
+    if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm={max_grad_norm!r}: expected a finite number > 0 or None")
+    if max_staleness > 0 and streaming:
+        raise ValueError(
+            f"max_staleness={max_staleness} with streaming=True: streaming is zero-staleness "
+            "by definition (it trains only on tokens of the current policy); use "
+            "streaming=False for async training"
+        )
+    if max_staleness > 0 and isinstance(objective, OPD):
+        raise ValueError(f"max_staleness={max_staleness}: OPD has no off-policy correction here")
+    if max_staleness > 0 and isinstance(objective, GRPO) and objective.tis_cap is not None:
+        raise ValueError(
+            f"GRPO(tis_cap={objective.tis_cap}) with max_staleness={max_staleness}: the PPO "
+            "ratio against the sampler's log-probs already holds π_learner/π_engine; "
+            "tis_cap corrects the on-policy path only"
+        )

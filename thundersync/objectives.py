@@ -28,9 +28,13 @@ LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 class GRPO:
     """Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-    At the first (only) optimizer step of a batch the PPO ratio is exactly 1, clipping is
-    inactive, and the update is ∇J = Σ_g Σ_{i∈g} A_i Σ_t w_it ρ_it ∇log π_θ(a_it|s_it) with
-    A_i = (r_i − μ_g)/(σ_g + ε).
+    On-policy (``Learner(max_staleness=0)``, sync or streaming) the learner takes one optimizer
+    step per batch, so the PPO ratio is exactly 1, clipping is inactive, and the update is
+    ∇J = Σ_g Σ_{i∈g} A_i Σ_t w_it ρ_it ∇log π_θ(a_it|s_it) with A_i = (r_i − μ_g)/(σ_g + ε).
+    ``clip_low``/``clip_high`` then do nothing, by construction. They act with
+    ``Learner(max_staleness=k > 0)`` (async): the ratio is then taken against the sampler's
+    (behaviour) log-probs, r_t = π_θ(a_t)/π_sampler(a_t), and the surrogate is PPO's
+    min(r_t A_i, clip(r_t, 1 − clip_low, 1 + clip_high) A_i) (Schulman et al. 2017).
 
     Conventions (peers differ, so they are stated): σ_g is the *unbiased* standard deviation
     (``torch.std``, as verl and TRL); a group of one has no baseline and gets advantage 0
@@ -57,11 +61,14 @@ class GRPO:
     (Schulman 2020, "Approximating KL divergence")."""
     tis_cap: float | None = None
     """Truncated importance sampling for engine-vs-trainer mismatch (Yao et al. 2025):
-    ρ_t = min(π_trainer(a_t)/π_engine(a_t), cap), a constant per token. None: ρ = 1."""
+    ρ_t = min(π_trainer(a_t)/π_engine(a_t), cap), a constant per token. None: ρ = 1.
+    On-policy only: with ``max_staleness > 0`` the PPO ratio against the sampler already
+    holds π_trainer/π_engine, so the learner refuses a ``tis_cap`` there."""
     clip_low: float = 0.2
-    """PPO clip ε_low; inactive at ratio 1 (used when behaviour and learner policies differ)."""
+    """PPO clip ε_low. Does nothing on-policy (ratio 1 by construction); acts with
+    ``Learner(max_staleness > 0)``, where the ratio is against the sampler's log-probs."""
     clip_high: float = 0.2
-    """PPO clip ε_high (DAPO's clip-higher uses 0.28)."""
+    """PPO clip ε_high (DAPO's clip-higher uses 0.28). Acts only as ``clip_low`` does."""
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal (DAPO), as sync drops them."""
     max_groups: int | None = None
@@ -73,6 +80,11 @@ class GRPO:
             raise ValueError(f"kl_estimator: expected 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.max_groups is not None and not self.dynamic_sampling:
             raise ValueError("max_groups needs dynamic_sampling=True")
+        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
+            raise ValueError(
+                f"clip_low={self.clip_low}, clip_high={self.clip_high}: expected "
+                "0 <= clip_low < 1 and clip_high >= 0"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +217,16 @@ def ppo_clip_loss(
     clipped_T = ratio_T.clamp(1.0 - objective.clip_low, 1.0 + objective.clip_high)
     surrogate_T = torch.minimum(ratio_T * advantage, clipped_T * advantage)
     return -(weight * rho_T * surrogate_T).sum()
+
+
+def clipped_tokens(objective: GRPO, ratio_T: torch.Tensor, advantage: float) -> torch.Tensor:
+    """The tokens whose PPO-clip surrogate takes the clipped branch (and so has zero
+    gradient): ratio above 1 + ε_high with A > 0, or below 1 − ε_low with A < 0."""
+    if advantage > 0:
+        return ratio_T.detach() > 1.0 + objective.clip_high
+    if advantage < 0:
+        return ratio_T.detach() < 1.0 - objective.clip_low
+    return torch.zeros_like(ratio_T, dtype=torch.bool)
 
 
 def opd_term(

@@ -24,6 +24,34 @@ class Policy:
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the model takes: the rows of its input embedding, or its output
+        size where that is smaller (Hugging Face's ``get_input_embeddings`` and
+        ``get_output_embeddings``); None when it exposes neither, and then only negative ids
+        are refused."""
+        sizes = []
+        get_input = getattr(self.model, "get_input_embeddings", None)
+        embedding = get_input() if callable(get_input) else None
+        if isinstance(embedding, torch.nn.Embedding):
+            sizes.append(embedding.num_embeddings)
+        get_output = getattr(self.model, "get_output_embeddings", None)
+        head = get_output() if callable(get_output) else None
+        if isinstance(head, torch.nn.Linear):
+            sizes.append(head.out_features)
+        return min(sizes) if sizes else None
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        """The longest context the model takes: its config's ``max_position_embeddings``
+        (``n_positions`` for GPT-2); None when the config names neither."""
+        config = getattr(self.model, "config", None)
+        for name in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.params[0].dtype
 

@@ -77,8 +77,13 @@ def test_toy_episodes_stream_into_the_learner_and_match_sync(tiny_model_dirs):
     kinds = [type(e).__name__ for e in log]
     last_reward = len(kinds) - 1 - kinds[::-1].index("RewardReady")
     assert "GradientComputed" in kinds[:last_reward]
-    for learner in learners:
-        learner.step()
-    stream, sync = (learner.last_gradient for learner in learners)
+    # Both learners share the model, so each step's gradient is read from .grad at once.
+    stream, sync = (step_grad(learner, model) for learner in learners)
     assert float(stream.norm()) > 0
     assert float((stream - sync).norm()) <= 1e-12 * float(sync.norm())
+
+
+def step_grad(learner: Learner, model) -> torch.Tensor:
+    """Step, then the gradient the optimizer saw (SGD lr 0, no clipping: model unchanged)."""
+    learner.step()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])

@@ -62,7 +62,13 @@ def step_gradient(model, objective, events, reference=None, **kwargs) -> torch.T
     for event in events:
         learner.consume(event)
     learner.step()
-    return learner.last_gradient.clone()
+    return step_grad(model)
+
+
+def step_grad(model) -> torch.Tensor:
+    """The step's gradient as the optimizer saw it: every parameter's ``.grad``, flattened
+    (SGD with lr 0 and no clipping leave the model and the gradient as they were)."""
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

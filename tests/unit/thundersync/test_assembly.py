@@ -8,6 +8,7 @@ import torch
 from thundersync import GRPO, OPD, Learner
 from thundersync import events as ev
 from thundersync.assembly import Assembler, EventOrderError, natural_key
+from thundersync.errors import InvalidEventError
 from thundersync.models import load_model
 
 
@@ -52,7 +53,7 @@ def test_a_turn_beyond_num_turns_is_rejected_in_either_order(completed_first):
 
 
 def test_an_empty_prompt_is_rejected():
-    with pytest.raises(EventOrderError, match="empty prompt_ids"):
+    with pytest.raises(InvalidEventError, match="empty prompt_ids"):
         Assembler().apply(start("e0", prompt=()))
 
 

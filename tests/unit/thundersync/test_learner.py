@@ -5,9 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thundersync import GRPO, OPD, IncompleteBatchError, Learner, StaleTokenError
+from thundersync import (
+    GRPO,
+    OPD,
+    EventOrderError,
+    IncompleteBatchError,
+    InvalidEventError,
+    Learner,
+    NonFiniteGradientError,
+    StaleTokenError,
+)
 from thundersync import events as ev
-from thundersync.assembly import EventOrderError
 from thundersync.models import load_model
 from thundersync.rollouts import BatchShape, random_batch
 
@@ -72,7 +80,7 @@ def test_sync_accepts_tokens_of_any_version(model):
 
 def test_step_takes_one_optimizer_step_with_the_clipped_gradient(model):
     before = [p.detach().clone() for p in model.parameters()]
-    lrn = learner(model, lr=0.5, max_grad_norm=1e-3)
+    lrn = learner(model, lr=0.5, max_grad_norm=1e-3, keep_last_gradient=True)
     for e in informative_batch(model):
         lrn.consume(e)
     metrics = lrn.step()
@@ -118,7 +126,7 @@ def test_contradictory_events_are_rejected(model):
     lrn.consume(start)
     with pytest.raises(EventOrderError, match="already started"):
         lrn.consume(start)
-    with pytest.raises(EventOrderError, match="2 action_ids but 1 action_logprobs"):
+    with pytest.raises(InvalidEventError, match="2 action_ids but 1 action_logprobs"):
         lrn.consume(ev.TurnCompleted(episode_id=start.episode_id, turn=0, action_ids=(5, 6),
                                      action_logprobs=(-1.0,), policy_version=0))  # fmt: skip
 
@@ -143,7 +151,20 @@ def test_streaming_publishes_gradient_work_as_it_happens(model):
     assert isinstance(published[-1], ev.StepFinished)
 
 
-def test_infra_failures_are_excluded_not_scored_zero(model):
+STRATEGIES = {
+    "sync": {"streaming": False},
+    "streaming": {"streaming": True},
+    "streaming-early-start": {"streaming": True, "early_start": True},
+    "deterministic-sync": {"streaming": False, "deterministic": True},
+    "deterministic-streaming": {"streaming": True, "deterministic": True},
+    "off-policy": {"streaming": False, "max_staleness": 1},
+}
+
+
+@pytest.mark.parametrize("options", STRATEGIES.values(), ids=STRATEGIES.keys())
+def test_infra_failures_are_excluded_not_scored_zero(model, options):
+    """Every strategy drops an infra failure from its group; the group's statistics are over
+    the rest: the same step as the batch without that episode."""
     events = informative_batch(model)
     failed = next(e for e in events if isinstance(e, ev.RewardReady))
     flagged = [
@@ -159,17 +180,126 @@ def test_infra_failures_are_excluded_not_scored_zero(model):
         if isinstance(e, ev.EpisodeStarted) else e
         for e in without
     ]  # fmt: skip
-    a = learner(model, max_grad_norm=None)
-    b = learner(model, max_grad_norm=None)
-    for e in flagged:
-        a.consume(e)
-    for e in without:
-        b.consume(e)
-    a.step()
-    b.step()
-    assert torch.allclose(a.last_gradient, b.last_gradient, rtol=0, atol=1e-15)
+    grads = []
+    for batch in (flagged, without):
+        lrn = learner(model, max_grad_norm=None, **options)
+        for e in batch:
+            lrn.consume(e)
+        metrics = lrn.step()
+        grads.append(step_grad(model))
+        assert metrics["num_trajectories"] == len(
+            {e.episode_id for e in without if isinstance(e, ev.EpisodeStarted)}
+        )
+    assert float(grads[0].norm()) > 0
+    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-15)
+
+
+def step_grad(model) -> torch.Tensor:
+    """The step's gradient as the optimizer saw it: every parameter's ``.grad``, flattened."""
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
 def _group(events, reward_event) -> str:
     return next(e.group_id for e in events
                 if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id)
+
+
+# --- a non-finite gradient, resuming, memory -------------------------------------------------
+
+
+NON_FINITE = {
+    "sync": (GRPO(), {"streaming": False}),
+    "streaming": (GRPO(), {"streaming": True}),
+    "deterministic-streaming": (GRPO(), {"streaming": True, "deterministic": True}),
+    "off-policy": (GRPO(), {"streaming": False, "max_staleness": 1}),
+    "opd-sync": (OPD(), {"streaming": False}),
+    "opd-streaming": (OPD(granularity="turn"), {"streaming": True}),
+}
+
+
+@pytest.mark.parametrize("objective,options", NON_FINITE.values(), ids=NON_FINITE.keys())
+def test_a_non_finite_gradient_steps_nothing_and_the_next_batch_steps(model, objective, options):
+    teacher = isinstance(objective, OPD)
+    first, second = (random_batch(11 + v, model.config.vocab_size, SHAPE, teacher=teacher,
+                                  policy_version=v) for v in (0, 1))  # fmt: skip
+    lrn = Learner(model, objective, torch.optim.Adam(model.parameters(), lr=1e-3), **options)
+    for e in first:
+        lrn.consume(e)
+    lrn.step()  # the optimizer now has state, and every parameter a .grad
+    params = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = {k: v.clone() for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
+             if torch.is_tensor(v)}  # fmt: skip
+    state_before = [v.clone() for v in state.values()]
+    poisoned = next(iter(model.parameters()))
+    hook = poisoned.register_hook(lambda g: torch.full_like(g, float("nan")))
+    try:
+        for e in second:
+            lrn.consume(e)
+        with pytest.raises(NonFiniteGradientError, match="no optimizer step.*policy_version"):
+            lrn.step()
+    finally:
+        hook.remove()
+    assert all(torch.equal(a, p) for a, p in zip(params, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    after = {k: v for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
+             if torch.is_tensor(v)}  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(state_before, after.values()))
+    assert (lrn.policy_version, lrn.num_steps) == (1, 1)
+    for e in second:  # the dropped batch's episodes are new to the learner
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert (metrics["step"], metrics["policy_version"]) == (1, 2)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_resumed_learner_continues_numbering_and_version(model):
+    lrn = learner(model, policy_version=7, num_steps=3)
+    events = random_batch(0, model.config.vocab_size, SHAPE, policy_version=7)
+    for e in events:
+        lrn.consume(e)
+    metrics = lrn.step()
+    assert (metrics["step"], metrics["policy_version"]) == (3, 8)
+    assert (lrn.num_steps, lrn.policy_version) == (4, 8)
+    with pytest.raises(StaleTokenError, match="version 7.*version 8"):
+        lrn.consume(next(e for e in events if isinstance(e, ev.EpisodeStarted)))
+
+
+@pytest.mark.parametrize("options", [{"policy_version": -1}, {"num_steps": 1.5},
+                                     {"max_staleness": True}, {"micro_batch_size": 0}])
+def test_bad_options_are_refused_by_name(model, options):
+    with pytest.raises(ValueError, match=next(iter(options))):
+        learner(model, **options)
+
+
+def test_no_copy_of_the_gradient_outlives_a_step(model):
+    """.grad holds the step's gradient without a clone per parameter: views of one vector at
+    the first step, then the same .grad tensors, written in place; no last_gradient."""
+    for p in model.parameters():
+        p.grad = None
+    lrn = learner(model, streaming=False)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    lrn.step()
+    assert lrn.last_gradient is None
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(storages) == 1
+    grads = [p.grad for p in model.parameters()]
+    lrn2 = learner(model, streaming=True)
+    for e in informative_batch(model, seed=5):
+        lrn2.consume(e)
+    lrn2.step()
+    assert all(g is p.grad for g, p in zip(grads, model.parameters()))
+    assert lrn2.last_gradient is None
+
+
+def test_keep_last_gradient_keeps_a_separate_copy(model):
+    lrn = learner(model, max_grad_norm=None, keep_last_gradient=True)
+    for e in informative_batch(model):
+        lrn.consume(e)
+    lrn.step()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.equal(lrn.last_gradient, grads) and float(grads.norm()) > 0
+    for p in model.parameters():
+        p.grad.zero_()
+    assert float(lrn.last_gradient.norm()) > 0

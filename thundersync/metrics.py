@@ -1,0 +1,79 @@
+"""Step metrics beside the gradient: staleness of the trained tokens, PPO clipping, and the
+engine-vs-learner log-prob mismatch (DESIGN §5), from forward passes the learner runs anyway.
+
+The mismatch is not exactness: exactness compares two computations of the same gradient
+(streaming vs sync), the mismatch compares the sampler's log-probs with the learner's on the
+same tokens. Engines differ from the learner by kernels, precision and batching, so it is
+never zero in practice; it is what ``GRPO.tis_cap`` corrects for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable
+from typing import Any
+
+import torch
+
+from thundersync.assembly import EpisodeRecord
+
+
+class TokenStats:
+    """Per piece of gradient work, the learner's log-probs compared with the sampler's.
+
+    A piece is keyed ``(episode_id, turn)`` (turn None for the whole episode), so a piece
+    computed twice counts once, and ``summary`` keeps only the trained episodes (streaming
+    may compute a trajectory whose group dynamic sampling then drops).
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[Hashable, torch.Tensor] = {}
+
+    def record(
+        self,
+        key: tuple[str, int | None],
+        logp_T: torch.Tensor,
+        sampler_T: torch.Tensor,
+        clipped_T: torch.Tensor | None = None,
+    ) -> None:
+        """Note one piece: Σ|d|, max|d|, Σ k3(d), token count and clipped-token count, with
+        d = log π_learner − log π_sampler; kept on the device until the step."""
+        with torch.no_grad():
+            d_T = logp_T.detach().to(torch.float64) - sampler_T.to(torch.float64)
+            clipped = clipped_T.sum() if clipped_T is not None else d_T.new_zeros(())
+            self._rows[key] = torch.stack([
+                d_T.abs().sum(), d_T.abs().max(), (torch.exp(d_T) - d_T - 1.0).sum(),
+                d_T.new_tensor(float(d_T.numel())), clipped.to(torch.float64),
+            ])  # fmt: skip
+
+    def summary(self, episode_ids: Collection[str], num_trained_tokens: int) -> dict[str, Any]:
+        """The step's metrics over the pieces of ``episode_ids``."""
+        rows = [row for key, row in self._rows.items() if key[0] in episode_ids]
+        if not rows:
+            return {"logprob_mismatch_mean": None, "logprob_mismatch_max": None,
+                    "kl_sampler_learner": None, "num_compared_tokens": 0,
+                    "clip_fraction": 0.0}  # fmt: skip
+        table = torch.stack(rows)
+        total_abs, total_k3, count, clipped = table[:, [0, 2, 3, 4]].sum(0).tolist()
+        return {
+            "logprob_mismatch_mean": total_abs / count,
+            "logprob_mismatch_max": float(table[:, 1].max()),
+            "kl_sampler_learner": total_k3 / count,
+            "num_compared_tokens": int(count),
+            "clip_fraction": clipped / num_trained_tokens if num_trained_tokens else 0.0,
+        }
+
+
+def staleness_metrics(episodes: Iterable[EpisodeRecord], policy_version: int) -> dict[str, Any]:
+    """``staleness_histogram`` ({versions behind: action tokens}, keys as strings for JSON)
+    over every action token of ``episodes``, and ``max_staleness_seen`` (None without any)."""
+    histogram: dict[int, int] = {}
+    for rec in episodes:
+        last = rec.num_turns if rec.num_turns is not None else len(rec.actions)
+        for k, action in rec.actions.items():
+            if k < last:
+                behind = policy_version - action.policy_version
+                histogram[behind] = histogram.get(behind, 0) + len(action.action_ids)
+    return {
+        "staleness_histogram": {str(k): histogram[k] for k in sorted(histogram)},
+        "max_staleness_seen": max(histogram) if histogram else None,
+    }
