@@ -102,7 +102,7 @@ def learner_gradient(model, variant: Variant, events, *, streaming: bool, determ
     learner = Learner(
         model, variant.objective, torch.optim.SGD(params, lr=0.0),
         streaming=streaming, deterministic=deterministic, reference=reference,
-        max_grad_norm=None, keep_last_gradient=True, **kwargs,
+        max_grad_norm=None, **kwargs,
     )  # fmt: skip
     for event in events:
         learner.consume(event)

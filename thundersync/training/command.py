@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ def add_warmstart_parser(sub: Any) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float,
                             default=getattr(defaults, name))  # fmt: skip
     parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads for fine-tuning (it runs alone)")
     parser.set_defaults(func=_run_warmstart)
 
 
@@ -94,7 +97,7 @@ def _run_warmstart(args: Any) -> int:
 
     from thundersync.training.warmstart import WarmStartConfig, warm_start
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
               "corrupt_fraction", "lr", "sandbox")  # fmt: skip
     config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
