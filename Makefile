@@ -28,11 +28,14 @@ install: $(VENV)/.installed
 DEMO       ?= demo-out
 DEMO_DB    := $(DEMO)/leaderboard.sqlite
 DEMO_ENV   := thundersync/ToySum-v0
-DEMO_STEPS ?= 10
+DEMO_STEPS ?= 12
 DEMO_SEEDS ?= 2
-DEMO_WORKLOAD := {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5, "grade_latency_s": 0.3, "grade_latency_sigma": 1.0}
+DEMO_WORKLOAD := {"tools": "python", "tool_latency_s": 0.05, "tool_latency_sigma": 1.0, "grade_latency_s": 0.3, "grade_latency_sigma": 0.75}
+# GRPO as published (KL to the reference, beta 0.04); streaming starts each trajectory's backward
+# when its episode completes, overlapping the grading (early start).
 DEMO_TRAIN := --env $(DEMO_ENV) --env-kwargs '$(DEMO_WORKLOAD)' --model $(DEMO)/warm-model \
-              --steps $(DEMO_STEPS) --tasks-per-step 8 --group-size 8 --lr 1e-3 --max-new-tokens 16
+              --steps $(DEMO_STEPS) --tasks-per-step 8 --group-size 8 --lr 1e-3 --max-new-tokens 16 \
+              --objective '{"kl_coef": 0.04}' --early-start
 DEMO_LAST  := $(DEMO)/compare/runs/streaming-seed0/checkpoints/step-$(shell printf %06d $(DEMO_STEPS))
 
 demo: install
@@ -43,7 +46,8 @@ demo: install
 	$(BIN)/thundersync eval --suite tb1-mini --agent nop --db $(DEMO_DB)
 	$(BIN)/thundersync warmstart --env $(DEMO_ENV) --out $(DEMO)/warm-model --hidden-size 128
 	$(BIN)/thundersync compare $(DEMO_TRAIN) --modes sync,async,streaming --seeds $(DEMO_SEEDS) \
-	    --target 0.6 --eval-every 2 --eval-tasks 32 --out $(DEMO)/compare --db $(DEMO_DB)
+	    --target 0.6 --eval-every 2 --eval-tasks 32 --eval-env-kwargs '{"tools": "python"}' \
+	    --out $(DEMO)/compare --db $(DEMO_DB)
 	$(BIN)/thundersync eval --env $(DEMO_ENV) --env-kwargs '{"tools": "python"}' \
 	    --checkpoint $(DEMO_LAST) --tasks 32 --db $(DEMO_DB) --out $(DEMO)/eval-final
 	$(BIN)/thundersync leaderboard --db $(DEMO_DB) --html $(DEMO)/leaderboard

@@ -42,6 +42,9 @@ class CompareConfig:
     """Held-out tasks (drawn once, the same for every run)."""
     eval_samples: int = 1
     """Attempts per held-out task."""
+    eval_env_kwargs: dict[str, Any] | None = None
+    """Env keyword arguments for the evaluation (None: the training's; e.g. the same env
+    without its latency knobs, since evaluation time is not measured)."""
     out: str = "runs/compare"
     """Folder for results.json, plots and the runs."""
     leaderboard: bool = True
@@ -115,8 +118,10 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
 
     base = config.train
 
+    kwargs = base.env_kwargs if config.eval_env_kwargs is None else config.eval_env_kwargs
+
     def make_env() -> Any:
-        return gymnasium.make(base.env, **{"sandbox": base.sandbox, **base.env_kwargs})
+        return gymnasium.make(base.env, **{"sandbox": base.sandbox, **kwargs})
 
     tasks = draw_eval_tasks(make_env, config.eval_tasks, seed=base.seed)
     initial = base.model or str(runs[0].folder / "init-model")

@@ -35,6 +35,9 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-every", type=int, default=2, help="steps between checkpoints")
     parser.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks")
     parser.add_argument("--eval-samples", type=int, default=1, help="attempts per task")
+    parser.add_argument("--eval-env-kwargs", type=json.loads, default=None, metavar="JSON",
+                        help="env keyword arguments for the evaluation (default: the "
+                             "training's --env-kwargs)")  # fmt: skip
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")
     parser.add_argument("--config", default=None, help="JSON/TOML file of training fields")
     parser.add_argument("--json", action="store_true", help="print results.json")
@@ -65,7 +68,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
             train=replace(train, out=args.out), modes=tuple(args.modes.split(",")),
             seeds=args.seeds, target=args.target, budget_s=args.budget_s,
             eval_every=args.eval_every, eval_tasks=args.eval_tasks,
-            eval_samples=args.eval_samples, out=args.out,
+            eval_samples=args.eval_samples, eval_env_kwargs=args.eval_env_kwargs, out=args.out,
             leaderboard=not args.no_leaderboard, leaderboard_db=args.db,
         )  # fmt: skip
         for mode in config.modes:

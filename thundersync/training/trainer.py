@@ -47,6 +47,7 @@ class Trainer:
         torch.set_num_threads(config.learner_threads)
         self._procs: list[Any] = []
         self._window: dict[str, float] = defaultdict(float)
+        self._backward_intervals: list[tuple[float, float]] = []
         self._completed: dict[str, float] = {}
         self.batches: dict[int, BatchTracker] = {}
         self.history: list[dict[str, Any]] = []
@@ -249,7 +250,10 @@ class Trainer:
         record = ev.summarize(span)
         record.pop("event", None)
         self.spans_log.write(json.dumps(record, default=str) + "\n")
-        self._window[span.name] += max(0.0, span.finished - span.started)
+        if span.name == "backward":  # batched pieces share one interval: count it once
+            self._backward_intervals.append((span.started, span.finished))
+        else:
+            self._window[span.name] += max(0.0, span.finished - span.started)
 
     def _on_learner_event(self, event: ev.Event) -> None:
         self.events_log(event)
@@ -302,6 +306,8 @@ class Trainer:
         previous = self.history[-1]["time_s"] if self.history else 0.0
         step_time = now - previous
         window, self._window = dict(self._window), defaultdict(float)
+        window["backward"] = _union(self._backward_intervals)
+        self._backward_intervals = []
         busy = window.get("backward", 0.0) + window.get("step", 0.0)
         return {
             "step": step,
@@ -351,6 +357,16 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
 
 
 def _step_of(episode_id: str) -> int:
