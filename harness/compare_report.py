@@ -79,6 +79,12 @@ def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str
             )
             for name in BREAKDOWN
         },  # fmt: skip
+        "tool_s_per_episode": statistics.median(
+            m["breakdown_s"].get("tool", 0.0) / m["num_episodes"] for m in metrics
+        ),
+        "grading_s_per_episode": statistics.median(
+            m["breakdown_s"].get("grading", 0.0) / m["num_episodes"] for m in metrics
+        ),
         "learner_idle_fraction": _mean(m.get("learner_idle_fraction") for m in metrics),
         "engine_idle_fraction": _mean(m.get("engine_idle_fraction") for m in metrics),
     }
@@ -93,13 +99,11 @@ def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str
         "histogram": {str(k): v for k, v in sorted(histogram.items())},
     }
     out["clip_fraction"] = _mean(m["learner"].get("clip_fraction") for m in metrics)
-    efficiencies = []
-    for run in runs:
-        if run.seed in sync_folders:
-            cost = batched_cost_per_trajectory(sync_folders[run.seed])
-            efficiencies.append(critical_path(run.folder, cost).get("efficiency"))
-    if efficiencies:
+    if sync_folders:  # b_i: the sync runs' batched learner cost, median over their seeds
+        cost = statistics.median(batched_cost_per_trajectory(f) for f in sync_folders.values())
+        efficiencies = [critical_path(run.folder, cost).get("efficiency") for run in runs]
         out["bound_efficiency"] = median_ci(efficiencies)
+        out["cost_per_trajectory_s"] = cost
     return out
 
 

@@ -9,6 +9,9 @@ trajectory, the best any zero-staleness schedule can do on one learner is
 over trajectories sorted by cᵢ. bᵢ = L_sync / N, the *batched* learner cost per trajectory
 measured in a sync run (a lone trajectory's backward costs more, so this bound assumes
 streaming loses nothing to batching). Streaming's efficiency is T* / T.
+
+With early start a trajectory's backward may begin when its episode completes (eᵢ), before
+its reward: the bound is then max( max_k (e₍ₖ₎ + Σ_{j≥k} b₍ⱼ₎), max cᵢ ) + optimizer + sync.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class StepWindow:
     finished_at: float
     reward_times: tuple[float, ...]
     durations: dict[str, float]
+    completed_times: tuple[float, ...] = ()
+    """When each episode's last action was fixed (``EpisodeCompleted``)."""
     """Summed span durations by name (step, optimizer, weight_publish, ...) in the window."""
 
     @property
@@ -49,10 +54,12 @@ def step_windows(run: Path) -> list[StepWindow]:
     events = read_jsonl(run / "events.jsonl")
     spans = read_jsonl(run / "spans.jsonl")
     rewards: dict[int, list[float]] = {}
+    completed: dict[int, list[float]] = {}
     for e in events:
-        if e.get("event") == "RewardReady" and str(e.get("episode_id", "")).startswith("s"):
-            step = int(e["episode_id"].split("-", 1)[0][1:])
-            rewards.setdefault(step, []).append(float(e["t"]))
+        kind, eid = e.get("event"), str(e.get("episode_id", ""))
+        if kind in ("RewardReady", "EpisodeCompleted") and eid.startswith("s"):
+            table = rewards if kind == "RewardReady" else completed
+            table.setdefault(int(eid.split("-", 1)[0][1:]), []).append(float(e["t"]))
     windows = []
     for m in metrics:
         lo, hi = float(m["submitted_at"]), float(m["finished_at"])
@@ -61,7 +68,7 @@ def step_windows(run: Path) -> list[StepWindow]:
             if s.get("worker") == "learner" and lo <= s["started"] and s["finished"] <= hi:
                 durations[s["name"]] = durations.get(s["name"], 0.0) + s["finished"] - s["started"]
         windows.append(StepWindow(m["step"], lo, hi, tuple(rewards.get(m["step"], ())),
-                                  durations))  # fmt: skip
+                                  durations, tuple(completed.get(m["step"], ()))))  # fmt: skip
     return windows
 
 
@@ -78,14 +85,16 @@ def batched_cost_per_trajectory(sync_run: Path) -> float:
     return statistics.median(costs)
 
 
-def bound(window: StepWindow, cost_per_trajectory: float) -> float:
+def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool = False) -> float:
     """T* of one step (seconds from its batch's start)."""
-    ready = sorted(t - window.submitted_at for t in window.reward_times)
+    times = window.completed_times if early_start else window.reward_times
+    ready = sorted(t - window.submitted_at for t in times)
     n = len(ready)
     tail = max((c + (n - k) * cost_per_trajectory for k, c in enumerate(ready)), default=0.0)
-    return (
-        tail + window.durations.get("optimizer", 0.0) + window.durations.get("weight_publish", 0.0)
-    )
+    if early_start:
+        tail = max([tail, *(t - window.submitted_at for t in window.reward_times)])
+    overhead = window.durations.get("optimizer", 0.0) + window.durations.get("weight_publish", 0.0)
+    return tail + overhead
 
 
 def summarize(run: Path, cost_per_trajectory: float | None = None,
@@ -100,7 +109,9 @@ def summarize(run: Path, cost_per_trajectory: float | None = None,
         "step_times_s": [w.time_s for w in windows],
     }
     if cost_per_trajectory is not None:
-        bounds = [bound(w, cost_per_trajectory) for w in windows]
+        config = run / "config.json"
+        early = config.is_file() and bool(json.loads(config.read_text()).get("early_start"))
+        bounds = [bound(w, cost_per_trajectory, early_start=early) for w in windows]
         out["bound_s"] = statistics.median(bounds)
         out["efficiency"] = statistics.median(b / w.time_s for b, w in zip(bounds, windows))
     return out

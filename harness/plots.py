@@ -11,9 +11,6 @@ from harness.bootstrap import median_ci
 from harness.curves import accuracy_on_grid
 
 COLORS = {"sync": "#4c72b0", "streaming": "#dd8452"}
-STACK = (("engine", "generation"), ("tool", "tools"), ("grading", "grading"),
-         ("teacher", "teacher"), ("backward", "backward"), ("step", "learner step"),
-         ("weight_publish", "weight sync"))  # fmt: skip
 
 
 def _pyplot() -> Any:
@@ -79,28 +76,37 @@ def _at_step(curve: list[Any], step: int) -> float | None:
 
 
 def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
+    """Per mode: the step's wall time beside what each worker was busy for during it (the
+    engine, the learner) and what one episode spent in tools and in grading (those run
+    concurrently across episodes, so they are per episode, not summed)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
     names = list(results["modes"])
-    for i, mode in enumerate(names):
-        m = results["modes"][mode]
-        step_time, fractions = m.get("step_time_s", 0.0), m.get("breakdown_fraction", {})
-        ax.bar(i, step_time, color="#dddddd", edgecolor="black", linewidth=0.5,
-               label="step time" if i == 0 else None)  # fmt: skip
-        bottom = 0.0
-        for j, (key, label) in enumerate(STACK):
-            height = fractions.get(key, 0.0) * step_time
-            ax.bar(i, height, bottom=bottom, width=0.5, color=f"C{j}",
-                   label=label if i == 0 else None)  # fmt: skip
-            bottom += height
+    bars = (
+        ("step time", lambda m: m.get("step_time_s", 0.0)),
+        ("engine busy", lambda m: _busy(m, "engine")),
+        ("learner busy", lambda m: _busy(m, "backward") + _busy(m, "step")),
+        ("tools, per episode", lambda m: m.get("tool_s_per_episode", 0.0)),
+        ("grading, per episode", lambda m: m.get("grading_s_per_episode", 0.0)),
+        ("weight sync", lambda m: _busy(m, "weight_publish") + _busy(m, "weight_sync")),
+    )
+    width = 0.8 / len(bars)
+    for j, (label, value) in enumerate(bars):
+        xs = [i + (j - len(bars) / 2 + 0.5) * width for i in range(len(names))]
+        ax.bar(xs, [value(results["modes"][n]) for n in names], width=width, label=label,
+               color="#bbbbbb" if j == 0 else f"C{j - 1}")  # fmt: skip
     ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("seconds per step (busy time summed over workers)")
-    ax.set_title("step-time breakdown (grey: the step's wall time)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel("seconds per step (median over steps and seeds)")
+    ax.set_title("where a step's time goes")
+    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _busy(mode: dict[str, Any], name: str) -> float:
+    return mode.get("breakdown_fraction", {}).get(name, 0.0) * mode.get("step_time_s", 0.0)
 
 
 def _timeline_plot(runs: list[Any], path: Path) -> Path:
