@@ -1,4 +1,6 @@
-"""EpisodeRunner: drives ShellEnvs with an agent and publishes the episode events (DESIGN §2).
+"""EpisodeRunner: drives ShellEnvs with an agent and publishes the episode events.
+
+The event protocol is docs/design.md §2.
 
 Per episode, in this order: ``EpisodeStarted`` → for each action ``TurnCompleted`` (before the
 tool runs) and ``ToolFinished`` (after; every non-final action has one, the final one only if

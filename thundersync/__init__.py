@@ -1,4 +1,4 @@
-"""ThunderSync: exact gradient streaming for agentic RL of language models (DESIGN §8 API).
+"""ThunderSync: exact gradient streaming for agentic RL of language models (docs/design.md §8 API).
 
 Names are imported lazily so that the protocol modules (``thundersync.events``,
 ``thundersync.types``) stay cheap for environments, which must not pay for torch.

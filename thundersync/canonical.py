@@ -1,5 +1,6 @@
 """Canonical-order reduction: group selection, and the deterministic GRPO strategy that sync
-and streaming share so that both perform the very same floating-point operations (DESIGN §3).
+and streaming share so that both perform the very same floating-point operations
+(docs/design.md §3).
 
 Pieces (a trajectory's h_i and k_i, or one OPD turn's gradient) may be computed in any order
 and at any time: the parameters do not change within a batch, so a piece is bitwise the same

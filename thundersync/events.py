@@ -1,4 +1,4 @@
-"""Events: the public protocol between environments, workers and the learner (DESIGN §2).
+"""Events: the public protocol between environments, workers and the learner (docs/design.md §2).
 
 Every event is a frozen dataclass named ``<Subject><PastVerb>`` with keyword-only fields and a
 ``t`` timestamp in seconds on the run's clock. Token arrays are tuples of ints and log-probs

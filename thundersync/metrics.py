@@ -1,5 +1,6 @@
 """Step metrics beside the gradient: staleness of the trained tokens, PPO clipping, and the
-engine-vs-learner log-prob mismatch (DESIGN §5), from forward passes the learner runs anyway.
+engine-vs-learner log-prob mismatch (docs/design.md §5), from forward passes the learner runs
+anyway.
 
 The mismatch is not exactness: exactness compares two computations of the same gradient
 (streaming vs sync), the mismatch compares the sampler's log-probs with the learner's on the

@@ -1,6 +1,6 @@
 """Objectives: GRPO and on-policy distillation as pure functions over per-token tensors.
 
-Every objective here is written in the form the exact-streaming learner needs (DESIGN §3):
+Every objective here is written in the form the exact-streaming learner needs (docs/design.md §3):
 the loss gradient of a batch is
 
     ∇L = (1/D) [ Σ_i A_i ∇ℓ_i + Σ_i ∇κ_i ]

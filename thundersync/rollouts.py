@@ -11,7 +11,7 @@ from thundersync import events as ev
 
 @dataclass(frozen=True, slots=True)
 class BatchShape:
-    """Bounds for ``random_batch``; defaults are the certificate's (DESIGN §3, issue 2)."""
+    """Bounds for ``random_batch``; defaults are the certificate's (docs/design.md §3)."""
 
     max_groups: int = 3
     """Groups per batch: min_groups..max_groups."""

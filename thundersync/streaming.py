@@ -4,7 +4,7 @@ For group g with rewards r_i, shift c (the first reward deposited) and h_i = ∇
 
     Σ_i A_i h_i = ( W_g − (μ_g − c) H_g ) / s_g,   W_g = Σ (r_i − c) h_i,   H_g = Σ h_i
 
-which is DESIGN §3's (R − μH)/(σ+ε) with the rewards shifted by c: the same value, less
+which is docs/design.md §3's (R − μH)/(σ+ε) with the rewards shifted by c: the same value, less
 cancellation, and a group whose rewards are all equal deposits exact zeros (r_i − c = 0).
 Without std scaling (s = 1) W_g needs no buffer: (r_i − c) h_i goes straight into the
 step's gradient, so a group costs one buffer. A trajectory whose group is already closed is

@@ -1,4 +1,7 @@
-"""Data model: token-in/token-out trajectories exactly as the policy saw them (DESIGN §2)."""
+"""Data model: token-in/token-out trajectories exactly as the policy saw them.
+
+See docs/design.md §2.
+"""
 
 from __future__ import annotations
 

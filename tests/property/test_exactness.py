@@ -130,7 +130,7 @@ def test_float32_and_float32_internal_models_match_within_1e_6(models, arch, dty
 
 
 def test_the_float64_gap_on_qwen_is_the_models_float32_internals(models):
-    """The documented effect (DESIGN §3): the float32 casts inside RMSNorm's backward round
+    """The documented effect (docs/design.md §3): the float32 casts inside RMSNorm's backward round
     A·g differently from A·(g rounded), so per-trajectory backward passes scaled afterwards
     differ from one backward of the whole loss by ~1e-7 even in a float64 model; the same
     batch on the all-float64 GPT-2 agrees to 1e-15."""
