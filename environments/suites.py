@@ -11,6 +11,7 @@ from environments.tasks import TaskList, TaskSet
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SWEBENCH_SUFFIXES = (".json", ".jsonl", ".parquet")
 TERMINAL_BENCH_FILES = ("task.yaml", "task.toml")
+"""What a Terminal-Bench 1 / Harbor task folder holds (for messages; the loader decides)."""
 
 
 class UnknownSuiteError(ValueError):
@@ -43,9 +44,6 @@ SUITES: dict[str, Callable[[], TaskSet]] = {
 }
 
 
-CombinedTaskSet = TaskList  # TaskList[Task]: several task sets as one
-
-
 def resolve_suite(name_or_path: str | Path) -> TaskSet:
     """A registered suite (``sorted(SUITES)``) or a path, by format.
 
@@ -74,22 +72,18 @@ def resolve_suite(name_or_path: str | Path) -> TaskSet:
 
 
 def detect_format(path: Path) -> str | None:
-    """``"terminal_bench"``, ``"swebench"`` or None for a file or folder."""
+    """``"terminal_bench"``, ``"swebench"`` or None for a file or folder. Task folders are
+    recognised by the Terminal-Bench loader's own rule; SWE-bench data by its file suffix
+    (a malformed instance file then gets the loader's error naming the row and field)."""
+    from environments.terminal_bench.loader import looks_like_terminal_bench
+
     if path.is_file():
         return "swebench" if path.suffix in SWEBENCH_SUFFIXES else None
-    if _is_task_folder(path) or any(_is_task_folder(child) for child in _subfolders(path)):
+    if looks_like_terminal_bench(path):
         return "terminal_bench"
     if any(child.suffix in SWEBENCH_SUFFIXES for child in path.iterdir() if child.is_file()):
         return "swebench"
     return None
-
-
-def _is_task_folder(path: Path) -> bool:
-    return any((path / name).is_file() for name in TERMINAL_BENCH_FILES)
-
-
-def _subfolders(path: Path) -> list[Path]:
-    return sorted(child for child in path.iterdir() if child.is_dir())
 
 
 def resolve_suites(names: str | Path | Sequence[str | Path]) -> TaskSet:
@@ -103,7 +97,7 @@ def resolve_suites(names: str | Path | Sequence[str | Path]) -> TaskSet:
         if task.task_id in seen:
             raise ValueError(f"suites {list(names)}: task id {task.task_id!r} appears twice")
         seen.add(task.task_id)
-    return CombinedTaskSet("+".join(task_set.name for task_set in sets), tasks)
+    return TaskList("+".join(task_set.name for task_set in sets), tasks)
 
 
 def make_suite_env(suite: str | Sequence[str] = "swebench-mini", **kwargs: Any) -> Any:

@@ -187,13 +187,12 @@ def _task_id(prefix: str, table: tuple[tuple[str, str], ...], instruction: str) 
     return f"{prefix}-{digest}"
 
 
-ToyTaskSet = TaskList  # TaskList[ToyTask], e.g. the toy-sum suite
 
 
-def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> ToyTaskSet:
+def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> TaskList:
     """The ``toy-sum`` evaluation suite: ``num_tasks`` ToySum tasks drawn from ``seed``."""
     rng = np.random.default_rng(seed)
-    return ToyTaskSet("toy-sum", tuple(draw_sum_task(rng) for _ in range(num_tasks)))
+    return TaskList("toy-sum", tuple(draw_sum_task(rng) for _ in range(num_tasks)))
 
 
 class _ToyEnv(ShellEnv):

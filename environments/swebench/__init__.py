@@ -57,14 +57,13 @@ bubblewrap; ``image`` is then optional. See ``environments/fixtures/swebench/REA
 
 from __future__ import annotations
 
-from environments.swebench.dataset import SWEBenchTaskSet, load_instances, looks_like_swebench
+from environments.swebench.dataset import load_instances, looks_like_swebench
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.task import SWEBenchTask
 
 __all__ = [
     "SWEBenchInstance",
     "SWEBenchTask",
-    "SWEBenchTaskSet",
     "load_instances",
     "looks_like_swebench",
 ]

@@ -16,7 +16,6 @@ DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 _SIGNATURE_FIELDS = frozenset({"instance_id", "test_patch", "FAIL_TO_PASS"})
 
 
-SWEBenchTaskSet = TaskList  # TaskList[SWEBenchTask]: SWE-bench instances as tasks
 
 
 def load_instances(
@@ -26,7 +25,7 @@ def load_instances(
     max_turns: int = 50,
     timeout_s: float = 120.0,
     snapshot_root: str | Path | None = None,
-) -> SWEBenchTaskSet:
+) -> TaskList:
     """Load and validate every instance of ``source``.
 
     ``source``: a local ``.json`` (a list of rows), ``.jsonl`` or ``.parquet`` file; a folder
@@ -75,7 +74,7 @@ def load_instances(
         SWEBenchTask(instance, max_turns=max_turns, timeout_s=timeout_s)
         for instance in instances.values()
     )
-    return SWEBenchTaskSet(name=name, tasks=tasks)
+    return TaskList(name=name, tasks=tasks)
 
 
 def _snapshot_root(value: str | Path | None) -> Path | None:

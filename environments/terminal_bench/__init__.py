@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from environments.terminal_bench.loader import (
-    TerminalBenchTaskSet,
     load_task,
     load_tasks,
     looks_like_terminal_bench,
@@ -12,7 +11,6 @@ from environments.terminal_bench.task import TerminalBenchTask
 
 __all__ = [
     "TerminalBenchTask",
-    "TerminalBenchTaskSet",
     "load_task",
     "load_tasks",
     "looks_like_terminal_bench",

@@ -12,7 +12,6 @@ from environments.terminal_bench.tb1 import load_tb1_task
 TASK_FILES = ("task.yaml", "task.toml")
 
 
-TerminalBenchTaskSet = TaskList  # TaskList[TerminalBenchTask], in folder-name order
 
 
 def _is_task_dir(path: Path) -> bool:
@@ -47,14 +46,14 @@ def load_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
     )
 
 
-def load_tasks(path: str | Path, *, max_turns: int = 50) -> TerminalBenchTaskSet:
+def load_tasks(path: str | Path, *, max_turns: int = 50) -> TaskList:
     """Load a task folder or a folder of task folders; every malformed task raises
     TaskFormatError. Sub-folders whose names start with '.' or '_' are skipped."""
     root = Path(path)
     if not root.is_dir():
         raise TaskFormatError(root, "path", "expected a task folder or a folder of task folders")
     if _is_task_dir(root):
-        return TerminalBenchTaskSet(name=root.name, tasks=(load_task(root, max_turns=max_turns),))
+        return TaskList(name=root.name, tasks=(load_task(root, max_turns=max_turns),))
     children = sorted(
         child
         for child in root.iterdir()
@@ -63,4 +62,4 @@ def load_tasks(path: str | Path, *, max_turns: int = 50) -> TerminalBenchTaskSet
     tasks = tuple(load_task(child, max_turns=max_turns) for child in children)
     if not tasks:
         raise TaskFormatError(root, "task.yaml", "expected task folders, found none")
-    return TerminalBenchTaskSet(name=root.name, tasks=tasks)
+    return TaskList(name=root.name, tasks=tasks)

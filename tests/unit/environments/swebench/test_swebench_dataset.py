@@ -11,11 +11,10 @@ import pytest
 
 from environments.swebench import (
     SWEBenchTask,
-    SWEBenchTaskSet,
     load_instances,
     looks_like_swebench,
 )
-from environments.tasks import TaskFormatError
+from environments.tasks import TaskFormatError, TaskList
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 DATA = Path(os.environ.get("THUNDERSYNC_SWEBENCH_DATA", REPO_ROOT.parent / "shared/data/swebench"))
@@ -28,7 +27,7 @@ needs_lite = pytest.mark.skipif(not LITE.exists(), reason=f"{LITE} absent")
 
 
 @pytest.fixture(scope="module")
-def verified() -> SWEBenchTaskSet:
+def verified() -> TaskList:
     if not VERIFIED.exists():
         pytest.skip(f"{VERIFIED} absent")
     return load_instances(VERIFIED)
@@ -41,7 +40,7 @@ def official_rows(path: Path) -> list[dict]:
 
 
 @needs_verified
-def test_all_verified_rows_load_typed(verified: SWEBenchTaskSet) -> None:
+def test_all_verified_rows_load_typed(verified: TaskList) -> None:
     assert len(verified) == 500
     rows = {row["instance_id"]: row for row in official_rows(VERIFIED)}
     for task in verified:
@@ -73,7 +72,7 @@ def test_all_lite_rows_load() -> None:
         ("sympy__sympy-20590", "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest"),
     ],
 )
-def test_official_image_naming(verified: SWEBenchTaskSet, instance_id: str, image: str) -> None:
+def test_official_image_naming(verified: TaskList, instance_id: str, image: str) -> None:
     task = verified.get(instance_id)
     spec = task.sandbox_spec()
     assert spec.image == image
@@ -205,7 +204,7 @@ def test_looks_like_swebench(tmp_path: Path) -> None:
 
 
 @needs_verified
-def test_reference_solutions_survive_the_action_protocol(verified: SWEBenchTaskSet) -> None:
+def test_reference_solutions_survive_the_action_protocol(verified: TaskList) -> None:
     """The oracle sends each command as a fenced action: none may be cut by a fence inside."""
     from environments.actions import format_action, parse_action
 

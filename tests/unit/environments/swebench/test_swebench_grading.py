@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from environments.swebench import SWEBenchTaskSet, load_instances
+from environments.swebench import load_instances
 from environments.swebench.grading import grade_log, make_spec, patch_paths
+from environments.tasks import TaskList
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 DATA = Path(os.environ.get("THUNDERSYNC_SWEBENCH_DATA", REPO_ROOT.parent / "shared/data/swebench"))
@@ -35,7 +36,7 @@ SAMPLE = {
 
 
 @pytest.fixture(scope="module")
-def verified() -> SWEBenchTaskSet:
+def verified() -> TaskList:
     if not VERIFIED.exists():
         pytest.skip(f"{VERIFIED} absent")
     return load_instances(VERIFIED)
@@ -88,7 +89,7 @@ def swebench_resolved(row: dict, log: str) -> bool:
 
 @pytest.mark.parametrize("instance_id", sorted(SAMPLE))
 def test_grade_agrees_with_swebench_on_verified_logs(
-    verified: SWEBenchTaskSet, verified_rows: dict[str, dict], instance_id: str
+    verified: TaskList, verified_rows: dict[str, dict], instance_id: str
 ) -> None:
     row = verified_rows[instance_id]
     assert row["log_parser"] == SAMPLE[instance_id]
@@ -108,7 +109,7 @@ def test_grade_agrees_with_swebench_on_verified_logs(
         assert grade.details["resolved"] is expected
 
 
-def test_exit_code_anti_spoofing(verified: SWEBenchTaskSet, verified_rows: dict) -> None:
+def test_exit_code_anti_spoofing(verified: TaskList, verified_rows: dict) -> None:
     row = verified_rows["pallets__flask-5014"]
     spoofed = synthetic_log(row, set(), exit_code=1)
     assert swebench_resolved(row, spoofed) is False
@@ -130,20 +131,20 @@ def test_make_test_spec_works_offline_on_every_official_row(path: Path) -> None:
         assert script.index("SWEBENCH_TEST_EXIT_CODE=$?") < script.index(">>>>> End Test Output")
 
 
-def test_log_without_markers_is_an_infra_failure(verified: SWEBenchTaskSet) -> None:
+def test_log_without_markers_is_an_infra_failure(verified: TaskList) -> None:
     grade = grade_log(verified.get("pallets__flask-5014").instance, "bash: conda: not found\n")
     assert grade.infra_failure and grade.reward == 0.0
     assert "did not reach the tests" in grade.details["error"]
 
 
-def test_timeout_is_the_agents_zero_not_infra(verified: SWEBenchTaskSet) -> None:
+def test_timeout_is_the_agents_zero_not_infra(verified: TaskList) -> None:
     grade = grade_log(verified.get("pallets__flask-5014").instance, "", timed_out=True)
     assert grade.reward == 0.0 and not grade.infra_failure
     assert grade.details["timed_out"] is True
 
 
 def test_test_patch_failure_blames_harness_unless_agent_touched_test_files(
-    verified: SWEBenchTaskSet, verified_rows: dict
+    verified: TaskList, verified_rows: dict
 ) -> None:
     instance = verified.get("pallets__flask-5014").instance
     f2p = {"tests/test_blueprints.py::test_empty_name_not_allowed"}
