@@ -42,6 +42,9 @@ class WarmStartConfig:
     bias_steps: int = 60
     """Fine-tuning steps of the second phase (0: none)."""
     lr: float = 3e-3
+    arch: str = "llama"
+    """Model family of ``thundersync.models.tiny_config`` (llama, qwen3, gpt2; GPT-2 runs every
+    op in the parameters' dtype, so float64 updates can be compared to 1e-12)."""
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -112,7 +115,7 @@ def warm_start(config: WarmStartConfig, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     texts = [text for demo in demos + mixture for _, text in demo]
     build_tiny_model(
-        out, "llama", hidden_size=config.hidden_size, num_layers=config.num_layers,
+        out, config.arch, hidden_size=config.hidden_size, num_layers=config.num_layers,
         vocab_size=config.vocab_size, seed=config.seed, texts=texts,
         num_heads=config.num_heads, max_positions=config.max_positions,
     )  # fmt: skip

@@ -121,7 +121,10 @@ class HFEngine:
                 break
             ones_B1 = torch.ones((batch, 1), dtype=mask_BL.dtype, device=self.device)
             mask_BL = torch.cat([mask_BL, ones_B1], dim=1)
-            positions_B = positions_B + 1
+            # Only live rows advance: a finished row's padding must not walk its position past
+            # the model's window (GPT-2's position table ends there).
+            positions_B = positions_B + torch.tensor(live, dtype=positions_B.dtype,
+                                                     device=self.device)  # fmt: skip
             out = self.model(
                 input_ids=next_B[:, None], attention_mask=mask_BL,
                 position_ids=positions_B[:, None], use_cache=True,

@@ -130,3 +130,14 @@ def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
     with pytest.raises(EngineClosedError, match="engine died"):
         broken.generate(requests(1)[0])
     broken.close()
+
+
+def test_a_request_near_the_window_shares_a_batch_with_a_longer_one(tiny_model_dirs):
+    """Finished rows stop advancing their positions: a GPT-2 (absolute positions) batch with
+    one request ending at the window and one generating longer does not overflow."""
+    engine = HFEngine(tiny_model_dirs["gpt2"])
+    limit = engine.max_context
+    near = GenerationRequest(tuple([5] * (limit - 2)), SamplingParams(2), seed=1)
+    longer = GenerationRequest((5, 6, 7), SamplingParams(12), seed=2)
+    out = engine.generate([near, longer])
+    assert len(out[0].token_ids) == 2 and len(out[1].token_ids) == 12
