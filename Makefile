@@ -7,10 +7,10 @@ BIN    := $(VENV)/bin
 # A bare `torch` requirement can pull a multi-GB CUDA build: pin the CPU build first.
 # Elsewhere, e.g.: make TORCH_SPEC="torch==2.13.0 --index-url <your CPU wheel index>"
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,swebench,plots,tracking
+EXTRAS ?= dev,swebench,plots,tracking,browser
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-browser lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm and not browser" $(PYTEST_ARGS)
+
+# The leaderboard page in headless Chromium (needs `apt-get install chromium`).
+test-browser: install
+	$(BIN)/python -m pytest -q -m browser $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check thundersync environments harness leaderboard tests benchmarks

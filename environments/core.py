@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import string
 import threading
 import time
@@ -372,13 +373,14 @@ class ShellEnv(gym.Env[str, str]):
 
         context = GradingContext(fresh_sandbox=make_fresh, strict=self.strict_grading)
         try:
-            return self._task.grade(self._sandbox, context)
+            grade = self._task.grade(self._sandbox, context)
         except SandboxError as exc:
             self._fail(exc)
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
         finally:
             for sandbox in fresh:
                 self._release(sandbox)
+        return _checked(grade, self._task.task_id)
 
     def close(self) -> None:
         self._close_sandbox()
@@ -391,3 +393,19 @@ class ShellEnv(gym.Env[str, str]):
 
     def _clip(self, text: str) -> str:
         return text[: self.observation_space.max_length]
+
+
+def _checked(grade: Any, task_id: str) -> Grade:
+    """A grader's result as a trainable ``Grade``, or an infrastructure failure naming what
+    was wrong: a reward that is not a finite real number (one NaN would poison every update
+    it reached), or not a ``Grade`` at all, is the grader's bug, never the agent's score."""
+    reward = getattr(grade, "reward", None)
+    is_real = isinstance(reward, int | float) and not isinstance(reward, bool)
+    if isinstance(grade, Grade) and is_real and math.isfinite(reward):
+        return grade
+    problem = (f"reward {reward!r} is not a finite number" if isinstance(grade, Grade)
+               else f"returned {type(grade).__name__}, not a Grade")  # fmt: skip
+    details = dict(grade.details) if isinstance(grade, Grade) else {}
+    return Grade(0.0, infra_failure=True,
+                 details={**details, "error": f"task {task_id}: grader {problem}"})  # fmt: skip
+

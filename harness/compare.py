@@ -90,7 +90,7 @@ def train_run(config: TrainConfig, label: str) -> None:
         tail: list[str] = []
         for line in proc.stdout or ():
             tail = (tail + [line.rstrip()])[-20:]
-            print(f"compare: [{label}] {line.rstrip()}", flush=True)
+            print(f"compare: [{label}] {line.rstrip()}", file=sys.stderr, flush=True)
         proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"compare: run {label} failed (exit {proc.returncode}):\n"
@@ -134,7 +134,8 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
                 score = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
                 run.curve.append(Point(steps, time_s, score))
             print(f"compare: evaluated {run.mode} seed {run.seed}: "
-                  + " ".join(f"{p.accuracy:.2f}" for p in run.curve), flush=True)  # fmt: skip
+                  + " ".join(f"{p.accuracy:.2f}" for p in run.curve),
+                  file=sys.stderr, flush=True)  # fmt: skip
     return start, [task.task_id for task in tasks]
 
 
@@ -195,4 +196,4 @@ def record(results: dict[str, Any], config: CompareConfig, task_ids: list[str]) 
     )  # fmt: skip
     with Store(config.leaderboard_db) as store:
         entry_id = store.append(entry)
-    print(f"compare: leaderboard row #{entry_id} in {store.path}", flush=True)
+    print(f"compare: leaderboard row #{entry_id} in {store.path}", file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.compare import CompareConfig, mode_config, run_compare
+from thundersync.cli_output import HelpFormatter
 from thundersync.training.config import add_config_flags, load_config_file, resolve_config
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
@@ -22,7 +23,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "accuracy at a fixed budget (medians with bootstrap CIs), speed-ups over sync, "
         "step-time breakdowns and plots. Training flags (--env, --model, --steps, ...) "
         "apply to every run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--modes", default="sync,async,streaming",
                         help="comma-separated: sync, streaming, async (with --staleness) or "
@@ -84,6 +85,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(results, indent=2))
+        print(verdict(results), file=sys.stderr)
     else:
         _print_table(results)
         print(f"compare: results, plots and runs in {config.out}")

@@ -124,7 +124,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="episodes at once (default: 2, or every attempt for a policy)",
+        help="episodes at once (default: 2, or 64 for a policy, whose engine batches them)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds resets, draws and sampling")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="per policy action")

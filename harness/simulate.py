@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thundersync.cli_output import HelpFormatter
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -148,11 +150,10 @@ def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
 
 
 def add_simulate_parser(sub: Any) -> None:
-    import argparse
 
     parser = sub.add_parser(
         "simulate", help="predict sync, async and streaming step times for a workload",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("--workload", required=True,
                         help="long-tail, balanced, agentic, or a run folder of thundersync "

@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from thundersync.cli_output import HelpFormatter
+
 
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "timeline", help="a training run's step times, their breakdown and one step's chart",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("run", help="a thundersync train run folder")
     parser.add_argument("--step", type=int, default=None, help="step to chart (default: middle)")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from thundersync.cli_output import HelpFormatter
+
 
 def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "leaderboard", help="show evaluation and comparison results",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("--db", default=None,
                         help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or "

@@ -159,8 +159,10 @@ class EvalFinished(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpanRecorded(Event):
     """A worker did one piece of work from ``started`` to ``finished`` (run-clock seconds):
-    ``name`` is one of generate, tool, grading, teacher, backward, optimizer, weight_sync,
-    rollout. The raw material of step-time breakdowns and timelines (never fed to a learner).
+    ``name`` is one of generate (one request inside a batch), engine (one batched forward),
+    tool, grading, teacher, backward, optimizer, step (the whole learner step), weight_publish,
+    weight_sync, checkpoint. The raw material of step-time breakdowns and timelines (never fed
+    to a learner).
     """
 
     name: str

@@ -134,7 +134,7 @@ def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(war
             proc.kill()
     wait_gone(family)
     resumed = train(out, "--resume")
-    assert "resuming after step 1" in resumed.stdout
+    assert "resuming after step 1" in resumed.stderr
     a, b = final_weights(tmp_path / "whole"), final_weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [m["step"] for m in metrics(out)] == [0, 1, 2]

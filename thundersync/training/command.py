@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from thundersync.cli_output import HelpFormatter
 from thundersync.training.config import add_config_flags, load_config_file, resolve_config
 
 
@@ -47,7 +48,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     try:
         with Trainer(config, resume=args.resume) as trainer:
             if trainer.start_step:
-                print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}")
+                print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}",
+                      file=sys.stderr)  # fmt: skip
             history = mode_runner(config.mode)(trainer)
     except WorkerError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
@@ -66,25 +68,35 @@ def run_train_command(args: argparse.Namespace) -> int:
 
 
 def add_warmstart_parser(sub: Any) -> None:
-    import argparse
 
     parser = sub.add_parser(
         "warmstart",
         help="build a tiny model and tokenizer for an env and fine-tune it on its oracle's play",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     from thundersync.training.warmstart import WarmStartConfig
 
     defaults = WarmStartConfig()
     parser.add_argument("--env", default=defaults.env, help="registered env id")
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
-    for name in ("num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int,
-                            default=getattr(defaults, name))  # fmt: skip
-    for name in ("corrupt_fraction", "lr"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float,
-                            default=getattr(defaults, name))  # fmt: skip
-    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox)
+    numbers = {
+        "num_demos": (int, "oracle episodes played as demonstrations"),
+        "steps": (int, "fine-tuning steps on the oracle's play"),
+        "bias_steps": (int, "then steps on a mixture where --corrupt-fraction of the "
+                       "demonstrations answer without the tools (0: none)"),
+        "corrupt_fraction": (float, "fraction of corrupted demonstrations in the second phase"),
+        "hidden_size": (int, "model width"),
+        "num_layers": (int, "model depth"),
+        "lr": (float, "fine-tuning learning rate (AdamW)"),
+        "seed": (int, "seeds the task draws, corruption and initialisation"),
+    }  # fmt: skip
+    for name, (kind, text) in numbers.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind,
+                            default=getattr(defaults, name), help=text)  # fmt: skip
+    parser.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default=defaults.arch,
+                        help="model family (gpt2 runs every op in the parameters' dtype)")
+    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox,
+                        help="where the demonstrations run")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads for fine-tuning (it runs alone)")
     parser.set_defaults(func=_run_warmstart)
@@ -99,7 +111,7 @@ def _run_warmstart(args: Any) -> int:
 
     torch.set_num_threads(args.threads)
     fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
-              "corrupt_fraction", "lr", "sandbox")  # fmt: skip
+              "corrupt_fraction", "lr", "arch", "sandbox")  # fmt: skip
     config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
     started = time.monotonic()
     print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "

@@ -54,8 +54,8 @@ class TrainConfig:
     deterministic: bool = False
     """Bitwise reproducible: every request is generated alone (batch-invariant sampling) and
     the learner reduces in canonical order, so sync and streaming give identical weights."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Rollout engine (vllm: planned)."""
+    engine: Literal["hf"] = "hf"
+    """Rollout engine: transformers generation (the vLLM engine is planned)."""
     backend: Literal["local"] = "local"
     """Where workers run: local processes (ray: planned)."""
     sandbox: Literal["bwrap", "docker"] = "bwrap"
@@ -76,7 +76,7 @@ class TrainConfig:
     temperature: float = 1.0
     """Sampling temperature (1.0: the policy the learner trains)."""
     max_concurrency: int = 0
-    """Episodes in flight at once (0: B×G, or 2×B×G in async)."""
+    """Episodes in flight at once (0: B×G, or B×G×(1+k) in async(k))."""
     batch_window_s: float = 0.005
     """How long the engine waits for more requests after the first one of a batch."""
     early_start: bool = False
@@ -121,6 +121,21 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"config field {name!r}: expected {expected}, got "
                                  f"{getattr(self, name.split('/')[0])!r}")  # fmt: skip
+        objective = self.build_objective()
+        if self.mode == "async" and (self.algo != "grpo" or objective.tis_cap is not None):
+            raise ValueError("config fields 'mode'/'algo'/'objective': async trains GRPO "
+                             "without tis_cap (its PPO ratio already corrects for the sampler; "
+                             "OPD has no off-policy correction)")  # fmt: skip
+
+    def build_objective(self) -> Any:
+        """The learner's ``GRPO(**objective)`` or ``OPD(**objective)``; a ValueError naming
+        the field when the keywords are not the objective's."""
+        from thundersync.objectives import GRPO, OPD
+
+        try:
+            return (GRPO if self.algo == "grpo" else OPD)(**self.objective)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"config field 'objective': {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

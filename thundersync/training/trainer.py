@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from thundersync import events as ev
 from thundersync.learner import Learner
-from thundersync.objectives import GRPO, OPD
+from thundersync.objectives import GRPO
 from thundersync.training import checkpoint as ckpt
 from thundersync.training.config import TrainConfig
 from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
@@ -81,7 +82,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             ckpt.restore_rng(state)
             self.start_step, version = state["completed_steps"], state["policy_version"]
-        objective = (GRPO if config.algo == "grpo" else OPD)(**config.objective)
+        objective = config.build_objective()
         reference = None
         if isinstance(objective, GRPO) and objective.kl_coef:
             reference = load_model(self.initial_model, dtype=dtype)
@@ -112,7 +113,8 @@ class Trainer:
 
         folder = self.out / "init-model"
         if not (folder / "config.json").is_file():
-            print(f"train: no --model given: building a tiny random model in {folder}")
+            print(f"train: no --model given: building a tiny random model in {folder}",
+                  file=sys.stderr)
             build_tiny_model(folder, "qwen3", seed=self.config.seed)
         return folder
 
@@ -286,7 +288,7 @@ class Trainer:
         metrics = self._step_metrics(step, tracker, learned)
         self.metrics.log(metrics)
         self.history.append(metrics)
-        print(_progress_line(metrics, self.config.steps), flush=True)
+        print(_progress_line(metrics, self.config.steps), file=sys.stderr, flush=True)
         return metrics
 
     def save_checkpoint(self, completed_steps: int) -> Path:

@@ -7,6 +7,7 @@ import pytest
 
 from environments.actions import format_action
 from environments.core import ShellEnv, UnicodeText
+from environments.tasks import Grade
 from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
 from thundersync.types import StopReason
 
@@ -180,6 +181,37 @@ def test_grading_failure_is_an_infra_failure():
     _, reward, _, _, info = env.step(format_action("submit"))
     assert reward == 0.0 and info["infra_failure"]
     assert info["termination_reason"] == StopReason.ERROR
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), "1.0", None, True])
+def test_a_grader_reward_that_is_not_a_finite_number_is_a_recorded_infra_failure(bad):
+    """One NaN reward would poison every update it reached: the env reports it as the
+    grader's failure (never trained on), with the task and the value in the error."""
+
+    class BadGrader(FileTask):
+        def grade(self, sandbox, context):
+            return Grade(bad, details={"tests": "ran"})
+
+    env = ShellEnv([BadGrader()], sandbox=SandboxMaker())
+    env.reset()
+    _, reward, _, _, info = env.step(format_action("submit"))
+    env.close()
+    assert reward == 0.0 and info["infra_failure"]
+    assert info["termination_reason"] == StopReason.ERROR
+    assert "file-task" in info["error"] and repr(bad) in info["error"]
+    assert info["grade_details"]["tests"] == "ran"
+
+
+def test_a_grader_that_returns_something_else_than_a_grade_is_an_infra_failure():
+    class NumberGrader(FileTask):
+        def grade(self, sandbox, context):
+            return 1.0
+
+    env = ShellEnv([NumberGrader()], sandbox=SandboxMaker())
+    env.reset()
+    _, reward, _, _, info = env.step(format_action("submit"))
+    env.close()
+    assert reward == 0.0 and info["infra_failure"] and "not a Grade" in info["error"]
 
 
 def test_unknown_task_id_names_it():
