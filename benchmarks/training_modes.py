@@ -1,7 +1,7 @@
 """Training modes side by side on a long-tailed toy workload, in one run on one machine.
 
 Runs ``thundersync train`` in sync, streaming and async mode (same model, seed and
-workload: ToySum with log-normal tool and grading latencies), then reports from the run
+workload: the demo's ToySum with log-normal tool and grading latencies), then reports from the run
 folders:
 
 - each mode's median step time and T_sync / T_mode;
@@ -9,8 +9,9 @@ folders:
   reward-ready times and optimizer/weight-sync spans, with bᵢ = L_sync / N measured in the
   sync run; and T* / T_streaming (target >= 0.95);
 - the agent loop's overhead over raw engine generation (target <= 5 %): ToySum episodes whose
-  tools answer instantly in-process, so the loop's wall time is generation plus whatever the
-  loop adds (episode threads, the runner, events, the batching window).
+  tools answer instantly in-process (``tools="python"``), so the loop's wall time is
+  generation plus whatever the loop adds (episode threads, the runner, events, the batching
+  window).
 
 Ratios are measured side by side in one run (this machine is shared and noisy); the medians
 are over steps, and the spread is printed so a reader can judge them.
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from harness.critical_path import batched_cost_per_trajectory, summarize  # noqa: E402
 
-WORKLOAD = {"tool_latency_s": 0.05, "tool_latency_sigma": 1.0,
-            "grade_latency_s": 0.3, "grade_latency_sigma": 1.0}  # fmt: skip
+# The demo's workload (Makefile): in-process tools with heavy-tailed tool and grading latencies,
+# GRPO with its published KL term, streaming's early start.
+WORKLOAD = {"tools": "python", "tool_latency_s": 0.05, "tool_latency_sigma": 1.0,
+            "grade_latency_s": 0.3, "grade_latency_sigma": 0.75}  # fmt: skip
 
 
 def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> Path:
@@ -42,6 +46,7 @@ def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> Pat
         "--out", str(out), "--steps", str(args.steps), "--seed", str(args.seed),
         "--tasks-per-step", str(args.tasks), "--group-size", str(args.group),
         "--max-new-tokens", "16", "--lr", "1e-3", "--env-kwargs", json.dumps(WORKLOAD),
+        "--objective", json.dumps({"kl_coef": 0.04}), "--early-start",
         "--checkpoint-every", str(args.steps),
     ]  # fmt: skip
     started = time.monotonic()
@@ -66,11 +71,47 @@ def compare_modes(model: Path, folder: Path, args: argparse.Namespace) -> dict[s
 
 
 def agent_loop_overhead(model: Path, *, episodes: int, seed: int) -> dict[str, Any]:
-    """Wall time of a batch of instant-tool episodes over the engine's busy time, minus 1."""
-    from benchmarks.instant_toy import run_instant_batch
+    """Wall time of a batch of concurrent ToySum episodes whose tools answer instantly
+    in-process (``tools="python"``, no latency) over the engine's busy time, minus 1: what is
+    left beyond generation is the agent loop's own overhead."""
+    import numpy as np
 
-    wall, busy = run_instant_batch(model, episodes=episodes, seed=seed)
-    return {"wall_s": wall, "engine_busy_s": busy, "overhead": wall / busy - 1.0}
+    from environments.runner import EpisodeRunner
+    from environments.toy import ToySumEnv
+    from thundersync.models import load_tokenizer
+    from thundersync.training.agent import PolicyAgent
+    from thundersync.training.chat import ChatFormat
+    from thundersync.training.engines.batcher import DynamicBatcher
+    from thundersync.training.engines.hf import HFEngine
+
+    busy = [0.0]
+
+    def on_batch(started: float, finished: float, *_: Any) -> None:
+        busy[0] += finished - started
+
+    engine = HFEngine(model)
+    batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
+    agent = PolicyAgent(batcher.generate, ChatFormat(load_tokenizer(model)),
+                        policy_version=lambda: 0, run_seed=seed, max_new_tokens=16,
+                        max_context=engine.max_context)  # fmt: skip
+    runner = EpisodeRunner(lambda: ToySumEnv(tools="python"), agent, lambda event: None)
+    rng = np.random.default_rng(seed)
+    tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
+
+    def play(batch: list) -> float:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(batch)) as pool:
+            list(pool.map(lambda it: runner.run_episode(it[1], episode_id=f"e{it[0]}"),
+                          enumerate(batch)))  # fmt: skip
+        return time.perf_counter() - started
+
+    try:
+        play(tasks[:4])  # warm-up
+        busy[0] = 0.0
+        wall = play(tasks)
+    finally:
+        batcher.close()
+    return {"wall_s": wall, "engine_busy_s": busy[0], "overhead": wall / busy[0] - 1.0}
 
 
 def warm_model(folder: Path, seed: int) -> Path:

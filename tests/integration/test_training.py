@@ -290,17 +290,29 @@ def test_metrics_reach_tensorboard_and_offline_wandb_under_the_same_names(
 
 def test_without_deterministic_the_first_update_still_matches_sync(warm_gpt2, tmp_path):
     """Summation order differs (streaming folds in arrival order), so the updates agree to
-    rounding: float64 and plain SGD, where a gradient difference is an update difference."""
-    warm_model = warm_gpt2
-    args = ["--model", str(warm_model), "--steps", "1", "--seed", "11", "--dtype", "float64",
+    rounding: float64 and plain SGD, where a gradient difference is an update difference.
+
+    The warm GPT-2 solves few tasks, so a step's groups may all be equal (a zero update,
+    nothing to compare): the first seed whose sync update is not zero is the one compared."""
+    initial = final_weights_of(warm_gpt2)
+    args = ["--model", str(warm_gpt2), "--steps", "1", "--dtype", "float64",
             "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "0",
             "--tasks-per-step", "4", "--group-size", "8", "--max-new-tokens", "16"]  # fmt: skip
-    train(tmp_path / "sync", "--mode", "sync", *args)
-    train(tmp_path / "streaming", "--mode", "streaming", *args)
-    assert token_events(tmp_path / "sync") == token_events(tmp_path / "streaming")
-    initial = final_weights_of(warm_model)
-    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "streaming")
-    update_a = torch.cat([(a[k].double() - initial[k].double()).reshape(-1) for k in a])
-    update_b = torch.cat([(b[k].double() - initial[k].double()).reshape(-1) for k in a])
-    assert float(update_a.norm()) > 0, "no informative group: nothing to compare"
-    assert float((update_a - update_b).norm() / update_a.norm()) <= 1e-12
+
+    def update(out: Path) -> torch.Tensor:
+        weights = final_weights(out)
+        return torch.cat([(weights[k].double() - initial[k].double()).reshape(-1)
+                          for k in sorted(weights)])  # fmt: skip
+
+    for seed in ("11", "12", "13", "14", "15"):
+        train(tmp_path / f"sync-{seed}", "--mode", "sync", "--seed", seed, *args)
+        update_sync = update(tmp_path / f"sync-{seed}")
+        if float(update_sync.norm()) > 0:
+            break
+    else:
+        pytest.fail("no informative group in 5 seeds: the warm model solves no task")
+    train(tmp_path / "streaming", "--mode", "streaming", "--seed", seed, *args)
+    assert token_events(tmp_path / f"sync-{seed}") == token_events(tmp_path / "streaming")
+    update_streaming = update(tmp_path / "streaming")
+    relative = float((update_sync - update_streaming).norm() / update_sync.norm())
+    assert relative <= 1e-12
