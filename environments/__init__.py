@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from environments.registry import list_envs, load_plugins, register, register_builtin
+from environments.registry import (
+    list_envs,
+    load_plugins,
+    register,
+    register_builtin,
+    require_env,
+)
 
-__all__ = ["list_envs", "load_plugins", "register", "register_builtin"]
+__all__ = ["list_envs", "load_plugins", "register", "register_builtin", "require_env"]
 
 register_builtin()

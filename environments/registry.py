@@ -95,6 +95,16 @@ def load_plugins(*, reload: bool = False) -> None:
             _ids.update(set(gymnasium.registry) - before)
 
 
+def require_env(env_id: str, *, option: str = "--env") -> None:
+    """ValueError naming ``option`` and the known ids unless ``env_id`` is registered (plugins
+    are loaded first), so a typo is a one-line error before any work starts."""
+    load_plugins()
+    if env_id not in gymnasium.registry:
+        known = ", ".join(env.id for env in list_envs())
+        raise ValueError(f"{option} {env_id!r}: not a registered env; known: {known} "
+                         "(thundersync envs lists them, plugins too)")  # fmt: skip
+
+
 def list_envs() -> list[RegisteredEnv]:
     """Every ThunderSync env (built-in, plugins, ``environments.register``), sorted by id."""
     load_plugins()

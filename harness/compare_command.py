@@ -9,7 +9,12 @@ from pathlib import Path
 
 from harness.compare import CompareConfig, mode_config, run_compare
 from thundersync.cli_output import HelpFormatter
-from thundersync.training.config import add_config_flags, load_config_file, resolve_config
+from thundersync.training.config import (
+    add_config_flags,
+    check_inputs,
+    load_config_file,
+    resolve_config,
+)
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
 
@@ -75,6 +80,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         for mode in config.modes:
             mode_config(config.train, mode, 0, Path(config.out), 1)
         _check(config)
+        check_inputs(config.train)
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2

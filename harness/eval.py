@@ -279,12 +279,10 @@ def task_source(config: EvalConfig) -> tuple[Callable[[], Any], list[Any]]:
                 tasks)  # fmt: skip
     import gymnasium
 
-    from environments.registry import load_plugins
+    from environments.registry import require_env
     from harness.policy_eval import draw_eval_tasks
 
-    load_plugins()
-    if config.env not in gymnasium.registry:
-        raise ValueError(f"--env {config.env!r}: not a registered env (thundersync envs)")
+    require_env(config.env)
 
     def make_env() -> Any:
         return gymnasium.make(

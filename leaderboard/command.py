@@ -31,9 +31,16 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_leaderboard_command(args: argparse.Namespace) -> int:
-    from leaderboard.render import print_tables, write_html
-    from leaderboard.store import Store, StoreError
+    from pathlib import Path
 
+    from leaderboard.render import print_tables, write_html
+    from leaderboard.store import Store, StoreError, default_path
+
+    wanted = Path(args.db) if args.db else default_path()
+    if not wanted.is_file():  # reading never creates the file
+        print(f"leaderboard: no results yet: {wanted} does not exist "
+              "(eval and compare add a row to it)")  # fmt: skip
+        return 0
     try:
         with Store(args.db) as store:
             entries = store.entries(suite=args.suite, kind=args.kind)

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from thundersync.cli_output import HelpFormatter
-from thundersync.training.config import add_config_flags, load_config_file, resolve_config
+from thundersync.training.config import (
+    add_config_flags,
+    check_inputs,
+    load_config_file,
+    resolve_config,
+)
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +44,7 @@ def run_train_command(args: argparse.Namespace) -> int:
             if saved.is_file():
                 base = {**json.loads(saved.read_text()), **base}
         config = resolve_config(args, base)
+        check_inputs(config)
     except (ValueError, TypeError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +119,13 @@ def _run_warmstart(args: Any) -> int:
     fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
               "corrupt_fraction", "lr", "arch", "sandbox")  # fmt: skip
     config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
+    try:
+        from environments.registry import require_env
+
+        require_env(config.env)
+    except ValueError as exc:
+        print(f"warmstart: error: {exc}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "
           f"{config.steps}+{config.bias_steps} fine-tuning steps", flush=True)  # fmt: skip

@@ -141,6 +141,19 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def check_inputs(config: TrainConfig) -> None:
+    """What the dataclass cannot see: the env is registered and every model folder is a
+    checkpoint. A ValueError naming the field, before any worker starts."""
+    from environments.registry import require_env
+
+    require_env(config.env, option="config field 'env':")
+    for name in ("model", "teacher"):
+        folder = getattr(config, name)
+        if folder and not (Path(folder) / "config.json").is_file():
+            raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
+                             "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The fields set by a JSON or TOML file; unknown keys are an error naming them."""
     file = Path(path)

@@ -88,3 +88,12 @@ def test_tables_sort_and_the_page_holds_rows_and_plots(tmp_path):
     assert page.count("<tr>") == 1 + 2 + 1 + 2  # two headers, two evals, two modes
     assert (tmp_path / "site" / "plots" / "3" / "accuracy_vs_time.png").is_file()
     assert 'src="plots/3/accuracy_vs_time.png"' in page
+
+
+def test_showing_a_leaderboard_that_does_not_exist_says_so_and_creates_nothing(tmp_path, capsys):
+    from thundersync.cli import main
+
+    missing = tmp_path / "not-here" / "lb.sqlite"
+    assert main(["leaderboard", "--db", str(missing)]) == 0
+    assert "no results yet" in capsys.readouterr().out
+    assert not missing.parent.exists()

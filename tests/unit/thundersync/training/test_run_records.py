@@ -39,11 +39,24 @@ def test_every_field_is_a_flag_and_flags_override_the_file(tmp_path):
 @pytest.mark.parametrize(
     "values, field",
     [({"mode": "fast"}, "mode"), ({"staleness": 0}, "staleness"), ({"algo": "opd"}, "teacher"),
-     ({"engine": "vllm"}, "engine"), ({"steps": -1}, "steps")],
+     ({"engine": "vllm"}, "engine"), ({"steps": -1}, "steps"),
+     ({"objective": {"bogus": 1}}, "objective"), ({"objective": {"loss_agg": "x"}}, "objective"),
+     ({"mode": "async", "algo": "opd", "teacher": "t"}, "async"),
+     ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async")],
 )  # fmt: skip
 def test_a_bad_config_names_the_field(values, field):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**values)
+
+
+def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_path):
+    from thundersync.training.config import check_inputs
+
+    with pytest.raises(ValueError, match=r"'env'.*'nope/X-v0'.*thundersync/ToySum-v0"):
+        check_inputs(TrainConfig(env="nope/X-v0"))
+    with pytest.raises(ValueError, match=r"'model'.*not a checkpoint folder"):
+        check_inputs(TrainConfig(model=str(tmp_path)))
+    check_inputs(TrainConfig())  # the defaults: a registered env and a tiny model built later
 
 
 def test_unknown_file_keys_are_named(tmp_path):
