@@ -98,11 +98,18 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int) -> dict[str, A
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
 
-    def play(batch: list) -> float:
+    def episode(index: int, task: Any) -> None:
+        try:
+            runner.run_episode(task, episode_id=f"e{index}")
+        finally:
+            batcher.leave()
+
+    def play(batch: list) -> float:  # as the rollout worker does (thundersync/training)
         started = time.perf_counter()
         with ThreadPoolExecutor(len(batch)) as pool:
-            list(pool.map(lambda it: runner.run_episode(it[1], episode_id=f"e{it[0]}"),
-                          enumerate(batch)))  # fmt: skip
+            for _ in batch:
+                batcher.join()
+            list(pool.map(episode, range(len(batch)), batch))
         return time.perf_counter() - started
 
     try:

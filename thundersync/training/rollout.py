@@ -16,6 +16,7 @@ seed, the step and the episode only, so every mode rolls out the same episodes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                     )
                 )
             elif command[0] == "run":
-                running += _start(pool, runner, make_env, spec, command[1])
+                running += _start(pool, runner, batcher, make_env, spec, command[1])
             elif command[0] == "stop":
                 break
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
@@ -135,9 +136,11 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-def _start(pool: ThreadPoolExecutor, runner: Any, make_env: Any, spec: RolloutSpec,
-           plan: RolloutPlan) -> list[Future]:  # fmt: skip
-    """Submit the plan's episodes: every member of a group plays the same drawn task."""
+def _start(pool: ThreadPoolExecutor, runner: Any, batcher: Any, make_env: Any,
+           spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:  # fmt: skip
+    """Submit the plan's episodes: every member of a group plays the same drawn task. Each
+    is counted by the batcher from now until it ends, so that a batch holding every live
+    episode's request runs at once."""
     env = make_env()
     try:
         draw = env.get_wrapper_attr("draw_task")
@@ -152,11 +155,20 @@ def _start(pool: ThreadPoolExecutor, runner: Any, make_env: Any, spec: RolloutSp
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
+            batcher.join()
             futures.append(pool.submit(
-                runner.run_episode, task, group_id=group_id, group_size=plan.group_size,
-                seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,
+                _counted, batcher, runner.run_episode, task, group_id=group_id,
+                group_size=plan.group_size, seed=derive_seed(spec.seed, episode_id),
+                episode_id=episode_id,
             ))  # fmt: skip
     return futures
+
+
+def _counted(batcher: Any, play: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return play(*args, **kwargs)
+    finally:
+        batcher.leave()
 
 
 def _raise(future: Future) -> bool:

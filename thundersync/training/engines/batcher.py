@@ -22,9 +22,13 @@ class EngineClosedError(RuntimeError):
 class DynamicBatcher:
     """Owns the engine on one thread. ``generate`` (any thread) blocks until its request was
     sampled as part of a batch: everything waiting, gathered for at most ``window_s`` after
-    the first request, up to ``max_batch_size``. ``call(fn)`` runs ``fn(engine)`` on the
-    engine thread between batches (weight loads: no batch ever sees half-loaded weights).
-    ``on_batch(started, finished, requests, completions)`` observes every batch."""
+    the first request, up to ``max_batch_size``. Callers that will ask (episodes in flight)
+    are counted with ``join()`` (when the episode is scheduled, so that none is missed while
+    threads start) and ``leave()``; a batch then closes as soon as every counted caller has a
+    request in it, instead of waiting out the window for nobody.
+    ``call(fn)`` runs ``fn(engine)`` on the engine thread between batches (weight loads: no
+    batch ever sees half-loaded weights). ``on_batch(started, finished, requests,
+    completions)`` observes every batch."""
 
     def __init__(
         self,
@@ -39,6 +43,8 @@ class DynamicBatcher:
         self.max_batch_size = max_batch_size
         self.on_batch = on_batch
         self._inbox: queue.Queue[tuple[str, Any, Future]] = queue.Queue()
+        self._requesters = 0
+        self._requesters_lock = threading.Lock()
         self._closed = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -47,6 +53,20 @@ class DynamicBatcher:
     @property
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def join(self) -> None:
+        """Count one more caller that will call ``generate`` until its ``leave()``."""
+        with self._requesters_lock:
+            self._requesters += 1
+
+    def leave(self) -> None:
+        with self._requesters_lock:
+            self._requesters -= 1
+        self._inbox.put(("wake", None, Future()))  # a gathering batch may be complete now
+
+    def _batch_target(self) -> int:
+        requesters = self._requesters
+        return min(self.max_batch_size, requesters) if requesters else self.max_batch_size
 
     def generate(self, request: GenerationRequest) -> Completion:
         return self._submit("generate", request).result()
@@ -82,13 +102,17 @@ class DynamicBatcher:
             if kind == "call":
                 self._run(future, payload)
                 continue
+            if kind == "wake":
+                continue
             batch = [item]
             deadline = now() + self.window_s
-            while len(batch) < self.max_batch_size:
+            while len(batch) < self._batch_target():
                 try:
                     nxt = self._inbox.get(timeout=max(0.0, deadline - now()))
                 except queue.Empty:
                     break
+                if nxt[0] == "wake":
+                    continue
                 if nxt[0] != "generate":
                     pending = nxt  # a weight load or stop waits for this batch
                     break

@@ -117,6 +117,34 @@ def test_requests_that_wait_together_are_generated_together():
     assert sum(engine.batches) == 8 and len(engine.batches) < 8
 
 
+def test_a_batch_closes_once_every_live_requester_has_asked_not_at_the_window():
+    """Three episodes in flight, all waiting on the engine: nobody else can add to the batch,
+    so it runs at once (the 60 s window would otherwise hold it). When one episode ends, the
+    next batch needs only the two left."""
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=60.0, max_batch_size=8)
+    done: list = []
+
+    def episode(turns: int, request) -> None:
+        try:
+            for _ in range(turns):
+                done.append(batcher.generate(request))
+        finally:
+            batcher.leave()
+
+    threads = []
+    for turns, request in zip((2, 2, 1), requests(3)):
+        batcher.join()
+        threads.append(threading.Thread(target=episode, args=(turns, request), daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    batcher.close()
+    assert len(done) == 5, "a batch waited out its window for a caller that was not coming"
+    assert engine.batches == [3, 2]
+
+
 def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
     engine = SlowEngine()
     batcher = DynamicBatcher(engine, window_s=0.0)
