@@ -56,6 +56,11 @@ class ChatFormat:
         end_of_turn = _end_of_turn_token(tokenizer, head)
         self._observation_head = head[len(end_of_turn) :]
         self.end_of_turn_id = int(tokenizer.convert_tokens_to_ids(end_of_turn))
+        self._templates = {  # the template's four fixed texts, tokenised once
+            text: self._encode_template(text)
+            for text in (self._prompt_head, self._prompt_tail, self._observation_head,
+                         self._observation_tail)
+        }  # fmt: skip
         stops = {self.end_of_turn_id, tokenizer.eos_token_id}
         self.stop_ids = tuple(sorted(i for i in stops if isinstance(i, int)))
 
@@ -79,6 +84,9 @@ class ChatFormat:
             return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def _template(self, text: str) -> tuple[int, ...]:
+        return self._templates[text]
+
+    def _encode_template(self, text: str) -> tuple[int, ...]:
         if not text:
             return ()
         with self._lock:
