@@ -12,6 +12,7 @@ from thundersync.cli_output import HelpFormatter
 from thundersync.training.config import (
     add_config_flags,
     check_inputs,
+    json_object,
     load_config_file,
     resolve_config,
 )
@@ -41,7 +42,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-every", type=int, default=2, help="steps between checkpoints")
     parser.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks")
     parser.add_argument("--eval-samples", type=int, default=1, help="attempts per task")
-    parser.add_argument("--eval-env-kwargs", type=json.loads, default=None, metavar="JSON",
+    parser.add_argument("--eval-env-kwargs", type=json_object, default=None, metavar="JSON",
                         help="env keyword arguments for the evaluation (default: the "
                              "training's --env-kwargs)")  # fmt: skip
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")

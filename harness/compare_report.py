@@ -129,18 +129,19 @@ def write_outputs(results: dict[str, Any], runs: list[Any], config: Any) -> None
 
 
 def verdict(results: dict[str, Any]) -> str:
-    """One plain line: time to target and accuracy at the budget, streaming vs the others."""
+    """Two plain lines (each fits 80 columns for the three modes): median time to the target
+    with the speed-up over sync, then accuracy at the budget."""
     modes, target = results["modes"], results["target"]
     parts = []
     for name, m in modes.items():
         t = m["time_to_target_s"]["median"]
         reached = "never" if t is None else f"{t:.0f} s"
         speed = m["speedup_vs_sync"]["median"]
-        speedup = "" if name == "sync" or speed is None else f" ({speed:.2f}x sync)"
+        speedup = "" if name == "sync" or t is None or speed is None else f" ({speed:.2f}x)"
         parts.append(f"{name} {reached}{speedup}")
     budget = ", ".join(f"{n} {_fmt(m['accuracy_at_budget']['median'])}" for n, m in modes.items())
-    return (f"compare: time to accuracy {target:g}: " + "; ".join(parts)
-            + f" | accuracy at {results['budget_s']:.0f} s: {budget}")  # fmt: skip
+    return (f"compare: time to {target:g}: " + ", ".join(parts)
+            + f"\ncompare: accuracy at {results['budget_s']:.0f} s: {budget}")  # fmt: skip
 
 
 def _fmt(value: float | None) -> str:

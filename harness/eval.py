@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import shutil
 import signal
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 from harness.eval_report import build_report, report_table, summary
 from thundersync.cli_output import HelpFormatter, Progress, print_verdict, strict_json
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
+from thundersync.training.config import json_object
 from thundersync.types import Trajectory
 
 PREREQUISITE_TIMEOUT_S = 30.0
@@ -100,7 +100,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         help="held-out tasks drawn from --env")  # fmt: skip
     parser.add_argument(
         "--env-kwargs",
-        type=_json_object,
+        type=json_object,
         default={},
         metavar="JSON",
         help="keyword arguments for gymnasium.make(--env, ...)",
@@ -152,16 +152,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         help="print the JSON report on stdout; the summary goes to stderr",
     )
     parser.set_defaults(func=run_eval_command)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
 
 
 def _fail(message: str) -> int:

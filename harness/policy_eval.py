@@ -66,21 +66,7 @@ class PolicyEvaluator:
         from environments.runner import EpisodeRunner
 
         runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
-        jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
-
-        def attempt(job: tuple[int, int]) -> Trajectory:
-            t, s = job
-            return runner.run_episode(
-                tasks[t],
-                group_id=f"{EVAL_PREFIX}-g{t}",
-                group_size=k,
-                episode_id=f"{EVAL_PREFIX}-g{t}-e{s}",
-                seed=t * 1000 + s,
-            )
-
-        with ThreadPoolExecutor(max(1, min(self.concurrency, len(jobs)))) as pool:
-            results = list(pool.map(attempt, jobs))
-        return [results[t * k : (t + 1) * k] for t in range(len(tasks))]
+        return run_attempts(runner, tasks, k, concurrency=self.concurrency)
 
     def close(self) -> None:
         self.batcher.close()

@@ -185,7 +185,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)  # fmt: skip
         elif base is dict:
-            parser.add_argument(flag, dest=f.name, type=_json_dict, default=None, help=help_text)
+            parser.add_argument(flag, dest=f.name, type=json_object, default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=base, choices=choices, default=None,
                                 help=help_text)  # fmt: skip
@@ -229,7 +229,8 @@ def _base_type(resolved: Any) -> tuple[type, list[Any] | None]:
     return resolved, None
 
 
-def _json_dict(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object (``--env-kwargs '{...}'`` and the like)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -69,3 +69,21 @@ def test_step_windows_read_a_run_folder(tmp_path):
     (window,) = step_windows(tmp_path)
     assert window.reward_times == (3.0,) and window.durations == {"optimizer": 0.5}
     assert window.time_s == 4.0
+
+
+def test_the_compare_verdict_names_every_mode_and_fits_80_columns():
+    from harness.compare_report import verdict
+
+    def mode(time_s, speedup, accuracy):
+        return {"time_to_target_s": {"median": time_s}, "speedup_vs_sync": {"median": speedup},
+                "accuracy_at_budget": {"median": accuracy}}  # fmt: skip
+
+    results = {"target": 0.6, "budget_s": 41.2, "modes": {
+        "sync": mode(21.0, 1.0, 0.61), "async-k1": mode(None, 0.14, 0.42),
+        "streaming": mode(14.3, 1.58, 0.58)}}  # fmt: skip
+    lines = verdict(results).splitlines()
+    assert lines == [
+        "compare: time to 0.6: sync 21 s, async-k1 never, streaming 14 s (1.58x)",
+        "compare: accuracy at 41 s: sync 0.61, async-k1 0.42, streaming 0.58",
+    ]
+    assert all(len(line) <= 80 for line in lines)
