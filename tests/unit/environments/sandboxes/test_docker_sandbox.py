@@ -20,7 +20,8 @@ def client() -> Iterator[Any]:
     from environments.sandboxes import docker_available
 
     if not docker_available():
-        pytest.skip("DOCKER TESTS SKIPPED: no Docker daemon reachable (see MACHINE.md)")
+        pytest.skip("DOCKER TESTS SKIPPED: no Docker daemon reachable; start one with "
+                    "`dockerd --bridge=none --iptables=false &` (see README, Quick start)")
     import docker
 
     client = docker.from_env(timeout=60)
