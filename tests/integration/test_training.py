@@ -140,6 +140,36 @@ def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(war
     assert [m["step"] for m in metrics(out)] == [0, 1, 2]
 
 
+def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
+    """SIGINT (what Ctrl-C sends): exit 130 with a one-line message, no traceback, every
+    worker gone; the run continues from its last checkpoint with --resume."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--steps", "50",
+         *SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        family = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "interrupted; continue with --resume" in stderr and "Traceback" not in stderr
+    wait_gone(family)
+    done = max(m["step"] for m in metrics(out)) + 1
+    resumed = train(out, "--resume", "--steps", str(done + 1))
+    assert f"resuming after step {done}" in resumed.stderr
+    assert [m["step"] for m in metrics(out)] == list(range(done + 1))
+
+
 def descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
