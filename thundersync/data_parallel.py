@@ -57,7 +57,7 @@ from thundersync.batch import opd_episodes
 from thundersync.canonical import select_groups
 from thundersync.errors import IncompleteBatchError, InvariantError
 from thundersync.learner import Learner
-from thundersync.objectives import GRPO, denominator
+from thundersync.objectives import GRPO, Objective, denominator
 from thundersync.strategy import Groups
 
 __all__ = ["AddendLog", "DataParallelLearner", "stable_rank"]
@@ -133,7 +133,7 @@ class DataParallelLearner(Learner):
     def __init__(
         self,
         model: torch.nn.Module,
-        objective: Any,
+        objective: Objective,
         optimizer: torch.optim.Optimizer,
         streaming: bool = False,
         *,
@@ -182,7 +182,7 @@ class DataParallelLearner(Learner):
         for event in held:
             try:
                 super().consume(event)
-            except Exception as exc:  # noqa: BLE001 - re-raised below, after the rest
+            except Exception as exc:  # re-raised below, after the rest
                 refused = refused or exc
         if refused is not None:
             raise refused

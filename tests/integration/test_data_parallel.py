@@ -24,25 +24,27 @@ WORLD_SIZE = 2
 LIMIT_S = 240.0
 
 # name: (objective, learner options, arrival)
+# fmt: off
 CASES = {
     "grpo-seq-mean": (GRPO(), {}, "interleaved"),
     "grpo-token-mean": (GRPO(loss_agg="token-mean"), {}, "interleaved"),
     "dr-grpo-no-std": (GRPO(loss_agg="seq-mean-token-sum-norm", scale_by_std=False), {},
-                       "interleaved"),  # fmt: skip
+                       "interleaved"),
     "grpo-streaming": (GRPO(loss_agg="token-mean"), {"streaming": True}, "shuffled"),
     "dr-grpo-streaming": (GRPO(scale_by_std=False), {"streaming": True, "early_start": True},
-                          "interleaved"),  # fmt: skip
+                          "interleaved"),
     "dynamic-max-groups-streaming": (GRPO(dynamic_sampling=True, max_groups=3),
-                                     {"streaming": True}, "interleaved"),  # fmt: skip
+                                     {"streaming": True}, "interleaved"),
     "opd-sync": (OPD(), {}, "interleaved"),
     "opd-streaming": (OPD(granularity="turn", loss_agg="seq-mean-token-sum-norm"),
-                      {"streaming": True}, "shuffled"),  # fmt: skip
+                      {"streaming": True}, "shuffled"),
     "grpo-deterministic-streaming": (GRPO(), {"deterministic": True, "streaming": True,
-                                              "assign": "alternate"}, "shuffled"),  # fmt: skip
+                                              "assign": "alternate"}, "shuffled"),
     "dr-grpo-deterministic": (GRPO(scale_by_std=False), {"deterministic": True}, "interleaved"),
     "opd-deterministic": (OPD(granularity="turn"), {"deterministic": True, "streaming": True},
-                          "interleaved"),  # fmt: skip
+                          "interleaved"),
 }
+# fmt: on
 SEED = 4
 
 
@@ -113,9 +115,46 @@ def _rank_main(rank: int, folder: str, model_dir: str, fail_rank: int | None) ->
                     model_dir, Learner, objective, options, events
                 )
             results[name] = result
+        results["incomplete"] = _incomplete_then_complete(rank, model_dir, shape)
         torch.save(results, Path(folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _incomplete_then_complete(rank: int, model_dir: str, shape) -> dict:
+    """One reward of a rank-1 group is missing: ``step()`` raises on both ranks and changes
+    nothing; once it arrives, the step is the single learner's."""
+    from thundersync import IncompleteBatchError
+    from thundersync import events as ev
+    from thundersync.data_parallel import DataParallelLearner, stable_rank
+    from thundersync.learner import Learner
+    from thundersync.models import load_model
+    from thundersync.rollouts import random_batch
+
+    events = random_batch(SEED, 512, shape)
+    group_of = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+    late = next(
+        e for e in events
+        if isinstance(e, ev.RewardReady) and stable_rank(group_of[e.episode_id], WORLD_SIZE) == 1
+    )  # fmt: skip
+    model = load_model(model_dir, dtype=torch.float64)
+    before = _flat(model)
+    learner = DataParallelLearner(model, GRPO(), torch.optim.SGD(model.parameters(), lr=1.0))
+    for event in events:
+        if event is not late:
+            learner.consume(event)
+    try:
+        learner.step()
+        error = None
+    except IncompleteBatchError as exc:
+        error = str(exc)
+    unchanged = torch.equal(_flat(model), before)
+    learner.consume(late)
+    learner.step()
+    out = {"error": error, "unchanged": unchanged, "update": _flat(model) - before}
+    if rank == 0:
+        out["single"], _ = _update(model_dir, Learner, GRPO(), {}, events)
+    return out
 
 
 def run_ranks(
@@ -193,3 +232,13 @@ def test_a_failing_rank_stops_both_and_is_reported(ranks, tmp_path_factory):
         run_ranks(tmp_path_factory.mktemp("data-parallel-failure"), model_dir, 1, started)
     assert len(started) == WORLD_SIZE
     assert not any(process.is_alive() for process in started)
+
+
+def test_an_incomplete_batch_raises_on_every_rank_and_the_step_can_follow(ranks):
+    _, results = ranks
+    first, second = results[0]["incomplete"], results[1]["incomplete"]
+    assert second["error"] is not None and "no RewardReady yet" in second["error"]
+    assert first["error"] is not None and first["error"].startswith("rank 1: ")
+    assert first["unchanged"] and second["unchanged"]
+    assert torch.equal(first["update"], second["update"])
+    assert rel(first["update"], first["single"]) <= 1e-12
