@@ -18,7 +18,7 @@ from thundersync import events as ev
 from thundersync.assembly import EpisodeRecord
 from thundersync.gradients import BufferPool, Piece, grpo_piece
 from thundersync.objectives import GRPO, group_stats, is_degenerate
-from thundersync.strategy import BatchContext, Groups
+from thundersync.strategy import BatchContext, Groups, begin_group
 
 
 def select_groups(groups: Groups, objective: GRPO) -> list[str]:
@@ -81,6 +81,7 @@ def reduce_grpo(
     with W_g = Σ (r_i − c) h_i (the shifted reward-weighted sum), H_g = Σ h_i and c the
     group's first reward."""
     for gid in selected:
+        begin_group(total, gid)
         kept = [m for m in groups[gid] if not m.is_infra_failure]
         rewards = [m.reward_value for m in kept]
         degenerate = is_degenerate(rewards)
@@ -140,7 +141,7 @@ class CanonicalGRPO:
             vectors = self.store.get(m.episode_id, lambda: self._piece(m))
             return vectors[0], (vectors[1] if len(vectors) > 1 else None)
 
-        total = reduce_grpo(groups, selected, self.objective, piece, self.ctx.pool.zeros())
+        total = reduce_grpo(groups, selected, self.objective, piece, self.ctx.step_sum())
         self.store.clear()
         trained = [m for g in selected for m in groups[g] if not m.is_infra_failure]
         return total, trained

@@ -19,7 +19,7 @@ from thundersync.batch import opd_batch_grad, opd_episodes
 from thundersync.canonical import PieceStore
 from thundersync.gradients import opd_piece
 from thundersync.objectives import OPD
-from thundersync.strategy import BatchContext, Groups
+from thundersync.strategy import BatchContext, Groups, begin_group
 
 EPISODE = -1  # the piece key's turn for per-episode work
 
@@ -53,7 +53,7 @@ class PiecewiseOPD:
     def _step_grad(self) -> torch.Tensor:
         """The step's gradient sum, allocated at first use (nothing outlives a step)."""
         if self._total is None:
-            self._total = self.ctx.pool.zeros()
+            self._total = self.ctx.step_sum() if self.deterministic else self.ctx.pool.zeros()
         return self._total
 
     def _resolve(self, rec: EpisodeRecord) -> str:
@@ -138,6 +138,8 @@ class PiecewiseOPD:
         self.drain()
         total = self._step_grad()
         for rec in episodes:
+            if self.deterministic and rec.group_id is not None:
+                begin_group(total, rec.group_id)
             for key in self._keys(rec):
                 if self.deterministic:
                     (vector,) = self.store.get(key, lambda k=key, r=rec: (self._compute(r, k[1]),))

@@ -38,6 +38,9 @@ Rules every strategy shares:
   parameters, ``.grad`` and optimizer state untouched, the batch dropped, ``policy_version``
   unchanged.
 
+Data parallelism: ``thundersync.data_parallel.DataParallelLearner`` is this learner on one
+rank; it overrides the hooks ``_batch_groups``, ``_reduce`` and ``_step_sum_factory``.
+
 Exactness holds for one optimizer step per rollout batch, which is what this learner does.
 Several PPO minibatches per batch would make later minibatches depend on earlier updates:
 streaming could then apply to the first minibatch only; this learner does not offer them.
@@ -179,11 +182,11 @@ class Learner:
         Afterwards each parameter's ``.grad`` holds the step's (clipped) gradient and
         ``policy_version`` is one higher. Returns the step's metrics (see the class doc).
         """
-        groups = self.episodes.complete_groups()
+        groups = self._batch_groups()
         started = time.perf_counter()
         total, trained = self.strategy.finish(groups)
         counts = [m.num_action_tokens for m in trained]
-        denom = denominator(self.objective.loss_agg, counts) if trained else 1.0
+        total, denom = self._reduce(total, counts)
         total.div_(denom)
         grad_norm = float(total.norm())
         if not math.isfinite(grad_norm):
@@ -210,6 +213,21 @@ class Learner:
             ))  # fmt: skip
         self._new_batch()
         return metrics
+
+    # --- hooks a data-parallel learner overrides (thundersync.data_parallel) ------------------
+
+    def _batch_groups(self) -> dict[str, list[EpisodeRecord]]:
+        """The groups the step trains on (checked complete; raises before any work)."""
+        return self.episodes.complete_groups()
+
+    def _reduce(self, total: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, float]:
+        """The batch's gradient sum and its denominator D from the strategy's sum and the
+        trained episodes' action-token counts. One learner: both as they are."""
+        return total, denominator(self.objective.loss_agg, counts) if counts else 1.0
+
+    def _step_sum_factory(self) -> Callable[[], torch.Tensor] | None:
+        """What the deterministic strategies sum into (None: a zero buffer)."""
+        return None
 
     def _metrics(
         self, groups: dict[str, list[EpisodeRecord]], trained: list[EpisodeRecord],
@@ -247,7 +265,7 @@ class Learner:
         self.stats = TokenStats()
         self.strategy = self.make_strategy(BatchContext(
             self.policy, self.reference, self.pool, self.stats, self.micro_batch_size,
-            self.publish,
+            self.publish, self._step_sum_factory(),
         ))  # fmt: skip
         self.learner_time_s = 0.0
 

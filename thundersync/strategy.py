@@ -43,6 +43,13 @@ class BatchContext:
     """Where every forward pass notes the learner's log-probs against the sampler's."""
     micro_batch_size: int
     publish: Callable[[ev.Event], None] | None
+    new_sum: Callable[[], torch.Tensor] | None = None
+    """Makes the deterministic strategies' step sum (None: a zero buffer). The data-parallel
+    learner passes a recorder of the canonical addends (``thundersync.data_parallel``)."""
+
+    def step_sum(self) -> torch.Tensor:
+        """The sum a deterministic strategy adds its canonical addends into, in order."""
+        return self.pool.zeros() if self.new_sum is None else self.new_sum()
 
     def published(self, episode_id: str, turn: int | None, started: float) -> None:
         """Announce one finished piece of gradient work (``GradientComputed``)."""
@@ -50,6 +57,14 @@ class BatchContext:
             self.publish(ev.GradientComputed(
                 episode_id=episode_id, turn=turn, started=started, finished=ev.now()
             ))  # fmt: skip
+
+
+def begin_group(total: torch.Tensor, group_id: str) -> None:
+    """Say that the addends a deterministic reduction adds next belong to ``group_id``: a
+    recording step sum keeps each group's addends apart; a plain tensor ignores this."""
+    mark = getattr(total, "begin_group", None)
+    if mark is not None:
+        mark(group_id)
 
 
 class GradientStrategy(Protocol):
