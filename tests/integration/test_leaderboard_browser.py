@@ -5,7 +5,6 @@ comparison and evaluation made here. Expected rows come from the leaderboard fil
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
