@@ -117,15 +117,8 @@ def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(war
             "--deterministic", "--seed", "5", *SMALL]  # fmt: skip
     train(tmp_path / "whole", *args)
     out = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = start_until_first_checkpoint(out, *args)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step-000001").is_dir():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
         family = descendants(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -144,16 +137,8 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     """SIGINT (what Ctrl-C sends): exit 130 with a one-line message, no traceback, every
     worker gone; the run continues from its last checkpoint with --resume."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--steps", "50",
-         *SMALL],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_until_first_checkpoint(out, "--steps", "50", *SMALL)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step-000001").is_dir():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
         family = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
@@ -168,6 +153,21 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     resumed = train(out, "--resume", "--steps", str(done + 1))
     assert f"resuming after step {done}" in resumed.stderr
     assert [m["step"] for m in metrics(out)] == list(range(done + 1))
+
+
+def start_until_first_checkpoint(out: Path, *args: str) -> subprocess.Popen:
+    """A ``train`` run in the background, returned once its first checkpoint is written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "step-000001").is_dir():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no first checkpoint: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.2)
+    return proc
 
 
 def descendants(pid: int) -> set[int]:

@@ -103,13 +103,13 @@ def test_the_compose_file_and_its_context_stay_inside(tmp_path: Path, host_folde
 
 def test_links_inside_the_task_folder_are_shipped_as_their_files(tmp_path: Path) -> None:
     task_dir = copy_task(tmp_path, "harbor")
-    (task_dir / "shared").mkdir()
-    (task_dir / "shared" / "helper.py").write_text("VALUE = 1\n")
-    (task_dir / "tests" / "helper.py").symlink_to(task_dir / "shared" / "helper.py")
-    (task_dir / "tests" / "lib").symlink_to("../shared")
+    (task_dir / "common").mkdir()
+    (task_dir / "common" / "helper.py").write_text("VALUE = 1\n")
+    (task_dir / "tests" / "helper.py").symlink_to(task_dir / "common" / "helper.py")
+    (task_dir / "tests" / "lib").symlink_to("../common")
     task = load_tasks(task_dir).get("sales-report")
     uploads = dict((rel, path) for path, rel in task.test_uploads())
-    assert uploads["helper.py"] == (task_dir / "shared" / "helper.py").resolve()
+    assert uploads["helper.py"] == (task_dir / "common" / "helper.py").resolve()
     assert uploads["lib/helper.py"].read_text() == "VALUE = 1\n"
     assert all(not path.is_symlink() for path in uploads.values())
 
