@@ -1,7 +1,8 @@
 """``VLLMEngine``: the rollout protocol on vLLM (token ids in, ids and log-probs out).
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core process to
-start or leak, 2–3 s to start on a CPU). Matching ``HFEngine``:
+start or leak; on a 2-core CPU ~3 s to start after vLLM's import, which takes 5–15 s).
+Matching ``HFEngine``:
 
 - **Seeds**: each request is sampled with its own ``GenerationRequest.seed``, so its tokens do
   not depend on which other requests share the batch, up to the last bits of batched logits.
