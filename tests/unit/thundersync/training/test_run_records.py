@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 import pytest
@@ -39,7 +40,8 @@ def test_every_field_is_a_flag_and_flags_override_the_file(tmp_path):
 @pytest.mark.parametrize(
     "values, field",
     [({"mode": "fast"}, "mode"), ({"staleness": 0}, "staleness"), ({"algo": "opd"}, "teacher"),
-     ({"engine": "vllm"}, "engine"), ({"steps": -1}, "steps"),
+     ({"engine": "sglang"}, "engine"), ({"engine": "vllm", "dtype": "float64"}, "dtype"),
+     ({"steps": -1}, "steps"),
      ({"objective": {"bogus": 1}}, "objective"), ({"objective": {"loss_agg": "x"}}, "objective"),
      ({"mode": "async", "algo": "opd", "teacher": "t"}, "async"),
      ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async")],
@@ -57,6 +59,14 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     with pytest.raises(ValueError, match=r"'model'.*not a checkpoint folder"):
         check_inputs(TrainConfig(model=str(tmp_path)))
     check_inputs(TrainConfig())  # the defaults: a registered env and a tiny model built later
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_the_vllm_engine_without_vllm_says_how_to_install_it():
+    from thundersync.training.config import check_inputs
+
+    with pytest.raises(ValueError, match=r"'engine'.*make test-vllm"):
+        check_inputs(TrainConfig(engine="vllm"))
 
 
 def test_unknown_file_keys_are_named(tmp_path):

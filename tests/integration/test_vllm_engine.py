@@ -1,0 +1,227 @@
+"""``VLLMEngine`` against the protocol and against ``HFEngine`` on the same tiny model: stop ids
+and limits, tokens independent of the batch, log-probs of the sampling distribution, in-place
+weight loads, a clean close, and ``thundersync train --engine vllm`` end to end.
+
+Needs vLLM (``make test-vllm`` runs these in .venv-vllm); skipped without it. The model has
+head_dim 32, which vLLM's CPU attention supports (16 is not)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from thundersync.training.engines.protocol import GenerationRequest, SamplingParams
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM missing: `make test-vllm` installs it in .venv-vllm"),
+]  # fmt: skip
+
+# Where vLLM and torch.compile write caches and sockets: under the tests' temporary folder
+# (with the hub offline, no usage report and loopback only; subprocesses inherit all of it).
+CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_stays_local(tmp_path_factory) -> Iterator[None]:
+    root = tmp_path_factory.mktemp("vllm-cache")
+    settings = {name: str(root / name.lower()) for name in CACHE_VARIABLES}
+    settings |= {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    # torch's inductor makes /tmp/torchinductor_$USER when vLLM imports it, and vLLM's
+    # rendezvous file goes to the temporary folder: both under root instead.
+    settings["TMPDIR"] = str(root)
+    previous = {name: os.environ.get(name) for name in settings}
+    previous_tempdir, tempfile.tempdir = tempfile.tempdir, str(root)
+    os.environ.update(settings)
+    yield
+    tempfile.tempdir = previous_tempdir
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from thundersync.models import build_tiny_model
+
+    folder = tmp_path_factory.mktemp("vllm-model") / "qwen3"
+    return build_tiny_model(folder, "qwen3", hidden_size=64, num_heads=2, max_positions=512)
+
+
+@pytest.fixture(scope="module")
+def children_at_start() -> set[int]:
+    return child_pids()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, children_at_start):
+    """One engine for the module (the last engine test loads new weights and closes it)."""
+    from thundersync.training.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(model_dir, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from thundersync.training.engines.hf import HFEngine
+
+    return HFEngine(model_dir)
+
+
+def requests(n: int, *, max_new: int = 12, temperature: float = 1.0,
+             stop: tuple[int, ...] = ()) -> list[GenerationRequest]:  # fmt: skip
+    return [
+        GenerationRequest(tuple(range(5, 8 + i)),
+                          SamplingParams(max_new, temperature=temperature, stop_ids=stop),
+                          seed=1000 + i)  # fmt: skip
+        for i in range(n)
+    ]
+
+
+def teacher_forced_logprobs(hf, request: GenerationRequest, tokens: tuple[int, ...]) -> list:
+    """log softmax(logits / T) of ``tokens`` after the prompt, from HFEngine's model."""
+    ids = torch.tensor([list(request.prompt_ids) + list(tokens)])
+    with torch.no_grad():
+        logits = hf.model(input_ids=ids).logits[0, :-1].float()
+    temperature = request.params.temperature or 1.0
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    start = len(request.prompt_ids) - 1
+    return [float(logp[start + i, t]) for i, t in enumerate(tokens)]
+
+
+def test_generation_from_ids_stops_at_a_stop_id_or_the_token_limit(engine):
+    request = requests(1, max_new=10)[0]
+    completion = engine.generate([request])[0]
+    assert len(completion.token_ids) == 10 and completion.finish_reason == "length"
+    assert len(completion.logprobs) == 10 and completion.policy_version == 0
+    first = completion.token_ids[0]
+    stopped = engine.generate([requests(1, max_new=10, stop=(first,))[0]])[0]
+    assert stopped.token_ids == (first,) and stopped.finish_reason == "stop"
+    with pytest.raises(ValueError, match="exceed the context"):
+        engine.generate([requests(1, max_new=engine.max_context)[0]])
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        engine.generate([GenerationRequest((), SamplingParams(4), seed=0)])
+
+
+def test_tokens_depend_on_the_seed_not_on_the_batch(engine):
+    reqs = requests(8)
+    alone = [engine.generate([r])[0] for r in reqs]
+    together = engine.generate(reqs)
+    reversed_ = engine.generate(reqs[::-1])[::-1]
+    tokens = [c.token_ids for c in alone]
+    assert [c.token_ids for c in together] == tokens
+    assert [c.token_ids for c in reversed_] == tokens
+    reseeded = engine.generate([GenerationRequest(reqs[0].prompt_ids, reqs[0].params, 99)])
+    assert reseeded[0].token_ids != tokens[0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_the_sampling_distributions_and_agree_with_hf(engine, hf, temperature):
+    reqs = requests(4, max_new=16, temperature=temperature)
+    gaps = []
+    for request, completion in zip(reqs, engine.generate(reqs)):
+        expected = teacher_forced_logprobs(hf, request, completion.token_ids)
+        gaps += [abs(a - b) for a, b in zip(expected, completion.logprobs)]
+    print(f"T={temperature}: |Δlogprob| vLLM vs HF mean {sum(gaps) / len(gaps):.2e}, "
+          f"max {max(gaps):.2e} over {len(gaps)} tokens")  # fmt: skip
+    assert max(gaps) < 1e-5
+
+
+def test_greedy_tokens_and_logprobs_match_hf(engine, hf):
+    reqs = requests(4, max_new=12, temperature=0.0)
+    ours, theirs = engine.generate(reqs), hf.generate(reqs)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+    for a, b in zip(ours, theirs):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+def test_loaded_weights_change_the_output_to_hfs_with_the_same_weights_and_close_is_clean(
+    engine, model_dir, children_at_start
+):
+    from thundersync.training.engines.hf import HFEngine
+
+    hf = HFEngine(model_dir)
+    reqs = requests(8, max_new=12, temperature=0.0)
+    before = engine.generate(reqs)
+    flat = torch.cat([p.detach().reshape(-1) for p in hf.params])
+    torch.manual_seed(0)
+    new = flat + 0.5 * torch.randn_like(flat)
+    engine.load_weights(new, policy_version=3)
+    hf.load_weights(new, policy_version=3)
+    after, expected = engine.generate(reqs), hf.generate(reqs)
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+    assert {c.policy_version for c in after} == {3} and before[0].policy_version == 0
+    with pytest.raises(ValueError, match="values for"):
+        engine.load_weights(flat[:-1], policy_version=4)
+    engine.close()
+    engine.close()  # safe twice
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(reqs)
+    assert child_pids() <= children_at_start, "the engine left a process behind"
+
+
+def child_pids() -> set[int]:
+    """Live child processes of this process."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(name))
+    return found
+
+
+def test_train_with_the_vllm_engine_in_sync_and_streaming_mode(model_dir, tmp_path):
+    """Two deterministic steps each: both modes roll out the same tokens and take the same
+    update (in-process tools, no sandbox)."""
+    common = ["--engine", "vllm", "--model", str(model_dir), "--steps", "2",
+              "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+              "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
+              "--deterministic", "--seed", "1", "--lr", "1e-2"]  # fmt: skip
+    for mode in ("sync", "streaming"):
+        done = subprocess.run(
+            [sys.executable, "-m", "thundersync.cli", "train", "--mode", mode,
+             "--out", str(tmp_path / mode), *common],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        steps = [json.loads(line)["step"]
+                 for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [0, 1]
+    assert turns(tmp_path / "sync") == turns(tmp_path / "streaming")
+    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "streaming")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def turns(out: Path) -> list[tuple]:
+    from thundersync.events import read_jsonl
+
+    records = read_jsonl(out / "events.jsonl")
+    return sorted((r["episode_id"], r["turn"], r["action_ids_len"])
+                  for r in records if r["event"] == "TurnCompleted")  # fmt: skip
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    last = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return load_file(last / "model.safetensors")
