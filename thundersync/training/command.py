@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def run_train_command(args: argparse.Namespace) -> int:
     from thundersync.training.modes import mode_runner
     from thundersync.training.trainer import Trainer, WorkerError
 
+    # Ctrl-C stops the run cleanly even where SIGINT was inherited ignored (a job started in
+    # the background of a script): Python only raises KeyboardInterrupt if it was not.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Trainer(config, resume=args.resume) as trainer:
             if trainer.start_step:
