@@ -81,7 +81,7 @@ class TrainConfig:
     max_concurrency: int = 0
     """Episodes in flight at once (0: B×G, or B×G×(1+k) in async(k))."""
     batch_window_s: float = 0.005
-    """How long the engine waits for more requests after the first one of a batch."""
+    """A batch gathers until no request has arrived for this long (at most ten such windows)."""
     early_start: bool = False
     """streaming GRPO: start a trajectory's backward at EpisodeCompleted, during grading."""
     buffer_budget_bytes: int = 0

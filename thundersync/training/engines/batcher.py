@@ -15,20 +15,24 @@ from thundersync.training.engines.protocol import Completion, Engine, Generation
 BatchHook = Callable[[float, float, list[GenerationRequest], list[Completion]], None]
 
 
+MAX_WINDOWS = 10
+"""A batch gathers for at most this many windows, however steadily requests arrive."""
+
+
 class EngineClosedError(RuntimeError):
     """The batcher was closed (or its engine failed) while a request waited."""
 
 
 class DynamicBatcher:
     """Owns the engine on one thread. ``generate`` (any thread) blocks until its request was
-    sampled as part of a batch: everything waiting, gathered for at most ``window_s`` after
-    the first request, up to ``max_batch_size``. Callers that will ask (episodes in flight)
-    are counted with ``join()`` (when the episode is scheduled, so that none is missed while
-    threads start) and ``leave()``; a batch then closes as soon as every counted caller has a
-    request in it, instead of waiting out the window for nobody.
-    ``call(fn)`` runs ``fn(engine)`` on the engine thread between batches (weight loads: no
-    batch ever sees half-loaded weights). ``on_batch(started, finished, requests,
-    completions)`` observes every batch."""
+    sampled as part of a batch: everything waiting, gathered until no request has arrived for
+    ``window_s`` (at most ``MAX_WINDOWS`` windows in all), up to ``max_batch_size``. Callers
+    that will ask (episodes in flight) are counted with ``join()`` (when the episode is
+    scheduled, so that none is missed while threads start) and ``leave()``; a batch then
+    closes as soon as every counted caller has a request in it, instead of waiting out the
+    window for nobody. ``call(fn)`` runs ``fn(engine)`` on the engine thread between batches
+    (weight loads: no batch ever sees half-loaded weights). ``on_batch(started, finished,
+    requests, completions)`` observes every batch."""
 
     def __init__(
         self,
@@ -105,7 +109,8 @@ class DynamicBatcher:
             if kind == "wake":
                 continue
             batch = [item]
-            deadline = now() + self.window_s
+            first = now()
+            deadline = first + self.window_s
             while len(batch) < self._batch_target():
                 try:
                     nxt = self._inbox.get(timeout=max(0.0, deadline - now()))
@@ -117,6 +122,7 @@ class DynamicBatcher:
                     pending = nxt  # a weight load or stop waits for this batch
                     break
                 batch.append(nxt)
+                deadline = min(now() + self.window_s, first + MAX_WINDOWS * self.window_s)
             self._generate(batch)
 
     def _generate(self, batch: list[tuple[str, Any, Future]]) -> None:

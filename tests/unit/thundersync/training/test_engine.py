@@ -117,6 +117,21 @@ def test_requests_that_wait_together_are_generated_together():
     assert sum(engine.batches) == 8 and len(engine.batches) < 8
 
 
+def test_a_batch_keeps_gathering_while_requests_keep_arriving():
+    """Requests 40 ms apart with a 100 ms window: each arrives within a window of the last, so
+    they form one batch although the last comes 120 ms after the first."""
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=0.1, max_batch_size=8)
+    threads = [threading.Thread(target=batcher.generate, args=(r,)) for r in requests(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.04)
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert engine.batches == [4]
+
+
 def test_a_batch_closes_once_every_live_requester_has_asked_not_at_the_window():
     """Three episodes in flight, all waiting on the engine: nobody else can add to the batch,
     so it runs at once (the 60 s window would otherwise hold it). When one episode ends, the
