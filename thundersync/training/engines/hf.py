@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest
+from thundersync.training.engines.protocol import Completion, GenerationRequest, check_request
 
 
 class HFEngine:
@@ -81,14 +81,7 @@ class HFEngine:
         return self._generate(list(requests))
 
     def _check(self, request: GenerationRequest) -> None:
-        if not request.prompt_ids:
-            raise ValueError("generate: a request needs at least one prompt token")
-        if len(request.prompt_ids) + request.params.max_new_tokens > self.max_context:
-            raise ValueError(
-                f"generate: {len(request.prompt_ids)} prompt + "
-                f"{request.params.max_new_tokens} new tokens exceed the context of "
-                f"{self.max_context}"
-            )
+        check_request(request, self.max_context)
 
     @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:

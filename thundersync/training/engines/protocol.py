@@ -77,6 +77,17 @@ class Engine(Protocol):
         ...
 
 
+def check_request(request: GenerationRequest, max_context: int) -> None:
+    """ValueError unless ``request`` has a prompt and fits the engine's context window."""
+    if not request.prompt_ids:
+        raise ValueError("generate: a request needs at least one prompt token")
+    if len(request.prompt_ids) + request.params.max_new_tokens > max_context:
+        raise ValueError(
+            f"generate: {len(request.prompt_ids)} prompt + {request.params.max_new_tokens} "
+            f"new tokens exceed the context of {max_context}"
+        )
+
+
 def request_seed(run_seed: int, episode_id: str, turn: int) -> int:
     """The sampling seed of one turn of one episode: a function of the run's seed, the episode
     id (which names the step) and the turn only, never of timing."""

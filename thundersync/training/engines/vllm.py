@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest
+from thundersync.training.engines.protocol import Completion, GenerationRequest, check_request
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. `make test-vllm` builds .venv-vllm with it; "
@@ -159,14 +159,7 @@ class VLLMEngine:
         return self._generate(list(requests))
 
     def _check(self, request: GenerationRequest) -> None:
-        if not request.prompt_ids:
-            raise ValueError("generate: a request needs at least one prompt token")
-        if len(request.prompt_ids) + request.params.max_new_tokens > self.max_context:
-            raise ValueError(
-                f"generate: {len(request.prompt_ids)} prompt + "
-                f"{request.params.max_new_tokens} new tokens exceed the context of "
-                f"{self.max_context}"
-            )
+        check_request(request, self.max_context)
 
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         vllm = self._vllm
