@@ -9,6 +9,8 @@ clipped surrogate with the behaviour policy as π_old. ``BatchOPD`` is sync OPD.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from thundersync import events as ev
@@ -29,10 +31,10 @@ from thundersync.strategy import BatchContext, Groups
 from thundersync.types import Trajectory
 
 
-class BatchGRPO:
-    """GRPO, sync, on-policy: nothing happens before the step."""
+class _AtTheStep:
+    """A sync strategy: nothing happens before the step."""
 
-    def __init__(self, ctx: BatchContext, objective: GRPO) -> None:
+    def __init__(self, ctx: BatchContext, objective: Any) -> None:
         self.ctx, self.objective = ctx, objective
 
     def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
@@ -41,44 +43,28 @@ class BatchGRPO:
     def drain(self) -> None:
         """Sync waits for the step."""
 
+
+class BatchGRPO(_AtTheStep):
+    """GRPO, sync, on-policy: the textbook batched computation at the step."""
+
+    against_sampler = False
+
     def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         items = advantage_items(groups, select_groups(groups, self.objective), self.objective)
-        total = weighted_grad(self.ctx, self.objective, items, total=self.ctx.pool.zeros())
+        total = weighted_grad(self.ctx, self.objective, items, total=self.ctx.pool.zeros(),
+                              against_sampler=self.against_sampler)  # fmt: skip
         return total, [m for m, _ in items]
 
 
-class OffPolicyGRPO:
+class OffPolicyGRPO(BatchGRPO):
     """GRPO, sync, with tokens up to ``max_staleness`` versions old: PPO-clip against the
     sampler's log-probs (decoupled from the learner's own π_old, which is θ itself)."""
 
-    def __init__(self, ctx: BatchContext, objective: GRPO) -> None:
-        self.ctx, self.objective = ctx, objective
-
-    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
-        """Sync waits for the step."""
-
-    def drain(self) -> None:
-        """Sync waits for the step."""
-
-    def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
-        items = advantage_items(groups, select_groups(groups, self.objective), self.objective)
-        total = weighted_grad(
-            self.ctx, self.objective, items, total=self.ctx.pool.zeros(), against_sampler=True
-        )
-        return total, [m for m, _ in items]
+    against_sampler = True
 
 
-class BatchOPD:
+class BatchOPD(_AtTheStep):
     """OPD, sync: every episode's whole term at the step, in padded micro-batches."""
-
-    def __init__(self, ctx: BatchContext, objective: OPD) -> None:
-        self.ctx, self.objective = ctx, objective
-
-    def on_event(self, event: ev.Event, rec: EpisodeRecord) -> None:
-        """Sync waits for the step."""
-
-    def drain(self) -> None:
-        """Sync waits for the step."""
 
     def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         episodes = opd_episodes(groups)

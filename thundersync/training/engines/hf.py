@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest, check_request
+from thundersync.training.engines.protocol import Completion, GenerationRequest, generate_checked
 
 
 class HFEngine:
@@ -74,14 +74,8 @@ class HFEngine:
     # --- generation --------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        for request in requests:
-            self._check(request)
-        if self.batch_invariant:
-            return [self._generate([request])[0] for request in requests]
-        return self._generate(list(requests))
-
-    def _check(self, request: GenerationRequest) -> None:
-        check_request(request, self.max_context)
+        return generate_checked(requests, self._generate, max_context=self.max_context,
+                                batch_invariant=self.batch_invariant)  # fmt: skip
 
     @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:

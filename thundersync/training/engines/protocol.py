@@ -13,7 +13,7 @@ given the same seed roll out the same tokens.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +75,19 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the engine's resources (safe to call twice)."""
         ...
+
+
+def generate_checked(
+    requests: Sequence[GenerationRequest], generate_batch: Callable[[list], list[Completion]],
+    *, max_context: int, batch_invariant: bool,
+) -> list[Completion]:  # fmt: skip
+    """What every engine's ``generate`` does around its own batched sampling: check each
+    request, then sample them together or, batch-invariant, each alone."""
+    for request in requests:
+        check_request(request, max_context)
+    if batch_invariant:
+        return [generate_batch([request])[0] for request in requests]
+    return generate_batch(list(requests))
 
 
 def check_request(request: GenerationRequest, max_context: int) -> None:

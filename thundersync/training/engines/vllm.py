@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest, check_request
+from thundersync.training.engines.protocol import Completion, GenerationRequest, generate_checked
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. `make test-vllm` builds .venv-vllm with it; "
@@ -152,14 +152,8 @@ class VLLMEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         if self.llm is None:
             raise RuntimeError("generate: the engine is closed")
-        for request in requests:
-            self._check(request)
-        if self.batch_invariant:
-            return [self._generate([request])[0] for request in requests]
-        return self._generate(list(requests))
-
-    def _check(self, request: GenerationRequest) -> None:
-        check_request(request, self.max_context)
+        return generate_checked(requests, self._generate, max_context=self.max_context,
+                                batch_invariant=self.batch_invariant)  # fmt: skip
 
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         vllm = self._vllm
