@@ -16,65 +16,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from thundersync.events import read_jsonl
+from tests.integration.training_kit import (
+    SMALL,
+    descendants,
+    final_weights,
+    final_weights_of,
+    metrics,
+    start_until_first_checkpoint,
+    token_events,
+    train,
+    wait_gone,
+)
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing"),
 ]
-
-SMALL = ["--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16", "--lr", "3e-3"]
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory) -> Path:
-    """A tiny model warm-started on ToySum oracle play (it solves a minority of tasks, so
-    groups have differing rewards and the gradient is not zero)."""
-    from thundersync.training.warmstart import WarmStartConfig, warm_start
-
-    torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("warm") / "model"
-    config = WarmStartConfig(num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
-    return warm_start(config, folder)
-
-
-@pytest.fixture(scope="module")
-def warm_gpt2(tmp_path_factory) -> Path:
-    """The same kit on a GPT-2-style model, whose every op runs in float64 when asked."""
-    from thundersync.training.warmstart import WarmStartConfig, warm_start
-
-    folder = tmp_path_factory.mktemp("warm-gpt2") / "model"
-    config = WarmStartConfig(arch="gpt2", num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
-    return warm_start(config, folder)
-
-
-def train(out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
-
-
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    last = sorted((out / "checkpoints").glob("step-*"))[-1]
-    return load_file(last / "model.safetensors")
-
-
-def token_events(out: Path) -> list[tuple]:
-    """Every sampled action's length and episode, in a canonical order."""
-    records = read_jsonl(out / "events.jsonl")
-    turns = [(r["episode_id"], r["turn"], r["action_ids_len"])
-             for r in records if r["event"] == "TurnCompleted"]  # fmt: skip
-    return sorted(turns)
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
@@ -91,12 +48,6 @@ def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
     for m in metrics(tmp_path / "streaming"):
         assert m["learner"].get("max_staleness_seen", 0) == 0
     assert [m["step"] for m in metrics(tmp_path / "sync")] == [0, 1, 2]
-
-
-def final_weights_of(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(folder / "model.safetensors")
 
 
 def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, tmp_path):
@@ -153,55 +104,6 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     resumed = train(out, "--resume", "--steps", str(done + 1))
     assert f"resuming after step {done}" in resumed.stderr
     assert [m["step"] for m in metrics(out)] == list(range(done + 1))
-
-
-def start_until_first_checkpoint(out: Path, *args: str) -> subprocess.Popen:
-    """A ``train`` run in the background, returned once its first checkpoint is written."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not (out / "checkpoints" / "step-000001").is_dir():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no first checkpoint: {proc.communicate()[1][-2000:]}")
-        time.sleep(0.2)
-    return proc
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def wait_gone(pids: set[int], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        alive = {p for p in alive if Path(f"/proc/{p}").exists() and not zombie(p)}
-        time.sleep(0.2)
-    assert not alive, f"processes left behind by the killed run: {sorted(alive)}"
-
-
-def zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):

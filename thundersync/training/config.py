@@ -61,6 +61,10 @@ class TrainConfig:
     supports, e.g. 32 or 64 on a CPU; dtype float32 or bfloat16)."""
     backend: Literal["local"] = "local"
     """Where workers run: local processes (ray: planned)."""
+    learner_ranks: int = 1
+    """Data-parallel learner ranks (torch.distributed, gloo over loopback): each rank trains
+    its own groups and one all-reduce joins them per step; the same update as one learner
+    (with --deterministic, bitwise)."""
     sandbox: Literal["bwrap", "docker"] = "bwrap"
     """Sandbox kind for the env's tasks."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -119,6 +123,7 @@ class TrainConfig:
             (self.engine in ENGINES, "engine", f"one of {ENGINES}"),
             (self.engine != "vllm" or self.dtype != "float64", "dtype",
              "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)"),
+            (self.learner_ranks >= 1, "learner_ranks", ">= 1"),
             (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
              ">= 1"),
         ]  # fmt: skip

@@ -10,6 +10,7 @@ clear error — so a mode can drain what has queued and compute it as one micro-
 from __future__ import annotations
 
 import json
+import os
 import queue
 import sys
 from collections import defaultdict
@@ -19,10 +20,16 @@ from typing import Any
 import torch
 
 from thundersync import events as ev
-from thundersync.learner import Learner
-from thundersync.objectives import GRPO
 from thundersync.training import checkpoint as ckpt
 from thundersync.training.config import TrainConfig
+from thundersync.training.learners import (
+    LearnerSpec,
+    build_learner,
+    leave_process_group,
+    owner_of,
+    rank_main,
+    step_of,
+)
 from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
 from thundersync.training.rollout import RolloutPlan, RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
@@ -47,54 +54,48 @@ class Trainer:
         ev.reset_clock()
         torch.set_num_threads(config.learner_threads)
         self._procs: list[Any] = []
+        self.inbox, self.control = CONTEXT.Queue(), CONTEXT.Queue()
+        self._rank_inboxes: list[Any] = []
+        self.teacher_inbox: Any = None
+        self._init_file = self.out / f".learner-group-{os.getpid()}"
         self._window: dict[str, float] = defaultdict(float)
         self._backward_intervals: list[tuple[float, float]] = []
         self._completed: dict[str, float] = {}
         self.batches: dict[int, BatchTracker] = {}
         self.history: list[dict[str, Any]] = []
-        self._setup_model(resume)
-        self._setup_records(resume)
-        self._setup_workers()
+        try:
+            self._setup_model(resume)
+            self._setup_records(resume)
+            self._setup_workers()
+        except BaseException:  # a worker that failed to start: stop the others
+            self.close()
+            raise
 
     # --- setup -------------------------------------------------------------------------------
 
     def _setup_model(self, resume: bool) -> None:
-        from thundersync.models import load_model, load_tokenizer
-
+        """The policy, its optimizer and the learner; with ``learner_ranks`` > 1, the other
+        ranks' workers first (every rank joins the process group while it is built)."""
         config, folder = self.config, self.out / "checkpoints"
         ckpt.remove_temporaries(folder)
         found = ckpt.list_checkpoints(folder) if resume else []
         self.initial_model = config.model or str(self._tiny_model())
         self.model_dir = str(found[-1]) if found else self.initial_model
-        dtype = getattr(torch, config.dtype)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        self.model = load_model(self.model_dir, dtype=dtype)
-        optimizer = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
-        self.optimizer = optimizer(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        self._init_file.unlink(missing_ok=True)
+        spec = LearnerSpec(config, self.model_dir, self.initial_model,
+                           str(found[-1]) if found else None, str(self._init_file))  # fmt: skip
+        for rank in range(1, config.learner_ranks):
+            self._rank_inboxes.append(CONTEXT.Queue())
+            self._procs.append(spawn(f"learner-{rank}", rank_main, spec, rank,
+                                     self._rank_inboxes[-1], self.inbox,
+                                     num_threads=config.learner_threads,
+                                     output=self.inbox))  # fmt: skip
+        built = build_learner(spec, rank=0, publish=self._on_learner_event)
+        self.model, self.optimizer, self.learner = built.model, built.optimizer, built.learner
+        self.tokenizer, self.start_step = built.tokenizer, built.start_step
         self._optimizer_started = 0.0
         self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
         self.optimizer.register_step_post_hook(self._optimizer_post_hook)
-        self.start_step, version = 0, 0
-        if found:
-            state = ckpt.load_state(found[-1])
-            self.optimizer.load_state_dict(state["optimizer"])
-            ckpt.restore_rng(state)
-            self.start_step, version = state["completed_steps"], state["policy_version"]
-        objective = config.build_objective()
-        reference = None
-        if isinstance(objective, GRPO) and objective.kl_coef:
-            reference = load_model(self.initial_model, dtype=dtype)
-        self.learner = Learner(
-            self.model, objective, self.optimizer, streaming=config.mode == "streaming",
-            reference=reference, deterministic=config.deterministic,
-            early_start=config.early_start, eager=False,
-            max_grad_norm=config.max_grad_norm or None,
-            buffer_budget_bytes=config.buffer_budget_bytes or None,
-            micro_batch_size=config.micro_batch_size, policy_version=version,
-            publish=self._on_learner_event, **self._staleness_kwargs(),
-        )  # fmt: skip
 
     def _optimizer_pre_hook(self, *args: Any) -> None:
         self._optimizer_started = ev.now()
@@ -102,11 +103,6 @@ class Trainer:
     def _optimizer_post_hook(self, *args: Any) -> None:
         self._span(ev.SpanRecorded(name="optimizer", started=self._optimizer_started,
                                    finished=ev.now(), worker="learner"))  # fmt: skip
-
-    def _staleness_kwargs(self) -> dict[str, Any]:
-        if self.config.mode != "async":
-            return {}
-        return {"max_staleness": self.config.staleness}
 
     def _tiny_model(self) -> Path:
         from thundersync.models import build_tiny_model
@@ -139,7 +135,6 @@ class Trainer:
 
     def _setup_workers(self) -> None:
         c = self.config
-        self.inbox, self.control = CONTEXT.Queue(), CONTEXT.Queue()
         self.teacher_inbox = CONTEXT.Queue() if c.algo == "opd" else None
         self.weights = SharedWeights(list(self.model.parameters()))
         concurrency = c.max_concurrency or c.tasks_per_step * c.group_size * (
@@ -229,11 +224,15 @@ class Trainer:
                                        finished=m["finished"], worker="engine"))  # fmt: skip
             return
         eid = getattr(item, "episode_id", "")
-        tracker = self.batches.get(_step_of(eid))
+        tracker = self.batches.get(step_of(eid))
         if tracker is None:
             return
         tracker.apply(item)
         self._derived_spans(item)
+        if self._rank_inboxes:  # the owner of the episode's group trains it (rank 0: us)
+            owner = owner_of(eid, self.config.learner_ranks)
+            if owner:
+                self._rank_inboxes[owner - 1].put(("event", item))
 
     def _derived_spans(self, event: ev.Event) -> None:
         """Tool calls and grading as spans (from the events that bound them)."""
@@ -280,6 +279,8 @@ class Trainer:
         """``learner.step()``, weights to the engine, checkpoint, metrics; returns them."""
         tracker = self.batches.pop(step)
         started = ev.now()
+        for inbox in self._rank_inboxes:  # every event of the batch was forwarded before
+            inbox.put(("step", step))
         learned = self.learner.step()
         self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
                                    worker="learner", step=step))  # fmt: skip
@@ -337,6 +338,8 @@ class Trainer:
         self.control.put(("stop",))
         if self.teacher_inbox is not None:
             self.teacher_inbox.put(None)
+        for inbox in self._rank_inboxes:
+            inbox.put(None)
         for proc in self._procs:
             for _ in range(60):
                 proc.join(0.5)
@@ -345,9 +348,11 @@ class Trainer:
                 self._discard_inbox()
             stop(proc, timeout_s=1.0)
         self._discard_inbox()
-        self.metrics.close()
-        self.events_log.close()
-        self.spans_log.close()
+        leave_process_group()
+        self._init_file.unlink(missing_ok=True)
+        for name in ("metrics", "events_log", "spans_log"):  # absent if setup failed early
+            if hasattr(self, name):
+                getattr(self, name).close()
 
     def _discard_inbox(self) -> None:
         while True:
@@ -371,11 +376,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
             total += hi - max(lo, end)
             end = hi
     return total
-
-
-def _step_of(episode_id: str) -> int:
-    head = episode_id.split("-", 1)[0]
-    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else -1
 
 
 def _progress_line(m: dict[str, Any], total: int) -> str:

@@ -1,0 +1,30 @@
+"""Tiny warm-started models for the training tests (built once per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory) -> Path:
+    """A tiny model warm-started on ToySum oracle play (it solves a minority of tasks, so
+    groups have differing rewards and the gradient is not zero)."""
+    from thundersync.training.warmstart import WarmStartConfig, warm_start
+
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("warm") / "model"
+    config = WarmStartConfig(num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
+    return warm_start(config, folder)
+
+
+@pytest.fixture(scope="session")
+def warm_gpt2(tmp_path_factory) -> Path:
+    """The same kit on a GPT-2-style model, whose every op runs in float64 when asked."""
+    from thundersync.training.warmstart import WarmStartConfig, warm_start
+
+    folder = tmp_path_factory.mktemp("warm-gpt2") / "model"
+    config = WarmStartConfig(arch="gpt2", num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
+    return warm_start(config, folder)

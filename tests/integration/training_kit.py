@@ -1,0 +1,101 @@
+"""Shared by the ``thundersync train`` integration tests: run the command, read its run
+folder, and check that a killed run left no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from thundersync.events import read_jsonl
+
+SMALL = ["--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16", "--lr", "3e-3"]
+
+
+def train(out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    last = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return load_file(last / "model.safetensors")
+
+
+def token_events(out: Path) -> list[tuple]:
+    """Every sampled action's length and episode, in a canonical order."""
+    records = read_jsonl(out / "events.jsonl")
+    turns = [(r["episode_id"], r["turn"], r["action_ids_len"])
+             for r in records if r["event"] == "TurnCompleted"]  # fmt: skip
+    return sorted(turns)
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights_of(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def start_until_first_checkpoint(out: Path, *args: str) -> subprocess.Popen:
+    """A ``train`` run in the background, returned once its first checkpoint is written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "step-000001").is_dir():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no first checkpoint: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.2)
+    return proc
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def wait_gone(pids: set[int], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if Path(f"/proc/{p}").exists() and not zombie(p)}
+        time.sleep(0.2)
+    assert not alive, f"processes left behind by the killed run: {sorted(alive)}"
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
