@@ -4,12 +4,25 @@ workers (``--backend ray``) give the single local learner's update — bitwise w
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
+import signal
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.training_kit import SMALL, final_weights, final_weights_of, metrics, train
+from tests.integration.training_kit import (
+    SMALL,
+    descendants,
+    final_weights,
+    final_weights_of,
+    metrics,
+    start_until_first_checkpoint,
+    train,
+    wait_gone,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -17,22 +30,92 @@ pytestmark = [
 ]
 
 
-def test_two_learner_ranks_give_the_single_learners_weights_bitwise(warm_model, tmp_path):
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray missing")
+
+
+@pytest.fixture(scope="module")
+def single_run(warm_model, tmp_path_factory) -> tuple[Path, list[str]]:
+    """One local learner, sync, --deterministic: the run the scaled-out ones must equal."""
     args = ["--model", str(warm_model), "--steps", "2", "--deterministic", "--seed", "3",
             "--tasks-per-step", "3", *SMALL[2:]]  # fmt: skip
-    train(tmp_path / "one", "--mode", "sync", *args)
-    train(tmp_path / "two", "--mode", "streaming", "--learner-ranks", "2", *args)
-    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
-    initial = final_weights_of(warm_model)
+    out = tmp_path_factory.mktemp("single") / "run"
+    train(out, "--mode", "sync", *args)
+    return out, args
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = final_weights(a), final_weights(b)
+    return all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_two_learner_ranks_give_the_single_learners_weights_bitwise(
+    warm_model, single_run, tmp_path
+):
+    one, args = single_run
+    two = tmp_path / "two"
+    train(two, "--mode", "streaming", "--learner-ranks", "2", *args)
+    a, initial = final_weights(one), final_weights_of(warm_model)
     assert any(not torch.equal(a[k], initial[k]) for k in a), "training changed nothing"
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_weights(one, two)
     local = 0
-    for single, parallel in zip(metrics(tmp_path / "one"), metrics(tmp_path / "two")):
+    for single, parallel in zip(metrics(one), metrics(two)):
         learned = parallel["learner"]
         assert learned["world_size"] == 2 and learned["rank"] == 0
         assert learned["num_trajectories"] == single["learner"]["num_trajectories"]
         local += learned["local_num_trajectories"]
     # six groups over two ranks (by stable_rank, s0-g0 is rank 1's): each rank trained some
-    total = sum(m["learner"]["num_trajectories"] for m in metrics(tmp_path / "one"))
+    total = sum(m["learner"]["num_trajectories"] for m in metrics(one))
     assert 0 < local < total
-    assert not list((tmp_path / "two").glob(".learner-group-*"))
+    assert not list(two.glob(".learner-group-*"))
+
+
+@pytest.mark.ray
+@needs_ray
+def test_ray_workers_and_two_ranks_give_the_local_update_and_resume_after_kill_9(
+    single_run, tmp_path
+):
+    """The same run with every worker a Ray actor (a private Ray head on loopback) and two
+    learner ranks: bitwise the local single learner's weights; then killed with -9 after its
+    first checkpoint, nothing of it (trainer, actors, Ray's own processes, its temporary
+    folder) is left, and --resume under Ray ends on the same weights."""
+    one, args = single_run
+    ray_args = ["--mode", "streaming", "--backend", "ray", "--learner-ranks", "2", *args]
+    before = ray_temporaries()
+    out = tmp_path / "killed"
+    proc = start_until_first_checkpoint(out, *ray_args)
+    try:
+        family = descendants(proc.pid)
+        assert len(family) >= 5, "a Ray head, its workers and actors are running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_gone(family)
+    assert ray_temporaries() == before
+    resumed = train(out, "--resume")
+    assert "resuming after step 1" in resumed.stderr
+    assert same_weights(one, out)
+    assert [m["learner"]["world_size"] for m in metrics(out)] == [2, 2]
+    assert ray_temporaries() == before
+    assert not ray_processes(), "the resumed run left Ray processes behind"
+
+
+def ray_temporaries() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("ts-ray-*")} | {
+        p.name for p in Path(tempfile.gettempdir()).glob("ray")
+    }
+
+
+def ray_processes() -> list[int]:
+    """Live processes of a private Ray head (their command lines name its ts-ray- folder)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"ts-ray-" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found

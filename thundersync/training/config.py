@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import tomllib
 import types
@@ -59,8 +60,9 @@ class TrainConfig:
     """Rollout engine: hf (transformers generation) or vllm (needs vLLM installed: on a CPU,
     ``make test-vllm`` builds .venv-vllm; the model's head_dim must be one vLLM's attention
     supports, e.g. 32 or 64 on a CPU; dtype float32 or bfloat16)."""
-    backend: Literal["local"] = "local"
-    """Where workers run: local processes (ray: planned)."""
+    backend: Literal["local", "ray"] = "local"
+    """Where workers run: local processes, or Ray actors placed by resources (a private Ray
+    head on this machine, or the cluster at RAY_ADDRESS; needs the ray extra)."""
     learner_ranks: int = 1
     """Data-parallel learner ranks (torch.distributed, gloo over loopback): each rank trains
     its own groups and one all-reduce joins them per step; the same update as one learner
@@ -158,12 +160,13 @@ def check_inputs(config: TrainConfig) -> None:
 
     require_env(config.env, option="config field 'env':")
     if config.engine == "vllm":
-        import importlib.util
-
         from thundersync.training.engines.vllm import INSTALL_HINT
 
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(f"config field 'engine': {INSTALL_HINT}")
+    if config.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("config field 'backend': --backend ray needs Ray: "
+                         "pip install 'thundersync[ray]'")  # fmt: skip
     for name in ("model", "teacher"):
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():

@@ -7,7 +7,8 @@ episode's group (``stable_rank``) and keeps its own; each rank computes its grou
 work as the events arrive (streaming) or at the step (sync, async), and the step is one small
 gather plus one all-reduce, so every rank ends the step with the same parameters and only
 rank 0 publishes weights and writes checkpoints. The processes meet through a file in the run
-folder (``file://``) and exchange tensors over loopback only (gloo on ``lo``).
+folder (``file://``) and exchange tensors over loopback only (gloo on ``lo``); Ray actors
+meet over TCP at the driver's node (``thundersync.training.ray_backend``).
 
 Every rank is built here, the same way, from the same checkpoint, optimizer state and options,
 so the step is the single learner's (``--deterministic``: bitwise).
@@ -40,8 +41,9 @@ class LearnerSpec:
     """The run's initial policy: GRPO's KL reference."""
     checkpoint: str | None
     """A resumed run's checkpoint: its optimizer state, RNG, step and version."""
-    init_file: str
-    """``torch.distributed``'s rendezvous file (data-parallel runs only)."""
+    rendezvous: str
+    """``torch.distributed``'s init method (data-parallel runs only): ``file://`` for local
+    ranks, ``tcp://`` at the driver's node for Ray actors."""
 
 
 @dataclass(slots=True)
@@ -98,9 +100,10 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any) -> BuiltLearner
 def _join_process_group(spec: LearnerSpec, rank: int) -> None:
     import torch.distributed as dist
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks talk over loopback only
+    if spec.rendezvous.startswith(("file://", "tcp://127.")):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks on one machine: loopback only
     dist.init_process_group(
-        "gloo", init_method=f"file://{spec.init_file}", rank=rank,
+        "gloo", init_method=spec.rendezvous, rank=rank,
         world_size=spec.config.learner_ranks,
         timeout=timedelta(seconds=spec.config.worker_timeout_s),
     )  # fmt: skip

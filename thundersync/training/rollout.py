@@ -2,8 +2,9 @@
 
 It receives commands on its control queue, in order:
 
-- ``("weights",)``: copy the latest published weights into the engine (between two generation
-  batches) and report ``WeightsSynced``;
+- ``("weights", *payload)``: copy the latest published weights into the engine (between two
+  generation batches; ``payload`` is what the backend's ``weights.publish`` returned) and
+  report ``WeightsSynced``;
 - ``("run", plan)``: start the plan's episodes (B tasks × G samples) on its episode threads;
   they share one ``DynamicBatcher``, so requests that wait together are generated together;
 - ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
@@ -130,7 +131,12 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
             running = [f for f in running if not f.done() or _raise(f)]
             if command[0] == "weights":
                 started = ev.now()
-                version = batcher.call(weights.load_into)
+                extra = command[1:]  # what the backend's weights.publish sent along
+
+                def load(engine: Any, extra: tuple = extra) -> int:
+                    return weights.load_into(engine, *extra)
+
+                version = batcher.call(load)
                 output.put(
                     ev.WeightsSynced(
                         policy_version=version, metrics={"started": started, "finished": ev.now()}

@@ -10,7 +10,6 @@ clear error — so a mode can drain what has queued and compute it as one micro-
 from __future__ import annotations
 
 import json
-import os
 import queue
 import sys
 from collections import defaultdict
@@ -33,8 +32,7 @@ from thundersync.training.learners import (
 from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
 from thundersync.training.rollout import RolloutPlan, RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
-from thundersync.training.weights import SharedWeights
-from thundersync.training.workers import CONTEXT, WorkerFailed, spawn, stop
+from thundersync.training.workers import LocalBackend, WorkerFailed
 
 POLL_S = 1.0
 
@@ -54,16 +52,16 @@ class Trainer:
         ev.reset_clock()
         torch.set_num_threads(config.learner_threads)
         self._procs: list[Any] = []
-        self.inbox, self.control = CONTEXT.Queue(), CONTEXT.Queue()
         self._rank_inboxes: list[Any] = []
         self.teacher_inbox: Any = None
-        self._init_file = self.out / f".learner-group-{os.getpid()}"
         self._window: dict[str, float] = defaultdict(float)
         self._backward_intervals: list[tuple[float, float]] = []
         self._completed: dict[str, float] = {}
         self.batches: dict[int, BatchTracker] = {}
         self.history: list[dict[str, Any]] = []
+        self.backend = make_backend(config)
         try:
+            self.inbox, self.control = self.backend.queue(), self.backend.queue()
             self._setup_model(resume)
             self._setup_records(resume)
             self._setup_workers()
@@ -81,15 +79,15 @@ class Trainer:
         found = ckpt.list_checkpoints(folder) if resume else []
         self.initial_model = config.model or str(self._tiny_model())
         self.model_dir = str(found[-1]) if found else self.initial_model
-        self._init_file.unlink(missing_ok=True)
+        self._rendezvous = self.backend.rendezvous(self.out)
         spec = LearnerSpec(config, self.model_dir, self.initial_model,
-                           str(found[-1]) if found else None, str(self._init_file))  # fmt: skip
+                           str(found[-1]) if found else None, self._rendezvous)  # fmt: skip
         for rank in range(1, config.learner_ranks):
-            self._rank_inboxes.append(CONTEXT.Queue())
-            self._procs.append(spawn(f"learner-{rank}", rank_main, spec, rank,
-                                     self._rank_inboxes[-1], self.inbox,
-                                     num_threads=config.learner_threads,
-                                     output=self.inbox))  # fmt: skip
+            self._rank_inboxes.append(self.backend.queue())
+            self._procs.append(self.backend.spawn(
+                f"learner-{rank}", rank_main, spec, rank, self._rank_inboxes[-1], self.inbox,
+                num_threads=config.learner_threads, output=self.inbox,
+            ))  # fmt: skip
         built = build_learner(spec, rank=0, publish=self._on_learner_event)
         self.model, self.optimizer, self.learner = built.model, built.optimizer, built.learner
         self.tokenizer, self.start_step = built.tokenizer, built.start_step
@@ -135,8 +133,8 @@ class Trainer:
 
     def _setup_workers(self) -> None:
         c = self.config
-        self.teacher_inbox = CONTEXT.Queue() if c.algo == "opd" else None
-        self.weights = SharedWeights(list(self.model.parameters()))
+        self.teacher_inbox = self.backend.queue() if c.algo == "opd" else None
+        self.weights = self.backend.weights(list(self.model.parameters()))
         concurrency = c.max_concurrency or c.tasks_per_step * c.group_size * (
             1 + (c.staleness if c.mode == "async" else 0)
         )
@@ -147,13 +145,16 @@ class Trainer:
             temperature=c.temperature, max_concurrency=concurrency,
             batch_window_s=c.batch_window_s, engine=c.engine,
         )  # fmt: skip
-        self._procs.append(spawn("rollout", rollout_main, spec, self.control, self.inbox,
-                                 self.teacher_inbox, self.weights,
-                                 num_threads=c.rollout_threads, output=self.inbox))  # fmt: skip
+        self._procs.append(self.backend.spawn(
+            "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
+            self.weights, num_threads=c.rollout_threads, output=self.inbox,
+            num_gpus=int(getattr(self.backend, "gpu_for_rollout", False)),
+        ))  # fmt: skip
         if self.teacher_inbox is not None:
-            self._procs.append(spawn("teacher", teacher_main, c.teacher, c.dtype,
-                                     self.teacher_inbox, self.inbox, num_threads=1,
-                                     output=self.inbox))  # fmt: skip
+            self._procs.append(self.backend.spawn(
+                "teacher", teacher_main, c.teacher, c.dtype, self.teacher_inbox, self.inbox,
+                num_threads=1, output=self.inbox,
+            ))  # fmt: skip
         self.publish_weights()
         self.engine_version = -1
         while self.engine_version < self.learner.policy_version:  # workers loaded and ready
@@ -270,8 +271,8 @@ class Trainer:
 
     def publish_weights(self) -> None:
         started = ev.now()
-        self.weights.publish(list(self.model.parameters()), self.learner.policy_version)
-        self.control.put(("weights",))
+        payload = self.weights.publish(list(self.model.parameters()), self.learner.policy_version)
+        self.control.put(("weights", *payload))
         self._span(ev.SpanRecorded(name="weight_publish", started=started, finished=ev.now(),
                                    worker="learner"))  # fmt: skip
 
@@ -335,6 +336,9 @@ class Trainer:
     def close(self) -> None:
         """Stop every worker (draining the inbox so none blocks on a full pipe), then close
         the run's files. Safe on every path out, errors included."""
+        if not hasattr(self, "control"):  # the backend's queues never started
+            self.backend.close()
+            return
         self.control.put(("stop",))
         if self.teacher_inbox is not None:
             self.teacher_inbox.put(None)
@@ -346,10 +350,12 @@ class Trainer:
                 if not proc.is_alive():
                     break
                 self._discard_inbox()
-            stop(proc, timeout_s=1.0)
+            self.backend.stop(proc, timeout_s=1.0)
         self._discard_inbox()
         leave_process_group()
-        self._init_file.unlink(missing_ok=True)
+        self.backend.close()
+        if getattr(self, "_rendezvous", "").startswith("file://"):
+            Path(self._rendezvous.removeprefix("file://")).unlink(missing_ok=True)
         for name in ("metrics", "events_log", "spans_log"):  # absent if setup failed early
             if hasattr(self, name):
                 getattr(self, name).close()
@@ -366,6 +372,19 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def make_backend(config: TrainConfig) -> Any:
+    """Where the run's workers go: local processes, or Ray actors (``--backend ray``)."""
+    if config.backend == "local":
+        return LocalBackend()
+    from thundersync.training.ray_backend import RayBackend
+
+    cpus = config.rollout_threads + (config.algo == "opd") + (
+        (config.learner_ranks - 1) * config.learner_threads
+    )
+    log = Path(config.out) / "ray.log"
+    return RayBackend(cpus_needed=cpus, gpu_for_rollout=config.engine == "vllm", log=log)
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

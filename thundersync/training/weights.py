@@ -25,8 +25,9 @@ class SharedWeights:
         self.lock = CONTEXT.Lock()
         self.version = CONTEXT.Value("q", -1)
 
-    def publish(self, params: Sequence[torch.Tensor], policy_version: int) -> None:
-        """Copy ``params`` in (the trainer, after ``learner.step()``)."""
+    def publish(self, params: Sequence[torch.Tensor], policy_version: int) -> tuple:
+        """Copy ``params`` in (the trainer, after ``learner.step()``); nothing for the
+        control message to carry (``ObjectStoreWeights`` sends a reference)."""
         with self.lock, torch.no_grad():
             offset = 0
             for p in params:
@@ -34,6 +35,7 @@ class SharedWeights:
                 self.flat[offset : offset + n].copy_(p.detach().reshape(-1))
                 offset += n
             self.version.value = policy_version
+        return ()
 
     def load_into(self, engine: Engine) -> int:
         """Copy the latest published weights into ``engine``; returns their version."""

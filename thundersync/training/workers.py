@@ -24,6 +24,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -67,11 +68,47 @@ def stop(process: Any, *, timeout_s: float = 30.0) -> None:
         process.join(5.0)
 
 
+class LocalBackend:
+    """Workers as local processes (``--backend local``): ``multiprocessing`` queues, weights
+    through shared memory. ``thundersync.training.ray_backend.RayBackend`` has the same
+    methods."""
+
+    name = "local"
+
+    def queue(self) -> Any:
+        return CONTEXT.Queue()
+
+    def spawn(self, name: str, target: Callable[..., None], *args: Any, num_threads: int,
+              output: Any, num_gpus: int = 0) -> Any:  # fmt: skip
+        return spawn(name, target, *args, num_threads=num_threads, output=output)
+
+    def stop(self, worker: Any, *, timeout_s: float) -> None:
+        stop(worker, timeout_s=timeout_s)
+
+    def weights(self, params: Any) -> Any:
+        from thundersync.training.weights import SharedWeights
+
+        return SharedWeights(params)
+
+    def rendezvous(self, folder: Path) -> str:
+        """Where data-parallel learner ranks meet: a file (they share this machine)."""
+        return f"file://{folder / f'.learner-group-{os.getpid()}'}"
+
+    def close(self) -> None:
+        """Nothing to release: the trainer stopped every worker by its own id."""
+
+
 def _bootstrap(name: str, target: Callable[..., None], args: tuple, num_threads: int,
                output: Any, parent_pid: int, epoch: float) -> None:  # fmt: skip
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, _unwind)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    run_target(name, target, args, num_threads, output, epoch)
+
+
+def run_target(name: str, target: Callable[..., None], args: tuple, num_threads: int,
+               output: Any, epoch: float) -> None:  # fmt: skip
+    """A worker's body, on either backend: torch threads, the run clock, crashes reported."""
     import torch
 
     torch.set_num_threads(max(1, num_threads))
