@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import string
 import threading
@@ -43,8 +44,16 @@ class UnicodeText(spaces.Text):
     def __init__(
         self, max_length: int, *, sample_max_length: int = 64, seed: int | None = None
     ) -> None:
-        super().__init__(max_length, min_length=0, charset=string.printable, seed=seed)
-        self.sample_max_length = min(sample_max_length, max_length)
+        if not isinstance(max_length, int | np.integer) or max_length < 0:
+            raise ValueError(f"UnicodeText: max_length must be an integer >= 0, got {max_length!r}")
+        # Text.__init__ builds its charset tables (a 100-entry index) for every instance, ~0.1
+        # ms, and every env makes two spaces: the envs an agent loop starts per episode would
+        # spend more on that than on their episode. The tables are never mutated, so they are
+        # built once and shared; each space keeps its own RNG (Space.__init__).
+        vars(self).update(_printable_tables())
+        self.max_length = int(max_length)
+        spaces.Space.__init__(self, dtype=str, seed=seed)
+        self.sample_max_length = min(sample_max_length, self.max_length)
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and len(x) <= self.max_length
@@ -57,6 +66,15 @@ class UnicodeText(spaces.Text):
 
     def __repr__(self) -> str:
         return f"UnicodeText({self.max_length})"
+
+
+@functools.cache
+def _printable_tables() -> dict[str, Any]:
+    """The attributes ``spaces.Text.__init__`` sets for printable ASCII from length 0, less
+    those of ``spaces.Space`` (the RNG): what ``UnicodeText`` shares."""
+    prototype = spaces.Text(1, min_length=0, charset=string.printable)
+    own = vars(spaces.Space(dtype=str))
+    return {name: value for name, value in vars(prototype).items() if name not in own}
 
 
 class ShellEnv(gym.Env[str, str]):
@@ -408,4 +426,3 @@ def _checked(grade: Any, task_id: str) -> Grade:
     details = dict(grade.details) if isinstance(grade, Grade) else {}
     return Grade(0.0, infra_failure=True,
                  details={**details, "error": f"task {task_id}: grader {problem}"})  # fmt: skip
-

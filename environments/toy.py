@@ -187,8 +187,6 @@ def _task_id(prefix: str, table: tuple[tuple[str, str], ...], instruction: str) 
     return f"{prefix}-{digest}"
 
 
-
-
 def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> TaskList:
     """The ``toy-sum`` evaluation suite: ``num_tasks`` ToySum tasks drawn from ``seed``."""
     rng = np.random.default_rng(seed)
@@ -222,17 +220,28 @@ class _ToyEnv(ShellEnv):
         self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
         self.grade_latency = LatencyModel(grade_latency_s, grade_latency_sigma)
         self.task_kwargs = task_kwargs
-        self._latency_rng = np.random.default_rng(0)
+        self._latency_seed = 0
+        self._latency_rng: np.random.Generator | None = None
 
     def _select_task(self, choice: Any) -> Any:
         task = self.draw_task(self.np_random) if choice is None else choice
-        self._latency_rng = np.random.default_rng(int(self.np_random.integers(2**63)))
+        self._latency_seed = int(self.np_random.integers(2**63))
+        self._latency_rng = None
         if not isinstance(task, ToyTask):
             return super()._select_task(task)
-        return replace(task, grade_delay_s=self.grade_latency.draw(self._latency_rng))
+        return replace(task, grade_delay_s=self._delay(self.grade_latency))
+
+    def _delay(self, latency: LatencyModel) -> float:
+        """A draw of ``latency`` from the episode's latency generator, which is made only once
+        a delay needs it (making one costs more than an instant episode's step)."""
+        if latency.median_s <= 0:
+            return 0.0
+        if self._latency_rng is None:
+            self._latency_rng = np.random.default_rng(self._latency_seed)
+        return latency.draw(self._latency_rng)
 
     def _execute(self, command: str, timeout: float) -> ExecResult:
-        delay = self.tool_latency.draw(self._latency_rng)
+        delay = self._delay(self.tool_latency)
         if delay > 0:
             time.sleep(delay)
         result = super()._execute(command, timeout)

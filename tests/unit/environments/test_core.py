@@ -26,6 +26,24 @@ def test_text_space_accepts_any_unicode_up_to_its_length():
     assert all(space.sample() in space for _ in range(20))
 
 
+def test_text_space_is_gymnasiums_printable_text_space_with_its_own_rng():
+    # UnicodeText shares the charset tables instead of running Text.__init__: it must still be
+    # the Text space it claims to be (a gymnasium upgrade that adds an attribute shows here).
+    import string
+
+    from gymnasium import spaces
+
+    space, text = UnicodeText(40, seed=3), spaces.Text(40, min_length=0, charset=string.printable)
+    assert space == text and space.character_list == text.character_list
+    assert {k: v for k, v in vars(space).items() if k not in ("_np_random", "sample_max_length")} \
+        == {k: v for k, v in vars(text).items() if k != "_np_random"}  # fmt: skip
+    other = UnicodeText(40, seed=3)
+    assert space.np_random is not other.np_random
+    assert [space.sample() for _ in range(3)] == [other.sample() for _ in range(3)]
+    with pytest.raises(ValueError, match="max_length"):
+        UnicodeText(-1)
+
+
 def test_reset_returns_instruction_and_makes_a_fresh_sandbox_each_time():
     maker = SandboxMaker()
     env = make_env(maker)
