@@ -7,15 +7,21 @@ The template's own text (role headers, end-of-turn markers) is tokenised with sp
 the prompt's and observations' content is tokenised with special tokens split, so a tool's
 output that prints ``<|im_end|>`` cannot forge a turn boundary.
 
-Every tokenizer call holds a lock: a Hugging Face fast tokenizer switches special-token
-splitting with a flag on the shared Rust tokenizer, so two episode threads encoding at once
-(one a template part, one content) can each get the other's setting — observed as the same
-observation encoded to different ids in two runs.
+A Hugging Face fast tokenizer switches special-token splitting with a flag on its shared Rust
+tokenizer, so two episode threads encoding at once (one a template part, one content) can each
+get the other's setting — observed as the same observation encoded to different ids in two
+runs. Content is therefore encoded by a private copy of the Rust tokenizer whose flag is set
+once (splitting on, no truncation or padding: exactly what the Hugging Face call does for
+``split_special_tokens=True``), which no other call touches; it also skips the Python wrapper
+around each call, which cost more than the encoding itself for an observation. Every other
+tokenizer call, and content with a tokenizer that has no Rust backend, holds a lock.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 _USER, _ASSISTANT, _OBSERVATION = "\x00\x01U\x01\x00", "\x00\x01A\x01\x00", "\x00\x01O\x01\x00"
@@ -42,6 +48,7 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
+        self._encode_content = _content_encoder(tokenizer, self._lock)
         render = tokenizer.apply_chat_template
         opening = render([{"role": "user", "content": _USER}], tokenize=False,
                          add_generation_prompt=True)  # fmt: skip
@@ -96,9 +103,28 @@ class ChatFormat:
         """Ids of message content, special-token strings in it split as plain text."""
         if not text:
             return ()
-        with self._lock:
-            encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
-        return tuple(encoded["input_ids"])
+        return self._encode_content(text)
+
+
+def _content_encoder(tokenizer: Any, lock: threading.Lock) -> Callable[[str], tuple[int, ...]]:
+    """Content text -> ids with special-token strings split as plain text: a private copy of
+    a fast tokenizer's Rust backend (see the module docstring), else the tokenizer's own call
+    under ``lock``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+
+        def encode_locked(text: str) -> tuple[int, ...]:
+            with lock:
+                encoded = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+            return tuple(encoded["input_ids"])
+
+        return encode_locked
+    with lock:
+        content = copy.deepcopy(backend)
+    content.no_truncation()
+    content.no_padding()
+    content.encode_special_tokens = True
+    return lambda text: tuple(content.encode(text, add_special_tokens=False).ids)
 
 
 def _end_of_turn_token(tokenizer: Any, after_assistant: str) -> str:

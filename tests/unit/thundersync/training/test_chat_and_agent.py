@@ -96,3 +96,17 @@ def test_ids_do_not_depend_on_other_threads_encoding_at_the_same_time(tokenizer)
     with ThreadPoolExecutor(16) as pool:
         for _ in range(5):
             assert list(pool.map(chat.observation_ids, texts)) == alone
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "llama"])
+def test_content_ids_are_the_tokenizers_own_with_special_tokens_split(tiny_model_dirs, arch):
+    # Content goes through a private copy of the Rust tokenizer: it must give exactly the ids of
+    # the Hugging Face call, whatever the shared tokenizer's splitting flag was last set to.
+    tokenizer = load_tokenizer(tiny_model_dirs[arch])
+    chat = ChatFormat(tokenizer)
+    specials = " ".join(tokenizer.all_special_tokens)
+    texts = ["17\n", "lookup red", f"x{specials}y", "héllo  wörld ✓\n\t[exit code 127]", " " * 3]
+    for text in texts:
+        tokenizer("warm", split_special_tokens=False)
+        expected = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        assert chat.content_ids(text) == tuple(expected["input_ids"]), text
