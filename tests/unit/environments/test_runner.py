@@ -365,7 +365,9 @@ def test_a_cancelled_run_returns_every_group_and_keeps_finished_rewards():
     runner = EpisodeRunner(
         lambda: ShellEnv(tasks, sandbox=maker), Agent(), events.append, max_concurrency=2
     )
-    threading.Timer(0.0, lambda: (maker.wait_running(1), runner.cancel("SIGINT"))).start()
+    # Both stuck episodes blocking means both quick ones have ended (two slots, queued in
+    # order); after only one, the second quick episode could still be grading when cancelled.
+    threading.Timer(0.0, lambda: (maker.wait_running(2), runner.cancel("SIGINT"))).start()
     quick, stuck = runner.run_groups(tasks, group_size=2)
     assert [r.reward for r in quick] == [1.0, 1.0] and not any(r.infra_failure for r in quick)
     assert all(r.infra_failure and r.details["cancelled"] == "SIGINT" for r in stuck)
