@@ -10,6 +10,7 @@ tokens do not depend on timing or on which other episodes share the engine's bat
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
 from environments.agents import Action, ContextExhausted, Message
@@ -63,7 +64,7 @@ class PolicyAgent:
         return self.chat.observation_ids(text)
 
     def act(self, task: Any, messages: Sequence[Message], *, episode_id: str) -> Action:
-        context = tuple(token for message in messages for token in message.token_ids)
+        context = tuple(chain.from_iterable(message.token_ids for message in messages))
         turn = sum(message.role == "assistant" for message in messages)
         room = self.max_context - len(context)
         if room < 1:
