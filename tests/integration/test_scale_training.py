@@ -15,6 +15,7 @@ import torch
 
 from tests.integration.training_kit import (
     SMALL,
+    cmdline,
     descendants,
     final_weights,
     final_weights_of,
@@ -111,11 +112,26 @@ def ray_temporaries() -> set[str]:
 
 def ray_processes() -> list[int]:
     """Live processes of a private Ray head (their command lines name its ts-ray- folder)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if b"ts-ray-" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if b"ts-ray-" in cmdline(p)]
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_dead_rollout_actor_stops_a_ray_run_with_a_clear_message(warm_model, tmp_path):
+    proc = start_until_first_checkpoint(tmp_path / "run", "--backend", "ray", "--steps", "50",
+                                        "--model", str(warm_model), *SMALL)  # fmt: skip
+    try:
+        family = descendants(proc.pid)
+        actors = [p for p in family if b"_WorkerActor" in cmdline(p)]
+        assert len(actors) == 1, "one worker actor: the rollout"
+        os.kill(actors[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert "thundersync-rollout exited" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr
+    wait_gone(family)
+    assert not ray_processes()

@@ -18,6 +18,7 @@ import torch
 
 from tests.integration.training_kit import (
     SMALL,
+    cmdline,
     descendants,
     final_weights,
     final_weights_of,
@@ -188,13 +189,6 @@ def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tm
     assert proc.returncode == 1
     assert "rollout" in stderr and "--resume" in stderr and "Traceback" not in stderr
     wait_gone(family)
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_metrics_reach_tensorboard_and_offline_wandb_under_the_same_names(
