@@ -72,7 +72,7 @@ $(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_BIN)/python
 	    || $(VLLM_BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(VLLM_BIN)/python -m pip install -q $(VLLM_SPEC)
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q -e ".[dev]"
+	$(VLLM_BIN)/python -m pip install -q -e ".[dev,ray]"
 	touch $@
 
 # Only the files that hold vllm tests: the venv lacks the other extras (swebench, ...).

@@ -190,26 +190,34 @@ def child_pids() -> set[int]:
     return found
 
 
-def test_train_with_the_vllm_engine_in_sync_and_streaming_mode(model_dir, tmp_path):
-    """Two deterministic steps each: both modes roll out the same tokens and take the same
-    update (in-process tools, no sandbox)."""
+def test_train_with_the_vllm_engine_in_sync_and_streaming_mode_and_under_ray(
+    model_dir, tmp_path
+):
+    """Two deterministic steps each: sync, streaming, and streaming with the engine in a Ray
+    actor (``--backend ray``, weights through the object store) roll out the same tokens and
+    take the same update (in-process tools, no sandbox)."""
     common = ["--engine", "vllm", "--model", str(model_dir), "--steps", "2",
               "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
               "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
               "--deterministic", "--seed", "1", "--lr", "1e-2"]  # fmt: skip
-    for mode in ("sync", "streaming"):
+    runs = {"sync": ["--mode", "sync"], "streaming": ["--mode", "streaming"]}
+    if importlib.util.find_spec("ray") is not None:
+        runs["ray"] = ["--mode", "streaming", "--backend", "ray"]
+    for name, args in runs.items():
         done = subprocess.run(
-            [sys.executable, "-m", "thundersync.cli", "train", "--mode", mode,
-             "--out", str(tmp_path / mode), *common],
+            [sys.executable, "-m", "thundersync.cli", "train", *args,
+             "--out", str(tmp_path / name), *common],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         steps = [json.loads(line)["step"]
-                 for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+                 for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         assert steps == [0, 1]
-    assert turns(tmp_path / "sync") == turns(tmp_path / "streaming")
-    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "streaming")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a = final_weights(tmp_path / "sync")
+    for name in list(runs)[1:]:
+        assert turns(tmp_path / "sync") == turns(tmp_path / name), name
+        b = final_weights(tmp_path / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
 def turns(out: Path) -> list[tuple]:

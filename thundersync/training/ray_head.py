@@ -36,6 +36,7 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disa
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _READY = "thundersync-ray-head: ready"
 _START_TIMEOUT_S = 120.0
+_MAX_BASE = 24
 
 
 @dataclass(slots=True)
@@ -88,7 +89,9 @@ def main() -> None:
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    temp = tempfile.mkdtemp(prefix="ts-ray-")
+    # Ray's socket paths under it must fit AF_UNIX's 107 bytes: a long TMPDIR falls back to /tmp
+    base = tempfile.gettempdir()
+    temp = tempfile.mkdtemp(prefix="ts-ray-", dir=base if len(base) <= _MAX_BASE else "/tmp")
     try:
         if os.getppid() != args.parent:  # the trainer died before prctl took effect
             return
