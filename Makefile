@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser,ray
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-vllm test-browser lint clean
+.PHONY: install demo test test-vllm test-browser test-gpu lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,10 @@ VLLM_TESTS ?= tests/integration/test_vllm_engine.py
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)
+
+# Tests marked gpu (a CUDA machine; they skip without one).
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu $(PYTEST_ARGS)
 
 # The leaderboard page in headless Chromium (needs `apt-get install chromium`).
 test-browser: install
