@@ -220,6 +220,42 @@ def test_train_with_the_vllm_engine_in_sync_and_streaming_mode_and_under_ray(
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
+def test_train_with_vllm_and_with_hf_samples_the_same_greedy_tokens_and_reports_mismatch(
+    model_dir, tmp_path
+):
+    """Greedy decoding, where the two engines' numerics agree (log-probs within ~1e-6):
+    ``train --engine vllm`` and ``--engine hf`` from the same weights and seed take the same
+    actions — every episode's turns, action lengths and rewards — and both report the
+    sampler-vs-learner log-prob mismatch, small for both. (On-policy distillation, so that
+    every action token is trained and compared: greedy GRPO groups have no spread.)"""
+    common = ["--model", str(model_dir), "--steps", "1", "--tasks-per-step", "2",
+              "--group-size", "2", "--max-new-tokens", "8", "--temperature", "0",
+              "--algo", "opd", "--teacher", str(model_dir),
+              "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
+              "--seed", "1", "--mode", "sync"]  # fmt: skip
+    for engine in ("hf", "vllm"):
+        done = subprocess.run(
+            [sys.executable, "-m", "thundersync.cli", "train", "--engine", engine,
+             "--out", str(tmp_path / engine), *common],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert turns(tmp_path / "hf") == turns(tmp_path / "vllm")
+    assert rewards(tmp_path / "hf") == rewards(tmp_path / "vllm")
+    for engine in ("hf", "vllm"):
+        (record,) = [json.loads(line) for line in
+                     (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+        mismatch = record["learner"]["logprob_mismatch_max"]
+        assert mismatch is not None and mismatch < 1e-4, (engine, record["learner"])
+
+
+def rewards(out: Path) -> list[tuple]:
+    from thundersync.events import read_jsonl
+
+    return sorted((r["episode_id"], r["reward"]) for r in read_jsonl(out / "events.jsonl")
+                  if r["event"] == "RewardReady")  # fmt: skip
+
+
 def turns(out: Path) -> list[tuple]:
     from thundersync.events import read_jsonl
 
