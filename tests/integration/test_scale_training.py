@@ -135,3 +135,18 @@ def test_a_dead_rollout_actor_stops_a_ray_run_with_a_clear_message(warm_model, t
     assert "Traceback" not in stderr
     wait_gone(family)
     assert not ray_processes()
+
+
+@pytest.mark.ray
+@needs_ray
+def test_an_unreachable_ray_address_fails_at_once_with_one_line(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    done = train(tmp_path / "run", "--backend", "ray", "--steps", "1", check=False)
+    assert done.returncode == 1
+    assert "no Ray head answers at RAY_ADDRESS" in done.stderr
+    assert "Traceback" not in done.stderr

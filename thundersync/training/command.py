@@ -36,7 +36,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    """0 when every step ran; 1 when a worker failed; 2 on a bad config; 130 on Ctrl-C."""
+    """0 when every step ran; 1 when a worker failed or the backend is unusable; 2 on a bad
+    config; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
         if args.resume:
@@ -51,6 +52,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         return 2
     from thundersync.training.modes import mode_runner
     from thundersync.training.trainer import Trainer, WorkerError
+    from thundersync.training.workers import BackendError
 
     # Ctrl-C stops the run cleanly even where SIGINT was inherited ignored (a job started in
     # the background of a script): Python only raises KeyboardInterrupt if it was not.
@@ -61,7 +63,7 @@ def run_train_command(args: argparse.Namespace) -> int:
                 print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}",
                       file=sys.stderr)  # fmt: skip
             history = mode_runner(config.mode)(trainer)
-    except WorkerError as exc:
+    except (WorkerError, BackendError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

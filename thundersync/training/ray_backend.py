@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from thundersync import events as ev
-from thundersync.training.workers import run_target
+from thundersync.training.workers import BackendError, run_target
 
 INSTALL_HINT = "--backend ray needs Ray: pip install 'thundersync[ray]'"
 
@@ -98,6 +98,8 @@ class RayBackend:
 
         self._head = None
         address = os.environ.get("RAY_ADDRESS")
+        if address and address not in ("auto", "local"):  # Ray's own names for this machine
+            _check_reachable(address)
         if not address:
             from thundersync.training.ray_head import start_private_head
 
@@ -108,12 +110,16 @@ class RayBackend:
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
             have = ray.cluster_resources()
-            if have.get("CPU", 0) < cpus_needed:
-                raise RuntimeError(f"the Ray cluster at {address} has {have.get('CPU', 0):g} "
-                                   f"CPUs; this run's workers ask for {cpus_needed}")  # fmt: skip
+        except Exception as exc:
+            self.close()
+            raise BackendError(f"cannot use the Ray cluster at {address}: {exc}") from exc
         except BaseException:
             self.close()
             raise
+        if have.get("CPU", 0) < cpus_needed:
+            self.close()
+            raise BackendError(f"the Ray cluster at {address} has {have.get('CPU', 0):g} "
+                               f"CPUs; this run's workers ask for {cpus_needed}")  # fmt: skip
         self.gpu_for_rollout = gpu_for_rollout and have.get("GPU", 0) >= 1
         self._actors: list[Any] = []
 
@@ -180,8 +186,30 @@ class _WorkerActor:
 
 
 def _loopback_env() -> dict[str, str]:
-    if os.environ.get("RAY_ADDRESS"):
-        return {}
+    """Keep Ray on loopback when the cluster is this machine's (no RAY_ADDRESS, or a loopback
+    one): otherwise Ray swaps 127.0.0.1 for the machine's network address."""
     from thundersync.training.ray_head import LOOPBACK_ENV
 
-    return LOOPBACK_ENV
+    address = os.environ.get("RAY_ADDRESS") or "127.0.0.1:0"
+    if address in ("auto", "local"):
+        return {}
+    host = _split(address)[0]
+    return LOOPBACK_ENV if host in ("127.0.0.1", "localhost", "::1") else {}
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise BackendError(f"RAY_ADDRESS={address!r}: expected HOST:PORT of a Ray head")
+    return host.strip("[]"), int(port)
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds, with one line, where ``ray.init`` would retry for minutes."""
+    host, port = _split(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise BackendError(f"no Ray head answers at RAY_ADDRESS={address} ({exc}); start one "
+                           "with `ray start --head`, or unset RAY_ADDRESS for a private "
+                           "one") from exc  # fmt: skip

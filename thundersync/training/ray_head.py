@@ -72,7 +72,9 @@ def start_private_head(*, num_cpus: int, num_gpus: int, log: Path) -> PrivateHea
     line = guard.stdout.readline().decode(errors="replace").strip()  # EOF if the guard died
     if line != _READY:
         head.close()
-        raise RuntimeError(f"the private Ray head did not start (see {log})")
+        from thundersync.training.workers import BackendError
+
+        raise BackendError(f"the private Ray head did not start (see {log})")
     return head
 
 

@@ -36,6 +36,11 @@ _PR_SET_PDEATHSIG = 1
 _UNWIND_GRACE_S = 10.0
 
 
+class BackendError(RuntimeError):
+    """Where the workers should run is not usable (a Ray cluster that cannot be reached or
+    lacks the resources the run asks for): the run stops before any worker starts."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerFailed:
     """A worker process crashed: its name and the traceback."""
