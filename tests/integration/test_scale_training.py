@@ -70,6 +70,50 @@ def test_two_learner_ranks_give_the_single_learners_weights_bitwise(
     assert not list(two.glob(".learner-group-*"))
 
 
+def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(
+    warm_model, tmp_path
+):
+    """On-policy distillation (teacher scores reach the rank that owns the episode) with
+    two ranks in streaming mode, against one learner in sync mode; both --deterministic."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = tmp_path / "student"  # the teacher with noise, so that there is a gap to close
+    model = AutoModelForCausalLM.from_pretrained(warm_model)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    model.save_pretrained(student)
+    AutoTokenizer.from_pretrained(warm_model).save_pretrained(student)
+    args = ["--algo", "opd", "--model", str(student), "--teacher", str(warm_model),
+            "--steps", "2", "--deterministic", "--seed", "4", "--tasks-per-step", "3",
+            *SMALL[2:]]  # fmt: skip
+    train(tmp_path / "one", "--mode", "sync", *args)
+    train(tmp_path / "two", "--mode", "streaming", "--learner-ranks", "2", *args)
+    assert same_weights(tmp_path / "one", tmp_path / "two")
+    records = metrics(tmp_path / "two")
+    ranks = [m["learner"]["ranks"]["1"] for m in records]  # rank 1's own metrics, per step
+    assert all(r["rank"] == 1 and r["world_size"] == 2 for r in ranks)
+    assert sum(r["local_num_trajectories"] for r in ranks) > 0
+
+
+def test_a_killed_learner_rank_stops_the_run_with_a_clear_message(warm_model, tmp_path):
+    proc = start_until_first_checkpoint(tmp_path / "run", "--learner-ranks", "2", "--steps",
+                                        "50", "--model", str(warm_model), *SMALL)  # fmt: skip
+    try:
+        family = descendants(proc.pid)
+        workers = sorted(p for p in family if b"spawn_main" in cmdline(p))
+        os.kill(workers[0], signal.SIGKILL)  # rank 1: spawned before the rollout worker
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert "learner" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    wait_gone(family)
+
+
 @pytest.mark.ray
 @needs_ray
 def test_ray_workers_and_two_ranks_give_the_local_update_and_resume_after_kill_9(

@@ -46,6 +46,24 @@ class LearnerSpec:
     ranks, ``tcp://`` at the driver's node for Ray actors."""
 
 
+@dataclass(frozen=True, slots=True)
+class RankReady:
+    """Rank ``rank`` loaded its replica and is about to join the process group."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankStepped:
+    """Rank ``rank`` took step ``step``: its own metrics and its backward spans of the step
+    (sent together, so that rank 0 counts them in the step they belong to)."""
+
+    rank: int
+    step: int
+    metrics: dict[str, Any]
+    spans: list[ev.SpanRecorded]
+
+
 @dataclass(slots=True)
 class BuiltLearner:
     model: torch.nn.Module
@@ -55,9 +73,11 @@ class BuiltLearner:
     tokenizer: Any
 
 
-def build_learner(spec: LearnerSpec, *, rank: int, publish: Any) -> BuiltLearner:
+def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
+                  loaded: Any = None) -> BuiltLearner:  # fmt: skip
     """The model, its optimizer (restored when resuming) and the learner of ``rank``; for a
-    data-parallel run, joins the process group first (every rank must call this)."""
+    data-parallel run, joins the process group first (every rank must call this), after
+    calling ``loaded()`` (a rank tells the trainer it got that far)."""
     from thundersync.learner import Learner
     from thundersync.models import load_model, load_tokenizer
     from thundersync.objectives import GRPO
@@ -87,6 +107,8 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any) -> BuiltLearner
     )  # fmt: skip
     if config.mode == "async":
         options["max_staleness"] = config.staleness
+    if loaded is not None:
+        loaded()
     if config.learner_ranks > 1:
         from thundersync.data_parallel import DataParallelLearner
 
@@ -131,14 +153,17 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
     ``("step", n)`` — every event of batch n was sent: take the step with the others.
     Events of later batches (async) wait until the batches before them are stepped."""
 
+    spans: list[ev.SpanRecorded] = []
+
     def publish(event: ev.Event) -> None:
         if isinstance(event, ev.GradientComputed):
-            output.put(ev.SpanRecorded(
+            spans.append(ev.SpanRecorded(
                 name="backward", started=event.started, finished=event.finished,
                 worker=f"learner-{rank}", episode_id=event.episode_id, turn=event.turn,
             ))  # fmt: skip
 
-    built = build_learner(spec, rank=rank, publish=publish)
+    built = build_learner(spec, rank=rank, publish=publish,
+                          loaded=lambda: output.put(RankReady(rank)))  # fmt: skip
     learner, current = built.learner, built.start_step
     later: dict[int, list[ev.Event]] = {}
     try:
@@ -147,7 +172,9 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
                 if message is None:
                     return
                 if message[0] == "step":
-                    learner.step()
+                    metrics = learner.step()
+                    output.put(RankStepped(rank, message[1], metrics, list(spans)))
+                    spans.clear()
                     current = message[1] + 1
                     for event in later.pop(current, []):
                         learner.consume(event)

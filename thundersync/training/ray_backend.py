@@ -98,7 +98,9 @@ class RayBackend:
 
         self._head = None
         address = os.environ.get("RAY_ADDRESS")
-        if address and address not in ("auto", "local"):  # Ray's own names for this machine
+        if address == "local":  # Ray's name for "start a head here": ours, guarded
+            address = None
+        if address and address != "auto":  # auto: the head already running on this machine
             _check_reachable(address)
         if not address:
             from thundersync.training.ray_head import start_private_head
@@ -190,8 +192,10 @@ def _loopback_env() -> dict[str, str]:
     one): otherwise Ray swaps 127.0.0.1 for the machine's network address."""
     from thundersync.training.ray_head import LOOPBACK_ENV
 
-    address = os.environ.get("RAY_ADDRESS") or "127.0.0.1:0"
-    if address in ("auto", "local"):
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        address = "127.0.0.1:0"
+    if address == "auto":
         return {}
     host = _split(address)[0]
     return LOOPBACK_ENV if host in ("127.0.0.1", "localhost", "::1") else {}

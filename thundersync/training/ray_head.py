@@ -54,6 +54,8 @@ class PrivateHead:
             except subprocess.TimeoutExpired:
                 self.guard.kill()
                 self.guard.wait()
+        if self.guard.stdout is not None:
+            self.guard.stdout.close()
 
 
 def start_private_head(*, num_cpus: int, num_gpus: int, log: Path) -> PrivateHead:
@@ -116,12 +118,14 @@ def main() -> None:
 
 
 def _stop_descendants(grace_s: float = 5.0) -> None:
+    """SIGTERM every descendant, then SIGKILL whatever is left, listing them again each time
+    (one may have started another meanwhile)."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _descendants(os.getpid()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
         deadline = time.monotonic() + grace_s
-        while _descendants(os.getpid()) and time.monotonic() < deadline:
+        while (left := _descendants(os.getpid())) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
             _reap()
             time.sleep(0.1)
     _reap()

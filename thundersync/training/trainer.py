@@ -10,6 +10,7 @@ clear error — so a mode can drain what has queued and compute it as one micro-
 from __future__ import annotations
 
 import json
+import os
 import queue
 import sys
 from collections import defaultdict
@@ -19,10 +20,13 @@ from typing import Any
 import torch
 
 from thundersync import events as ev
+from thundersync.errors import ThunderSyncError
 from thundersync.training import checkpoint as ckpt
 from thundersync.training.config import TrainConfig
 from thundersync.training.learners import (
     LearnerSpec,
+    RankReady,
+    RankStepped,
     build_learner,
     leave_process_group,
     owner_of,
@@ -54,6 +58,7 @@ class Trainer:
         self._procs: list[Any] = []
         self._rank_inboxes: list[Any] = []
         self.teacher_inbox: Any = None
+        self._rank_steps: dict[int, dict[int, RankStepped]] = {}
         self._window: dict[str, float] = defaultdict(float)
         self._backward_intervals: list[tuple[float, float]] = []
         self._completed: dict[str, float] = {}
@@ -77,8 +82,11 @@ class Trainer:
         config, folder = self.config, self.out / "checkpoints"
         ckpt.remove_temporaries(folder)
         found = ckpt.list_checkpoints(folder) if resume else []
-        self.initial_model = config.model or str(self._tiny_model())
-        self.model_dir = str(found[-1]) if found else self.initial_model
+        # absolute: workers (Ray actors) need not share the trainer's working directory
+        self.initial_model = os.path.abspath(config.model or self._tiny_model())
+        self.model_dir = os.path.abspath(found[-1]) if found else self.initial_model
+        for stale in self.out.glob(".learner-group-*"):  # a killed run's rendezvous file
+            stale.unlink(missing_ok=True)
         self._rendezvous = self.backend.rendezvous(self.out)
         spec = LearnerSpec(config, self.model_dir, self.initial_model,
                            str(found[-1]) if found else None, self._rendezvous)  # fmt: skip
@@ -88,12 +96,33 @@ class Trainer:
                 f"learner-{rank}", rank_main, spec, rank, self._rank_inboxes[-1], self.inbox,
                 num_threads=config.learner_threads, output=self.inbox,
             ))  # fmt: skip
+        self._await_ranks_loaded()
         built = build_learner(spec, rank=0, publish=self._on_learner_event)
         self.model, self.optimizer, self.learner = built.model, built.optimizer, built.learner
         self.tokenizer, self.start_step = built.tokenizer, built.start_step
         self._optimizer_started = 0.0
         self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
         self.optimizer.register_step_post_hook(self._optimizer_post_hook)
+
+    def _await_ranks_loaded(self) -> None:
+        """Wait until every other rank has loaded its replica (``RankReady``) before joining
+        the process group: a rank that fails to start is then a clear error, not a wait in
+        ``init_process_group`` until its timeout."""
+        ready: set[int] = set()
+        waited = 0.0
+        while len(ready) < self.config.learner_ranks - 1:
+            try:
+                item = self.inbox.get(timeout=POLL_S)
+            except queue.Empty:
+                waited += POLL_S
+                self._check_workers()
+                if waited >= self.config.worker_timeout_s:
+                    raise WorkerError(f"learner ranks not ready after {waited:g} s") from None
+                continue
+            if isinstance(item, WorkerFailed):
+                raise WorkerError(f"the {item.worker} worker failed:\n{item.error}")
+            if isinstance(item, RankReady):
+                ready.add(item.rank)
 
     def _optimizer_pre_hook(self, *args: Any) -> None:
         self._optimizer_started = ev.now()
@@ -152,8 +181,8 @@ class Trainer:
         ))  # fmt: skip
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
-                "teacher", teacher_main, c.teacher, c.dtype, self.teacher_inbox, self.inbox,
-                num_threads=1, output=self.inbox,
+                "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype,
+                self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
             ))  # fmt: skip
         self.publish_weights()
         self.engine_version = -1
@@ -216,6 +245,9 @@ class Trainer:
             raise WorkerError(f"the {item.worker} worker failed:\n{item.error}")
         if isinstance(item, ev.SpanRecorded):
             self._span(item)
+            return
+        if isinstance(item, RankStepped):
+            self._rank_steps.setdefault(item.step, {})[item.rank] = item
             return
         self.events_log(item)
         if isinstance(item, ev.WeightsSynced):
@@ -280,12 +312,20 @@ class Trainer:
         """``learner.step()``, weights to the engine, checkpoint, metrics; returns them."""
         tracker = self.batches.pop(step)
         started = ev.now()
+        self._check_workers()  # a dead rank would leave this one waiting in the step
         for inbox in self._rank_inboxes:  # every event of the batch was forwarded before
             inbox.put(("step", step))
-        learned = self.learner.step()
+        try:
+            learned = self.learner.step()
+        except RuntimeError as exc:
+            if not self._rank_inboxes or isinstance(exc, ThunderSyncError):
+                raise
+            self._raise_rank_failure(exc)  # a collective failed: a rank died in the step
         self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
                                    worker="learner", step=step))  # fmt: skip
         self.publish_weights()
+        if self._rank_inboxes:
+            learned = {**learned, "ranks": self._rank_metrics(step)}
         completed = step + 1
         if completed % self.config.checkpoint_every == 0 or completed == self.config.steps:
             self.save_checkpoint(completed)
@@ -294,6 +334,30 @@ class Trainer:
         self.history.append(metrics)
         print(_progress_line(metrics, self.config.steps), file=sys.stderr, flush=True)
         return metrics
+
+    def _rank_metrics(self, step: int) -> list[dict[str, Any]]:
+        """The other ranks' own metrics of ``step`` (their backward spans are counted in this
+        step's window): every rank's ``learner`` metrics but the batch-wide ones."""
+        while len(self._rank_steps.get(step, {})) < self.config.learner_ranks - 1:
+            self.poll()
+        stepped = self._rank_steps.pop(step)
+        for item in stepped.values():
+            for span in item.spans:
+                self._span(span)
+        return [stepped[rank].metrics for rank in sorted(stepped)]
+
+    def _raise_rank_failure(self, exc: BaseException) -> None:
+        """Turn a failed collective into the failed rank's own report, when it sent one."""
+        deadline = ev.now() + 5.0
+        while ev.now() < deadline:
+            try:
+                item = self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, WorkerFailed):
+                raise WorkerError(f"the {item.worker} worker failed:\n{item.error}") from exc
+        raise WorkerError(f"a learner rank failed during the step ({exc}); continue the run "
+                          "with --resume") from exc  # fmt: skip
 
     def save_checkpoint(self, completed_steps: int) -> Path:
         started = ev.now()
@@ -339,6 +403,9 @@ class Trainer:
         if not hasattr(self, "control"):  # the backend's queues never started
             self.backend.close()
             return
+        leave_process_group()  # a rank blocked in a collective fails now instead of waiting
+        for inbox in self._rank_inboxes:
+            getattr(inbox, "cancel_join_thread", lambda: None)()  # a dead rank's pipe
         self.control.put(("stop",))
         if self.teacher_inbox is not None:
             self.teacher_inbox.put(None)
