@@ -335,16 +335,16 @@ class Trainer:
         print(_progress_line(metrics, self.config.steps), file=sys.stderr, flush=True)
         return metrics
 
-    def _rank_metrics(self, step: int) -> list[dict[str, Any]]:
-        """The other ranks' own metrics of ``step`` (their backward spans are counted in this
-        step's window): every rank's ``learner`` metrics but the batch-wide ones."""
+    def _rank_metrics(self, step: int) -> dict[str, dict[str, Any]]:
+        """The other ranks' ``learner`` metrics of ``step``, by rank (their backward spans
+        are counted in this step's window)."""
         while len(self._rank_steps.get(step, {})) < self.config.learner_ranks - 1:
             self.poll()
         stepped = self._rank_steps.pop(step)
         for item in stepped.values():
             for span in item.spans:
                 self._span(span)
-        return [stepped[rank].metrics for rank in sorted(stepped)]
+        return {str(rank): stepped[rank].metrics for rank in sorted(stepped)}
 
     def _raise_rank_failure(self, exc: BaseException) -> None:
         """Turn a failed collective into the failed rank's own report, when it sent one."""
