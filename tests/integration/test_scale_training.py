@@ -19,7 +19,9 @@ from tests.integration.training_kit import (
     descendants,
     final_weights,
     final_weights_of,
+    kill_worker,
     metrics,
+    noisy_copy,
     start_until_first_checkpoint,
     train,
     wait_gone,
@@ -75,16 +77,7 @@ def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(
 ):
     """On-policy distillation (teacher scores reach the rank that owns the episode) with
     two ranks in streaming mode, against one learner in sync mode; both --deterministic."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    student = tmp_path / "student"  # the teacher with noise, so that there is a gap to close
-    model = AutoModelForCausalLM.from_pretrained(warm_model)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p), alpha=0.05)
-    model.save_pretrained(student)
-    AutoTokenizer.from_pretrained(warm_model).save_pretrained(student)
+    student = noisy_copy(warm_model, tmp_path / "student")
     args = ["--algo", "opd", "--model", str(student), "--teacher", str(warm_model),
             "--steps", "2", "--deterministic", "--seed", "4", "--tasks-per-step", "3",
             *SMALL[2:]]  # fmt: skip
@@ -100,15 +93,8 @@ def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(
 def test_a_killed_learner_rank_stops_the_run_with_a_clear_message(warm_model, tmp_path):
     proc = start_until_first_checkpoint(tmp_path / "run", "--learner-ranks", "2", "--steps",
                                         "50", "--model", str(warm_model), *SMALL)  # fmt: skip
-    try:
-        family = descendants(proc.pid)
-        workers = sorted(p for p in family if b"spawn_main" in cmdline(p))
-        os.kill(workers[0], signal.SIGKILL)  # rank 1: spawned before the rollout worker
-        _, stderr = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # rank 1: spawned before the rollout worker
+    family, stderr = kill_worker(proc, lambda f: min(p for p in f if b"spawn_main" in cmdline(p)))
     assert proc.returncode == 1, stderr
     assert "learner" in stderr and "--resume" in stderr and "Traceback" not in stderr
     wait_gone(family)
@@ -164,16 +150,12 @@ def ray_processes() -> list[int]:
 def test_a_dead_rollout_actor_stops_a_ray_run_with_a_clear_message(warm_model, tmp_path):
     proc = start_until_first_checkpoint(tmp_path / "run", "--backend", "ray", "--steps", "50",
                                         "--model", str(warm_model), *SMALL)  # fmt: skip
-    try:
-        family = descendants(proc.pid)
-        actors = [p for p in family if b"_WorkerActor" in cmdline(p)]
-        assert len(actors) == 1, "one worker actor: the rollout"
-        os.kill(actors[0], signal.SIGKILL)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    def the_rollout_actor(family: set[int]) -> int:
+        (actor,) = [p for p in family if b"_WorkerActor" in cmdline(p)]  # the only worker actor
+        return actor
+
+    family, stderr = kill_worker(proc, the_rollout_actor)
     assert proc.returncode == 1, stderr
     assert "thundersync-rollout exited" in stderr and "--resume" in stderr
     assert "Traceback" not in stderr

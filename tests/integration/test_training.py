@@ -23,6 +23,7 @@ from tests.integration.training_kit import (
     final_weights,
     final_weights_of,
     metrics,
+    noisy_copy,
     start_until_first_checkpoint,
     token_events,
     train,
@@ -128,16 +129,7 @@ def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
 def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_calls(
     warm_model, tmp_path
 ):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    student = tmp_path / "student"  # the teacher with noise: it still calls the tools
-    model = AutoModelForCausalLM.from_pretrained(warm_model)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p), alpha=0.05)
-    model.save_pretrained(student)
-    AutoTokenizer.from_pretrained(warm_model).save_pretrained(student)
+    student = noisy_copy(warm_model, tmp_path / "student")  # it still calls the tools
     out = tmp_path / "opd"
     train(out, "--algo", "opd", "--mode", "streaming", "--model", str(student),
           "--teacher", str(warm_model), "--steps", "4", "--objective",

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -107,3 +109,32 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def kill_worker(proc: subprocess.Popen, pick: Callable[[set[int]], int]) -> tuple[set[int], str]:
+    """SIGKILL one of a running ``train``'s descendants (``pick`` chooses it from them) and
+    wait for the run to end; returns the run's processes as they were, and its stderr."""
+    try:
+        family = descendants(proc.pid)
+        os.kill(pick(family), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return family, stderr
+
+
+def noisy_copy(model_dir: Path, out: Path, *, scale: float = 0.05) -> Path:
+    """``model_dir`` with seeded noise added to every parameter (a student for OPD tests:
+    the teacher's behaviour, with a gap to close), tokenizer included."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=scale)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
