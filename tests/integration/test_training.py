@@ -22,6 +22,7 @@ from tests.integration.training_kit import (
     descendants,
     final_weights,
     final_weights_of,
+    kill_worker,
     metrics,
     noisy_copy,
     start_until_first_checkpoint,
@@ -91,14 +92,7 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     worker gone; the run continues from its last checkpoint with --resume."""
     out = tmp_path / "run"
     proc = start_until_first_checkpoint(out, "--steps", "50", *SMALL)
-    try:
-        family = descendants(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    family, stderr = kill_worker(proc, lambda _: proc.pid, signal.SIGINT)  # the trainer
     assert proc.returncode == 130, stderr
     assert "interrupted; continue with --resume" in stderr and "Traceback" not in stderr
     wait_gone(family)

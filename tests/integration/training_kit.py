@@ -111,12 +111,14 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
-def kill_worker(proc: subprocess.Popen, pick: Callable[[set[int]], int]) -> tuple[set[int], str]:
-    """SIGKILL one of a running ``train``'s descendants (``pick`` chooses it from them) and
-    wait for the run to end; returns the run's processes as they were, and its stderr."""
+def kill_worker(proc: subprocess.Popen, pick: Callable[[set[int]], int],
+                signum: int = signal.SIGKILL) -> tuple[set[int], str]:  # fmt: skip
+    """Send ``signum`` to one of a running ``train``'s processes (``pick`` chooses it from its
+    descendants) and wait for the run to end; returns the run's processes as they were, and
+    its stderr."""
     try:
         family = descendants(proc.pid)
-        os.kill(pick(family), signal.SIGKILL)
+        os.kill(pick(family), signum)
         _, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
