@@ -89,8 +89,6 @@ class ObjectStoreWeights:
 class RayBackend:
     """Workers as Ray actors (see the module docstring); ``LocalBackend``'s methods."""
 
-    name = "ray"
-
     def __init__(self, *, cpus_needed: int, gpu_for_rollout: bool, log: Path) -> None:
         for key, value in _loopback_env().items():
             os.environ.setdefault(key, value)

@@ -85,11 +85,9 @@ class Trainer:
         # absolute: workers (Ray actors) need not share the trainer's working directory
         self.initial_model = os.path.abspath(config.model or self._tiny_model())
         self.model_dir = os.path.abspath(found[-1]) if found else self.initial_model
-        for stale in self.out.glob(".learner-group-*"):  # a killed run's rendezvous file
-            stale.unlink(missing_ok=True)
-        self._rendezvous = self.backend.rendezvous(self.out)
         spec = LearnerSpec(config, self.model_dir, self.initial_model,
-                           str(found[-1]) if found else None, self._rendezvous)  # fmt: skip
+                           str(found[-1]) if found else None,
+                           self.backend.rendezvous(self.out))  # fmt: skip
         for rank in range(1, config.learner_ranks):
             self._rank_inboxes.append(self.backend.queue())
             self._procs.append(self.backend.spawn(
@@ -120,7 +118,7 @@ class Trainer:
                     raise WorkerError(f"learner ranks not ready after {waited:g} s") from None
                 continue
             if isinstance(item, WorkerFailed):
-                raise WorkerError(f"the {item.worker} worker failed:\n{item.error}")
+                raise _failed(item)
             if isinstance(item, RankReady):
                 ready.add(item.rank)
 
@@ -177,7 +175,7 @@ class Trainer:
         self._procs.append(self.backend.spawn(
             "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
             self.weights, num_threads=c.rollout_threads, output=self.inbox,
-            num_gpus=int(getattr(self.backend, "gpu_for_rollout", False)),
+            num_gpus=int(self.backend.gpu_for_rollout),
         ))  # fmt: skip
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
@@ -242,7 +240,7 @@ class Trainer:
 
     def _route(self, item: Any) -> None:
         if isinstance(item, WorkerFailed):
-            raise WorkerError(f"the {item.worker} worker failed:\n{item.error}")
+            raise _failed(item)
         if isinstance(item, ev.SpanRecorded):
             self._span(item)
             return
@@ -355,7 +353,7 @@ class Trainer:
             except queue.Empty:
                 continue
             if isinstance(item, WorkerFailed):
-                raise WorkerError(f"the {item.worker} worker failed:\n{item.error}") from exc
+                raise _failed(item) from exc
         raise WorkerError(f"a learner rank failed during the step ({exc}); continue the run "
                           "with --resume") from exc  # fmt: skip
 
@@ -419,10 +417,7 @@ class Trainer:
                 self._discard_inbox()
             self.backend.stop(proc, timeout_s=1.0)
         self._discard_inbox()
-        leave_process_group()
         self.backend.close()
-        if getattr(self, "_rendezvous", "").startswith("file://"):
-            Path(self._rendezvous.removeprefix("file://")).unlink(missing_ok=True)
         for name in ("metrics", "events_log", "spans_log"):  # absent if setup failed early
             if hasattr(self, name):
                 getattr(self, name).close()
@@ -452,6 +447,10 @@ def make_backend(config: TrainConfig) -> Any:
     )
     log = Path(config.out) / "ray.log"
     return RayBackend(cpus_needed=cpus, gpu_for_rollout=config.engine == "vllm", log=log)
+
+
+def _failed(item: WorkerFailed) -> WorkerError:
+    return WorkerError(f"the {item.worker} worker failed:\n{item.error}")
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -78,7 +78,11 @@ class LocalBackend:
     through shared memory. ``thundersync.training.ray_backend.RayBackend`` has the same
     methods."""
 
-    name = "local"
+    gpu_for_rollout = False
+    """Whether the rollout worker is given a GPU (placement is Ray's; locally, torch's)."""
+
+    def __init__(self) -> None:
+        self._rendezvous: Path | None = None
 
     def queue(self) -> Any:
         return CONTEXT.Queue()
@@ -96,11 +100,17 @@ class LocalBackend:
         return SharedWeights(params)
 
     def rendezvous(self, folder: Path) -> str:
-        """Where data-parallel learner ranks meet: a file (they share this machine)."""
-        return f"file://{folder / f'.learner-group-{os.getpid()}'}"
+        """Where data-parallel learner ranks meet: a file in the run folder (they share this
+        machine); a killed run's leftover one is removed first, this one in ``close``."""
+        for stale in folder.glob(".learner-group-*"):
+            stale.unlink(missing_ok=True)
+        self._rendezvous = folder / f".learner-group-{os.getpid()}"
+        return f"file://{self._rendezvous}"
 
     def close(self) -> None:
-        """Nothing to release: the trainer stopped every worker by its own id."""
+        """Remove the rendezvous file (the trainer stopped every worker by its own id)."""
+        if self._rendezvous is not None:
+            self._rendezvous.unlink(missing_ok=True)
 
 
 def _bootstrap(name: str, target: Callable[..., None], args: tuple, num_threads: int,
