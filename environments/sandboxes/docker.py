@@ -65,7 +65,7 @@ GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
 WRAPPER = r"""
 ulimit -c 0
 ulimit -f "$4"
-timeout -s KILL "$2" bash -c "$1"
+timeout -s KILL "$2" bash -c "$1" 2>&1
 rc=$?
 for round in 1 2 3 4 5; do
   alive=0

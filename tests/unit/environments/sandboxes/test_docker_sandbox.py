@@ -57,6 +57,13 @@ def test_files_env_and_workdir(sandbox: DockerSandbox) -> None:
     assert (result.output, result.exit_code) == ("/testbed\nhello\na b\n", 4)
 
 
+def test_stdout_and_stderr_arrive_in_the_order_written(sandbox: DockerSandbox) -> None:
+    # Docker carries the two streams separately; an agent must read them as a terminal shows them
+    result = sandbox.execute("for i in $(seq 30); do echo o$i; echo e$i >&2; done", 10)
+    expected = "".join(f"o{i}\ne{i}\n" for i in range(1, 31))
+    assert result.output == expected
+
+
 def test_container_has_no_network_and_the_limits_of_the_spec(
     sandbox: DockerSandbox, client: Any
 ) -> None:
