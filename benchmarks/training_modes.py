@@ -14,7 +14,10 @@ folders:
   (``agent_loop_overhead``); ``--only agent-loop`` runs just this part. Twice: with the
   run's model and with a 256-wide, 4-layer one, since the overhead is the loop's fixed
   Python per turn (~0.2 ms) over the engine's time per turn, which grows with the model; and
-  the floor it cannot go below without overlapping generation: the loop's Python alone.
+  the floor it cannot go below without overlapping generation: the loop's Python alone. Each
+  round's overhead is split into the engine waiting for the loop (steady: measured within
+  the round) and the engine running slower inside the loop than alone (as noisy as the
+  machine).
 
 Ratios are measured side by side in one run (this machine is shared and noisy); the medians
 are over steps, and the spread is printed so a reader can judge them.
@@ -89,12 +92,19 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
     batches it could not fill. The replay must sample the same tokens (per-request seeds), so
     it is the same work; mismatches are counted. Each round runs both back to back, so the
     machine's noise hits both; the median of ``repeats`` rounds, after one untimed round,
-    with every round's values."""
-    import gymnasium
+    with every round's values.
+
+    Each round's overhead splits in two: ``idle`` = loop wall / the engine's time in batches
+    - 1, the engine waiting for the loop (start-up, a turn's Python, the window), measured
+    within the round and so steady; and ``inflation`` = the engine's time in batches / replay
+    wall - 1, the engine itself slower inside the loop (the loop's Python contends for the
+    interpreter while rows still sample), measured across two runs and so as noisy as the
+    machine (the same replay varies by ±20 % here from second to second)."""
     import numpy as np
     import torch
 
     import environments  # noqa: F401  (registers thundersync/ToySum-v0)
+    from environments.registry import episode_envs
     from environments.runner import EpisodeRunner
     from environments.toy import ToySumEnv
     from thundersync.models import load_tokenizer
@@ -107,18 +117,20 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
     sent: list[tuple[Any, Any]] = []  # (request, completion) of every batch, in order
     num_batches = [0]
+    busy = [0.0]  # the engine's time in batches
 
     def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
         sent.extend(zip(requests, completions, strict=True))
         num_batches[0] += 1
+        busy[0] += finished - started
 
     engine = HFEngine(model)
     batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
     agent = PolicyAgent(batcher.generate, ChatFormat(load_tokenizer(model)),
                         policy_version=lambda: 0, run_seed=seed, max_new_tokens=16,
                         max_context=engine.max_context)  # fmt: skip
-    runner = EpisodeRunner(lambda: gymnasium.make("thundersync/ToySum-v0", tools="python"),
-                           agent, lambda event: None)  # fmt: skip
+    runner = EpisodeRunner(episode_envs("thundersync/ToySum-v0", tools="python"), agent,
+                           lambda event: None)  # fmt: skip
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
     turn_of = {request_seed(seed, f"e{index}", turn): turn
@@ -134,12 +146,13 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
 
     def play() -> dict[str, Any]:  # as the rollout worker does (thundersync/training/rollout.py)
         sent.clear()
-        num_batches[0] = 0
+        num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()
         for _ in tasks:
             batcher.join()
         list(pool.map(episode, range(len(tasks)), tasks))
-        return {"loop_s": time.perf_counter() - started, "loop_batches": num_batches[0]}
+        return {"loop_s": time.perf_counter() - started, "loop_batches": num_batches[0],
+                "engine_s": busy[0]}  # fmt: skip
 
     try:
         rounds = []
@@ -147,6 +160,8 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
             measured = play()
             measured.update(replay(engine, sent, turn_of))
             measured["overhead"] = measured["loop_s"] / measured["replay_s"] - 1.0
+            measured["idle"] = measured["loop_s"] / measured["engine_s"] - 1.0
+            measured["inflation"] = measured["engine_s"] / measured["replay_s"] - 1.0
             rounds.append(measured)
     finally:
         pool.shutdown()
@@ -300,11 +315,17 @@ def print_agent_loop(loop: dict[str, Any]) -> None:
     for r in loop["rounds"]:
         print(f"  loop {r['loop_s']:.3f} s in {r['loop_batches']} batches, replay "
               f"{r['replay_s']:.3f} s in {r['replay_batches']}: overhead {r['overhead']:.1%}"
-              f", {r['mismatched_completions']} completions differ")  # fmt: skip
+              f" (engine idle {r['idle']:.1%}, slower {r['inflation']:.1%}), "
+              f"{r['mismatched_completions']} completions differ")  # fmt: skip
     overheads = sorted(r["overhead"] for r in loop["rounds"])
     low, high = middle_half(loop)
     print(f"  spread {overheads[0]:.1%} to {overheads[-1]:.1%}, middle half {low:.1%} to "
           f"{high:.1%}")  # fmt: skip
+    for part, meaning in (("idle", "the engine waiting for the loop"),
+                          ("inflation", "the engine slower inside the loop")):  # fmt: skip
+        low, high = middle_half(loop, part)
+        median = statistics.median(r[part] for r in loop["rounds"])
+        print(f"  {meaning}: median {median:.1%}, middle half {low:.1%} to {high:.1%}")
     print(f"  the loop's own Python alone (one thread, instant answers): "
           f"{loop['python_s'] * 1000:.0f} ms, {loop['python_floor']:.1%} of the replay: the "
           "floor of the overhead without overlap")  # fmt: skip
@@ -313,9 +334,9 @@ def print_agent_loop(loop: dict[str, Any]) -> None:
               "(a busy machine); rerun with more --rounds or on a quiet machine")  # fmt: skip
 
 
-def middle_half(loop: dict[str, Any]) -> tuple[float, float]:
-    """The agent-loop overheads' lower and upper quartiles (of the rounds)."""
-    overheads = sorted(r["overhead"] for r in loop["rounds"])
+def middle_half(loop: dict[str, Any], key: str = "overhead") -> tuple[float, float]:
+    """The lower and upper quartiles of the rounds' ``key`` (the agent-loop overhead)."""
+    overheads = sorted(r[key] for r in loop["rounds"])
     return overheads[len(overheads) // 4], overheads[(3 * len(overheads)) // 4]
 
 

@@ -88,7 +88,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     import gymnasium
 
     import environments  # noqa: F401  (registers the built-in envs and plugins)
-    from environments.registry import load_plugins
+    from environments.registry import episode_envs, load_plugins
     from environments.runner import EpisodeRunner
     from thundersync.models import load_tokenizer
     from thundersync.training.agent import PolicyAgent
@@ -122,7 +122,8 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     def make_env() -> Any:
         return gymnasium.make(spec.env, **{"sandbox": spec.sandbox, **spec.env_kwargs})
 
-    runner = EpisodeRunner(make_env, agent, sink)
+    runner = EpisodeRunner(episode_envs(spec.env, **{"sandbox": spec.sandbox, **spec.env_kwargs}),
+                           agent, sink)  # fmt: skip
     pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix="episode")
     running: list[Future] = []
     try:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -13,6 +14,7 @@ import pytest
 
 from environments import list_envs, load_plugins, register
 from environments.core import ShellEnv
+from environments.registry import episode_envs
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN_DIR = ROOT / "tests" / "fixtures" / "plugin_env"
@@ -96,3 +98,33 @@ def test_a_failing_plugin_is_warned_about_not_fatal(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="env plugin 'broken'"):
         load_plugins(reload=True)
     assert "thundersync/ToySum-v0" in {env.id for env in list_envs()}
+
+
+class _OffSpaceEnv(gym.Env):
+    """Breaks the API: its observations are not in its observation space."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 7, {}
+
+    def step(self, action):
+        return 7, 0.0, True, False, {}
+
+
+def test_episode_envs_checks_the_first_env_against_the_api_and_not_every_episode():
+    gym.register("testonly/OffSpace-v0", entry_point=_OffSpaceEnv)
+    try:
+        make = episode_envs("testonly/OffSpace-v0")
+        with pytest.warns(UserWarning, match="observation"):
+            make().reset(seed=0)
+        for _ in range(3):  # later episodes' envs skip the check (and its cost)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                env = make()
+                env.reset(seed=0)
+                env.step(0)
+    finally:
+        gym.registry.pop("testonly/OffSpace-v0")
