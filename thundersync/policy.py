@@ -128,9 +128,7 @@ class Policy:
         state.update(past_key_values=out.past_key_values, num_tokens=len(ids),
                      last_logp_V=logp_LV[-1])  # fmt: skip
         start = max(done - 1, 0)
-        values = [
-            float(logp_LV[pos - 1 - start, ids[pos]])
-            for pos in range(max(done, 1), len(ids))
-            if turn_of[pos] == turn
-        ]
-        return tuple(values)
+        positions = [pos for pos in range(max(done, 1), len(ids)) if turn_of[pos] == turn]
+        rows = torch.tensor([pos - 1 - start for pos in positions], device=self.device)
+        tokens = torch.tensor([ids[pos] for pos in positions], device=self.device)
+        return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token

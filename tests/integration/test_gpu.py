@@ -1,12 +1,21 @@
 """On a CUDA GPU (marked ``gpu``; skipped without one): the HF rollout engine keeps its
 contract there — tokens a function of the seed and the weights only, log-probs of the model
-it holds — and agrees with the same engine on the CPU."""
+it holds — and agrees with the same engine on the CPU; ``train --device cuda`` streams the
+sync update bitwise, OPD's teacher scores there, and two GPU ranks (NCCL) give one
+learner's weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.integration.training_kit import (
+    final_weights,
+    final_weights_of,
+    metrics,
+    noisy_copy,
+    train,
+)
 from thundersync.training.engines.hf import HFEngine
 from thundersync.training.engines.protocol import GenerationRequest, SamplingParams
 
@@ -50,3 +59,40 @@ def test_gpu_engine_agrees_with_the_cpu_engine(model_dir):
         assert n >= 1, "the first sampled token differs"
         diffs = [abs(a - b) for a, b in zip(on_gpu.logprobs[:n], on_cpu.logprobs[:n])]
         assert max(diffs) < 1e-3
+
+
+# --- training on GPUs ---------------------------------------------------------------------
+
+GPU_RUN = ["--steps", "2", "--deterministic", "--seed", "5", "--env-kwargs",
+           '{"tools": "python"}', "--tasks-per-step", "2", "--group-size", "4",
+           "--max-new-tokens", "16", "--lr", "3e-3", "--device", "cuda"]  # fmt: skip
+
+
+def test_training_on_a_gpu_streams_the_sync_update_bitwise(warm_model, tmp_path):
+    """Learner, KL reference and HF engine on the GPU; weights cross to the engine each step."""
+    args = ["--model", str(warm_model), "--objective", '{"kl_coef": 0.04}', *GPU_RUN]
+    train(tmp_path / "sync", "--mode", "sync", *args)
+    train(tmp_path / "streaming", "--mode", "streaming", *args)
+    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "streaming")
+    initial = final_weights_of(warm_model)
+    assert any(not torch.equal(a[k], initial[k]) for k in a), "training changed nothing"
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(m["learner"].get("max_staleness_seen", 0) == 0
+               for m in metrics(tmp_path / "streaming"))  # fmt: skip
+
+
+def test_opd_scores_turns_with_a_teacher_on_the_gpu(warm_model, tmp_path):
+    student = noisy_copy(warm_model, tmp_path / "student")
+    train(tmp_path / "opd", "--algo", "opd", "--model", str(student), "--teacher",
+          str(warm_model), "--mode", "streaming", *GPU_RUN)  # fmt: skip
+    assert len(metrics(tmp_path / "opd")) == 2
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpu_learner_ranks_over_nccl_give_one_learners_weights(warm_model, tmp_path):
+    args = ["--model", str(warm_model), "--mode", "streaming", *GPU_RUN]
+    train(tmp_path / "one", *args)
+    train(tmp_path / "two", "--learner-ranks", "2", *args)
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics(tmp_path / "two")[-1]["learner"]["world_size"] == 2

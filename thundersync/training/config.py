@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 import tomllib
 import types
 import typing
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 MODES = ("sync", "async", "streaming")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 ALGOS = ("grpo", "opd")
 ENGINES = ("hf", "vllm")
 
@@ -67,6 +69,11 @@ class TrainConfig:
     """Data-parallel learner ranks (torch.distributed, gloo over loopback): each rank trains
     its own groups and one all-reduce joins them per step; the same update as one learner
     (with --deterministic, bitwise)."""
+    device: str = "cpu"
+    """Where the learner, its KL reference, the OPD teacher and the HF engine compute: cpu, or
+    cuda (learner rank r on cuda:r, NCCL joining the ranks; the engine and the teacher on
+    cuda:0; under Ray the engine and teacher on a GPU Ray gives them), or cuda:N. Sampling
+    draws on the CPU from per-request generators, so tokens stay a function of the seed."""
     sandbox: Literal["bwrap", "docker"] = "bwrap"
     """Sandbox kind for the env's tasks."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -126,6 +133,14 @@ class TrainConfig:
             (self.engine != "vllm" or self.dtype != "float64", "dtype",
              "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)"),
             (self.learner_ranks >= 1, "learner_ranks", ">= 1"),
+            (_DEVICE.fullmatch(self.device) is not None, "device", "cpu, cuda or cuda:N"),
+            (self.learner_ranks == 1 or self.device in ("cpu", "cuda"), "device",
+             "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)"),
+            (self.backend == "local" or self.device in ("cpu", "cuda"), "device",
+             "cpu or cuda with backend 'ray' (Ray gives each worker its GPU)"),
+            (self.backend == "local" or self.device == "cpu" or self.learner_ranks == 1,
+             "device", "cpu with backend 'ray' and learner_ranks > 1 (GPU learner ranks as "
+             "Ray actors: not yet; use the local backend)"),
             (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
              ">= 1"),
         ]  # fmt: skip
@@ -167,11 +182,33 @@ def check_inputs(config: TrainConfig) -> None:
     if config.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("config field 'backend': --backend ray needs Ray: "
                          "pip install 'thundersync[ray]'")  # fmt: skip
+    check_device(config)
     for name in ("model", "teacher"):
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
                              "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+
+
+def check_device(config: TrainConfig) -> None:
+    """A ValueError unless the GPUs ``config.device`` names are here (one per learner rank)."""
+    if config.device == "cpu" or config.backend == "ray":  # Ray checks its cluster's GPUs
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(config.device.partition(":")[2] or 0)
+    need = max(index + 1, config.learner_ranks)
+    if have < need:
+        raise ValueError(f"config field 'device': {config.device!r} with "
+                         f"{config.learner_ranks} learner rank(s) needs {need} CUDA GPU(s); "
+                         f"this machine has {have}")  # fmt: skip
+
+
+def rank_device(device: str, rank: int) -> str:
+    """The device of learner rank ``rank`` for the run's ``device``: ``cuda`` spreads the
+    ranks over cuda:0, cuda:1, ... (NCCL needs one GPU per rank)."""
+    return f"cuda:{rank}" if device == "cuda" else device
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

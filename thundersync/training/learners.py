@@ -7,8 +7,9 @@ episode's group (``stable_rank``) and keeps its own; each rank computes its grou
 work as the events arrive (streaming) or at the step (sync, async), and the step is one small
 gather plus one all-reduce, so every rank ends the step with the same parameters and only
 rank 0 publishes weights and writes checkpoints. The processes meet through a file in the run
-folder (``file://``) and exchange tensors over loopback only (gloo on ``lo``); Ray actors
-meet over TCP at the driver's node (``thundersync.training.ray_backend``).
+folder (``file://``) and exchange tensors over loopback only (gloo on ``lo``), or with NCCL
+when each rank has its own GPU (``--device cuda``: rank r on cuda:r); Ray actors meet over
+TCP at the driver's node (``thundersync.training.ray_backend``).
 
 Every rank is built here, the same way, from the same checkpoint, optimizer state and options,
 so the step is the single learner's (``--deterministic``: bitwise).
@@ -27,7 +28,7 @@ import torch
 
 from thundersync import events as ev
 from thundersync.training import checkpoint as ckpt
-from thundersync.training.config import TrainConfig
+from thundersync.training.config import TrainConfig, rank_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,10 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
 
     config = spec.config
     dtype = getattr(torch, config.dtype)
-    model = load_model(spec.model_dir, dtype=dtype)
+    device = torch.device(rank_device(config.device, rank))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's collectives use the current device
+    model = load_model(spec.model_dir, dtype=dtype).to(device)
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
     optimizer = optimizer_class(model.parameters(), lr=config.lr,
                                 weight_decay=config.weight_decay)  # fmt: skip
@@ -97,7 +101,7 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
     objective = config.build_objective()
     reference = None
     if isinstance(objective, GRPO) and objective.kl_coef:
-        reference = load_model(spec.initial_model, dtype=dtype)
+        reference = load_model(spec.initial_model, dtype=dtype).to(device)
     options: dict[str, Any] = dict(
         streaming=config.mode == "streaming", reference=reference,
         deterministic=config.deterministic, early_start=config.early_start, eager=False,
@@ -125,7 +129,8 @@ def _join_process_group(spec: LearnerSpec, rank: int) -> None:
     if spec.rendezvous.startswith(("file://", "tcp://127.")):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks on one machine: loopback only
     dist.init_process_group(
-        "gloo", init_method=spec.rendezvous, rank=rank,
+        "nccl" if spec.config.device.startswith("cuda") else "gloo",
+        init_method=spec.rendezvous, rank=rank,
         world_size=spec.config.learner_ranks,
         timeout=timedelta(seconds=spec.config.worker_timeout_s),
     )  # fmt: skip

@@ -1,21 +1,22 @@
 """``--backend ray``: the same workers as Ray actors, placed by the resources they ask for.
 
-The rollout worker (engine, episodes, sandboxes and graders), the OPD teacher and learner
-ranks 1 … N−1 run as actors; the trainer (learner rank 0, which owns the run folder) is the
-Ray driver. Nothing in the modes or the workers changes: they talk through queues (here
+The rollout worker (engine, episodes, sandboxes and graders), the OPD teacher and learner ranks
+1 … N−1 run as actors; the trainer (learner rank 0, which owns the run folder) is the Ray
+driver. Nothing in the modes or the workers changes: they talk through queues (here
 ``ray.util.queue.Queue``, an actor) and receive weights after each step (here through Ray's
 object store instead of shared memory: one ``ray.put`` per step, read by the rollout actor
-between two generation batches). Data-parallel learner ranks meet over TCP at the driver's
-node address (``torch.distributed``, gloo).
+between two generation batches). Data-parallel learner ranks meet over TCP at the driver's node
+address (``torch.distributed``, gloo).
 
 Where the run goes: with ``RAY_ADDRESS`` set (``ray start --head`` on a cluster, then
 ``RAY_ADDRESS=<head>:6379 thundersync train --backend ray …``), actors go wherever the cluster
-has the resources — the rollout actor asks for ``rollout_threads`` CPUs and, with
-``--engine vllm`` on a cluster that has GPUs, one GPU; the teacher one CPU; each learner rank
-``learner_threads`` CPUs. Every node needs the project installed (and its env's sandboxes),
-and spans recorded on another node are on that node's clock. Without ``RAY_ADDRESS`` the run
-starts a private Ray head on this machine, on loopback only, that stops with it
-(``thundersync.training.ray_head``).
+has the resources — the rollout actor asks for ``rollout_threads`` CPUs and one GPU with
+``--device cuda`` (or with ``--engine vllm`` on a cluster that has GPUs); the teacher one CPU,
+and one GPU with ``--device cuda``; each learner rank ``learner_threads`` CPUs. A cluster
+without the CPUs or GPUs the run asks for is an error at once (Ray would wait forever). Every
+node needs the project installed (and its env's sandboxes), and spans recorded on another node
+are on that node's clock. Without ``RAY_ADDRESS`` the run starts a private Ray head on this
+machine, on loopback only, that stops with it (``thundersync.training.ray_head``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class ObjectStoreWeights:
         the control message carries to ``load_into``."""
         import ray
 
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
+        with torch.no_grad():  # on the CPU: the object store holds host memory
+            flat = torch.cat([p.detach().reshape(-1) for p in params]).cpu()
         self._latest = ray.put(flat)
         return ([self._latest], policy_version)  # in a list: Ray passes it on unresolved
 
@@ -89,7 +90,8 @@ class ObjectStoreWeights:
 class RayBackend:
     """Workers as Ray actors (see the module docstring); ``LocalBackend``'s methods."""
 
-    def __init__(self, *, cpus_needed: int, gpu_for_rollout: bool, log: Path) -> None:
+    def __init__(self, *, cpus_needed: int, gpus_needed: int, gpu_for_rollout: bool,
+                 log: Path) -> None:  # fmt: skip
         for key, value in _loopback_env().items():
             os.environ.setdefault(key, value)
         import ray
@@ -103,7 +105,7 @@ class RayBackend:
         if not address:
             from thundersync.training.ray_head import start_private_head
 
-            gpus = torch.cuda.device_count() if gpu_for_rollout else 0
+            gpus = torch.cuda.device_count() if gpu_for_rollout or gpus_needed else 0
             self._head = start_private_head(num_cpus=max(cpus_needed, os.cpu_count() or 1),
                                             num_gpus=gpus, log=log)  # fmt: skip
             address = self._head.address
@@ -116,10 +118,11 @@ class RayBackend:
         except BaseException:
             self.close()
             raise
-        if have.get("CPU", 0) < cpus_needed:
-            self.close()
-            raise BackendError(f"the Ray cluster at {address} has {have.get('CPU', 0):g} "
-                               f"CPUs; this run's workers ask for {cpus_needed}")  # fmt: skip
+        for kind, needed in (("CPU", cpus_needed), ("GPU", gpus_needed)):
+            if have.get(kind, 0) < needed:  # Ray would wait for them forever
+                self.close()
+                raise BackendError(f"the Ray cluster at {address} has {have.get(kind, 0):g} "
+                                   f"{kind}s; this run's workers ask for {needed}")  # fmt: skip
         self.gpu_for_rollout = gpu_for_rollout and have.get("GPU", 0) >= 1
         self._actors: list[Any] = []
 

@@ -46,6 +46,8 @@ class RolloutSpec:
     batch_window_s: float
     engine: str = "hf"
     """``hf`` or ``vllm`` (``build_engine``)."""
+    device: str = "cpu"
+    """The HF engine's device (vLLM places itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,8 @@ def build_engine(spec: RolloutSpec) -> Any:
                           seed=spec.seed)  # fmt: skip
     from thundersync.training.engines.hf import HFEngine
 
-    return HFEngine(spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic)
+    return HFEngine(spec.model_dir, dtype=dtype, device=spec.device,
+                    batch_invariant=spec.deterministic)  # fmt: skip
 
 
 def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:

@@ -170,17 +170,18 @@ class Trainer:
             model_dir=self.model_dir, dtype=c.dtype, seed=c.seed,
             deterministic=c.deterministic, max_new_tokens=c.max_new_tokens,
             temperature=c.temperature, max_concurrency=concurrency,
-            batch_window_s=c.batch_window_s, engine=c.engine,
+            batch_window_s=c.batch_window_s, engine=c.engine, device=c.device,
         )  # fmt: skip
         self._procs.append(self.backend.spawn(
             "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
             self.weights, num_threads=c.rollout_threads, output=self.inbox,
-            num_gpus=int(self.backend.gpu_for_rollout),
+            num_gpus=int(self.backend.gpu_for_rollout or c.device != "cpu"),
         ))  # fmt: skip
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
-                "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype,
+                "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype, c.device,
                 self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
+                num_gpus=int(c.device != "cpu"),
             ))  # fmt: skip
         self.publish_weights()
         self.engine_version = -1
@@ -445,8 +446,11 @@ def make_backend(config: TrainConfig) -> Any:
     cpus = config.rollout_threads + (config.algo == "opd") + (
         (config.learner_ranks - 1) * config.learner_threads
     )
+    gpu = config.device != "cpu"  # the engine and the teacher each on a GPU of their own
+    gpus = int(gpu) + int(gpu and config.algo == "opd")  # vLLM takes one where there is one
     log = Path(config.out) / "ray.log"
-    return RayBackend(cpus_needed=cpus, gpu_for_rollout=config.engine == "vllm", log=log)
+    return RayBackend(cpus_needed=cpus, gpus_needed=gpus, gpu_for_rollout=config.engine == "vllm",
+                      log=log)  # fmt: skip
 
 
 def _failed(item: WorkerFailed) -> WorkerError:

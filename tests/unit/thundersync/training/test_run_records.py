@@ -44,7 +44,10 @@ def test_every_field_is_a_flag_and_flags_override_the_file(tmp_path):
      ({"steps": -1}, "steps"),
      ({"objective": {"bogus": 1}}, "objective"), ({"objective": {"loss_agg": "x"}}, "objective"),
      ({"mode": "async", "algo": "opd", "teacher": "t"}, "async"),
-     ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async")],
+     ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async"),
+     ({"device": "gpu"}, "device"), ({"device": "cuda:1", "learner_ranks": 2}, "device"),
+     ({"device": "cuda:0", "backend": "ray"}, "device"),
+     ({"device": "cuda", "backend": "ray", "learner_ranks": 2}, "device")],
 )  # fmt: skip
 def test_a_bad_config_names_the_field(values, field):
     with pytest.raises(ValueError, match=field):
@@ -59,6 +62,24 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     with pytest.raises(ValueError, match=r"'model'.*not a checkpoint folder"):
         check_inputs(TrainConfig(model=str(tmp_path)))
     check_inputs(TrainConfig())  # the defaults: a registered env and a tiny model built later
+
+
+def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
+    from thundersync.training.config import check_inputs, rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_inputs(TrainConfig(device="cuda"))
+    with pytest.raises(ValueError, match=r"'device'.*2 learner rank\(s\) needs 2 CUDA GPU"):
+        check_inputs(TrainConfig(device="cuda", learner_ranks=2))
+    with pytest.raises(ValueError, match=r"'device'.*'cuda:1'.*needs 2 CUDA GPU"):
+        check_inputs(TrainConfig(device="cuda:1"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"'device'.*this machine has 0"):
+        check_inputs(TrainConfig(device="cuda"))
+    check_inputs(TrainConfig(device="cuda", backend="ray"))  # the cluster's GPUs count there
+    assert [rank_device("cuda", r) for r in (0, 1)] == ["cuda:0", "cuda:1"]
+    assert (rank_device("cuda:3", 0), rank_device("cpu", 2)) == ("cuda:3", "cpu")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
