@@ -290,7 +290,9 @@ class DataParallelLearner(Learner):
         """Every rank's addends, added in canonical group order into a zero vector: the
         operations one deterministic learner performs on the whole batch."""
         gathered: list[dict[str, list[torch.Tensor]] | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, log.by_group, group=self.process_group)
+        # on the CPU: unpickled GPU tensors would land on the sender's device (exact copies)
+        own = {g: [a.cpu() for a in addends] for g, addends in log.by_group.items()}
+        dist.all_gather_object(gathered, own, group=self.process_group)
         by_group = {g: v for part in gathered if part is not None for g, v in part.items()}
         total = self.pool.zeros()
         for gid in sorted(by_group, key=natural_key):

@@ -127,6 +127,18 @@ def build_tiny_model(
     return out
 
 
+def deterministic_cuda(device: str | torch.device) -> None:
+    """On a CUDA ``device``, make this process's kernels deterministic (bitwise the same
+    results run after run): cuBLAS's fixed workspace and torch's deterministic algorithms
+    (e.g. one key split in memory-efficient attention's backward instead of atomic adds).
+    Call before the process's first CUDA work; nothing on the CPU, which is already."""
+    import os
+
+    if torch.device(device).type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
     """Load a checkpoint folder as a causal LM in ``dtype``, in eval mode (dropout off)."""
     from transformers import AutoModelForCausalLM

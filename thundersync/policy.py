@@ -129,6 +129,8 @@ class Policy:
                      last_logp_V=logp_LV[-1])  # fmt: skip
         start = max(done - 1, 0)
         positions = [pos for pos in range(max(done, 1), len(ids)) if turn_of[pos] == turn]
-        rows = torch.tensor([pos - 1 - start for pos in positions], device=self.device)
-        tokens = torch.tensor([ids[pos] for pos in positions], device=self.device)
+        rows = torch.tensor([pos - 1 - start for pos in positions], dtype=torch.long,
+                            device=self.device)  # fmt: skip
+        tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long,
+                              device=self.device)  # fmt: skip
         return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token

@@ -6,6 +6,8 @@ learner's weights."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -83,9 +85,14 @@ def test_training_on_a_gpu_streams_the_sync_update_bitwise(warm_model, tmp_path)
 
 def test_opd_scores_turns_with_a_teacher_on_the_gpu(warm_model, tmp_path):
     student = noisy_copy(warm_model, tmp_path / "student")
-    train(tmp_path / "opd", "--algo", "opd", "--model", str(student), "--teacher",
-          str(warm_model), "--mode", "streaming", *GPU_RUN)  # fmt: skip
-    assert len(metrics(tmp_path / "opd")) == 2
+    out = tmp_path / "opd"
+    train(out, "--algo", "opd", "--model", str(student), "--teacher", str(warm_model),
+          "--mode", "streaming", *GPU_RUN)  # fmt: skip
+    records = metrics(out)
+    assert len(records) == 2 and all(m["teacher_kl"] is not None for m in records)
+    spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
+    turns = sum(1 for s in spans if s["name"] == "teacher")
+    assert turns >= sum(m["learner"]["num_trajectories"] for m in records)  # every turn scored
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

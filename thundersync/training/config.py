@@ -191,8 +191,9 @@ def check_inputs(config: TrainConfig) -> None:
 
 
 def check_device(config: TrainConfig) -> None:
-    """A ValueError unless the GPUs ``config.device`` names are here (one per learner rank)."""
-    if config.device == "cpu" or config.backend == "ray":  # Ray checks its cluster's GPUs
+    """A ValueError unless the GPUs ``config.device`` names are here (one per learner rank;
+    under Ray, rank 0's: the trainer's; Ray checks its cluster's for the workers)."""
+    if config.device == "cpu":
         return
     import torch
 

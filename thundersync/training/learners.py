@@ -80,7 +80,7 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
     data-parallel run, joins the process group first (every rank must call this), after
     calling ``loaded()`` (a rank tells the trainer it got that far)."""
     from thundersync.learner import Learner
-    from thundersync.models import load_model, load_tokenizer
+    from thundersync.models import deterministic_cuda, load_model, load_tokenizer
     from thundersync.objectives import GRPO
 
     config = spec.config
@@ -88,6 +88,8 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
     device = torch.device(rank_device(config.device, rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's collectives use the current device
+        if config.deterministic:
+            deterministic_cuda(device)
     model = load_model(spec.model_dir, dtype=dtype).to(device)
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
     optimizer = optimizer_class(model.parameters(), lr=config.lr,
@@ -128,8 +130,11 @@ def _join_process_group(spec: LearnerSpec, rank: int) -> None:
 
     if spec.rendezvous.startswith(("file://", "tcp://127.")):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks on one machine: loopback only
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    # On GPUs: NCCL for tensors, gloo for the small object gathers, so a dead rank fails the
+    # step's plan gather at once (NCCL alone would wait out its timeout, then abort).
     dist.init_process_group(
-        "nccl" if spec.config.device.startswith("cuda") else "gloo",
+        "cpu:gloo,cuda:nccl" if spec.config.device.startswith("cuda") else "gloo",
         init_method=spec.rendezvous, rank=rank,
         world_size=spec.config.learner_ranks,
         timeout=timedelta(seconds=spec.config.worker_timeout_s),

@@ -10,13 +10,13 @@ address (``torch.distributed``, gloo).
 
 Where the run goes: with ``RAY_ADDRESS`` set (``ray start --head`` on a cluster, then
 ``RAY_ADDRESS=<head>:6379 thundersync train --backend ray …``), actors go wherever the cluster
-has the resources — the rollout actor asks for ``rollout_threads`` CPUs and one GPU with
-``--device cuda`` (or with ``--engine vllm`` on a cluster that has GPUs); the teacher one CPU,
-and one GPU with ``--device cuda``; each learner rank ``learner_threads`` CPUs. A cluster
-without the CPUs or GPUs the run asks for is an error at once (Ray would wait forever). Every
-node needs the project installed (and its env's sandboxes), and spans recorded on another node
-are on that node's clock. Without ``RAY_ADDRESS`` the run starts a private Ray head on this
-machine, on loopback only, that stops with it (``thundersync.training.ray_head``).
+has the resources — the rollout actor asks for ``rollout_threads`` CPUs and half a GPU with
+``--device cuda`` (a whole one with ``--engine vllm`` on a cluster that has GPUs); the teacher
+one CPU, and half a GPU with ``--device cuda``; each learner rank ``learner_threads`` CPUs. A
+cluster without the CPUs or GPUs the run asks for is an error at once (Ray would wait forever).
+Every node needs the project installed (and its env's sandboxes), and spans recorded on another
+node are on that node's clock. Without ``RAY_ADDRESS`` the run starts a private Ray head on
+this machine, on loopback only, that stops with it (``thundersync.training.ray_head``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class ObjectStoreWeights:
 class RayBackend:
     """Workers as Ray actors (see the module docstring); ``LocalBackend``'s methods."""
 
-    def __init__(self, *, cpus_needed: int, gpus_needed: int, gpu_for_rollout: bool,
+    def __init__(self, *, cpus_needed: int, gpus_needed: float, gpu_for_rollout: bool,
                  log: Path) -> None:  # fmt: skip
         for key, value in _loopback_env().items():
             os.environ.setdefault(key, value)
@@ -132,7 +132,7 @@ class RayBackend:
         return Queue(actor_options={"num_cpus": 0})
 
     def spawn(self, name: str, target: Callable[..., None], *args: Any, num_threads: int,
-              output: Any, num_gpus: int = 0) -> RayWorker:  # fmt: skip
+              output: Any, num_gpus: float = 0) -> RayWorker:  # fmt: skip
         import ray
 
         actor = ray.remote(_WorkerActor).options(

@@ -80,8 +80,11 @@ def build_engine(spec: RolloutSpec) -> Any:
 
         return VLLMEngine(spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic,
                           seed=spec.seed)  # fmt: skip
+    from thundersync.models import deterministic_cuda
     from thundersync.training.engines.hf import HFEngine
 
+    if spec.deterministic:
+        deterministic_cuda(spec.device)
     return HFEngine(spec.model_dir, dtype=dtype, device=spec.device,
                     batch_invariant=spec.deterministic)  # fmt: skip
 

@@ -39,6 +39,9 @@ from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
 
 POLL_S = 1.0
+SHARED_GPU = 0.5
+"""What the HF engine and the OPD teacher each ask Ray for with ``--device cuda``: one GPU
+holds both (and the trainer's learner on a one-GPU machine)."""
 
 
 class WorkerError(RuntimeError):
@@ -175,13 +178,13 @@ class Trainer:
         self._procs.append(self.backend.spawn(
             "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
             self.weights, num_threads=c.rollout_threads, output=self.inbox,
-            num_gpus=int(self.backend.gpu_for_rollout or c.device != "cpu"),
+            num_gpus=1 if self.backend.gpu_for_rollout else SHARED_GPU * (c.device != "cpu"),
         ))  # fmt: skip
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
                 "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype, c.device,
                 self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
-                num_gpus=int(c.device != "cpu"),
+                num_gpus=SHARED_GPU * (c.device != "cpu"),
             ))  # fmt: skip
         self.publish_weights()
         self.engine_version = -1
@@ -446,8 +449,8 @@ def make_backend(config: TrainConfig) -> Any:
     cpus = config.rollout_threads + (config.algo == "opd") + (
         (config.learner_ranks - 1) * config.learner_threads
     )
-    gpu = config.device != "cpu"  # the engine and the teacher each on a GPU of their own
-    gpus = int(gpu) + int(gpu and config.algo == "opd")  # vLLM takes one where there is one
+    gpu = config.device != "cpu"  # the HF engine and the teacher share one (vLLM: its own)
+    gpus = SHARED_GPU * gpu * (1 + (config.algo == "opd"))
     log = Path(config.out) / "ray.log"
     return RayBackend(cpus_needed=cpus, gpus_needed=gpus, gpu_for_rollout=config.engine == "vllm",
                       log=log)  # fmt: skip

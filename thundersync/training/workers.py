@@ -88,7 +88,7 @@ class LocalBackend:
         return CONTEXT.Queue()
 
     def spawn(self, name: str, target: Callable[..., None], *args: Any, num_threads: int,
-              output: Any, num_gpus: int = 0) -> Any:  # fmt: skip
+              output: Any, num_gpus: float = 0) -> Any:  # fmt: skip
         return spawn(name, target, *args, num_threads=num_threads, output=output)
 
     def stop(self, worker: Any, *, timeout_s: float) -> None:

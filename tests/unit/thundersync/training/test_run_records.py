@@ -74,10 +74,11 @@ def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
         check_inputs(TrainConfig(device="cuda", learner_ranks=2))
     with pytest.raises(ValueError, match=r"'device'.*'cuda:1'.*needs 2 CUDA GPU"):
         check_inputs(TrainConfig(device="cuda:1"))
+    check_inputs(TrainConfig(device="cuda", backend="ray"))  # the trainer's learner: one GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"'device'.*this machine has 0"):
-        check_inputs(TrainConfig(device="cuda"))
-    check_inputs(TrainConfig(device="cuda", backend="ray"))  # the cluster's GPUs count there
+    for backend in ("local", "ray"):
+        with pytest.raises(ValueError, match=r"'device'.*this machine has 0"):
+            check_inputs(TrainConfig(device="cuda", backend=backend))
     assert [rank_device("cuda", r) for r in (0, 1)] == ["cuda:0", "cuda:1"]
     assert (rank_device("cuda:3", 0), rank_device("cpu", 2)) == ("cuda:3", "cpu")
 
