@@ -125,7 +125,8 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
 
     tasks = draw_eval_tasks(make_env, config.eval_tasks, seed=base.seed)
     initial = base.model or str(runs[0].folder / "init-model")
-    with PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens) as judge:
+    with PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens,
+                         device=base.device) as judge:  # fmt: skip
         start = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
         for run in runs:
             run.curve = [Point(0, 0.0, start)]

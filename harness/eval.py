@@ -37,7 +37,7 @@ from typing import Any
 from harness.eval_report import build_report, report_table, summary
 from thundersync.cli_output import HelpFormatter, Progress, print_verdict, strict_json
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
-from thundersync.training.config import json_object
+from thundersync.training.config import device_problem, json_object
 from thundersync.types import Trajectory
 
 PREREQUISITE_TIMEOUT_S = 30.0
@@ -77,6 +77,8 @@ class EvalConfig:
     """Most tokens of one policy action."""
     temperature: float = 1.0
     """Policy sampling temperature (0: greedy)."""
+    device: str = "cpu"
+    """Where the policy's engine computes: cpu, cuda or cuda:N (``--device``)."""
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -129,6 +131,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds resets, draws and sampling")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="per policy action")
     parser.add_argument("--temperature", type=float, default=1.0, help="policy sampling")
+    parser.add_argument("--device", default="cpu", metavar="DEV",
+                        help="where the policy's model computes: cpu, cuda or cuda:N")  # fmt: skip
     parser.add_argument("--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
                         help="use the local image LOCAL where a task names the public image "
                              "PUBLIC (repeatable; also $THUNDERSYNC_IMAGE_ALIASES), e.g. "
@@ -203,6 +207,9 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         raise ValueError(f"--checkpoint runs the policy agent, not --agent {agent}")
     if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a model folder (no config.json)")
+    problem = device_problem(args.device)
+    if problem:
+        raise ValueError(f"--device: {problem}")
     concurrency = args.concurrency or (64 if agent == "policy" else 2)
     if args.k < 1 or concurrency < 1 or args.tasks < 1:
         raise ValueError(f"-k, --concurrency and --tasks must be >= 1, got {args.k}, "
@@ -212,7 +219,7 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         strict=args.strict, image_aliases=tuple(args.image_alias), checkpoint=args.checkpoint,
         env=args.env, num_tasks=args.tasks, env_kwargs=dict(args.env_kwargs),
         max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
+        temperature=args.temperature, device=args.device,
     )  # fmt: skip
 
 
@@ -328,7 +335,8 @@ def _agent(config: EvalConfig) -> Any:
 
     with PolicyEvaluator(config.checkpoint, seed=config.seed, concurrency=config.concurrency,
                          max_new_tokens=config.max_new_tokens,
-                         temperature=config.temperature) as evaluator:  # fmt: skip
+                         temperature=config.temperature,
+                         device=config.device) as evaluator:  # fmt: skip
         yield evaluator.agent
 
 

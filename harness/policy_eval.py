@@ -27,7 +27,8 @@ class PolicyEvaluator:
     """Runs a checkpoint's policy agent over tasks; a context manager (closes its engine)."""
 
     def __init__(self, checkpoint: str | Path, *, seed: int = 0, max_new_tokens: int = 48,
-                 temperature: float = 1.0, concurrency: int = 32) -> None:  # fmt: skip
+                 temperature: float = 1.0, concurrency: int = 32,
+                 device: str = "cpu") -> None:  # fmt: skip
         from thundersync.models import load_tokenizer
         from thundersync.training.agent import PolicyAgent
         from thundersync.training.chat import ChatFormat
@@ -35,7 +36,7 @@ class PolicyEvaluator:
         from thundersync.training.engines.hf import HFEngine
 
         self.checkpoint = Path(checkpoint)
-        self.engine = HFEngine(self.checkpoint)
+        self.engine = HFEngine(self.checkpoint, device=device)
         self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
         self.agent = PolicyAgent(
             self.batcher.generate, ChatFormat(load_tokenizer(self.checkpoint)),

@@ -228,6 +228,18 @@ def test_an_unknown_env_id_is_a_clear_error(capsys):
     assert "not a registered env" in capsys.readouterr().err
 
 
+def test_a_device_the_machine_lacks_is_a_clear_error(tiny_model_dirs, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    checkpoint = str(tiny_model_dirs["qwen3"])
+    for device, says in (("cuda", "'cuda' needs 1 CUDA GPU(s); this machine has 0"),
+                         ("tpu", "expected cpu, cuda or cuda:N")):
+        assert main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
+                     "--device", device, "--no-leaderboard"]) == 2  # fmt: skip
+        assert f"--device: {says}" in capsys.readouterr().err
+
+
 @needs_bwrap
 def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, tmp_path, capsys):
     from leaderboard.store import Store

@@ -103,3 +103,13 @@ def test_two_gpu_learner_ranks_over_nccl_give_one_learners_weights(warm_model, t
     a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert metrics(tmp_path / "two")[-1]["learner"]["world_size"] == 2
+
+
+def test_eval_runs_a_checkpoint_on_the_gpu(model_dir, capsys):
+    from thundersync.cli import main
+
+    code = main(["eval", "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
+                 "--checkpoint", str(model_dir), "--device", "cuda", "--tasks", "2",
+                 "--max-new-tokens", "8", "--no-leaderboard", "--json"])  # fmt: skip
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["num_attempts"] == 2

@@ -193,17 +193,26 @@ def check_inputs(config: TrainConfig) -> None:
 def check_device(config: TrainConfig) -> None:
     """A ValueError unless the GPUs ``config.device`` names are here (one per learner rank;
     under Ray, rank 0's: the trainer's; Ray checks its cluster's for the workers)."""
-    if config.device == "cpu":
-        return
+    problem = device_problem(config.device, config.learner_ranks)
+    if problem:
+        raise ValueError(f"config field 'device': {problem}")
+
+
+def device_problem(device: str, ranks: int = 1) -> str | None:
+    """Why ``device`` (cpu, cuda or cuda:N) cannot hold ``ranks`` learner ranks here (one
+    GPU each), or None."""
+    if _DEVICE.fullmatch(device) is None:
+        return f"expected cpu, cuda or cuda:N, got {device!r}"
+    if device == "cpu":
+        return None
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = int(config.device.partition(":")[2] or 0)
-    need = max(index + 1, config.learner_ranks)
+    need = max(int(device.partition(":")[2] or 0) + 1, ranks)
     if have < need:
-        raise ValueError(f"config field 'device': {config.device!r} with "
-                         f"{config.learner_ranks} learner rank(s) needs {need} CUDA GPU(s); "
-                         f"this machine has {have}")  # fmt: skip
+        per_rank = f" (one per learner rank, {ranks})" if ranks > 1 else ""
+        return f"{device!r} needs {need} CUDA GPU(s){per_rank}; this machine has {have}"
+    return None
 
 
 def rank_device(device: str, rank: int) -> str:

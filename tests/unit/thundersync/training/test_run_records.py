@@ -70,7 +70,7 @@ def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_inputs(TrainConfig(device="cuda"))
-    with pytest.raises(ValueError, match=r"'device'.*2 learner rank\(s\) needs 2 CUDA GPU"):
+    with pytest.raises(ValueError, match=r"'device'.*needs 2 CUDA GPU\(s\) \(one per learner rank"):
         check_inputs(TrainConfig(device="cuda", learner_ranks=2))
     with pytest.raises(ValueError, match=r"'device'.*'cuda:1'.*needs 2 CUDA GPU"):
         check_inputs(TrainConfig(device="cuda:1"))
