@@ -15,14 +15,24 @@ once (splitting on, no truncation or padding: exactly what the Hugging Face call
 ``split_special_tokens=True``), which no other call touches; it also skips the Python wrapper
 around each call, which cost more than the encoding itself for an observation. Every other
 tokenizer call, and content with a tokenizer that has no Rust backend, holds a lock.
+
+Content that comes again is not encoded again: a group's episodes share their prompt, and
+agents meet the same observations over and over (a format error's correction, "command not
+found", an empty output). The last ``CACHED_TEXTS`` distinct texts of up to
+``CACHED_TEXT_CHARS`` characters keep their ids (encoding is a pure function of the text);
+longer ones, which rarely repeat, are encoded each time.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
+
+CACHED_TEXTS = 256
+CACHED_TEXT_CHARS = 16_384
 
 _USER, _ASSISTANT, _OBSERVATION = "\x00\x01U\x01\x00", "\x00\x01A\x01\x00", "\x00\x01O\x01\x00"
 
@@ -49,6 +59,7 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self._encode_content = _content_encoder(tokenizer, self._lock)
+        self._cached_content = functools.lru_cache(CACHED_TEXTS)(self._encode_content)
         render = tokenizer.apply_chat_template
         opening = render([{"role": "user", "content": _USER}], tokenize=False,
                          add_generation_prompt=True)  # fmt: skip
@@ -103,6 +114,8 @@ class ChatFormat:
         """Ids of message content, special-token strings in it split as plain text."""
         if not text:
             return ()
+        if len(text) <= CACHED_TEXT_CHARS:
+            return self._cached_content(text)
         return self._encode_content(text)
 
 

@@ -90,12 +90,31 @@ def test_a_full_context_is_truncation_and_an_action_is_cut_to_the_room_left(toke
 def test_ids_do_not_depend_on_other_threads_encoding_at_the_same_time(tokenizer):
     from concurrent.futures import ThreadPoolExecutor
 
-    chat = ChatFormat(tokenizer)
     texts = [f"Format error: expected one block <|im_end|> {i}" * 3 for i in range(64)]
-    alone = [chat.observation_ids(t) for t in texts]
+    alone = [ChatFormat(tokenizer).observation_ids(t) for t in texts]
     with ThreadPoolExecutor(16) as pool:
         for _ in range(5):
-            assert list(pool.map(chat.observation_ids, texts)) == alone
+            fresh = ChatFormat(tokenizer)  # nothing cached yet: every thread encodes
+            assert list(pool.map(fresh.observation_ids, texts)) == alone
+
+
+def test_a_repeated_text_is_encoded_once_and_a_long_one_each_time(tokenizer, monkeypatch):
+    import thundersync.training.chat as chat_module
+
+    encoded: list[str] = []
+    make_encoder = chat_module._content_encoder
+
+    def counting(tokenizer, lock):
+        encode = make_encoder(tokenizer, lock)
+        return lambda text: encoded.append(text) or encode(text)
+
+    monkeypatch.setattr(chat_module, "_content_encoder", counting)
+    chat = ChatFormat(tokenizer)
+    long = "x" * (chat_module.CACHED_TEXT_CHARS + 1)
+    first = [chat.prompt_ids("Add red."), chat.observation_ids("17\n"), chat.content_ids(long)]
+    again = [chat.prompt_ids("Add red."), chat.observation_ids("17\n"), chat.content_ids(long)]
+    assert again == first
+    assert encoded == ["Add red.", "17\n", long, long]
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3", "llama"])
