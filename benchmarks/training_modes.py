@@ -323,9 +323,10 @@ def print_agent_loop(loop: dict[str, Any]) -> None:
           f"{high:.1%}")  # fmt: skip
     for part, meaning in (("idle", "the engine waiting for the loop"),
                           ("inflation", "the engine slower inside the loop")):  # fmt: skip
-        low, high = middle_half(loop, part)
+        part_low, part_high = middle_half(loop, part)
         median = statistics.median(r[part] for r in loop["rounds"])
-        print(f"  {meaning}: median {median:.1%}, middle half {low:.1%} to {high:.1%}")
+        print(f"  {meaning}: median {median:.1%}, middle half {part_low:.1%} to "
+              f"{part_high:.1%}")  # fmt: skip
     print(f"  the loop's own Python alone (one thread, instant answers): "
           f"{loop['python_s'] * 1000:.0f} ms, {loop['python_floor']:.1%} of the replay: the "
           "floor of the overhead without overlap")  # fmt: skip

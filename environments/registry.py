@@ -98,13 +98,17 @@ def load_plugins(*, reload: bool = False) -> None:
 
 def episode_envs(env_id: str, **kwargs: Any) -> Callable[[], gymnasium.Env]:
     """A factory of fresh ``gymnasium.make(env_id, **kwargs)`` envs, one per episode, with
-    Gymnasium's passive env checker on the first env only. The checker inspects an env's first
-    ``reset`` and ``step``, which every instance of one env class answers alike, so checking
-    each episode's fresh env again only costs start-up (a third of a toy episode's)."""
+    Gymnasium's passive env checker on the first env only (where the registration or
+    ``kwargs`` leave it on). The checker inspects an env's first ``reset`` and ``step``, which
+    every instance of one env class answers alike, so checking each episode's fresh env again
+    only costs start-up (a third of a toy episode's)."""
     checked = threading.Event()
 
     def make() -> gymnasium.Env:
-        env = gymnasium.make(env_id, disable_env_checker=checked.is_set(), **kwargs)
+        if checked.is_set() and "disable_env_checker" not in kwargs:
+            env = gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+        else:
+            env = gymnasium.make(env_id, **kwargs)
         checked.set()
         return env
 

@@ -51,6 +51,7 @@ def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
     for m in metrics(tmp_path / "streaming"):
         assert m["learner"].get("max_staleness_seen", 0) == 0
     assert [m["step"] for m in metrics(tmp_path / "sync")] == [0, 1, 2]
+    assert {m["learner"]["device"] for m in metrics(tmp_path / "sync")} == {"cpu"}
 
 
 def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, tmp_path):

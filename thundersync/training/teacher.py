@@ -37,12 +37,16 @@ class _Episode:
         return k in self.actions and all(j in self.observations for j in range(k))
 
 
-def teacher_main(model_dir: str, dtype: str, device: str, inbox: Any, output: Any) -> None:
+def teacher_main(model_dir: str, dtype: str, device: str, deterministic: bool, inbox: Any,
+                 output: Any) -> None:  # fmt: skip
     """The worker's entry point: score until a ``None`` arrives on ``inbox``."""
     import torch
 
-    from thundersync.models import load_model
+    from thundersync.models import deterministic_cuda, load_model
     from thundersync.policy import Policy
+
+    if deterministic:
+        deterministic_cuda(device)
 
     teacher = Policy(load_model(model_dir, dtype=getattr(torch, dtype)).to(device))
     episodes: dict[str, _Episode] = {}

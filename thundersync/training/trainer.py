@@ -183,6 +183,7 @@ class Trainer:
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
                 "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype, c.device,
+                c.deterministic,
                 self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
                 num_gpus=SHARED_GPU * (c.device != "cpu"),
             ))  # fmt: skip
@@ -389,7 +390,7 @@ class Trainer:
             "finished_at": ev.now(),
             "step_time_s": step_time,
             **tracker.stats(),
-            "learner": learned,
+            "learner": {**learned, "device": str(next(self.model.parameters()).device)},
             "breakdown_s": window,
             "learner_idle_fraction": max(0.0, 1.0 - busy / step_time) if step_time else None,
             "engine_idle_fraction": (
@@ -450,7 +451,8 @@ def make_backend(config: TrainConfig) -> Any:
         (config.learner_ranks - 1) * config.learner_threads
     )
     gpu = config.device != "cpu"  # the HF engine and the teacher share one (vLLM: its own)
-    gpus = SHARED_GPU * gpu * (1 + (config.algo == "opd"))
+    rollout = 1.0 if config.engine == "vllm" else SHARED_GPU
+    gpus = gpu * (rollout + SHARED_GPU * (config.algo == "opd"))
     log = Path(config.out) / "ray.log"
     return RayBackend(cpus_needed=cpus, gpus_needed=gpus, gpu_for_rollout=config.engine == "vllm",
                       log=log)  # fmt: skip

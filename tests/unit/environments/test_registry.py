@@ -128,3 +128,14 @@ def test_episode_envs_checks_the_first_env_against_the_api_and_not_every_episode
                 env.step(0)
     finally:
         gym.registry.pop("testonly/OffSpace-v0")
+
+
+def test_episode_envs_leaves_a_checker_the_registration_turned_off_off():
+    gym.register("testonly/Unchecked-v0", entry_point=_OffSpaceEnv, disable_env_checker=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(2):
+                episode_envs("testonly/Unchecked-v0")().reset(seed=0)
+    finally:
+        gym.registry.pop("testonly/Unchecked-v0")
