@@ -136,11 +136,10 @@ class TrainConfig:
             (_DEVICE.fullmatch(self.device) is not None, "device", "cpu, cuda or cuda:N"),
             (self.learner_ranks == 1 or self.device in ("cpu", "cuda"), "device",
              "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)"),
-            (self.backend == "local" or self.device in ("cpu", "cuda"), "device",
-             "cpu or cuda with backend 'ray' (Ray gives each worker its GPU)"),
-            (self.backend == "local" or self.device == "cpu" or self.learner_ranks == 1,
-             "device", "cpu with backend 'ray' and learner_ranks > 1 (GPU learner ranks as "
-             "Ray actors: not yet; use the local backend)"),
+            (self.backend == "local" or self.device == "cpu"
+             or (self.device == "cuda" and self.learner_ranks == 1), "device",
+             "with backend 'ray', cpu, or cuda with one learner rank (Ray picks the GPUs; "
+             "GPU learner ranks as Ray actors: not yet, use the local backend)"),
             (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
              ">= 1"),
         ]  # fmt: skip

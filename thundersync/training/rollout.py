@@ -125,11 +125,12 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         if teacher is not None and isinstance(event, TEACHER_EVENTS):
             teacher.put(event)
 
-    def make_env() -> Any:
-        return gymnasium.make(spec.env, **{"sandbox": spec.sandbox, **spec.env_kwargs})
+    env_kwargs = {"sandbox": spec.sandbox, **spec.env_kwargs}
 
-    runner = EpisodeRunner(episode_envs(spec.env, **{"sandbox": spec.sandbox, **spec.env_kwargs}),
-                           agent, sink)  # fmt: skip
+    def make_env() -> Any:  # the task draws' env (never reset): no checker to spare
+        return gymnasium.make(spec.env, **env_kwargs)
+
+    runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink)
     pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix="episode")
     running: list[Future] = []
     try:

@@ -44,6 +44,15 @@ SHARED_GPU = 0.5
 holds both (and the trainer's learner on a one-GPU machine)."""
 
 
+def gpu_asks(config: TrainConfig) -> tuple[float, float]:
+    """The GPUs the rollout and the teacher workers ask Ray for: half a GPU each with
+    ``--device cuda`` (vLLM on a GPU: a whole one), none on the CPU."""
+    if config.device == "cpu":
+        return 0.0, 0.0
+    rollout = 1.0 if config.engine == "vllm" else SHARED_GPU
+    return rollout, SHARED_GPU if config.algo == "opd" else 0.0
+
+
 class WorkerError(RuntimeError):
     """A worker process crashed, died, or went silent: the run stops (``--resume`` continues
     it from its last checkpoint)."""
@@ -178,14 +187,14 @@ class Trainer:
         self._procs.append(self.backend.spawn(
             "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
             self.weights, num_threads=c.rollout_threads, output=self.inbox,
-            num_gpus=1 if self.backend.gpu_for_rollout else SHARED_GPU * (c.device != "cpu"),
+            num_gpus=1 if self.backend.gpu_for_rollout else gpu_asks(c)[0],
         ))  # fmt: skip
         if self.teacher_inbox is not None:
             self._procs.append(self.backend.spawn(
                 "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype, c.device,
                 c.deterministic,
                 self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
-                num_gpus=SHARED_GPU * (c.device != "cpu"),
+                num_gpus=gpu_asks(c)[1],
             ))  # fmt: skip
         self.publish_weights()
         self.engine_version = -1
@@ -450,12 +459,9 @@ def make_backend(config: TrainConfig) -> Any:
     cpus = config.rollout_threads + (config.algo == "opd") + (
         (config.learner_ranks - 1) * config.learner_threads
     )
-    gpu = config.device != "cpu"  # the HF engine and the teacher share one (vLLM: its own)
-    rollout = 1.0 if config.engine == "vllm" else SHARED_GPU
-    gpus = gpu * (rollout + SHARED_GPU * (config.algo == "opd"))
     log = Path(config.out) / "ray.log"
-    return RayBackend(cpus_needed=cpus, gpus_needed=gpus, gpu_for_rollout=config.engine == "vllm",
-                      log=log)  # fmt: skip
+    return RayBackend(cpus_needed=cpus, gpus_needed=sum(gpu_asks(config)),
+                      gpu_for_rollout=config.engine == "vllm", log=log)  # fmt: skip
 
 
 def _failed(item: WorkerFailed) -> WorkerError:
