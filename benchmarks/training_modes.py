@@ -14,7 +14,9 @@ folders:
   (``agent_loop_overhead``); ``--only agent-loop`` runs just this part. Twice: with the
   run's model and with a 256-wide, 4-layer one, since the overhead is the loop's fixed
   Python per turn (~0.2 ms) over the engine's time per turn, which grows with the model; and
-  the floor it cannot go below without overlapping generation: the loop's Python alone. Each
+  the floor it cannot go below without overlapping generation: the loop's Python alone; and,
+  for comparison, the run's model with each episode on a thread of its own (what envs whose
+  tools block get; these don't, so the worker runs them all on one thread). Each
   round's overhead is split into the engine waiting for the loop (steady: measured within
   the round) and the engine running slower inside the loop than alone (as noisy as the
   machine).
@@ -32,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,16 @@ def compare_modes(model: Path, folder: Path, args: argparse.Namespace) -> dict[s
     return result
 
 
-def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
-                        repeats: int = 5) -> dict[str, Any]:  # fmt: skip
+def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int = 5,
+                        threads: bool = False) -> dict[str, Any]:  # fmt: skip
     """The agent loop's overhead over raw engine generation of the same requests.
 
     One round: ``episodes`` concurrent ToySum episodes whose tools answer instantly
     in-process (``tools="python"``) run through the whole loop as the rollout worker runs it
-    (a pool of episode threads, ``gymnasium.make``, the runner, ``PolicyAgent``,
-    ``DynamicBatcher``), which records every request it sends to the engine; then the same
+    (its ``episode_driver``: these steps answer at once, so every episode on one thread,
+    ``InlineEpisodes``; with ``threads``, each on a thread of its own as envs whose tools block
+    are run; ``gymnasium.make``, the runner, ``PolicyAgent``, ``DynamicBatcher``), which
+    records every request it sends to the engine; then the same
     requests are replayed with ``engine.generate`` alone, in the fullest batches their
     dependencies allow: every episode's turn-k request in one batch, turn after turn, which is
     what a perfect loop would send. Overhead = loop wall / replay wall - 1: the
@@ -113,6 +116,7 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
     from thundersync.training.engines.batcher import DynamicBatcher
     from thundersync.training.engines.hf import HFEngine
     from thundersync.training.engines.protocol import request_seed
+    from thundersync.training.rollout import EpisodeThreads, derive_seed, episode_driver
 
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
     sent: list[tuple[Any, Any]] = []  # (request, completion) of every batch, in order
@@ -129,28 +133,26 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
     agent = PolicyAgent(batcher.generate, ChatFormat(load_tokenizer(model)),
                         policy_version=lambda: 0, run_seed=seed, max_new_tokens=16,
                         max_context=engine.max_context)  # fmt: skip
-    runner = EpisodeRunner(episode_envs("thundersync/ToySum-v0", tools="python"), agent,
-                           lambda event: None)  # fmt: skip
+    make_env = episode_envs("thundersync/ToySum-v0", tools="python")
+    runner = EpisodeRunner(make_env, agent, lambda event: None)
+    driver = (EpisodeThreads(runner, batcher, episodes) if threads
+              else episode_driver(runner, agent, batcher, make_env, episodes))  # fmt: skip
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
     turn_of = {request_seed(seed, f"e{index}", turn): turn
                for index, task in enumerate(tasks) for turn in range(task.max_turns)}  # fmt: skip
 
-    def episode(index: int, task: Any) -> None:
-        try:
-            runner.run_episode(task, episode_id=f"e{index}")
-        finally:
-            batcher.leave()
-
-    pool = ThreadPoolExecutor(len(tasks), thread_name_prefix="episode")
-
     def play() -> dict[str, Any]:  # as the rollout worker does (thundersync/training/rollout.py)
         sent.clear()
         num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()
-        for _ in tasks:
+        futures = []
+        for index, task in enumerate(tasks):
             batcher.join()
-        list(pool.map(episode, range(len(tasks)), tasks))
+            futures.append(driver.submit(task=task, episode_id=f"e{index}",
+                                         seed=derive_seed(seed, f"e{index}")))  # fmt: skip
+        for future in futures:
+            future.result()
         return {"loop_s": time.perf_counter() - started, "loop_batches": num_batches[0],
                 "engine_s": busy[0]}  # fmt: skip
 
@@ -164,7 +166,7 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
             measured["inflation"] = measured["engine_s"] / measured["replay_s"] - 1.0
             rounds.append(measured)
     finally:
-        pool.shutdown()
+        driver.shutdown()
         batcher.close()
     rounds = rounds[1:]  # the first round warms both paths up
     median = sorted(rounds, key=lambda r: r["overhead"])[len(rounds) // 2]
@@ -179,11 +181,11 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int,
     for _ in range(repeats):
         started = time.perf_counter()
         for index, task in enumerate(tasks):
-            alone.run_episode(task, episode_id=f"e{index}")
+            alone.run_episode(task, episode_id=f"e{index}", seed=derive_seed(seed, f"e{index}"))
         python_s.append(time.perf_counter() - started)
     floor = statistics.median(python_s) / statistics.median(r["replay_s"] for r in rounds)
     return {**median, "rounds": rounds, "python_s": statistics.median(python_s),
-            "python_floor": floor}  # fmt: skip
+            "python_floor": floor, "driver": type(driver).__name__}  # fmt: skip
 
 
 def replay(engine: Any, sent: list[tuple[Any, Any]], turn_of: dict[int, int]) -> dict[str, Any]:
@@ -267,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                 model, episodes=args.tasks * args.group, seed=args.seed, repeats=args.rounds
             )
             result["agent_loop"]["model"] = model_shape(model)
+            result["agent_loop_threads"] = agent_loop_overhead(
+                model, episodes=args.tasks * args.group, seed=args.seed, repeats=args.rounds,
+                threads=True,
+            )
+            result["agent_loop_threads"]["model"] = model_shape(model)
             wide = wider_model(Path(tmp), args.seed)
             result["agent_loop_wide"] = agent_loop_overhead(
                 wide, episodes=args.tasks * args.group, seed=args.seed, repeats=args.rounds
@@ -286,11 +293,13 @@ def print_result(result: dict[str, Any]) -> None:
         stream = result["modes"].get("streaming", {})
         if "efficiency" in stream:
             verdicts.append(f"T*/T_streaming {stream['efficiency']:.3f} (target >= 0.95)")
-    for key in ("agent_loop", "agent_loop_wide"):
+    for key in ("agent_loop", "agent_loop_threads", "agent_loop_wide"):
         if key not in result:
             continue
         loop = result[key]
         print_agent_loop(loop)
+        if key == "agent_loop_threads":  # a comparison, not what the worker runs here
+            continue
         low, high = middle_half(loop)
         verdicts.append(f"agent-loop overhead {loop['overhead'] * 100:.1f}% median of "
                         f"{len(loop['rounds'])} with the {loop['model']} model (target <= 5%"
@@ -310,8 +319,8 @@ def print_modes(result: dict[str, Any]) -> None:
 
 
 def print_agent_loop(loop: dict[str, Any]) -> None:
-    print(f"agent loop ({loop['model']} model) vs raw replay of its {loop['num_requests']} "
-          "requests, per round:")  # fmt: skip
+    print(f"agent loop ({loop['model']} model, {loop['driver']}) vs raw replay of its "
+          f"{loop['num_requests']} requests, per round:")  # fmt: skip
     for r in loop["rounds"]:
         print(f"  loop {r['loop_s']:.3f} s in {r['loop_batches']} batches, replay "
               f"{r['replay_s']:.3f} s in {r['replay_batches']}: overhead {r['overhead']:.1%}"

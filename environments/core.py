@@ -29,6 +29,12 @@ from thundersync.types import StopReason
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
 BeforeGrading = Callable[[str, dict[str, Any]], None]
 
+INSTANT_STEPS = "instant_steps"
+"""An env's ``metadata`` key: True when its ``reset``, ``step`` and ``close`` return without
+waiting on anything (in-process tools, no latency, no subprocess), so that a driver may advance
+its episodes cooperatively on one thread instead of a thread each (``EpisodeRunner.episode``).
+Absent means False: a sandboxed tool or a grader blocks its thread."""
+
 MAX_ACTION_CHARS = 100_000
 MAX_OBSERVATION_CHARS = 1_000_000
 

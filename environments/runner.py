@@ -22,6 +22,13 @@ all its groups (a partial result); ``cancel_on_signals()`` makes SIGINT and SIGT
 
 Unparseable actions get a ``ToolFinished`` too (``exit_code=None``, ``duration_s=0``): it
 carries the corrective observation's ids, which are part of the trajectory.
+
+``run_episode`` is ``drive(runner.episode(...), agent)``: an episode is a generator that yields
+an ``ActionNeeded`` wherever the agent's next action is due and is sent the ``Action`` (or
+thrown what ``act`` raised). A driver may advance many such generators on one thread, asking
+the policy for their actions in batches (``thundersync.training.episodes``); every env call
+then runs on that thread, so this suits envs whose steps answer at once
+(``environments.core.INSTANT_STEPS``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -38,7 +45,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from environments.agents import Agent, ContextExhausted, Message
+from environments.agents import Action, Agent, ContextExhausted, Message
 from environments.tasks import Grade, Task
 from thundersync.events import (
     EpisodeCompleted,
@@ -51,6 +58,35 @@ from thundersync.events import (
 from thundersync.types import StopReason, Trajectory, Turn
 
 Sink = Callable[[Event], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionNeeded:
+    """What an episode generator (``EpisodeRunner.episode``) yields: the agent's next action,
+    ``agent.act(task, messages, episode_id=episode_id)``, is due."""
+
+    task: Task
+    messages: Sequence[Message]
+    episode_id: str
+
+
+EpisodeSteps = Generator[ActionNeeded, Action, Trajectory]
+
+
+def drive(steps: EpisodeSteps, agent: Agent) -> Trajectory:
+    """Run an episode generator to its end on this thread, asking ``agent`` for each action
+    (what ``act`` raises is thrown into the episode, where the call would have raised it)."""
+    try:
+        need = next(steps)
+        while True:
+            try:
+                action = agent.act(need.task, need.messages, episode_id=need.episode_id)
+            except BaseException as exc:
+                need = steps.throw(exc)
+            else:
+                need = steps.send(action)
+    except StopIteration as stop:
+        return stop.value
 
 
 @dataclass(slots=True)
@@ -231,24 +267,27 @@ class EpisodeRunner:
 
     # --- one episode -------------------------------------------------------------------------
 
-    def run_episode(
-        self,
-        task: Task | None = None,
-        *,
-        group_id: str | None = None,
-        group_size: int = 1,
-        seed: int | None = None,
-        episode_id: str | None = None,
-    ) -> Trajectory:
+    def run_episode(self, task: Task | None = None, *, group_id: str | None = None,
+                    group_size: int = 1, seed: int | None = None,
+                    episode_id: str | None = None) -> Trajectory:  # fmt: skip
         """Run one episode to the end and grade it; never raises for an episode's failure.
         ``episode_id`` and ``group_id`` default to fresh ids of this runner."""
+        return drive(self.episode(task, group_id=group_id, group_size=group_size, seed=seed,
+                                  episode_id=episode_id), self.agent)  # fmt: skip
+
+    def episode(self, task: Task | None = None, *, group_id: str | None = None,
+                group_size: int = 1, seed: int | None = None,
+                episode_id: str | None = None) -> EpisodeSteps:  # fmt: skip
+        """``run_episode`` as a generator: yields an ``ActionNeeded`` for each action, is sent
+        the ``Action`` (or thrown what producing it raised), returns the ``Trajectory``. Closing
+        it early closes its env."""
         episode = _Episode(
             episode_id or self._new_episode_id(), group_id or self.new_group_id(), group_size
         )
         if task is not None:
             episode.task_id = task.task_id
         try:
-            reason, grade = self._run_in_env(episode, task, seed)
+            reason, grade = yield from self._run_in_env(episode, task, seed)
         except SinkError:
             raise
         except Exception as exc:
@@ -266,7 +305,7 @@ class EpisodeRunner:
 
     def _run_in_env(
         self, episode: _Episode, task: Task | None, seed: int | None
-    ) -> tuple[StopReason, Grade]:
+    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
         """Play the episode in a fresh env, registered for ``cancel``; closed on every path."""
         if self._stopping.is_set():
             raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
@@ -276,7 +315,7 @@ class EpisodeRunner:
         try:
             if self._stopping.is_set():  # cancel() came before the registration: not seen
                 raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
-            reason, grade = self._play(env, episode, task, seed)
+            reason, grade = yield from self._play(env, episode, task, seed)
         except BaseException as exc:
             error = self._close_env(env)
             if error is not None:
@@ -299,7 +338,7 @@ class EpisodeRunner:
 
     def _play(
         self, env: gym.Env, episode: _Episode, task: Task | None, seed: int | None
-    ) -> tuple[StopReason, Grade]:
+    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
         def before_grading(observation: str, info: dict[str, Any]) -> None:
             if "tool" in info:
                 self._tool_finished(episode, observation, info)
@@ -322,7 +361,7 @@ class EpisodeRunner:
             if self._stopping.is_set():
                 raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
             try:
-                action = self.agent.act(task, messages, episode_id=episode.episode_id)
+                action = yield ActionNeeded(task, messages, episode.episode_id)
             except ContextExhausted as exc:
                 if not episode.turns:  # nothing to train on: the prompt alone fills the window
                     return StopReason.LENGTH, Grade(0.0, True, {"error": str(exc)})

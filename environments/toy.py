@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from environments.core import SandboxFactory, ShellEnv
+from environments.core import INSTANT_STEPS, SandboxFactory, ShellEnv
 from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
 from environments.tasks import Grade, GradingContext, TaskList
 
@@ -219,6 +219,8 @@ class _ToyEnv(ShellEnv):
         )  # fmt: skip
         self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
         self.grade_latency = LatencyModel(grade_latency_s, grade_latency_sigma)
+        instant = tools == "python" and tool_latency_s <= 0 and grade_latency_s <= 0
+        self.metadata = {**self.metadata, INSTANT_STEPS: instant}
         self.task_kwargs = task_kwargs
         self._latency_seed = 0
         self._latency_rng: np.random.Generator | None = None
@@ -229,7 +231,8 @@ class _ToyEnv(ShellEnv):
         self._latency_rng = None
         if not isinstance(task, ToyTask):
             return super()._select_task(task)
-        return replace(task, grade_delay_s=self._delay(self.grade_latency))
+        delay = self._delay(self.grade_latency)
+        return task if delay == task.grade_delay_s else replace(task, grade_delay_s=delay)
 
     def _delay(self, latency: LatencyModel) -> float:
         """A draw of ``latency`` from the episode's latency generator, which is made only once
@@ -245,7 +248,7 @@ class _ToyEnv(ShellEnv):
         if delay > 0:
             time.sleep(delay)
         result = super()._execute(command, timeout)
-        return replace(result, duration_s=result.duration_s + delay)
+        return replace(result, duration_s=result.duration_s + delay) if delay > 0 else result
 
 
 class InProcessTools:

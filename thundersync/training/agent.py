@@ -64,8 +64,17 @@ class PolicyAgent:
         return self.chat.observation_ids(text)
 
     def act(self, task: Any, messages: Sequence[Message], *, episode_id: str) -> Action:
+        request = self.request(messages, episode_id=episode_id)
+        started = now()
+        return self.action(self._generate(request), messages, episode_id=episode_id,
+                           started=started)  # fmt: skip
+
+    def request(self, messages: Sequence[Message], *, episode_id: str) -> GenerationRequest:
+        """``act``'s first half: the engine request for the next action (raises
+        ``ContextExhausted`` when the window is full). Drivers that batch many episodes' requests
+        themselves (``thundersync.training.episodes``) call it, then ``action``."""
         context = tuple(chain.from_iterable(message.token_ids for message in messages))
-        turn = sum(message.role == "assistant" for message in messages)
+        turn = _turn(messages)
         room = self.max_context - len(context)
         if room < 1:
             raise ContextExhausted(
@@ -77,13 +86,16 @@ class PolicyAgent:
             temperature=self.temperature,
             stop_ids=self.chat.stop_ids,
         )
-        request = GenerationRequest(context, params, request_seed(self.run_seed, episode_id, turn))
-        started = now()
-        completion = self._generate(request)
+        return GenerationRequest(context, params, request_seed(self.run_seed, episode_id, turn))
+
+    def action(self, completion: Completion, messages: Sequence[Message], *, episode_id: str,
+               started: float) -> Action:  # fmt: skip
+        """``act``'s second half: the ``Action`` of the engine's ``completion`` of ``request``
+        (sent at ``started``, on the events' clock), its span recorded."""
         if self._record is not None:
             self._record(SpanRecorded(
                 name="generate", started=started, finished=now(), worker="agent",
-                episode_id=episode_id, turn=turn,
+                episode_id=episode_id, turn=_turn(messages),
                 metrics={"num_tokens": len(completion.token_ids)},
             ))  # fmt: skip
         return Action(
@@ -92,3 +104,7 @@ class PolicyAgent:
             logprobs=completion.logprobs,
             policy_version=completion.policy_version,
         )
+
+
+def _turn(messages: Sequence[Message]) -> int:
+    return sum(message.role == "assistant" for message in messages)

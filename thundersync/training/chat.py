@@ -20,7 +20,10 @@ Content that comes again is not encoded again: a group's episodes share their pr
 agents meet the same observations over and over (a format error's correction, "command not
 found", an empty output). The last ``CACHED_TEXTS`` distinct texts of up to
 ``CACHED_TEXT_CHARS`` characters keep their ids (encoding is a pure function of the text);
-longer ones, which rarely repeat, are encoded each time.
+longer ones, which rarely repeat, are encoded each time. Likewise the text of the last
+``CACHED_TEXTS`` distinct actions of up to ``CACHED_ACTION_IDS`` ids: a group's samples of one
+task, and a policy that has learnt a task, sample the same actions again (decoding costs more
+than an instant tool's step).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 CACHED_TEXTS = 256
 CACHED_TEXT_CHARS = 16_384
+CACHED_ACTION_IDS = 1024
 
 _USER, _ASSISTANT, _OBSERVATION = "\x00\x01U\x01\x00", "\x00\x01A\x01\x00", "\x00\x01O\x01\x00"
 
@@ -60,6 +64,7 @@ class ChatFormat:
         self._lock = threading.Lock()
         self._encode_content = _content_encoder(tokenizer, self._lock)
         self._cached_content = functools.lru_cache(CACHED_TEXTS)(self._encode_content)
+        self._cached_text = functools.lru_cache(CACHED_TEXTS)(self._decode)
         render = tokenizer.apply_chat_template
         opening = render([{"role": "user", "content": _USER}], tokenize=False,
                          add_generation_prompt=True)  # fmt: skip
@@ -98,6 +103,11 @@ class ChatFormat:
 
     def action_text(self, token_ids: tuple[int, ...]) -> str:
         """The text of sampled ids for the env (special tokens such as the stop id dropped)."""
+        if len(token_ids) <= CACHED_ACTION_IDS:
+            return self._cached_text(tuple(token_ids))
+        return self._decode(token_ids)
+
+    def _decode(self, token_ids: tuple[int, ...]) -> str:
         with self._lock:
             return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 

@@ -5,8 +5,9 @@ It receives commands on its control queue, in order:
 - ``("weights", *payload)``: copy the latest published weights into the engine (between two
   generation batches; ``payload`` is what the backend's ``weights.publish`` returned) and
   report ``WeightsSynced``;
-- ``("run", plan)``: start the plan's episodes (B tasks × G samples) on its episode threads;
-  they share one ``DynamicBatcher``, so requests that wait together are generated together;
+- ``("run", plan)``: start the plan's episodes (B tasks × G samples), each on a thread of its
+  own, or all on one thread when the env's steps answer at once (``episode_driver``); they
+  share one ``DynamicBatcher``, so requests that wait together are generated together;
 - ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
@@ -131,7 +132,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         return gymnasium.make(spec.env, **env_kwargs)
 
     runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink)
-    pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix="episode")
+    episodes = episode_driver(runner, agent, batcher, make_env, spec.max_concurrency)
     running: list[Future] = []
     try:
         while True:
@@ -151,20 +152,52 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                     )
                 )
             elif command[0] == "run":
-                running += _start(pool, runner, batcher, make_env, spec, command[1])
+                running += _start(episodes, batcher, make_env, spec, command[1])
             elif command[0] == "stop":
                 break
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
         runner.cancel("the rollout worker is stopping")
-        pool.shutdown(wait=True, cancel_futures=True)
+        episodes.shutdown()
         batcher.close()
         engine.close()
     for future in running:
         _raise(future)
 
 
-def _start(pool: ThreadPoolExecutor, runner: Any, batcher: Any, make_env: Any,
-           spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:  # fmt: skip
+class EpisodeThreads:
+    """Each episode on a thread of its own (envs whose tools or graders block); ``submit`` and
+    ``shutdown`` as ``InlineEpisodes``'s."""
+
+    def __init__(self, runner: Any, batcher: Any, max_concurrency: int) -> None:
+        self.runner, self.batcher = runner, batcher
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
+
+    def submit(self, **episode_kwargs: Any) -> Future:
+        return self.pool.submit(_counted, self.batcher, self.runner.run_episode, **episode_kwargs)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def episode_driver(runner: Any, agent: Any, batcher: Any, make_env: Callable[[], Any],
+                   max_concurrency: int) -> Any:  # fmt: skip
+    """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
+    ``EpisodeThreads``."""
+    from environments.core import INSTANT_STEPS
+    from thundersync.training.episodes import InlineEpisodes
+
+    env = make_env()
+    try:
+        instant = bool(env.metadata.get(INSTANT_STEPS))
+    finally:
+        env.close()
+    if instant:
+        return InlineEpisodes(runner, agent, batcher, max_concurrency=max_concurrency)
+    return EpisodeThreads(runner, batcher, max_concurrency)
+
+
+def _start(episodes: Any, batcher: Any, make_env: Any, spec: RolloutSpec,
+           plan: RolloutPlan) -> list[Future]:  # fmt: skip
     """Submit the plan's episodes: every member of a group plays the same drawn task. Each
     is counted by the batcher from now until it ends, so that a batch holding every live
     episode's request runs at once."""
@@ -183,10 +216,9 @@ def _start(pool: ThreadPoolExecutor, runner: Any, batcher: Any, make_env: Any,
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
             batcher.join()
-            futures.append(pool.submit(
-                _counted, batcher, runner.run_episode, task, group_id=group_id,
-                group_size=plan.group_size, seed=derive_seed(spec.seed, episode_id),
-                episode_id=episode_id,
+            futures.append(episodes.submit(
+                task=task, group_id=group_id, group_size=plan.group_size,
+                seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,
             ))  # fmt: skip
     return futures
 

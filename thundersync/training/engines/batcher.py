@@ -73,7 +73,11 @@ class DynamicBatcher:
         return min(self.max_batch_size, requesters) if requesters else self.max_batch_size
 
     def generate(self, request: GenerationRequest) -> Completion:
-        return self._submit("generate", request).result()
+        return self.submit(request).result()
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """``generate`` without waiting: a future of the ``Completion``."""
+        return self._submit("generate", request)
 
     def call(self, fn: Callable[[Engine], Any]) -> Any:
         return self._submit("call", fn).result()

@@ -129,3 +129,36 @@ def test_content_ids_are_the_tokenizers_own_with_special_tokens_split(tiny_model
         tokenizer("warm", split_special_tokens=False)
         expected = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
         assert chat.content_ids(text) == tuple(expected["input_ids"]), text
+
+
+def test_a_repeated_action_is_decoded_once_and_a_long_one_each_time(tokenizer, monkeypatch):
+    import thundersync.training.chat as chat_module
+
+    chat = ChatFormat(tokenizer)
+    decoded: list[tuple[int, ...]] = []
+    decode = tokenizer.decode
+    monkeypatch.setattr(tokenizer, "decode", lambda ids, **kw: decoded.append(tuple(ids))
+                        or decode(ids, **kw))  # fmt: skip
+    action = tuple(tokenizer("answer 7", add_special_tokens=False)["input_ids"])
+    long = action * (chat_module.CACHED_ACTION_IDS // len(action) + 1)
+    first = [chat.action_text(action), chat.action_text(long)]
+    again = [chat.action_text(list(action)), chat.action_text(long)]
+    assert again == first == [decode(list(action), skip_special_tokens=True),
+                              decode(list(long), skip_special_tokens=True)]  # fmt: skip
+    assert decoded == [action, long, long]
+
+
+def test_act_is_request_then_action(tokenizer):
+    # Drivers that batch requests themselves (InlineEpisodes) call the two halves: they must be
+    # act exactly, so that an episode samples the same tokens whoever drives it.
+    generate = RecordingGenerate()
+    spans = []
+    a = PolicyAgent(generate, ChatFormat(tokenizer), policy_version=lambda: 7, run_seed=11,
+                    max_new_tokens=16, max_context=64, record=spans.append)  # fmt: skip
+    messages = [Message("user", "hi", (1, 2)), Message("assistant", "x", (9,)),
+                Message("user", "o", (5,))]  # fmt: skip
+    whole = a.act(None, messages, episode_id="e3")
+    request = a.request(messages, episode_id="e3")
+    halves = a.action(generate(request), messages, episode_id="e3", started=0.0)
+    assert request == generate.requests[0] and halves == whole
+    assert [(s.name, s.episode_id, s.turn) for s in spans] == [("generate", "e3", 1)] * 2
