@@ -28,6 +28,7 @@ are over steps, and the spread is printed so a reader can judge them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -103,6 +104,7 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
     wall - 1, the engine itself slower inside the loop (the loop's Python contends for the
     interpreter while rows still sample), measured across two runs and so as noisy as the
     machine (the same replay varies by ±20 % here from second to second)."""
+    import gymnasium
     import numpy as np
     import torch
 
@@ -135,8 +137,9 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
                         max_context=engine.max_context)  # fmt: skip
     make_env = episode_envs("thundersync/ToySum-v0", tools="python")
     runner = EpisodeRunner(make_env, agent, lambda event: None)
+    probe = functools.partial(gymnasium.make, "thundersync/ToySum-v0", tools="python")
     driver = (EpisodeThreads(runner, batcher, episodes) if threads
-              else episode_driver(runner, agent, batcher, make_env, episodes))  # fmt: skip
+              else episode_driver(runner, batcher, probe, episodes))  # fmt: skip
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
     turn_of = {request_seed(seed, f"e{index}", turn): turn

@@ -79,14 +79,18 @@ def drive(steps: EpisodeSteps, agent: Agent) -> Trajectory:
     try:
         need = next(steps)
         while True:
+            error: BaseException | None = None
             try:
                 action = agent.act(need.task, need.messages, episode_id=need.episode_id)
             except BaseException as exc:
-                need = steps.throw(exc)
-            else:
-                need = steps.send(action)
+                action, error = None, exc
+            # Thrown outside the handler, so that what the episode raises next does not carry
+            # the agent's exception as its context.
+            need = steps.throw(error) if error is not None else steps.send(action)
     except StopIteration as stop:
         return stop.value
+    finally:
+        steps.close()  # an interrupt between two calls still closes the episode's env
 
 
 @dataclass(slots=True)

@@ -89,12 +89,13 @@ class PolicyAgent:
         return GenerationRequest(context, params, request_seed(self.run_seed, episode_id, turn))
 
     def action(self, completion: Completion, messages: Sequence[Message], *, episode_id: str,
-               started: float) -> Action:  # fmt: skip
+               started: float, finished: float | None = None) -> Action:  # fmt: skip
         """``act``'s second half: the ``Action`` of the engine's ``completion`` of ``request``
-        (sent at ``started``, on the events' clock), its span recorded."""
+        (sent at ``started`` and answered at ``finished``, default now, on the events' clock),
+        its span recorded."""
         if self._record is not None:
             self._record(SpanRecorded(
-                name="generate", started=started, finished=now(), worker="agent",
+                name="generate", started=started, finished=finished or now(), worker="agent",
                 episode_id=episode_id, turn=_turn(messages),
                 metrics={"num_tokens": len(completion.token_ids)},
             ))  # fmt: skip

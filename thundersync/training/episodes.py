@@ -18,6 +18,7 @@ one delays every episode: only for envs that declare ``INSTANT_STEPS``.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections import deque
@@ -41,37 +42,43 @@ class _Job:
 
 
 class InlineEpisodes:
-    """Runs ``runner``'s episodes on one thread with ``agent`` (its ``request``/``action``
-    halves) over ``batcher``, at most ``max_concurrency`` at once: ``submit`` is the thread
-    pool's, its future the episode's ``Trajectory`` (or the ``SinkError`` that escaped it).
-    Each submitted episode must have been counted with ``batcher.join()``; it ``leave()``s when
-    it ends. ``shutdown`` cancels what has not started and waits for the rest to end (after
+    """Runs ``runner``'s episodes on one thread over ``batcher``, at most ``max_concurrency``
+    at once; ``runner.agent`` is a ``PolicyAgent`` whose requests this submits to ``batcher``
+    itself (``request``, then ``action`` on the completion). ``submit`` is a thread pool's, its
+    future the episode's ``Trajectory`` (or the ``SinkError`` that escaped it). Each submitted
+    episode must have been counted with ``batcher.join()``; it ``leave()``s when it ends.
+    ``shutdown`` cancels what has not started and waits for the rest to end (after
     ``runner.cancel``, at once)."""
 
-    def __init__(self, runner: EpisodeRunner, agent: PolicyAgent, batcher: DynamicBatcher, *,
+    def __init__(self, runner: EpisodeRunner, batcher: DynamicBatcher, *,
                  max_concurrency: int) -> None:  # fmt: skip
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.runner = runner
-        self.agent = agent
+        self.agent: PolicyAgent = runner.agent  # type: ignore[assignment]
         self.batcher = batcher
         self.max_concurrency = max_concurrency
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._jobs: dict[int, _Job] = {}  # submitted and not ended (the driver's failsafe)
+        self._lock = threading.Lock()  # submit vs shutdown and the failsafe
         self._shut = False
         self._thread = threading.Thread(target=self._run, name="episodes", daemon=True)
         self._thread.start()
 
     def submit(self, **episode_kwargs: Any) -> Future:
         """Queue ``runner.episode(**episode_kwargs)``; the future of its ``Trajectory``."""
-        if self._shut:
-            raise RuntimeError("cannot run episodes after shutdown")
         job = _Job(episode_kwargs)
-        self._jobs[id(job)] = job
-        self._inbox.put(("start", job))
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot run episodes after shutdown")
+            self._jobs[id(job)] = job
+            self._inbox.put(("start", job))
         return job.future
 
     def shutdown(self) -> None:
-        self._shut = True
-        self._inbox.put(("stop",))
+        with self._lock:
+            self._shut = True
+            self._inbox.put(("stop",))
         self._thread.join()
 
     # --- the driver's thread -----------------------------------------------------------------
@@ -80,7 +87,14 @@ class InlineEpisodes:
         try:
             self._loop()
         except BaseException as exc:  # a bug here must not leave an episode's caller waiting
-            for job in list(self._jobs.values()):
+            with self._lock:
+                self._shut = True
+                jobs, self._jobs = list(self._jobs.values()), {}
+            for job in jobs:
+                if job.steps is not None:
+                    with contextlib.suppress(BaseException):
+                        job.steps.close()  # closes its env
+                self.batcher.leave()
                 if not job.future.done():
                     job.future.set_exception(RuntimeError(f"the episode driver failed: {exc!r}"))
             raise
@@ -106,14 +120,12 @@ class InlineEpisodes:
             if stopping:
                 for job in queued:
                     job.future.cancel()
-                    self._jobs.pop(id(job), None)
-                    self.batcher.leave()
+                    self._forget(job)
                 queued.clear()
             while queued and live < self.max_concurrency:
                 job = queued.popleft()
                 if not job.future.set_running_or_notify_cancel():
-                    self._jobs.pop(id(job), None)
-                    self.batcher.leave()
+                    self._forget(job)
                     continue
                 try:
                     job.steps = self.runner.episode(**job.kwargs)
@@ -122,16 +134,19 @@ class InlineEpisodes:
                     continue
                 live += 1 - self._advance(job, None, None)
 
-    def _resume(self, job: _Job, completion: Future) -> bool:
-        """Resume ``job`` with its engine's answer; whether the episode ended."""
+    def _resume(self, job: _Job, completion: Future, finished: float) -> bool:
+        """Resume ``job`` with its engine's answer (arrived at ``finished``); whether the
+        episode ended."""
         need = job.need
         assert need is not None
+        error: BaseException | None = None
         try:
             action = self.agent.action(completion.result(), need.messages,
-                                       episode_id=need.episode_id, started=job.sent)  # fmt: skip
+                                       episode_id=need.episode_id, started=job.sent,
+                                       finished=finished)  # fmt: skip
         except BaseException as exc:  # the engine failed or was closed: the episode's to handle
-            return self._advance(job, None, exc)
-        return self._advance(job, action, None)
+            action, error = None, exc
+        return self._advance(job, action, error)  # thrown outside the handler: no stale context
 
     def _advance(self, job: _Job, action: Any, error: BaseException | None) -> bool:
         """Run the episode to its next action (submitted to the engine) or its end; whether it
@@ -151,14 +166,20 @@ class InlineEpisodes:
             except BaseException as exc:  # a full context window, a closed engine
                 action, error = None, exc
                 continue
-            pending.add_done_callback(lambda done, job=job: self._inbox.put(("done", job, done)))
+            pending.add_done_callback(lambda done, job=job: self._inbox.put(("done", job, done,
+                                                                             now())))  # fmt: skip
             return False
 
     def _end(self, job: _Job, trajectory: Any, error: BaseException | None) -> bool:
-        self._jobs.pop(id(job), None)
-        self.batcher.leave()
+        self._forget(job)
         if error is not None:
             job.future.set_exception(error)
         else:
             job.future.set_result(trajectory)
         return True
+
+    def _forget(self, job: _Job) -> None:
+        """``job`` ended or never started: uncount it."""
+        with self._lock:
+            self._jobs.pop(id(job), None)
+        self.batcher.leave()

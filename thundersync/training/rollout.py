@@ -132,9 +132,10 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         return gymnasium.make(spec.env, **env_kwargs)
 
     runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink)
-    episodes = episode_driver(runner, agent, batcher, make_env, spec.max_concurrency)
+    episodes = None
     running: list[Future] = []
     try:
+        episodes = episode_driver(runner, batcher, make_env, spec.max_concurrency)
         while True:
             command = control.get()
             running = [f for f in running if not f.done() or _raise(f)]
@@ -157,7 +158,8 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                 break
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
         runner.cancel("the rollout worker is stopping")
-        episodes.shutdown()
+        if episodes is not None:
+            episodes.shutdown()
         batcher.close()
         engine.close()
     for future in running:
@@ -179,10 +181,10 @@ class EpisodeThreads:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def episode_driver(runner: Any, agent: Any, batcher: Any, make_env: Callable[[], Any],
+def episode_driver(runner: Any, batcher: Any, make_env: Callable[[], Any],
                    max_concurrency: int) -> Any:  # fmt: skip
     """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
-    ``EpisodeThreads``."""
+    ``EpisodeThreads``. ``make_env`` makes the env to ask (closed, never reset)."""
     from environments.core import INSTANT_STEPS
     from thundersync.training.episodes import InlineEpisodes
 
@@ -192,7 +194,7 @@ def episode_driver(runner: Any, agent: Any, batcher: Any, make_env: Callable[[],
     finally:
         env.close()
     if instant:
-        return InlineEpisodes(runner, agent, batcher, max_concurrency=max_concurrency)
+        return InlineEpisodes(runner, batcher, max_concurrency=max_concurrency)
     return EpisodeThreads(runner, batcher, max_concurrency)
 
 
@@ -231,6 +233,8 @@ def _counted(batcher: Any, play: Callable[..., Any], *args: Any, **kwargs: Any) 
 
 
 def _raise(future: Future) -> bool:
-    """Re-raise an episode thread's exception (only a broken event sink escapes a run)."""
-    future.result()
+    """Re-raise an episode's exception (only a broken event sink escapes a run); an episode
+    cancelled before it started (at stop) raised nothing."""
+    if not future.cancelled():
+        future.result()
     return False

@@ -409,3 +409,20 @@ def test_cancel_on_signals_turns_sigint_into_a_cancel_and_restores_the_handler()
             time.sleep(0.01)
     assert received == [signal.SIGINT] and runner.cancelled == "SIGINT"
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_episode_generator_closed_early_closes_its_env_and_publishes_no_reward():
+    # Drivers that advance episodes themselves (thundersync.training.episodes) may abandon one:
+    # its sandbox must still be removed.
+    maker = SandboxMaker()
+    events = []
+    task = FileTask()
+    runner = EpisodeRunner(lambda: ShellEnv([task], sandbox=maker), NopAgent(), events.append)
+    steps = runner.episode(task, episode_id="e0")
+    need = next(steps)
+    assert need.episode_id == "e0" and need.messages[0].role == "user"
+    assert maker.num_open == 1
+    steps.close()
+    assert maker.num_open == 0
+    assert "RewardReady" not in names(events)
+

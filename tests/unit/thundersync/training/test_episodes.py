@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import numpy as np
@@ -115,7 +116,7 @@ def test_inline_plays_exactly_what_threads_play_on_one_thread(tokenizer):
         if name == "threads":
             driver = EpisodeThreads(rig.runner, rig.batcher, 8)
         else:
-            driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=8)
+            driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=8)
         trajectories = rig.play(driver, 8)
         driver.shutdown()
         rig.close()
@@ -141,7 +142,7 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
             live[0] -= 1
 
     rig = Rig(tokenizer, sink=count)
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=3)
+    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=3)
     trajectories = rig.play(driver, 10)
     driver.shutdown()
     rig.close()
@@ -150,7 +151,7 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
 
 def test_a_bad_submission_fails_its_own_future_and_a_shut_driver_takes_no_more(tokenizer):
     rig = Rig(tokenizer)
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=2)
+    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
     rig.batcher.join()
     bad = driver.submit(task=None, colour="red")
     assert len(rig.play(driver, 3)) == 3
@@ -164,11 +165,18 @@ def test_a_bad_submission_fails_its_own_future_and_a_shut_driver_takes_no_more(t
 
 
 def test_a_full_context_window_ends_the_episode_as_truncation(tokenizer):
-    rig = Rig(tokenizer, max_context=120)
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=4)
-    trajectories = rig.play(driver, 4)
-    driver.shutdown()
-    rig.close()
+    played = {}
+    for name in ("threads", "inline"):
+        rig = Rig(tokenizer, max_context=120)
+        if name == "threads":
+            driver = EpisodeThreads(rig.runner, rig.batcher, 4)
+        else:
+            driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
+        played[name] = rig.play(driver, 4)
+        driver.shutdown()
+        rig.close()
+    trajectories = played["inline"]
+    assert trajectories == played["threads"]
     assert {t.stop_reason for t in trajectories} <= {"length", "submitted"}
     assert any(t.stop_reason == "length" and t.turns and not t.infra_failure
                for t in trajectories)  # fmt: skip
@@ -176,11 +184,12 @@ def test_a_full_context_window_ends_the_episode_as_truncation(tokenizer):
 
 def test_a_dead_engine_is_each_episodes_infra_failure(tokenizer):
     rig = Rig(tokenizer, fail=True)
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=4)
+    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
     trajectories = rig.play(driver, 4)
     driver.shutdown()
     rig.close()
     assert all(t.infra_failure and "engine died" in t.details["error"] for t in trajectories)
+    assert rig.batcher._requesters == 0
     assert [name for name, _ in per_episode(rig.events)["e0"]] == [
         "EpisodeStarted", "EpisodeCompleted", "RewardReady"]  # fmt: skip
 
@@ -191,10 +200,11 @@ def test_a_broken_sink_escapes_through_the_episodes_future(tokenizer):
             raise OSError("queue closed")
 
     rig = Rig(tokenizer, sink=broken)
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=4)
+    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
     with pytest.raises(SinkError, match="queue closed"):
         rig.play(driver, 2)
     driver.shutdown()
+    assert rig.batcher._requesters == 0
     rig.close()
 
 
@@ -209,7 +219,7 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
         return generate(requests)
 
     rig.engine.generate = held
-    driver = InlineEpisodes(rig.runner, rig.agent, rig.batcher, max_concurrency=2)
+    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
     rng = np.random.default_rng(0)
     futures = []
     for i in range(5):
@@ -218,9 +228,15 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
                                      episode_id=f"e{i}"))  # fmt: skip
     assert entered.wait(30)  # two episodes are live, waiting on the engine; three queued
     rig.runner.cancel("stopping")
-    driver._inbox.put(("stop",))  # what shutdown sends, before the engine answers
+    stopper = threading.Thread(target=driver.shutdown)
+    stopper.start()
+    for _ in range(3000):  # the queued ones are dropped while the live ones still wait
+        if all(f.cancelled() for f in futures[2:]):
+            break
+        time.sleep(0.01)
     gate.set()
-    driver.shutdown()
+    stopper.join(30)
+    assert not stopper.is_alive()
     live = [f.result(timeout=1) for f in futures if not f.cancelled()]
     assert len(live) == 2 and all(t.details.get("cancelled") == "stopping" for t in live)
     with pytest.raises(CancelledError):
@@ -243,8 +259,7 @@ def test_the_worker_runs_episodes_inline_only_where_steps_answer_at_once(tokeniz
     assert env.metadata.get(INSTANT_STEPS, False) is instant
     env.close()
     rig = Rig(tokenizer)
-    driver = episode_driver(rig.runner, rig.agent, rig.batcher,
-                            lambda: gymnasium.make(ENV, **kwargs), 4)  # fmt: skip
+    driver = episode_driver(rig.runner, rig.batcher, lambda: gymnasium.make(ENV, **kwargs), 4)
     assert isinstance(driver, InlineEpisodes if instant else EpisodeThreads)
     driver.shutdown()
     rig.close()
