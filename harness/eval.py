@@ -309,13 +309,14 @@ def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],
         sink = JsonlSink(out / "events.jsonl")
         bus.subscribe(sink)
     try:
-        with _agent(config) as agent, Progress("eval", len(tasks) * config.k,
-                                                 "attempts") as progress:  # fmt: skip
+        with _agent(config) as (agent, batcher), Progress("eval", len(tasks) * config.k,
+                                                           "attempts") as progress:  # fmt: skip
             bus.subscribe(lambda e: progress.advance() if isinstance(e, RewardReady) else None)
             transcripts = Transcripts(agent)
             runner = EpisodeRunner(make_env, transcripts, bus, max_concurrency=config.concurrency)
             with runner.cancel_on_signals() as received:
-                groups = run_attempts(runner, tasks, config.k, concurrency=config.concurrency)
+                groups = run_attempts(runner, tasks, config.k, concurrency=config.concurrency,
+                                      batcher=batcher, make_env=make_env)  # fmt: skip
             if out is not None:
                 transcripts.write(out / "attempts.jsonl", groups)
             return groups, (received[0] if received else None)
@@ -326,10 +327,11 @@ def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],
 
 @contextlib.contextmanager
 def _agent(config: EvalConfig) -> Any:
+    """The agent, and the batcher of its engine (None for agents without one)."""
     if config.agent != "policy":
         from environments.agents import make_agent
 
-        yield make_agent(config.agent)
+        yield make_agent(config.agent), None
         return
     from harness.policy_eval import PolicyEvaluator
 
@@ -337,7 +339,7 @@ def _agent(config: EvalConfig) -> Any:
                          max_new_tokens=config.max_new_tokens,
                          temperature=config.temperature,
                          device=config.device) as evaluator:  # fmt: skip
-        yield evaluator.agent
+        yield evaluator.agent, evaluator.batcher
 
 
 def record(report: dict[str, Any], config: EvalConfig, task_ids: list[str],

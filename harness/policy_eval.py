@@ -67,7 +67,8 @@ class PolicyEvaluator:
         from environments.runner import EpisodeRunner
 
         runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
-        return run_attempts(runner, tasks, k, concurrency=self.concurrency)
+        return run_attempts(runner, tasks, k, concurrency=self.concurrency,
+                            batcher=self.batcher, make_env=make_env)  # fmt: skip
 
     def close(self) -> None:
         self.batcher.close()
@@ -80,25 +81,38 @@ class PolicyEvaluator:
         self.close()
 
 
-def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *,
-                 concurrency: int) -> list[list[Trajectory]]:  # fmt: skip
+def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *, concurrency: int,
+                 batcher: Any = None,
+                 make_env: Callable[[], Any] | None = None) -> list[list[Trajectory]]:  # fmt: skip
     """``k`` attempts per task, up to ``concurrency`` at once; per task, in order. Attempt s of
     task t is episode ``v-g{t}-e{s}`` with reset seed ``1000 t + s`` (and the policy's
-    sampling seeded by that id), whoever runs it."""
+    sampling seeded by that id), whoever runs it. With the policy's ``batcher``, attempts run
+    as training's do (``rollout.episode_driver``: on one thread where ``make_env``'s steps
+    answer at once) and each batch closes once every live attempt has asked; without (agents
+    that need no engine), a thread each."""
     jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
 
-    def attempt(job: tuple[int, int]) -> Trajectory:
+    def attempt(job: tuple[int, int]) -> dict[str, Any]:
         t, s = job
-        return runner.run_episode(
-            tasks[t],
-            group_id=f"{EVAL_PREFIX}-g{t}",
-            group_size=k,
-            episode_id=f"{EVAL_PREFIX}-g{t}-e{s}",
-            seed=t * 1000 + s,
-        )
+        return {"task": tasks[t], "group_id": f"{EVAL_PREFIX}-g{t}", "group_size": k,
+                "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}", "seed": t * 1000 + s}  # fmt: skip
 
-    with ThreadPoolExecutor(max(1, min(concurrency, len(jobs)))) as pool:
-        results = list(pool.map(attempt, jobs))
+    width = max(1, min(concurrency, len(jobs)))
+    if batcher is None:
+        with ThreadPoolExecutor(width) as pool:
+            results = list(pool.map(lambda job: runner.run_episode(**attempt(job)), jobs))
+    else:
+        from thundersync.training.rollout import episode_driver
+
+        driver = episode_driver(runner, batcher, make_env or runner.make_env, width)
+        try:
+            futures = []
+            for job in jobs:
+                batcher.join()
+                futures.append(driver.submit(**attempt(job)))
+            results = [future.result() for future in futures]
+        finally:
+            driver.shutdown()
     return [results[t * k : (t + 1) * k] for t in range(len(tasks))]
 
 
@@ -115,7 +129,18 @@ class Transcripts:
         return self.agent.policy_version
 
     def act(self, task: Any, messages: Sequence[Any], *, episode_id: str) -> Any:
-        action = self.agent.act(task, messages, episode_id=episode_id)
+        return self._keep(self.agent.act(task, messages, episode_id=episode_id), messages,
+                          episode_id)  # fmt: skip
+
+    def request(self, messages: Sequence[Any], *, episode_id: str) -> Any:
+        return self.agent.request(messages, episode_id=episode_id)
+
+    def action(self, completion: Any, messages: Sequence[Any], *, episode_id: str,
+               **times: float | None) -> Any:  # fmt: skip
+        action = self.agent.action(completion, messages, episode_id=episode_id, **times)
+        return self._keep(action, messages, episode_id)
+
+    def _keep(self, action: Any, messages: Sequence[Any], episode_id: str) -> Any:
         with self._lock:
             self.conversations[episode_id] = [(m.role, m.content) for m in messages] + [
                 ("assistant", action.text)

@@ -241,14 +241,17 @@ def test_a_device_the_machine_lacks_is_a_clear_error(tiny_model_dirs, monkeypatc
 
 
 @needs_bwrap
-def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, tmp_path, capsys):
+# Sandboxed tools run an attempt per thread; in-process ones (instant steps) all on one thread.
+@pytest.mark.parametrize("env_kwargs", [[], ["--env-kwargs", '{"tools": "python"}']])
+def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, tmp_path, capsys,
+                                                               env_kwargs):  # fmt: skip
     from leaderboard.store import Store
 
     out, db = tmp_path / "out", tmp_path / "lb.sqlite"
     checkpoint = str(tiny_model_dirs["qwen3"])
     code = main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
                  "--tasks", "3", "-k", "2", "--max-new-tokens", "8", "--out", str(out),
-                 "--db", str(db), "--json"])  # fmt: skip
+                 "--db", str(db), "--json", *env_kwargs])  # fmt: skip
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["agent"] == "policy" and report["num_attempts"] == 6
@@ -259,6 +262,7 @@ def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, 
         f"v-g{t}-e{s}" for t in range(3) for s in range(2)
     ]
     assert all(a["conversation"][0][0] == "user" for a in attempts)
+    assert all(len(a["conversation"]) == 2 * a["num_turns"] for a in attempts)
     with Store(db) as store:
         (entry,) = store.entries()
     assert entry.kind == "eval" and entry.checkpoint == str(tiny_model_dirs["qwen3"])
