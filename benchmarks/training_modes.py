@@ -118,7 +118,8 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
     from thundersync.training.engines.batcher import DynamicBatcher
     from thundersync.training.engines.hf import HFEngine
     from thundersync.training.engines.protocol import request_seed
-    from thundersync.training.rollout import EpisodeThreads, derive_seed, episode_driver
+    from thundersync.training.episodes import EpisodeThreads, episode_driver
+    from thundersync.training.rollout import derive_seed
 
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
     sent: list[tuple[Any, Any]] = []  # (request, completion) of every batch, in order

@@ -102,7 +102,7 @@ def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *, concurrency: int,
         with ThreadPoolExecutor(width) as pool:
             results = list(pool.map(lambda job: runner.run_episode(**attempt(job)), jobs))
     else:
-        from thundersync.training.rollout import episode_driver
+        from thundersync.training.episodes import episode_driver
 
         driver = episode_driver(runner, batcher, make_env or runner.make_env, width)
         try:

@@ -1,4 +1,6 @@
-"""Episodes advanced cooperatively on one thread, for envs whose steps answer at once.
+"""How the rollout worker and evaluation drive episodes: on one thread (``InlineEpisodes``)
+for envs whose steps answer at once, else a thread each (``EpisodeThreads``);
+``episode_driver`` picks.
 
 The rollout worker runs each episode on a thread of its own, which is what envs whose tools
 and graders block (a sandboxed command, a test suite) need. With in-process tools that answer at
@@ -22,10 +24,12 @@ import contextlib
 import queue
 import threading
 from collections import deque
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.core import INSTANT_STEPS
 from environments.runner import ActionNeeded, EpisodeRunner, EpisodeSteps
 from thundersync.events import now
 from thundersync.training.agent import PolicyAgent
@@ -183,3 +187,39 @@ class InlineEpisodes:
         with self._lock:
             self._jobs.pop(id(job), None)
         self.batcher.leave()
+
+
+class EpisodeThreads:
+    """Each episode on a thread of its own (envs whose tools or graders block); ``submit`` and
+    ``shutdown`` as ``InlineEpisodes``'s."""
+
+    def __init__(self, runner: Any, batcher: Any, max_concurrency: int) -> None:
+        self.runner, self.batcher = runner, batcher
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
+
+    def submit(self, **episode_kwargs: Any) -> Future:
+        return self.pool.submit(_counted, self.batcher, self.runner.run_episode, **episode_kwargs)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def episode_driver(runner: EpisodeRunner, batcher: DynamicBatcher, make_env: Callable[[], Any],
+                   max_concurrency: int) -> InlineEpisodes | EpisodeThreads:  # fmt: skip
+    """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
+    ``EpisodeThreads``. ``make_env`` makes the env to ask (closed, never reset)."""
+    env = make_env()
+    try:
+        instant = bool(env.metadata.get(INSTANT_STEPS))
+    finally:
+        env.close()
+    if instant:
+        return InlineEpisodes(runner, batcher, max_concurrency=max_concurrency)
+    return EpisodeThreads(runner, batcher, max_concurrency)
+
+
+def _counted(batcher: Any, play: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return play(*args, **kwargs)
+    finally:
+        batcher.leave()

@@ -18,8 +18,7 @@ seed, the step and the episode only, so every mode rolls out the same episodes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +100,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     from thundersync.training.agent import PolicyAgent
     from thundersync.training.chat import ChatFormat
     from thundersync.training.engines.batcher import DynamicBatcher
+    from thundersync.training.episodes import episode_driver
 
     load_plugins()
     engine = build_engine(spec)
@@ -132,7 +132,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         return gymnasium.make(spec.env, **env_kwargs)
 
     runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink)
-    episodes = None
+    episodes: Any = None
     running: list[Future] = []
     try:
         episodes = episode_driver(runner, batcher, make_env, spec.max_concurrency)
@@ -166,38 +166,6 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-class EpisodeThreads:
-    """Each episode on a thread of its own (envs whose tools or graders block); ``submit`` and
-    ``shutdown`` as ``InlineEpisodes``'s."""
-
-    def __init__(self, runner: Any, batcher: Any, max_concurrency: int) -> None:
-        self.runner, self.batcher = runner, batcher
-        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
-
-    def submit(self, **episode_kwargs: Any) -> Future:
-        return self.pool.submit(_counted, self.batcher, self.runner.run_episode, **episode_kwargs)
-
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def episode_driver(runner: Any, batcher: Any, make_env: Callable[[], Any],
-                   max_concurrency: int) -> Any:  # fmt: skip
-    """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
-    ``EpisodeThreads``. ``make_env`` makes the env to ask (closed, never reset)."""
-    from environments.core import INSTANT_STEPS
-    from thundersync.training.episodes import InlineEpisodes
-
-    env = make_env()
-    try:
-        instant = bool(env.metadata.get(INSTANT_STEPS))
-    finally:
-        env.close()
-    if instant:
-        return InlineEpisodes(runner, batcher, max_concurrency=max_concurrency)
-    return EpisodeThreads(runner, batcher, max_concurrency)
-
-
 def _start(episodes: Any, batcher: Any, make_env: Any, spec: RolloutSpec,
            plan: RolloutPlan) -> list[Future]:  # fmt: skip
     """Submit the plan's episodes: every member of a group plays the same drawn task. Each
@@ -223,13 +191,6 @@ def _start(episodes: Any, batcher: Any, make_env: Any, spec: RolloutSpec,
                 seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,
             ))  # fmt: skip
     return futures
-
-
-def _counted(batcher: Any, play: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return play(*args, **kwargs)
-    finally:
-        batcher.leave()
 
 
 def _raise(future: Future) -> bool:

@@ -24,8 +24,8 @@ from thundersync.training.agent import PolicyAgent
 from thundersync.training.chat import ChatFormat
 from thundersync.training.engines.batcher import DynamicBatcher
 from thundersync.training.engines.protocol import Completion
-from thundersync.training.episodes import InlineEpisodes
-from thundersync.training.rollout import EpisodeThreads, derive_seed, episode_driver
+from thundersync.training.episodes import EpisodeThreads, InlineEpisodes, episode_driver
+from thundersync.training.rollout import derive_seed
 
 ENV = "thundersync/ToySum-v0"
 
