@@ -150,11 +150,9 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
         sent.clear()
         num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()
-        futures = []
-        for index, task in enumerate(tasks):
-            batcher.join()
-            futures.append(driver.submit(task=task, episode_id=f"e{index}",
-                                         seed=derive_seed(seed, f"e{index}")))  # fmt: skip
+        futures = [driver.submit(task=task, episode_id=f"e{index}",
+                                 seed=derive_seed(seed, f"e{index}"))
+                   for index, task in enumerate(tasks)]  # fmt: skip
         for future in futures:
             future.result()
         return {"loop_s": time.perf_counter() - started, "loop_batches": num_batches[0],

@@ -106,10 +106,7 @@ def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *, concurrency: int,
 
         driver = episode_driver(runner, batcher, make_env or runner.make_env, width)
         try:
-            futures = []
-            for job in jobs:
-                batcher.join()
-                futures.append(driver.submit(**attempt(job)))
+            futures = [driver.submit(**attempt(job)) for job in jobs]
             results = [future.result() for future in futures]
         finally:
             driver.shutdown()

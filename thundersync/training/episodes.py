@@ -49,8 +49,9 @@ class InlineEpisodes:
     """Runs ``runner``'s episodes on one thread over ``batcher``, at most ``max_concurrency``
     at once; ``runner.agent`` is a ``PolicyAgent`` whose requests this submits to ``batcher``
     itself (``request``, then ``action`` on the completion). ``submit`` is a thread pool's, its
-    future the episode's ``Trajectory`` (or the ``SinkError`` that escaped it). Each submitted
-    episode must have been counted with ``batcher.join()``; it ``leave()``s when it ends.
+    future the episode's ``Trajectory`` (or the ``SinkError`` that escaped it). The batcher
+    counts each episode from its ``submit`` until it ends (``join``/``leave``), so that a batch
+    holding every live episode's request runs at once.
     ``shutdown`` cancels what has not started and waits for the rest to end (after
     ``runner.cancel``, at once)."""
 
@@ -75,6 +76,7 @@ class InlineEpisodes:
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot run episodes after shutdown")
+            self.batcher.join()
             self._jobs[id(job)] = job
             self._inbox.put(("start", job))
         return job.future
@@ -198,7 +200,13 @@ class EpisodeThreads:
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
 
     def submit(self, **episode_kwargs: Any) -> Future:
-        return self.pool.submit(_counted, self.batcher, self.runner.run_episode, **episode_kwargs)
+        self.batcher.join()
+        try:
+            return self.pool.submit(_counted, self.batcher, self.runner.run_episode,
+                                    **episode_kwargs)  # fmt: skip
+        except BaseException:  # after shutdown: never counted out by its thread
+            self.batcher.leave()
+            raise
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -153,7 +153,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                     )
                 )
             elif command[0] == "run":
-                running += _start(episodes, batcher, make_env, spec, command[1])
+                running += _start(episodes, make_env, spec, command[1])
             elif command[0] == "stop":
                 break
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
@@ -166,11 +166,8 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-def _start(episodes: Any, batcher: Any, make_env: Any, spec: RolloutSpec,
-           plan: RolloutPlan) -> list[Future]:  # fmt: skip
-    """Submit the plan's episodes: every member of a group plays the same drawn task. Each
-    is counted by the batcher from now until it ends, so that a batch holding every live
-    episode's request runs at once."""
+def _start(episodes: Any, make_env: Any, spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:
+    """Submit the plan's episodes: every member of a group plays the same drawn task."""
     env = make_env()
     try:
         draw = env.get_wrapper_attr("draw_task")
@@ -185,7 +182,6 @@ def _start(episodes: Any, batcher: Any, make_env: Any, spec: RolloutSpec,
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
-            batcher.join()
             futures.append(episodes.submit(
                 task=task, group_id=group_id, group_size=plan.group_size,
                 seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,

@@ -89,7 +89,6 @@ class Rig:
         tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(num)]
         futures = []
         for i, task in enumerate(tasks):
-            self.batcher.join()
             futures.append(driver.submit(task=task, group_id=f"g{i % 2}", group_size=2,
                                          seed=derive_seed(1, f"e{i}"),
                                          episode_id=f"e{i}"))  # fmt: skip
@@ -152,7 +151,6 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
 def test_a_bad_submission_fails_its_own_future_and_a_shut_driver_takes_no_more(tokenizer):
     rig = Rig(tokenizer)
     driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
-    rig.batcher.join()
     bad = driver.submit(task=None, colour="red")
     assert len(rig.play(driver, 3)) == 3
     with pytest.raises(TypeError, match="colour"):
@@ -223,8 +221,7 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
     rng = np.random.default_rng(0)
     futures = []
     for i in range(5):
-        rig.batcher.join()
-        futures.append(driver.submit(task=ToySumEnv(tools="python").draw_task(rng),
+            futures.append(driver.submit(task=ToySumEnv(tools="python").draw_task(rng),
                                      episode_id=f"e{i}"))  # fmt: skip
     assert entered.wait(30)  # two episodes are live, waiting on the engine; three queued
     rig.runner.cancel("stopping")
