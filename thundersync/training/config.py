@@ -173,6 +173,7 @@ def check_inputs(config: TrainConfig) -> None:
     from environments.registry import require_env
 
     require_env(config.env, option="config field 'env':")
+    check_env_kwargs(config)
     if config.engine == "vllm":
         from thundersync.training.engines.vllm import INSTALL_HINT
 
@@ -187,6 +188,25 @@ def check_inputs(config: TrainConfig) -> None:
         if folder and not (Path(folder) / "config.json").is_file():
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
                              "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+
+
+def check_env_kwargs(config: TrainConfig) -> None:
+    """The env is made (not reset) once with the run's sandbox and env kwargs and draws one
+    task, as the rollout worker's first step will: a kwarg it refuses is a one-line error here
+    instead of a worker's traceback."""
+    import gymnasium
+    import numpy as np
+
+    env = None
+    try:
+        env = gymnasium.make(config.env, sandbox=config.sandbox, **config.env_kwargs)
+        env.get_wrapper_attr("draw_task")(np.random.default_rng(config.seed))
+    except Exception as exc:
+        raise ValueError(f"config field 'env_kwargs': cannot make {config.env} with "
+                         f"{config.env_kwargs}: {exc}") from exc  # fmt: skip
+    finally:
+        if env is not None:
+            env.close()
 
 
 def check_device(config: TrainConfig) -> None:

@@ -64,6 +64,17 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     check_inputs(TrainConfig())  # the defaults: a registered env and a tiny model built later
 
 
+@pytest.mark.parametrize(("env_kwargs", "says"), [
+    ({"tools": "pyth"}, "tools: expected 'sandbox' or 'python'"),
+    ({"colour": 1}, "unexpected keyword argument 'colour'"),  # refused only when a task is drawn
+])  # fmt: skip
+def test_env_kwargs_the_env_refuses_are_named_before_any_worker_starts(env_kwargs, says):
+    from thundersync.training.config import check_inputs
+
+    with pytest.raises(ValueError, match=rf"'env_kwargs'.*ToySum-v0.*{says}"):
+        check_inputs(TrainConfig(env_kwargs=env_kwargs))
+
+
 def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
     from thundersync.training.config import check_inputs, rank_device
 
