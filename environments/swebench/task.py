@@ -20,6 +20,7 @@ from environments.swebench.grading import grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.repository import RepoSource, repo_source
 from environments.swebench.transfer import read_bytes, read_text, write_bytes, write_text
+from environments.tamper import importable_modules
 from environments.tasks import Grade, GradingContext
 
 TESTBED = "/testbed"
@@ -182,7 +183,8 @@ class SWEBenchTask:
             text = patch.decode("utf-8", errors="replace")
             base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
             sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
-            reasons += patch_reasons(self.instance, text, base)
+            modules = importable_modules(sandbox)
+            reasons += patch_reasons(self.instance, text, base, modules)
             reasons += git_state_reasons(agent_git, git_state(sandbox, TESTBED))
             if patch:
                 write_bytes(sandbox, PATCH_FILE, patch)

@@ -95,16 +95,30 @@ def _judge(finding: tamper.TamperFinding, pristine: WorkTree, work: WorkTree) ->
     return finding.reason
 
 
-def tamper_reasons(workdir: str, pristine: WorkTree, work: WorkTree) -> list[str]:
+def tamper_reasons(
+    workdir: str,
+    pristine: WorkTree,
+    work: WorkTree,
+    modules: frozenset[str] = tamper.STDLIB_MODULES,
+) -> list[str]:
     """``"<path>: <reason>"`` for each of the agent's files that touches test infrastructure:
-    path rules (judged by content where that tells harmless from harmful), test sections of
-    mixed config files, and the task's own test files changed or deleted."""
+    path rules (judged by content where that tells harmless from harmful), new modules that
+    shadow one of ``modules`` (what the grading interpreter imports: ``tamper.importable_
+    modules``), test sections of mixed config files, and the task's own test files changed or
+    deleted."""
     changed, deleted = work.changed_since(pristine)
     venvs = _venv_roots(pristine, work)
     changed = [p for p in changed if not any(p.startswith(root) for root in venvs)]
     existed = set(pristine.entries)
     reasons: dict[str, str] = {}
-    for finding in tamper.path_findings(changed, existed=existed.__contains__):
+    findings = tamper.path_findings(changed, existed=existed.__contains__)
+    findings += tamper.shadowing_findings(
+        changed,
+        modules=modules,
+        existed=existed.__contains__,
+        is_package=lambda folder: f"{folder}/__init__.py" in work.entries,
+    )
+    for finding in findings:
         reason = _judge(finding, pristine, work)
         if reason is not None:
             reasons.setdefault(finding.path, reason)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from environments import tamper
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
 from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import grading, inputs, strict, work
@@ -111,7 +112,8 @@ class TerminalBenchTask:
             pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
         except work.WorkExportError as err:
             raise SandboxError(f"the fresh sandbox's work folder: {err}") from err
-        reasons = strict.tamper_reasons(workdir, pristine, agent_work)
+        modules = tamper.importable_modules(fresh)
+        reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
         report = {"strict": context.strict, "tamper_suspected": bool(reasons),
                   "tamper_reasons": reasons}  # fmt: skip
         if not context.strict:

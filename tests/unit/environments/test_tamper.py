@@ -180,3 +180,43 @@ def test_no_official_gold_patch_is_flagged(path):
     """Strict grading must not zero a real fix: every gold patch passes the shared rules."""
     for row in official_rows(path):
         assert tamper.patch_findings(row["patch"]) == [], row["instance_id"]
+
+
+# --- modules shadowed by name --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "flagged"),
+    [
+        ("argparse.py", "argparse.py"),
+        ("inspect/__init__.py", "inspect"),
+        ("inspect/helpers.py", "inspect"),
+        ("os.cpython-311-x86_64-linux-gnu.so", "os.cpython-311-x86_64-linux-gnu.so"),
+        ("json.pyc", "json.pyc"),
+        ("scripts/json.py", "scripts/json.py"),  # a plain folder can be a script's sys.path[0]
+        ("mypkg/json.py", None),  # imported as mypkg.json
+        ("mypkg/sub/json.py", None),
+        ("calc.py", None),
+        ("test.py", None),  # CPython's own test package: nothing imports it
+        ("argparse.txt", None),
+        ("html/index.html", None),  # a data folder named like a module is no package
+    ],
+)
+def test_a_new_module_shadowing_the_standard_library_is_flagged_where_importable(
+    path: str, flagged: str | None
+) -> None:
+    packages = {"mypkg", "mypkg/sub", "inspect"}
+    findings = tamper.shadowing_findings([path], is_package=packages.__contains__)
+    assert [f.path for f in findings] == ([flagged] if flagged else [])
+
+
+def test_shadowing_spares_what_existed_and_names_only_the_listed_modules() -> None:
+    listed = tamper.parse_module_listing("numpy\nnot a name\n../evil\ntest\n")
+    assert "numpy" in listed and "argparse" in listed and "test" not in listed
+    assert "../evil" not in listed and "not a name" not in listed
+    assert [f.path for f in tamper.shadowing_findings(["numpy.py"], modules=listed)] == [
+        "numpy.py"
+    ]
+    assert tamper.shadowing_findings(["numpy.py"]) == []  # not installed: shadows nothing
+    existed = {"argparse.py"}.__contains__
+    assert tamper.shadowing_findings(["argparse.py"], existed=existed) == []
