@@ -72,6 +72,29 @@ echo THUNDERSYNC_SUBMIT
 }
 
 
+MAX_VALUE = 10**6
+"""Largest table value (sums stay small integers the model's tokenizer spells)."""
+MAX_LATENCY_S = 60.0
+"""Cap on one injected delay, and the largest median a knob takes."""
+MAX_SIGMA = 5.0
+"""Log-normal spread beyond which one tail draw is the whole run (e^(5*3) ~ 3e6 x the median)."""
+
+
+def _check_real(name: str, value: object, low: float, high: float) -> float:
+    """``value`` as a float in [low, high], or a ValueError naming it (NaN and booleans too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: expected a number in [{low:g}, {high:g}], got {value!r}")
+    if not low <= value <= high:  # False for NaN
+        raise ValueError(f"{name}: expected a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
     """A per-call delay: ``median_s`` exactly when ``sigma`` is 0, else log-normal."""
@@ -80,8 +103,12 @@ class LatencyModel:
     """Median delay in seconds (0 disables the delay)."""
     sigma: float = 0.0
     """Standard deviation of the log of the delay (0: fixed delay)."""
-    max_s: float = 60.0
+    max_s: float = MAX_LATENCY_S
     """Cap on one delay, so a long tail stays bounded."""
+
+    def __post_init__(self) -> None:
+        _check_real("median", self.median_s, 0.0, self.max_s)
+        _check_real("sigma", self.sigma, 0.0, MAX_SIGMA)
 
     def draw(self, rng: np.random.Generator) -> float:
         if self.median_s <= 0:
@@ -212,6 +239,14 @@ class _ToyEnv(ShellEnv):
     ) -> None:
         if tools not in ("sandbox", "python"):
             raise ValueError(f"tools: expected 'sandbox' or 'python', got {tools!r}")
+        for name, value in (("tool_latency", tool_latency_s), ("grade_latency", grade_latency_s)):
+            _check_real(f"{name}_s", value, 0.0, MAX_LATENCY_S)
+        for name, value in (("tool", tool_latency_sigma), ("grade", grade_latency_sigma)):
+            _check_real(f"{name}_latency_sigma", value, 0.0, MAX_SIGMA)
+        if max_episode_s is not None:
+            _check_real("max_episode_s", max_episode_s, 1e-3, 7 * 24 * 3600.0)
+        _check_int("max_format_errors", max_format_errors, 0, 1000)
+        self.check_task_kwargs(task_kwargs)
         super().__init__(
             sandbox=(lambda spec: InProcessTools(self)) if tools == "python" else sandbox,
             max_episode_s=max_episode_s, max_format_errors=max_format_errors,
@@ -224,6 +259,9 @@ class _ToyEnv(ShellEnv):
         self.task_kwargs = task_kwargs
         self._latency_seed = 0
         self._latency_rng: np.random.Generator | None = None
+
+    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """ValueError naming a task keyword out of range (before any task is drawn)."""
 
     def _select_task(self, choice: Any) -> Any:
         task = self.draw_task(self.np_random) if choice is None else choice
@@ -334,6 +372,12 @@ class ToySumEnv(_ToyEnv):
     latency knob, ``sandbox`` and ``tools`` (``"sandbox"`` or ``"python"``).
     """
 
+    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+        if "num_keys" in kwargs:
+            _check_int("num_keys", kwargs["num_keys"], 2, len(KEYS))
+        if "max_value" in kwargs:
+            _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
+
     def draw_task(self, rng: np.random.Generator) -> ToyTask:
         return draw_sum_task(rng, **self.task_kwargs)
 
@@ -344,6 +388,12 @@ class ToyChainEnv(_ToyEnv):
     Keyword arguments: ``max_hops`` (default 3), ``max_value`` (default 9), the latency knob,
     ``sandbox`` and ``tools``.
     """
+
+    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+        if "max_hops" in kwargs:
+            _check_int("max_hops", kwargs["max_hops"], 1, len(KEYS))
+        if "max_value" in kwargs:
+            _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
 
     def draw_task(self, rng: np.random.Generator) -> ToyTask:
         return draw_chain_task(rng, **self.task_kwargs)

@@ -140,3 +140,27 @@ def test_in_process_tools_answer_as_the_sandbox_scripts_do():
     obs, *_, info = env.step(format_action("ls /"))
     assert info["tool"]["exit_code"] == 127 and "command not found" in obs
     env.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tool_latency_s": 1e308}, "tool_latency_s: expected a number in [0, 60]"),
+        ({"tool_latency_s": float("nan")}, "tool_latency_s"),
+        ({"grade_latency_s": -1.0}, "grade_latency_s"),
+        ({"tool_latency_sigma": float("inf")}, "tool_latency_sigma"),
+        ({"grade_latency_sigma": "1"}, "grade_latency_sigma"),
+        ({"max_episode_s": 0}, "max_episode_s"),
+        ({"max_format_errors": -1}, "max_format_errors"),
+        ({"num_keys": 1000}, "num_keys: expected an integer in [2, 12]"),
+        ({"max_value": True}, "max_value"),
+    ],
+)
+def test_out_of_range_knobs_are_refused_when_the_env_is_made(kwargs, message):
+    """A latency of 1e308 would make every tool call wait its cap, NaN would crash a worker's
+    sleep mid-run: the env refuses them (and other knobs out of range) when it is made."""
+    with pytest.raises(ValueError) as caught:
+        ToySumEnv(tools="python", **kwargs)
+    assert message in str(caught.value)
+    with pytest.raises(ValueError):
+        LatencyModel(median_s=float("nan"))
