@@ -22,7 +22,13 @@ from environments.actions import (
     parse_action,
     strip_submission_marker,
 )
-from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
 from environments.tasks import Grade, GradingContext, Task
 from thundersync.types import StopReason
 
@@ -296,6 +302,9 @@ class ShellEnv(gym.Env[str, str]):
         except SandboxError as exc:
             self._fail(exc)
             return self._end_with_failure(info)
+        except AgentBrokeSandbox as exc:  # the agent's doing: its observation, not infra
+            broken = f"[the sandbox no longer runs commands: {exc}]"
+            result = ExecResult(output=broken, exit_code=None, timed_out=False, duration_s=0.0)
         info["tool"] = {
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
@@ -401,6 +410,8 @@ class ShellEnv(gym.Env[str, str]):
         except SandboxError as exc:
             self._fail(exc)
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
+        except AgentBrokeSandbox as exc:  # who failed decides the label: the agent did
+            return Grade(0.0, details={"agent_failure": str(exc), "reason": str(exc)})
         finally:
             for sandbox in fresh:
                 self._release(sandbox)

@@ -6,6 +6,7 @@ from environments.sandboxes.bwrap import BwrapSandbox
 from environments.sandboxes.docker import BASE_IMAGE, DockerSandbox, docker_available
 from environments.sandboxes.pool import SandboxPool
 from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
     ExecResult,
     NeedsDockerError,
     Sandbox,
@@ -28,6 +29,7 @@ def make_sandbox(spec: SandboxSpec, kind: str = "bwrap") -> Sandbox:
 
 __all__ = [
     "BASE_IMAGE",
+    "AgentBrokeSandbox",
     "SANDBOX_KINDS",
     "BwrapSandbox",
     "DockerSandbox",

@@ -58,7 +58,13 @@ from environments.sandboxes import cgroup, disk, seccomp
 from environments.sandboxes.capture import OutputCapture, read_fd_until
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
-from environments.sandboxes.workspace import copy_in, copy_out, host_path, kill_uid
+from environments.sandboxes.workspace import (
+    archive_folder,
+    copy_in,
+    copy_out,
+    host_path,
+    kill_uid,
+)
 
 BWRAP = "bwrap"
 MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -365,6 +371,24 @@ class BwrapSandbox:
         self._check_open()
         source, root = self._host_path(src)
         copy_out(source, root, Path(dst))
+
+    def export_folder(self, path: str, dst: Path) -> None:
+        """Archive folder ``path`` (inside ``workdir`` or a published folder) to host ``dst``:
+        read by the host from the workspace on disk, never following links
+        (``workspace.archive_folder``); see the protocol."""
+        self._check_open()
+        source, _ = self._host_path(path)
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        with self._lock:  # no command of the agent runs while the folder is read
+            archive_folder(source, posixpath.basename(full) or ".", Path(dst))
+
+    def stop_processes(self) -> None:
+        """Nothing of a command outlives it (its PID namespace dies with it); as root, the
+        sandbox uid's processes are killed as well, should any exist."""
+        self._check_open()
+        with self._lock:
+            if self.is_root:
+                kill_uid(self.uid)
 
     def close(self) -> None:
         """Kill any running command and the sandbox uid's processes; remove the workspace.

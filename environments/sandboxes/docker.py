@@ -52,7 +52,12 @@ from environments.sandboxes.orphans import (
     remove_orphan_containers,
     remove_orphan_workspaces,
 )
-from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+)
 
 BASE_IMAGE = "thundersync/base:bookworm"
 DISK_PREFIX = "thundersync-docker-"  # + the owner's pid: the host folders of workspace disks
@@ -62,6 +67,7 @@ API_TIMEOUT_S = 300
 HOST_GRACE_S = 0.5
 CMD_FILE = "/tmp/.thundersync-cmd"
 GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
+GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink
 WRAPPER = r"""
 ulimit -c 0
 ulimit -f "$4"
@@ -219,14 +225,42 @@ class DockerSandbox:
         return pids[0]
 
     def _restart(self) -> None:
-        """Kill every process by restarting the container; the filesystem persists."""
+        """Kill every process by restarting the container; the filesystem persists. The
+        daemon's failures raise SandboxError; a container that the daemon started but that
+        does not keep running (its main program replaced or deleted by the agent) raises
+        AgentBrokeSandbox: the image's own main program ran when the container was made."""
         with contextlib.suppress(Exception):  # already stopped: start() is what matters
             self._container.kill()
         try:
             self._container.start()
-            self._main_pid = self._find_main_pid()
         except Exception as exc:
             raise SandboxError(f"container {self.marker} could not be restarted: {exc}") from exc
+        try:
+            self._main_pid = self._find_main_pid()
+        except SandboxError as exc:
+            if self._is_running() and "cannot exec" in str(exc):
+                raise  # the daemon refused an exec into a running container
+            raise AgentBrokeSandbox(
+                f"container {self.marker} does not run after a restart (its main program "
+                f"`sleep` or `cat`, which finds it, replaced or deleted?): {exc}"
+            ) from exc
+
+    def stop_processes(self) -> None:
+        """Kill every process in the container through the daemon (``kill``: SIGKILL to its
+        init, so the whole PID namespace dies), whatever the agent did to the programs the
+        exec wrapper uses; the container stays stopped until the next ``execute`` restarts it
+        (its files persist), and the archive API works on it meanwhile."""
+        with self._lock:
+            self._check_open()
+            if not self._is_running():
+                return
+            try:
+                self._container.kill()
+                self._container.wait(timeout=API_TIMEOUT_S)
+            except Exception as exc:
+                if self._is_running():
+                    msg = f"container {self.marker}: cannot kill its processes: {exc}"
+                    raise SandboxError(msg) from exc
 
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""
@@ -405,6 +439,33 @@ class DockerSandbox:
                 shutil.copytree(item, dst, symlinks=True, dirs_exist_ok=True)
             else:
                 shutil.move(str(item), dst)
+
+    def export_folder(self, path: str, dst: Path) -> None:
+        """Archive container folder ``path`` to host ``dst`` with the daemon's archive API
+        (``get_archive``, which never runs a program in the container): see the protocol."""
+        self._check_open()
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        with self._lock:
+            try:
+                stream, stat = self._client.api.get_archive(self._container.id, full)
+            except Exception as exc:
+                if type(exc).__name__ == "NotFound":
+                    raise FileNotFoundError(f"{full} not found in {self.marker}") from exc
+                raise SandboxError(f"container {self.marker}: archive of {full}: {exc}") from exc
+            try:
+                mode = int(stat.get("mode", 0))
+                if mode & GO_MODE_SYMLINK or not mode & GO_MODE_DIR:
+                    target = stat.get("linkTarget") or ""
+                    raise NotADirectoryError(f"{full} is not a folder in {self.marker} {target}")
+                with open(dst, "wb") as out:
+                    for chunk in stream:
+                        out.write(chunk)
+            except OSError:
+                raise
+            except Exception as exc:
+                raise SandboxError(f"container {self.marker}: archive of {full}: {exc}") from exc
+            finally:
+                stream.close()
 
     def close(self) -> None:
         """Remove the container (with force), its volume and disk; safe to call twice and

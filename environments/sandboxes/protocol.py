@@ -15,6 +15,14 @@ class SandboxError(RuntimeError):
     failure, never the agent's fault; episodes that hit it are flagged ``infra_failure``."""
 
 
+class AgentBrokeSandbox(Exception):  # noqa: N818 (a failure, not an error of the harness)
+    """The sandbox engine works, but what the agent did inside the sandbox stops it from
+    running commands (its main program, shell or tools replaced or deleted). Deliberately not
+    a SandboxError: who failed decides the label, and this is the agent's failure, which
+    scores 0 with ``details["agent_failure"]`` (docs/design.md §6), never an excluded
+    infrastructure failure."""
+
+
 class NeedsDockerError(SandboxError):
     """The task needs a build step or image that only the Docker sandbox provides."""
 
@@ -84,6 +92,22 @@ class Sandbox(Protocol):
 
     def download(self, src: str, dst: Path) -> None:
         """Copy a file or folder from the sandbox to the host."""
+        ...
+
+    def export_folder(self, path: str, dst: Path) -> None:
+        """Write a tar archive of folder ``path`` to host file ``dst``, made by the sandbox
+        engine from outside the sandbox (Docker's archive API; bubblewrap's host reading the
+        workspace), never by a program inside it that the agent could have replaced. Members
+        are named ``<basename of path>/...``, the folder itself ``<basename>``, as Docker's
+        archive API names them; links are stored as links, never followed. FileNotFoundError
+        when ``path`` is missing, NotADirectoryError when it is not a folder (a link to one
+        included), PermissionError when it cannot be read; SandboxError when the engine fails."""
+        ...
+
+    def stop_processes(self) -> None:
+        """Kill every process in the sandbox from outside it (the engine, never a program in
+        it); files persist and the next ``execute`` works as before. Grading calls it once
+        the agent's last command has ended, so nothing the agent started outlives its turn."""
         ...
 
     def close(self) -> None:

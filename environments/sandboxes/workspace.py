@@ -13,6 +13,7 @@ import posixpath
 import shutil
 import signal
 import stat
+import tarfile
 from pathlib import Path
 
 
@@ -126,6 +127,48 @@ def copy_out(src: Path, workspace: Path, dst: Path) -> None:
 def _copy_regular(src: str, dst: str) -> None:
     if stat.S_ISREG(os.lstat(src).st_mode):
         shutil.copy2(src, dst)
+
+
+def archive_folder(folder: Path, top: str, dst: Path) -> None:
+    """Write a tar of host ``folder`` to ``dst``, its members named ``top/...`` (the folder
+    itself ``top``), as Docker's archive API names them. Read by the host, never following a
+    link: folders, regular files (each opened without following links, without blocking on a
+    fifo swapped in, and checked to be the file listed) and links as links; fifos, sockets and
+    devices are left out. FileNotFoundError / NotADirectoryError when ``folder`` is missing or
+    not a folder (a link to one included); PermissionError when part of it cannot be read."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{folder} is not a folder")
+    with tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as archive:
+        _archive_node(archive, str(folder), top, info)
+
+
+def _archive_node(archive: tarfile.TarFile, path: str, name: str, info: os.stat_result) -> None:
+    member = tarfile.TarInfo(name)
+    member.mode, member.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
+    if stat.S_ISDIR(info.st_mode):
+        member.type = tarfile.DIRTYPE
+        archive.addfile(member)
+        with os.scandir(path) as entries:
+            children = sorted(entry.name for entry in entries)
+        for child in children:
+            child_path = os.path.join(path, child)
+            try:
+                child_info = os.lstat(child_path)
+            except FileNotFoundError:
+                continue
+            _archive_node(archive, child_path, f"{name}/{child}", child_info)
+    elif stat.S_ISLNK(info.st_mode):
+        member.type, member.linkname = tarfile.SYMTYPE, os.readlink(path)
+        archive.addfile(member)
+    elif stat.S_ISREG(info.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            opened = os.fstat(handle.fileno())
+            if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
+                return  # swapped since it was listed: what is there now is not a file
+            member.size = opened.st_size
+            archive.addfile(member, handle)
 
 
 def kill_uid(uid: int, *, rounds: int = 5) -> int:

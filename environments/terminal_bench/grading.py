@@ -214,14 +214,18 @@ def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
     ``REWARD_RANGE`` (so that out-of-range metrics cannot cancel out in the mean)."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # also over-long integers and deep nesting
         raise RewardFileError(f"reward.json: expected JSON, got invalid text ({err})") from None
     if not isinstance(data, dict) or not data:
         raise RewardFileError(f"reward.json: expected a non-empty object of metrics, got {data!r}")
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RewardFileError(f"reward.json: metric {key!r}: expected a number, got {value!r}")
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(float(value))
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite:
             raise RewardFileError(f"reward.json: metric {key!r}: expected a finite number")
     metrics = {key: float(value) for key, value in data.items()}
     if "reward" in metrics:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from environments import tamper
-from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
 from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import grading, inputs, strict, work
 from environments.terminal_bench.environment import TaskEnvironment
@@ -81,14 +81,21 @@ class TerminalBenchTask:
         and a task folder that changed after loading. A step that ran but failed in the state
         the agent left (a read-only workspace, deleted tools, an unreadable work folder) scores
         0 with ``details["reason"]``: otherwise an agent could turn its own failure into an
-        episode that is excluded from training."""
+        episode that is excluded from training. So does a sandbox the agent broke
+        (``AgentBrokeSandbox``), with ``details["agent_failure"]``.
+
+        First every process of ``sandbox`` is killed from outside (``stop_processes``), so
+        nothing the agent started runs on while its work is read or graded."""
         try:
+            sandbox.stop_processes()
             if context is None:
                 return self._run_tests(sandbox, pinned=False)
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
                 return self._grade_against_pristine(sandbox, context, Path(tmp))
         except grading.GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
+        except AgentBrokeSandbox as err:
+            return Grade(reward=0.0, details={"agent_failure": str(err), "reason": str(err)})
         except SandboxError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
         except TaskFormatError as err:
@@ -102,7 +109,8 @@ class TerminalBenchTask:
             agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
         except work.WorkExportError as err:  # the agent's doing: its 0 when strict
             if context.strict:
-                return Grade(reward=0.0, details={"strict": True, "reason": str(err)})
+                failure = {"agent_failure": str(err), "reason": str(err)}
+                return Grade(reward=0.0, details={"strict": True, **failure})
             grade = self._run_tests(sandbox, pinned=False)
             unreported = {"strict": False, "tamper_report_error": str(err)}
             return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported})
@@ -114,6 +122,7 @@ class TerminalBenchTask:
             raise SandboxError(f"the fresh sandbox's work folder: {err}") from err
         modules = tamper.importable_modules(fresh)
         reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
+        reasons = sorted([*reasons, *work.link_reasons(workdir, pristine, agent_work)])
         report = {"strict": context.strict, "tamper_suspected": bool(reasons),
                   "tamper_reasons": reasons}  # fmt: skip
         if not context.strict:

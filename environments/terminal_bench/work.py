@@ -1,12 +1,16 @@
 """The agent's work folder as an archive: taken out of one sandbox, compared, put into another.
 
 Strict grading (docs/design.md §6) grades in a fresh sandbox that receives only the agent's
-work folder (the task's WORKDIR). ``export_work`` archives that folder inside a sandbox with
-``tar`` and downloads the archive; on the host it is read member by member into a clean
-archive that holds only folders, regular files (hard links become copies) and symbolic links,
-with set-id bits dropped and no absolute or ``..`` names, so a steered ``tar`` in the episode's
-sandbox cannot smuggle anything else in. ``import_work`` empties the fresh sandbox's work
-folder and unpacks the clean archive there with the fresh sandbox's own ``tar``.
+work folder (the task's WORKDIR). ``export_work`` has the sandbox engine archive that folder
+(``Sandbox.export_folder``: Docker's archive API, bubblewrap's host reading the workspace), so
+no program in the episode's sandbox, which the agent could have replaced, takes part. On the
+host the archive is read member by member into a clean archive that holds only folders,
+regular files (hard links become copies) and symbolic links, with set-id bits dropped and no
+absolute or ``..`` names; an archive no real folder gives (a name twice, a member below a link
+or a file, which unpacking would write through the link) is refused. ``link_reasons`` reports
+the agent's links that lead out of the work folder. ``import_work`` empties the fresh
+sandbox's work folder and unpacks the clean archive there with the fresh sandbox's own ``tar``
+(a clean sandbox, made from the task).
 
 ``WorkTree.changed_since`` lists what the agent added, changed or deleted relative to the work
 folder of a fresh sandbox (the task's pristine state), which is what tamper detection judges.
@@ -86,37 +90,23 @@ class WorkTree:
         return changed, deleted
 
 
-def _scratch_command(workdir: str, scratch: str) -> str:
-    s, w = shlex.quote(scratch), shlex.quote(workdir)
-    archive = shlex.quote(f"{scratch}/{ARCHIVE_NAME}")
-    # GNU tar exits 1 when a file changed while it was read: the archive is still complete.
-    return (
-        f"rm -rf {s} && mkdir -p {s} && test -d {w} && "
-        f"{{ tar -C {w} -cf {archive} . ; rc=$?; test $rc -le 1; }}"
-    )
-
-
 def export_work(sandbox: Sandbox, workdir: str, host_dir: Path, name: str) -> WorkTree:
-    """Archive ``workdir`` in ``sandbox`` and read it into a clean archive ``host_dir/name``.
-    WorkExportError when the folder cannot be archived; SandboxError when the sandbox fails."""
-    failures = []
-    for scratch in scratch_folders(workdir):
-        made = sandbox.execute(_scratch_command(workdir, scratch), timeout=TIMEOUT_S)
-        if made.exit_code == 0:
-            raw = host_dir / f"{name}.raw"
-            try:
-                sandbox.download(f"{scratch}/{ARCHIVE_NAME}", raw)
-            except (OSError, ValueError) as err:
-                raise SandboxError(f"cannot download the archive of {workdir}: {err}") from err
-            finally:
-                sandbox.execute(f"rm -rf {shlex.quote(scratch)}", timeout=TIMEOUT_S)
-            try:
-                return _clean(raw, host_dir / name)
-            finally:
-                raw.unlink(missing_ok=True)
-        status = "timed out" if made.timed_out else f"exit {made.exit_code}"
-        failures.append(f"{scratch} ({status}): {made.output.strip()[-300:]}")
-    raise WorkExportError(f"cannot archive the work folder {workdir}: {'; '.join(failures)}")
+    """Archive ``workdir`` through the sandbox engine (``Sandbox.export_folder``: no program
+    of the sandbox, which the agent could have replaced, takes part) and read it into a clean
+    archive ``host_dir/name``. WorkExportError when the agent left the folder missing, not a
+    folder, unreadable, or an archive that could not come from a real folder; SandboxError
+    when the engine (or the host) fails."""
+    raw = host_dir / f"{name}.raw"
+    try:
+        sandbox.export_folder(workdir, raw)
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
+        raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
+    except OSError as err:
+        raise SandboxError(f"cannot archive the work folder {workdir}: {err}") from err
+    try:
+        return _clean(raw, host_dir / name, top=posixpath.basename(workdir.rstrip("/")) or ".")
+    finally:
+        raw.unlink(missing_ok=True)
 
 
 def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
@@ -140,9 +130,16 @@ def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
     raise SandboxError(f"no scratch folder ({', '.join(scratch_folders(workdir))}) in the sandbox")
 
 
-def _member_name(raw: str) -> str | None:
-    """The member's path relative to the work folder; None for the folder itself, a name
-    that leaves it, or one of the project's own markers."""
+def _member_name(raw: str, top: str = ".") -> str | None:
+    """The member's path relative to the work folder (whose own member is ``top``, "." or the
+    folder's name); None for the folder itself, a name outside it or that leaves it, or one of
+    the project's own markers."""
+    if top != ".":
+        if raw.rstrip("/") == top:
+            return None
+        if not raw.startswith(top + "/"):
+            return None
+        raw = raw[len(top) + 1 :] or "."
     name = posixpath.normpath(raw.lstrip("/")) if raw not in ("", ".", "./") else "."
     if name == "." or name == ".." or name.startswith("../") or raw.startswith("/"):
         return None
@@ -151,16 +148,21 @@ def _member_name(raw: str) -> str | None:
     return name
 
 
-def _clean(raw: Path, clean: Path) -> WorkTree:
-    """Copy ``raw``'s folders, files and links into ``clean``; index them."""
+def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
+    """Copy ``raw``'s folders, files and links into ``clean``; index them. An archive that no
+    real folder gives (a name twice, a member below a link or a file) is refused: extracted,
+    it would write through the link (``zz -> tests`` then ``zz/test_calc.py``)."""
     entries: dict[str, Entry] = {}
     try:
         with tarfile.open(raw) as source, tarfile.open(clean, "w") as target:
-            for member in source:
-                name = _member_name(member.name)
-                kept = member.isdir() or member.isfile() or member.issym() or member.islnk()
-                if name is None or not kept:
-                    continue
+            kept = [
+                (name, member)
+                for member in source
+                if (name := _member_name(member.name, top)) is not None
+                and (member.isdir() or member.isfile() or member.issym() or member.islnk())
+            ]
+            _check_structure(kept)
+            for name, member in kept:
                 copy = tarfile.TarInfo(name)
                 copy.mode, copy.mtime = member.mode & 0o777, member.mtime
                 if member.isdir():
@@ -179,6 +181,88 @@ def _clean(raw: Path, clean: Path) -> WorkTree:
     except (tarfile.TarError, OSError, EOFError) as err:
         raise WorkExportError(f"the archive of the work folder is unreadable: {err}") from err
     return WorkTree(clean, entries)
+
+
+def _check_structure(members: list[tuple[str, tarfile.TarInfo]]) -> None:
+    """WorkExportError for a name given twice or a member below a link or a file."""
+    kinds: dict[str, str] = {}
+    for name, member in members:
+        if name in kinds:
+            raise WorkExportError(f"the work archive names {name!r} twice (a steered archive)")
+        kinds[name] = "folder" if member.isdir() else "link" if member.issym() else "file"
+    for name in kinds:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if kinds.get(parent, "folder") != "folder":
+                raise WorkExportError(
+                    f"the work archive puts {name!r} below {parent!r}, a {kinds[parent]}: "
+                    "unpacked, it would be written through it (a steered archive)"
+                )
+
+
+SYSTEM_LINK_ROOTS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"})
+"""Outside the work folder, links may lead only into the system's program folders (a virtual
+environment's ``bin/python -> /usr/bin/python3``), by a path without ``..``."""
+MAX_LINK_FOLLOWS = 40  # as the kernel's ELOOP
+
+
+def _resolve(path: str, work: WorkTree, workdir: str) -> str | None:
+    """Where link ``path`` of ``work`` leads when, resolved as the kernel resolves it over the
+    work tree, it leaves the work folder for anywhere but ``SYSTEM_LINK_ROOTS``; else None."""
+    root = workdir.rstrip("/")
+    current = path.split("/")[:-1]
+    pending = work.entries[path].digest.split("/")
+    if work.entries[path].digest.startswith("/"):
+        pending, current = ["/", *pending[1:]], []
+    follows = 0
+    while pending:
+        part = pending.pop(0)
+        if part == "/":  # an absolute target: inside the work folder, or out
+            full = "/" + "/".join(pending)
+            if full == root or full.startswith(root + "/"):
+                pending, current = full[len(root) :].split("/"), []
+                continue
+            parts = [p for p in pending if p not in ("", ".")]
+            if parts and parts[0] in SYSTEM_LINK_ROOTS and ".." not in parts:
+                return None
+            return posixpath.normpath(full)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not current:
+                rest = "/".join(pending)
+                return posixpath.normpath(posixpath.join(posixpath.dirname(root), rest))
+            current.pop()
+            continue
+        entry = work.entries.get("/".join([*current, part]))
+        if entry is not None and entry.kind == "link":
+            follows += 1
+            if follows > MAX_LINK_FOLLOWS:
+                return None  # the kernel gives up (ELOOP): nothing is reached
+            target = entry.digest.split("/")
+            pending = [*(["/", *target[1:]] if entry.digest.startswith("/") else target), *pending]
+            continue
+        current.append(part)
+    return None
+
+
+def link_reasons(workdir: str, pristine: WorkTree, work: WorkTree) -> list[str]:
+    """``"<path>: <reason>"`` for each link of the agent's work that leads out of the work
+    folder (other than into the system's program folders, ``SYSTEM_LINK_ROOTS``) and is not
+    the task's own: in the grading sandbox it would show the tests what the grader put there
+    (``output.txt -> /tests/expected.txt``) or what the agent left outside its work."""
+    reasons = []
+    for path, entry in sorted(work.entries.items()):
+        if entry.kind != "link" or pristine.entries.get(path) == entry:
+            continue
+        leads = _resolve(path, work, workdir)
+        if leads is not None:
+            reasons.append(
+                f"{posixpath.join(workdir, path)}: a link that leads out of the work folder "
+                f"({entry.digest!r} reaches {leads})"
+            )
+    return reasons
 
 
 def _read_member(source: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

@@ -38,5 +38,11 @@ class ScriptedSandbox:
     def download(self, src: str, dst: Path) -> None:
         raise NotImplementedError
 
+    def export_folder(self, path: str, dst: Path) -> None:
+        raise NotImplementedError
+
+    def stop_processes(self) -> None:
+        pass
+
     def close(self) -> None:
         pass

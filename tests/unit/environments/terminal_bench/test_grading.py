@@ -205,3 +205,17 @@ def test_a_grader_whose_sandbox_fails_to_run_mkdir_is_an_infra_failure() -> None
     grade = task.grade(Dead())
     assert grade.infra_failure and grade.reward == 0.0
     assert "could not set up" in grade.details["error"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"reward": 1' + "0" * 400 + "}", '{"reward": 1' + "0" * 5000 + "}", "[" * 100_000],
+    ids=["401-digit-integer", "5001-digit-integer", "deep-nesting"],
+)
+def test_an_absurd_reward_json_scores_zero_not_infra(text: str) -> None:
+    """A 401-digit integer overflowed float() and escaped as an OverflowError (an episode
+    dropped as an infrastructure failure); what a verifier writes is the agent's to steer."""
+    sandbox = ScriptedSandbox({"/logs/verifier/reward.json": text})
+    grade = grade_harbor(sandbox, GraderPaths("/tests", "/logs/verifier"), result("", 0), 30)
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "reward.json" in grade.details["reward_error"]

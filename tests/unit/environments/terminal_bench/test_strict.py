@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from environments.terminal_bench import strict
-from environments.terminal_bench.work import WorkTree, _clean
+from environments.terminal_bench import work as work_module
+from environments.terminal_bench.work import WorkExportError, WorkTree, _clean
 
 PRISTINE = {
     "calc.py": "def add(a, b):\n    return a - b\n",
@@ -156,3 +157,85 @@ def test_the_pinned_environment(tmp_path: Path) -> None:
     assert values["HOME"] != "/app" and Path(values["HOME"]).is_dir()
     assert values["KEEP"] == "me"
     os.rmdir(values["HOME"])
+
+
+def raw_archive(path: Path, members: list[tuple[str, bytes, str]]) -> Path:
+    """A tar of (name, type, link target or file text) members."""
+    with tarfile.open(path, "w") as archive:
+        for name, kind, text in members:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            data = b""
+            if kind == tarfile.SYMTYPE:
+                info.linkname = text
+            elif kind == tarfile.REGTYPE:
+                data = text.encode()
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data else None)
+    return path
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("app/zz", tarfile.SYMTYPE, "tests"), ("app/zz/test_calc.py", tarfile.REGTYPE, "x")],
+        [("app/zz/test_calc.py", tarfile.REGTYPE, "x"), ("app/zz", tarfile.SYMTYPE, "/app/t")],
+        [("app/f", tarfile.REGTYPE, "x"), ("app/f/g", tarfile.REGTYPE, "y")],
+        [("app/a", tarfile.REGTYPE, "x"), ("app/a", tarfile.SYMTYPE, "tests")],
+    ],
+    ids=["through-relative-link", "through-absolute-link-listed-later", "below-a-file", "twice"],
+)
+def test_an_archive_no_real_folder_gives_is_refused(tmp_path: Path, members: list) -> None:
+    """A steered ``tar`` emitted ``zz -> tests`` then ``zz/test_calc.py``: unpacked in the
+    grading sandbox it overwrote the task's own test through the link (1.0, unflagged)."""
+    raw = raw_archive(tmp_path / "raw.tar", [("app", tarfile.DIRTYPE, ""), *members])
+    with pytest.raises(WorkExportError, match="steered archive"):
+        _clean(raw, tmp_path / "clean.tar", top="app")
+
+
+def test_the_engine_archive_is_read_below_its_top_folder(tmp_path: Path) -> None:
+    raw = raw_archive(
+        tmp_path / "raw.tar",
+        [("app", tarfile.DIRTYPE, ""), ("app/calc.py", tarfile.REGTYPE, "x"),
+         ("app/zz", tarfile.SYMTYPE, "tests"), ("other/x", tarfile.REGTYPE, "y")],
+    )  # fmt: skip
+    assert sorted(_clean(raw, tmp_path / "clean.tar", top="app").entries) == ["calc.py", "zz"]
+
+
+@pytest.mark.parametrize(
+    ("link", "target", "leads"),
+    [
+        ("output.txt", "/tests/expected.txt", "/tests/expected.txt"),
+        ("output.txt", "../tests/expected.txt", "/tests/expected.txt"),
+        ("sub/up", "../..", "/"),
+        ("alias", "/app/../etc/passwd", "/etc/passwd"),
+        ("py", "/usr/bin/../../tests/x", "/tests/x"),
+        # lexically inside (tests/sub), but "s" is a link to the work folder: the kernel
+        # reaches its parent
+        ("h", "tests/sub/s/..", "/"),
+    ],
+)
+def test_links_leading_out_of_the_work_folder_are_reported(
+    tmp_path: Path, link: str, target: str, leads: str
+) -> None:
+    links = {link: target, "tests/sub/s": "../.."}
+    work = tree_with_links(tmp_path, "work", PRISTINE, links)
+    found = work_module.link_reasons("/app", tree(tmp_path, "pristine", PRISTINE), work)
+    assert found == [f"/app/{link}: a link that leads out of the work folder ({target!r} "
+                     f"reaches {leads})"]  # fmt: skip
+
+
+def test_links_inside_the_work_folder_or_into_system_folders_are_not_reported(
+    tmp_path: Path,
+) -> None:
+    links = {".venv/bin/python": "/usr/bin/python3", ".venv/lib64": "lib", "t": "/app/tests",
+             "loop": "loop", "tests/up": "../calc.py"}  # fmt: skip
+    work = tree_with_links(tmp_path, "work", PRISTINE, links)
+    assert work_module.link_reasons("/app", tree(tmp_path, "pristine", PRISTINE), work) == []
+
+
+def tree_with_links(tmp_path: Path, name: str, files: dict[str, str], links: dict) -> WorkTree:
+    members = [(f"app/{p}", tarfile.REGTYPE, text) for p, text in files.items()]
+    members += [(f"app/{p}", tarfile.SYMTYPE, target) for p, target in links.items()]
+    raw = raw_archive(tmp_path / f"{name}.raw", [("app", tarfile.DIRTYPE, ""), *members])
+    return _clean(raw, tmp_path / f"{name}.tar", top="app")
