@@ -171,9 +171,10 @@ def _bounded_loader() -> type:
     return BoundedSafeLoader
 
 
-def load_file(path: str | Path, *, max_bytes: int | None = None) -> Any:
-    """The JSON (``.json``), TOML (``.toml``) or YAML (``.yaml``/``.yml``) document in ``path``,
-    read as UTF-8; at most ``max_bytes`` bytes when given."""
+def load_file(path: str | Path, *, kind: str | None = None, max_bytes: int | None = None) -> Any:
+    """The ``kind`` ("json", "toml" or "yaml") document in ``path``, read as UTF-8, at most
+    ``max_bytes`` bytes when given. Without ``kind``, ``.toml`` is TOML, ``.yaml``/``.yml``
+    YAML and anything else JSON."""
     file = Path(path)
     try:
         with open(file, "rb") as handle:
@@ -181,13 +182,12 @@ def load_file(path: str | Path, *, max_bytes: int | None = None) -> Any:
     except OSError as err:
         raise DocumentError(file, f"cannot read: {err.strerror or err}") from None
     if max_bytes is not None and len(data) > max_bytes:
-        raise DocumentError(file, f"expected at most {max_bytes} bytes")
+        raise DocumentError(file, f"expected at most {max_bytes} bytes, got more")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DocumentError(file, f"expected UTF-8 text: {err}") from None
-    if file.suffix == ".toml":
-        return load_toml(text, file)
-    if file.suffix in (".yaml", ".yml"):
-        return load_yaml(text, file)
-    return load_json(text, file)
+    if kind is None:
+        kind = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}.get(file.suffix, "json")
+    loaders = {"json": load_json, "toml": load_toml, "yaml": load_yaml}
+    return loaders[kind](text, file)
