@@ -37,7 +37,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_train_command(args: argparse.Namespace) -> int:
     """0 when every step ran; 1 when a worker failed or the backend is unusable; 2 on a bad
-    config; 130 on Ctrl-C."""
+    config or (``--resume``) a damaged or tampered checkpoint; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
         if args.resume:
