@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,11 +10,10 @@ from typing import Any
 from environments.swebench.instance import SNAPSHOT_ROOT_ENV, SWEBenchInstance, parse_instance
 from environments.swebench.task import SWEBenchTask
 from environments.tasks import TaskFormatError, TaskList
+from thundersync.documents import DocumentError, load_json
 
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 _SIGNATURE_FIELDS = frozenset({"instance_id", "test_patch", "FAIL_TO_PASS"})
-
-
 
 
 def load_instances(
@@ -123,9 +121,9 @@ def _read_rows(path: Path) -> Sequence[Any]:
 
 def _json(path: Path, text: str, where: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TaskFormatError(path, where, f"invalid JSON: {exc}") from exc
+        return load_json(text, path)
+    except DocumentError as exc:
+        raise TaskFormatError(path, where, exc.problem) from None
 
 
 def _parquet_rows(path: Path) -> list[dict[str, Any]]:
@@ -151,8 +149,8 @@ def _first_row_keys(path: Path) -> set[str]:
     with path.open(encoding="utf-8") as f:
         if path.suffix == ".jsonl":
             first = next((line for line in f if line.strip()), "{}")
-            row = json.loads(first)
+            row = _json(path, first, "line 1")
         else:
-            rows = json.load(f)
+            rows = _json(path, f.read(), "<root>")
             row = rows[0] if isinstance(rows, list) and rows else {}
     return set(row) if isinstance(row, dict) else set()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -14,6 +13,7 @@ from environments.swebench.repository import check_snapshot
 from environments.swebench.snapshot import END_MARKER, START_MARKER
 from environments.tamper import parse_patch
 from environments.tasks import TaskFormatError
+from thundersync.documents import DocumentError, load_json
 
 REQUIRED_TEXT_FIELDS = (
     "repo",
@@ -193,9 +193,9 @@ def _test_ids(row: Mapping[str, Any], name: str, fail: Fail) -> tuple[str, ...]:
     value = row[name]
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise fail(name, f"expected a JSON-encoded list of test ids: {exc}") from exc
+            value = load_json(value, name)
+        except DocumentError as exc:
+            raise fail(name, f"expected a JSON-encoded list of test ids: {exc.problem}") from None
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise fail(name, f"expected a list of test-id strings, got {value!r:.200}")
     if name == "FAIL_TO_PASS" and not value:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
+from thundersync.documents import DocumentError, excerpt, load_toml
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
@@ -44,16 +44,16 @@ _TASK_NAME = re.compile(r"([a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*", re.IGNO
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(schema.read_utf8(path, "<document>"))
-    except tomllib.TOMLDecodeError as err:
-        raise TaskFormatError(path, "<document>", f"expected valid TOML: {err}") from err
+        return load_toml(schema.read_utf8(path, "<document>"), path)
+    except DocumentError as err:
+        raise TaskFormatError(path, "<document>", err.problem) from None
 
 
 def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     schema.check_keys(path, data, TOP_LEVEL, strict=True)
     for key in ("version", "schema_version"):
         if not isinstance(data.get(key, "1.0"), str):
-            raise TaskFormatError(path, key, f"expected a version string, got {data[key]!r}")
+            raise TaskFormatError(path, key, f"expected a version string, got {excerpt(data[key])}")
     tables = {
         name: schema.check_mapping(path, name, data.get(name, {}))
         for name in ("task", "metadata", "verifier", "agent", "environment", "solution")
@@ -65,7 +65,9 @@ def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         not isinstance(name, str) or not _TASK_NAME.fullmatch(name) or ".." in name
     ):
         raise TaskFormatError(
-            path, "task.name", f"expected 'name' or 'org/name' without path parts, got {name!r}"
+            path,
+            "task.name",
+            f"expected 'name' or 'org/name' without path parts, got {excerpt(name)}",
         )
     return tables
 
@@ -91,7 +93,7 @@ def _check_workdir(path: Path, workdir: str) -> str:
             path,
             "environment.workdir",
             f"expected an absolute path other than / outside {', '.join(SYSTEM_DIRS)}, "
-            f"got {workdir!r}",
+            f"got {excerpt(workdir)}",
         )
     return norm
 
@@ -101,7 +103,9 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
     env_dir = task_dir / "environment"
     image = table.get("docker_image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
-        raise TaskFormatError(path, "environment.docker_image", f"expected an image, got {image!r}")
+        raise TaskFormatError(
+            path, "environment.docker_image", f"expected an image, got {excerpt(image)}"
+        )
     memory_mb = schema.read_memory_mb(path, "environment.memory", table.get("memory"))
     if "memory_mb" in table:
         memory_mb = schema.read_memory_number(path, "environment.memory_mb", table["memory_mb"])

@@ -39,21 +39,28 @@ def _relative(path: Path, root: Path) -> str:
         return path.name
 
 
+def check_link(path: Path, real_root: str, field: str, *, folder: str = "task folder") -> None:
+    """A link must resolve inside ``real_root`` (a real path) to something that exists;
+    TaskFormatError naming the link otherwise. ``folder`` says what ``real_root`` is."""
+    target = os.path.realpath(path)
+    if target != real_root and not target.startswith(real_root + os.sep):
+        raise TaskFormatError(
+            path,
+            field,
+            f"a link to {os.readlink(path)!r} (resolving to {target}), outside the {folder} "
+            f"{real_root}: every task input must lie inside its {folder}",
+        )
+    if not os.path.exists(path):
+        raise TaskFormatError(path, field, f"a link to {os.readlink(path)!r}, which is missing")
+
+
 def _check_entry(path: Path, root: Path, real_root: str) -> None:
     """One entry of the folder: a link must resolve inside ``real_root`` to something real;
     anything that is not a regular file, folder or link is refused."""
     field = _relative(path, root)
     mode = os.lstat(path).st_mode
     if stat.S_ISLNK(mode):
-        target = os.path.realpath(path)
-        if target != real_root and not target.startswith(real_root + os.sep):
-            raise TaskFormatError(
-                path, field,
-                f"a link to {os.readlink(path)!r} (resolving to {target}), outside the task "
-                f"folder {real_root}: every task input must lie inside its task folder",
-            )  # fmt: skip
-        if not os.path.exists(path):
-            raise TaskFormatError(path, field, f"a link to {os.readlink(path)!r}, which is missing")
+        check_link(path, real_root, field)
         return
     kind = _KINDS.get(stat.S_IFMT(mode))
     if kind is not None:

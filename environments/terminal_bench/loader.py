@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from environments.tasks import TaskFormatError, TaskList
+from environments.terminal_bench import inputs
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
 from environments.terminal_bench.tb1 import load_tb1_task
 
 TASK_FILES = ("task.yaml", "task.toml")
-
-
 
 
 def _is_task_dir(path: Path) -> bool:
@@ -48,17 +48,23 @@ def load_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
 
 def load_tasks(path: str | Path, *, max_turns: int = 50) -> TaskList:
     """Load a task folder or a folder of task folders; every malformed task raises
-    TaskFormatError. Sub-folders whose names start with '.' or '_' are skipped."""
+    TaskFormatError. Sub-folders whose names start with '.' or '_' are skipped; a sub-folder
+    that is a link must stay inside the suite folder (a link out of it is an error naming it,
+    as links out of a task folder are)."""
     root = Path(path)
     if not root.is_dir():
         raise TaskFormatError(root, "path", "expected a task folder or a folder of task folders")
     if _is_task_dir(root):
         return TaskList(name=root.name, tasks=(load_task(root, max_turns=max_turns),))
+    real_root = os.path.realpath(root)
     children = sorted(
         child
         for child in root.iterdir()
         if child.is_dir() and not child.name.startswith((".", "_"))
     )
+    for child in children:
+        if child.is_symlink():
+            inputs.check_link(child, real_root, child.name, folder="suite folder")
     tasks = tuple(load_task(child, max_turns=max_turns) for child in children)
     if not tasks:
         raise TaskFormatError(root, "task.yaml", "expected task folders, found none")

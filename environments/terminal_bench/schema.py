@@ -11,6 +11,7 @@ from typing import Any
 
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs
+from thundersync.documents import excerpt
 
 DIFFICULTIES = frozenset({"easy", "medium", "hard", "unknown"})
 TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -63,7 +64,7 @@ def read_optional_str(path: Path, field: str, value: object, default: str) -> st
     if value is None:
         return default
     if not isinstance(value, str):
-        raise TaskFormatError(path, field, f"expected a string, got {value!r}")
+        raise TaskFormatError(path, field, f"expected a string, got {excerpt(value)}")
     return value
 
 
@@ -81,7 +82,9 @@ def read_positive(
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if not is_number or not math.isfinite(value) or not 0 < value <= maximum:
         raise TaskFormatError(
-            path, field, f"expected a positive number{unit} of at most {maximum:.0f}, got {value!r}"
+            path,
+            field,
+            f"expected a positive number{unit} of at most {maximum:.0f}, got {excerpt(value)}",
         )
     return float(value)
 
@@ -90,7 +93,7 @@ def read_bool(path: Path, field: str, value: object, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise TaskFormatError(path, field, f"expected true or false, got {value!r}")
+        raise TaskFormatError(path, field, f"expected true or false, got {excerpt(value)}")
     return value
 
 
@@ -99,7 +102,7 @@ def read_difficulty(path: Path, field: str, value: object) -> str:
         return "unknown"
     if not isinstance(value, str) or value.lower() not in DIFFICULTIES:
         expected = ", ".join(sorted(DIFFICULTIES))
-        raise TaskFormatError(path, field, f"expected one of {expected}, got {value!r}")
+        raise TaskFormatError(path, field, f"expected one of {expected}, got {excerpt(value)}")
     return value.lower()
 
 
@@ -107,10 +110,10 @@ def read_tags(path: Path, field: str, value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise TaskFormatError(path, field, f"expected a list of strings, got {value!r}")
+        raise TaskFormatError(path, field, f"expected a list of strings, got {excerpt(value)}")
     for i, tag in enumerate(value):
         if not isinstance(tag, str):
-            raise TaskFormatError(path, f"{field}[{i}]", f"expected a string, got {tag!r}")
+            raise TaskFormatError(path, f"{field}[{i}]", f"expected a string, got {excerpt(tag)}")
     return tuple(value)
 
 
@@ -126,7 +129,7 @@ def read_env(path: Path, field: str, value: object) -> dict[str, str]:
             )  # fmt: skip
         if not isinstance(item, str) or "\0" in item:
             raise TaskFormatError(
-                path, f"{field}.{key}", f"expected a string without NUL, got {item!r}"
+                path, f"{field}.{key}", f"expected a string without NUL, got {excerpt(item)}"
             )
     return table
 
@@ -137,11 +140,15 @@ def read_memory_mb(path: Path, field: str, value: object) -> int | None:
         return None
     match = _MEMORY_PATTERN.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise TaskFormatError(path, field, f"expected a size such as '2G' or '512M', got {value!r}")
+        raise TaskFormatError(
+            path, field, f"expected a size such as '2G' or '512M', got {excerpt(value)}"
+        )
     size_mb = float(match.group(1)) * _MEMORY_UNIT_MB[match.group(2).upper()]
     if not 1 <= size_mb <= MAX_MEMORY_MB:
         raise TaskFormatError(
-            path, field, f"expected between 1 MiB and {MAX_MEMORY_MB} MiB (1T), got {value!r}"
+            path,
+            field,
+            f"expected between 1 MiB and {MAX_MEMORY_MB} MiB (1T), got {excerpt(value)}",
         )
     return int(size_mb)
 
@@ -150,7 +157,7 @@ def read_memory_number(path: Path, field: str, value: object) -> int:
     """A number of MiB (``memory_mb``), between 1 and ``MAX_MEMORY_MB``."""
     size_mb = read_positive(path, field, value, 0.0, maximum=MAX_MEMORY_MB, unit=" of MiB")
     if size_mb < 1:
-        raise TaskFormatError(path, field, f"expected at least 1 MiB, got {value!r}")
+        raise TaskFormatError(path, field, f"expected at least 1 MiB, got {excerpt(value)}")
     return int(size_mb)
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
+from thundersync.documents import DocumentError, excerpt, load_yaml
 
 DEFAULT_AGENT_TIMEOUT_S = 360.0
 DEFAULT_TEST_TIMEOUT_S = 60.0
@@ -26,11 +25,16 @@ KNOWN_KEYS = frozenset(
 """Terminal-Bench 1's task.yaml schema; any other key is a typo and an error."""
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _load_yaml(path: Path) -> Any:
+    """A task folder's YAML file, read bounded (size, depth, alias expansion)."""
     try:
-        data = yaml.safe_load(schema.read_utf8(path, "<document>"))
-    except yaml.YAMLError as err:
-        raise TaskFormatError(path, "<document>", f"expected valid YAML: {err}") from err
+        return load_yaml(schema.read_utf8(path, "<document>"), path)
+    except DocumentError as err:
+        raise TaskFormatError(path, "<document>", err.problem) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = _load_yaml(path)
     if not isinstance(data, dict):
         raise TaskFormatError(path, "<document>", f"expected a mapping, got {type(data).__name__}")
     return data
@@ -44,7 +48,7 @@ def _instruction(path: Path, data: dict[str, Any]) -> str:
         return schema.read_instruction(path, "instruction", data["instruction"])
     entries = data["descriptions"]
     if not isinstance(entries, list):
-        raise TaskFormatError(path, "descriptions", f"expected a list, got {entries!r}")
+        raise TaskFormatError(path, "descriptions", f"expected a list, got {excerpt(entries)}")
     for i, entry in enumerate(entries):
         if isinstance(entry, dict) and entry.get("key") == "base":
             return schema.read_instruction(
@@ -59,16 +63,17 @@ def _solution(task_dir: Path) -> tuple[Path | None, tuple[str, ...]]:
         return script, ()
     if not listing.is_file():
         raise TaskFormatError(task_dir, "solution.sh", "expected solution.sh or solution.yaml")
-    try:
-        steps = yaml.safe_load(schema.read_utf8(listing, "<document>"))
-    except yaml.YAMLError as err:
-        raise TaskFormatError(listing, "<document>", f"expected valid YAML: {err}") from err
+    steps = _load_yaml(listing)
     if not isinstance(steps, list) or not steps:
-        raise TaskFormatError(listing, "<document>", f"expected a list of steps, got {steps!r}")
+        raise TaskFormatError(
+            listing, "<document>", f"expected a list of steps, got {excerpt(steps)}"
+        )
     commands: list[str] = []
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or "command" not in step:
-            raise TaskFormatError(listing, f"[{i}].command", f"expected a command, got {step!r}")
+            raise TaskFormatError(
+                listing, f"[{i}].command", f"expected a command, got {excerpt(step)}"
+            )
         commands.append(schema.read_text(listing, f"[{i}].command", step["command"]))
         schema.read_timeout(listing, f"[{i}].min_timeout_sec", step.get("min_timeout_sec"), 1.0)
     return None, tuple(commands)
@@ -97,7 +102,9 @@ def _compose_context(task_dir: Path) -> Path:
     dockerfile = build.get("dockerfile", "Dockerfile")
     if dockerfile != "Dockerfile":
         raise TaskFormatError(
-            path, f"services.{name}.build.dockerfile", f"expected 'Dockerfile', got {dockerfile!r}"
+            path,
+            f"services.{name}.build.dockerfile",
+            f"expected 'Dockerfile', got {excerpt(dockerfile)}",
         )
     context = (task_dir / str(build.get("context", "."))).resolve()
     if not context.is_relative_to(task_dir.resolve()) or not context.is_dir():
@@ -153,7 +160,7 @@ def load_tb1_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTask:
     }
     parser = data.get("parser_name", "pytest")
     if parser != "pytest":
-        raise TaskFormatError(path, "parser_name", f"expected 'pytest', got {parser!r}")
+        raise TaskFormatError(path, "parser_name", f"expected 'pytest', got {excerpt(parser)}")
     tests_dir, run_tests = task_dir / "tests", task_dir / "run-tests.sh"
     if not tests_dir.is_dir():
         raise TaskFormatError(task_dir, "tests", "expected a tests/ folder")

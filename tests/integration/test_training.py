@@ -30,6 +30,7 @@ from tests.integration.training_kit import (
     train,
     wait_gone,
 )
+from thundersync.training.checkpoint import load_state
 
 pytestmark = [
     pytest.mark.slow,
@@ -117,7 +118,7 @@ def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
     ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
     generated = model.generate(ids, max_new_tokens=5, do_sample=False)
     assert generated.shape[1] > ids.shape[1]
-    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    state = load_state(folder)
     assert state["completed_steps"] == 1 and state["policy_version"] == 1
 
 

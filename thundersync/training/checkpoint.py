@@ -3,6 +3,10 @@
 ``checkpoints/step-000003/`` holds the model (``save_pretrained``: loads with
 ``AutoModelForCausalLM.from_pretrained`` and vLLM), its tokenizer, and ``trainer_state.pt``:
 the optimizer state, the RNG states, the number of completed steps and the policy version.
+It holds only tensors, numbers, strings and plain containers, and is read with
+``torch.load(weights_only=True)``: a checkpoint folder may come from elsewhere, and a pickle
+can run any code when loaded. A tampered or damaged file is a ``CheckpointError`` naming it,
+found by ``check_resumable`` before a resumed run starts anything.
 A checkpoint is written to a hidden temporary folder and renamed into place, so a run killed
 while saving leaves the previous checkpoint intact and no half-written one.
 """
@@ -10,16 +14,37 @@ while saving leaves the previous checkpoint intact and no half-written one.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from thundersync.documents import excerpt
+from thundersync.errors import ThunderSyncError
+
 STATE_FILE = "trainer_state.pt"
 _PREFIX = "step-"
+_KEYS = ("completed_steps", "policy_version", "optimizer", "rng")
+
+
+class CheckpointError(ThunderSyncError, ValueError):
+    """A trainer state file that cannot be loaded safely: damaged, or holding objects other
+    than tensors and plain data (a pickle that could run code). The message names the file."""
+
+
+def _numpy_globals() -> list[Any]:
+    """What a state saved before the RNG states became plain data needs: numpy's state was an
+    ndarray of uint32 (these rebuild an array and run nothing else)."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def save_checkpoint(
@@ -45,7 +70,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "rng": {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": _numpy_state(),
             "torch": torch.get_rng_state(),
         },
     }
@@ -68,15 +93,64 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def load_state(checkpoint: Path) -> dict[str, Any]:
-    """The trainer state of a checkpoint folder (optimizer, RNG, steps, version)."""
-    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+def _numpy_state() -> dict[str, Any]:
+    """numpy's global RNG state as plain data (its ``get_state`` holds an ndarray)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
+def load_state(checkpoint: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The trainer state of a checkpoint folder (optimizer, RNG, steps, version), loaded
+    without running code; CheckpointError naming the file when it is damaged, holds anything
+    but plain data, or lacks a field. ``mmap``: map tensors instead of reading them (a check)."""
+    file = checkpoint / STATE_FILE
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = next((line for line in lines if "global" in line.lower()), lines[-1:] or [""])
+        raise CheckpointError(
+            f"{file}: refused: it holds objects other than tensors and plain data (a pickle "
+            f"that could run code when loaded): {excerpt(reason)}"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointError(f"{file}: not a readable trainer state: {excerpt(reason)}") from None
+    if not isinstance(state, dict) or any(key not in state for key in _KEYS):
+        raise CheckpointError(f"{file}: expected a trainer state with fields {', '.join(_KEYS)}")
+    return state
+
+
+def check_resumable(folder: Path) -> Path | None:
+    """The newest checkpoint under ``folder`` (None if there is none), after checking that
+    its trainer state loads safely: a resumed run reports a damaged one before it starts."""
+    found = list_checkpoints(folder)
+    if found:
+        load_state(found[-1], mmap=True)
+    return found[-1] if found else None
 
 
 def restore_rng(state: dict[str, Any]) -> None:
     rng = state["rng"]
     random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    numpy_state = rng["numpy"]
+    if isinstance(numpy_state, dict):
+        keys = numpy_state["keys"].numpy().astype(np.uint32)
+        numpy_state = (
+            numpy_state["name"],
+            keys,
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    np.random.set_state(numpy_state)
     torch.set_rng_state(rng["torch"])
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from thundersync.training.config import (
     add_config_flags,
     check_inputs,
     load_config_file,
+    load_saved_config,
     resolve_config,
 )
 
@@ -37,16 +37,20 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_train_command(args: argparse.Namespace) -> int:
     """0 when every step ran; 1 when a worker failed or the backend is unusable; 2 on a bad
-    config; 130 on Ctrl-C."""
+    config or (``--resume``) a damaged or tampered checkpoint; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
         if args.resume:
             out = Path(args.out or base.get("out") or "runs/train")
             saved = out / "config.json"
             if saved.is_file():
-                base = {**json.loads(saved.read_text()), **base}
+                base = {**load_saved_config(saved), **base}
         config = resolve_config(args, base)
         check_inputs(config)
+        if args.resume:
+            from thundersync.training.checkpoint import check_resumable
+
+            check_resumable(Path(config.out) / "checkpoints")
     except (ValueError, TypeError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
@@ -105,12 +109,24 @@ def add_warmstart_parser(sub: Any) -> None:
     for name, (kind, text) in numbers.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind,
                             default=getattr(defaults, name), help=text)  # fmt: skip
-    parser.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default=defaults.arch,
-                        help="model family (gpt2 runs every op in the parameters' dtype)")
-    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default=defaults.sandbox,
-                        help="where the demonstrations run")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                        help="torch threads for fine-tuning (it runs alone)")
+    parser.add_argument(
+        "--arch",
+        choices=["llama", "qwen3", "gpt2"],
+        default=defaults.arch,
+        help="model family (gpt2 runs every op in the parameters' dtype)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=["bwrap", "docker"],
+        default=defaults.sandbox,
+        help="where the demonstrations run",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads for fine-tuning (it runs alone)",
+    )
     parser.set_defaults(func=_run_warmstart)
 
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import re
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from thundersync.documents import DocumentError, excerpt, load_file, load_json
+
 MODES = ("sync", "async", "streaming")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 ALGOS = ("grpo", "opd")
 ENGINES = ("hf", "vllm")
+MAX_CONFIG_BYTES = 1024 * 1024
+"""A config file (or a run's config.json) is at most 1 MiB: a few dozen fields."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,16 +245,24 @@ def rank_device(device: str, rank: int) -> str:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The fields set by a JSON or TOML file; unknown keys are an error naming them."""
     file = Path(path)
+    kind = "toml" if file.suffix == ".toml" else "json"
     try:
-        text = file.read_text(encoding="utf-8")
-        values = tomllib.loads(text) if file.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{file}: not a readable JSON/TOML config: {exc}") from exc
+        values = load_file(file, kind=kind, max_bytes=MAX_CONFIG_BYTES)
+    except DocumentError as exc:
+        raise DocumentError(file, f"not a readable JSON/TOML config: {exc.problem}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{file}: expected a table of config fields")
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
     if unknown:
         raise ValueError(f"{file}: unknown config field(s) {unknown}")
+    return values
+
+
+def load_saved_config(path: Path) -> dict[str, Any]:
+    """A run folder's ``config.json`` (the base of ``--resume``), read bounded."""
+    values = load_file(path, kind="json", max_bytes=MAX_CONFIG_BYTES)
+    if not isinstance(values, dict):
+        raise DocumentError(path, f"expected a JSON object, got {type(values).__name__}")
     return values
 
 
@@ -318,9 +328,11 @@ def _base_type(resolved: Any) -> tuple[type, list[Any] | None]:
 def json_object(text: str) -> dict[str, Any]:
     """An argparse type: a JSON object (``--env-kwargs '{...}'`` and the like)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from exc
+        value = load_json(text, "<argument>")
+    except DocumentError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object, got {excerpt(text)}: {exc.problem}"
+        ) from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {excerpt(text)}")
     return value

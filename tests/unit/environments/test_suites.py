@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -56,3 +57,18 @@ def test_combined_suites_reject_duplicate_task_ids():
 def test_make_suite_env_runs_over_the_suite():
     env = make_suite_env("toy-sum", sandbox="bwrap")
     assert isinstance(env, ShellEnv) and len(env.tasks) == 8
+
+
+def test_a_suite_child_linking_out_of_the_suite_folder_is_refused_naming_it(tmp_path):
+    from environments.tasks import TaskFormatError
+
+    suite, outside = tmp_path / "suite", tmp_path / "elsewhere"
+    shutil.copytree(FIXTURES / "terminal_bench" / "tb1" / "sales-report", suite / "sales-report")
+    shutil.copytree(FIXTURES / "terminal_bench" / "tb1" / "sort-files", outside / "sort-files")
+    (suite / "sort-files").symlink_to(outside / "sort-files")
+    with pytest.raises(TaskFormatError, match="outside the suite folder") as info:
+        resolve_suite(suite)
+    assert info.value.path == str(suite / "sort-files") and info.value.field == "sort-files"
+    (suite / "sort-files").unlink()
+    (suite / "copy").symlink_to("sales-report")  # a link that stays inside still loads
+    assert [task.task_id for task in resolve_suite(suite)] == ["copy", "sales-report"]

@@ -211,3 +211,18 @@ def test_reference_solutions_survive_the_action_protocol(verified: TaskList) -> 
     for task in verified:
         for command in task.reference_solution():
             assert parse_action(format_action(command)).command == command.strip()
+
+
+@pytest.mark.parametrize(
+    ("name", "field"), [("deep.json", "<root>"), ("deep.jsonl", "line 2")], ids=["json", "jsonl"]
+)
+def test_an_instance_file_nested_10000_deep_is_a_one_line_error(
+    tmp_path: Path, name: str, field: str
+) -> None:
+    deep = "[" * 10_000 + "]" * 10_000
+    path = tmp_path / name
+    path.write_text(deep if name.endswith(".json") else f'{{"instance_id": "x"}}\n{deep}\n')
+    with pytest.raises(TaskFormatError, match="nested more than 100 levels deep") as info:
+        load_instances(path)
+    assert (info.value.path, info.value.field) == (str(path), field)
+    assert "\n" not in str(info.value)

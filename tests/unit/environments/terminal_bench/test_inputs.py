@@ -195,3 +195,66 @@ def test_verifier_env_values_reach_the_grader_quoted(tmp_path: Path) -> None:
     task.grade(sandbox)
     run = next(c for c in sandbox.commands if c.endswith("test.sh"))
     assert f"MODE={shlex.quote(value)}" in run
+
+
+def nested_aliases(levels: int, width: int = 9) -> str:
+    """A YAML flow list defining ``levels`` anchors, each ``width`` aliases of the one before:
+    width**levels strings once expanded, in a few hundred bytes."""
+    items = ["&a0 [" + ",".join(['"lol"'] * width) + "]"]
+    items += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "[" + ",".join(items) + "]"
+
+
+def test_a_yaml_alias_bomb_in_task_yaml_is_refused_naming_the_file(tmp_path: Path) -> None:
+    task_dir = copy_task(tmp_path, "tb1")
+    path = task_dir / "task.yaml"
+    _edit_line(path, "parser_name: pytest", f"parser_name: {nested_aliases(9)}")
+    with pytest.raises(TaskFormatError, match="aliases followed") as caught:
+        load_tasks(task_dir)
+    assert str(caught.value).startswith(f"{path}: field '<document>': ")
+    assert "\n" not in str(caught.value)
+
+
+def test_an_error_quotes_a_bounded_excerpt_of_a_large_value(tmp_path: Path) -> None:
+    task_dir = copy_task(tmp_path, "tb1")
+    _edit_line(task_dir / "task.yaml", "parser_name: pytest", f"parser_name: {nested_aliases(5)}")
+    with pytest.raises(TaskFormatError, match="expected 'pytest', got") as caught:
+        load_tasks(task_dir)
+    assert len(str(caught.value)) < 500
+
+
+DEEP = 10_000
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name", "old", "new"),
+    [
+        ("tb1", "task.yaml", "parser_name: pytest", "tags: " + "[" * DEEP + "]" * DEEP),
+        ("tb1", "solution.yaml", None, "- " * 2 + "[" * DEEP + "]" * DEEP),
+        ("harbor", "task.toml", None, "\n[verifier.deep]\nx = " + "[" * DEEP + "]" * DEEP),
+        ("harbor", "task.toml", None, "\n[verifier.deep]\n" + ".".join(["a"] * DEEP) + " = 1"),
+    ],
+    ids=["tb1-task-yaml", "tb1-solution-yaml", "harbor-task-toml", "harbor-dotted-keys"],
+)
+def test_a_task_file_nested_10000_deep_is_a_one_line_error_naming_it(
+    tmp_path: Path, fmt: str, name: str, old: str | None, new: str
+) -> None:
+    task_dir = copy_task(tmp_path, fmt)
+    path = task_dir / name
+    if name == "solution.yaml":
+        (task_dir / "solution.sh").unlink()
+        path.write_text(new + "\n")
+    elif old is None:
+        path.write_text(path.read_text() + new + "\n")
+    else:
+        _edit_line(path, old, new)
+    with pytest.raises(TaskFormatError, match="nested more than 100 levels deep") as caught:
+        load_tasks(task_dir)
+    assert str(caught.value).startswith(f"{path}: field '<document>': ")
+    assert "\n" not in str(caught.value)
+
+
+def _edit_line(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))

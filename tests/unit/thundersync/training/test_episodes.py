@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from concurrent.futures import CancelledError
 
 import numpy as np
@@ -98,6 +97,19 @@ class Rig:
         self.batcher.close()
 
 
+def hold_engine(rig: Rig) -> threading.Event:
+    """Make ``rig``'s engine wait, on every batch, until the returned event is set: no episode
+    can end before the test lets it, however the threads are scheduled."""
+    gate, generate = threading.Event(), rig.engine.generate
+
+    def held(requests):
+        assert gate.wait(60), "the test never released the engine"
+        return generate(requests)
+
+    rig.engine.generate = held
+    return gate
+
+
 def per_episode(events: list[ev.Event]) -> dict[str, list]:
     """Each episode's events in order, without their timestamps."""
     out: dict[str, list] = {}
@@ -141,8 +153,21 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
             live[0] -= 1
 
     rig = Rig(tokenizer, sink=count)
+    gate = hold_engine(rig)  # every episode is queued before any can end
     driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=3)
-    trajectories = rig.play(driver, 10)
+    rng = np.random.default_rng(0)
+    futures = [
+        driver.submit(
+            task=ToySumEnv(tools="python").draw_task(rng),
+            group_id="g",
+            group_size=2,
+            seed=i,
+            episode_id=f"e{i}",
+        )
+        for i in range(10)
+    ]
+    gate.set()
+    trajectories = [f.result(timeout=60) for f in futures]
     driver.shutdown()
     rig.close()
     assert len(trajectories) == 10 and most[0] == 3 and max(rig.engine.batches) <= 3
@@ -207,30 +232,34 @@ def test_a_broken_sink_escapes_through_the_episodes_future(tokenizer):
 
 
 def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer):
-    entered, gate = threading.Event(), threading.Event()
-    rig = Rig(tokenizer)
-    generate = rig.engine.generate
+    started, two_started = [], threading.Event()
 
-    def held(requests):  # the first batch waits until the run is cancelled
-        entered.set()
-        gate.wait(30)
-        return generate(requests)
+    def count(event: ev.Event) -> None:
+        if isinstance(event, ev.EpisodeStarted):
+            started.append(event.episode_id)
+            if len(started) == 2:
+                two_started.set()
 
-    rig.engine.generate = held
+    rig = Rig(tokenizer, sink=count)
+    gate = hold_engine(rig)  # no episode ends until the run is cancelled and shut
     driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
     rng = np.random.default_rng(0)
     futures = []
     for i in range(5):
-            futures.append(driver.submit(task=ToySumEnv(tools="python").draw_task(rng),
+        futures.append(driver.submit(task=ToySumEnv(tools="python").draw_task(rng),
                                      episode_id=f"e{i}"))  # fmt: skip
-    assert entered.wait(30)  # two episodes are live, waiting on the engine; three queued
+    dropped = threading.Semaphore(0)
+    for future in futures[2:]:
+        future.add_done_callback(lambda _: dropped.release())
+    # Two episodes are live, waiting on the held engine, so the other three stay queued (the
+    # driver starts no third while two are live, and neither can end before the gate opens).
+    assert two_started.wait(30)
     rig.runner.cancel("stopping")
     stopper = threading.Thread(target=driver.shutdown)
     stopper.start()
-    for _ in range(3000):  # the queued ones are dropped while the live ones still wait
-        if all(f.cancelled() for f in futures[2:]):
-            break
-        time.sleep(0.01)
+    for _ in futures[2:]:  # the queued ones are dropped while the live ones still wait
+        assert dropped.acquire(timeout=30)
+    assert started == ["e0", "e1"] and all(f.cancelled() for f in futures[2:])
     gate.set()
     stopper.join(30)
     assert not stopper.is_alive()

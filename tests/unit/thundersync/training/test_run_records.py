@@ -172,3 +172,47 @@ def test_metrics_are_strict_json_and_a_resume_drops_the_steps_it_redoes(tmp_path
     truncate_metrics(tmp_path / "metrics.jsonl", 2)
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
+
+
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("run.json", '{"env_kwargs": {"x": ' + DEEP + "}}"),
+        ("run.toml", "env_kwargs = {x = " + DEEP + "}"),
+    ],
+    ids=["json", "toml"],
+)
+def test_a_config_file_nested_10000_deep_is_a_one_line_error_and_exit_2(
+    tmp_path, capsys, name, text
+):
+    from thundersync.cli import main
+
+    file = tmp_path / name
+    file.write_text(text)
+    assert main(["train", "--config", str(file), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    problem = "not a readable JSON/TOML config: nested more than 100 levels deep"
+    assert err == f"train: error: {file}: {problem}\n"
+
+
+def test_a_resumed_runs_config_json_is_read_bounded(tmp_path, capsys):
+    from thundersync.cli import main
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(DEEP)
+    assert main(["train", "--resume", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json: nested more than 100 levels deep" in err and err.count("\n") == 1
+
+
+def test_json_on_the_command_line_is_read_bounded(capsys):
+    from thundersync.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--env-kwargs", '{"x": ' + DEEP + "}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "nested more than 100 levels deep" in err and len(err) < 500
