@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.compare import CompareConfig, mode_config, run_compare
 from thundersync.cli_output import HelpFormatter
+from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
     add_config_flags,
     check_inputs,
@@ -82,6 +83,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
             mode_config(config.train, mode, 0, Path(config.out), 1)
         _check(config)
         check_inputs(config.train)
+        dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from thundersync.strict_json import dumps_nulled
+
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path("runs") / "leaderboard.sqlite"
 ENV_VAR = "THUNDERSYNC_LEADERBOARD"
@@ -126,9 +128,9 @@ class Store:
             " config_hash, machine, metrics, config, artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (entry.created_at or datetime.now(UTC).isoformat(timespec="seconds"), entry.kind,
              entry.suite, entry.suite_version, entry.subject, entry.checkpoint,
-             entry.config_hash, json.dumps(entry.machine or machine()),
-             json.dumps(entry.metrics, allow_nan=False), json.dumps(entry.config, default=str),
-             json.dumps(entry.artifacts)),
+             entry.config_hash, dumps_nulled(entry.machine or machine()),
+             dumps_nulled(entry.metrics), dumps_nulled(entry.config),
+             dumps_nulled(entry.artifacts)),
         )  # fmt: skip
         self._db.commit()
         return int(cursor.lastrowid)
