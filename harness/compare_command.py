@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.compare import CompareConfig, mode_config, run_compare
+from harness.eval import output_problem
 from thundersync.cli_output import HelpFormatter
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
@@ -84,6 +85,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
         _check(config)
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
+        problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
+        if problem is not None:
+            raise ValueError(problem)
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2
