@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.curves import Point
+from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
 
 
@@ -83,7 +84,7 @@ def train_run(config: TrainConfig, label: str) -> None:
     folder = Path(config.out)
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / "requested-config.json"
-    config_file.write_text(json.dumps(config.to_dict(), indent=2))
+    config_file.write_text(dumps_refusing(config.to_dict(), what=str(config_file), indent=2))
     command = [sys.executable, "-m", "thundersync.cli", "train", "--config", str(config_file)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:  # fmt: skip

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from harness.compare import CompareConfig, mode_config, run_compare
+from harness.eval import output_problem
 from thundersync.cli_output import HelpFormatter
+from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
     add_config_flags,
     check_inputs,
@@ -82,6 +84,10 @@ def run_compare_command(args: argparse.Namespace) -> int:
             mode_config(config.train, mode, 0, Path(config.out), 1)
         _check(config)
         check_inputs(config.train)
+        dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
+        problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
+        if problem is not None:
+            raise ValueError(problem)
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2

@@ -198,6 +198,28 @@ def sandbox_problem(kind: str) -> str | None:
     return None
 
 
+def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str | None:
+    """Why the run's outputs cannot be written (checked before any work), or None: ``out``
+    must be a folder or creatable as one, and with ``leaderboard`` the store ``db`` (None:
+    the default one) must open, have a schema this code reads, and take a write."""
+    from leaderboard.store import Store, StoreError
+
+    if out is not None:
+        folder = Path(out)
+        if folder.exists() and not folder.is_dir():
+            return f"--out {out}: exists and is not a folder (the run folder to write)"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--out {out}: cannot create the run folder: {exc.strerror or exc}"
+    if leaderboard:
+        try:
+            Store(db).close()
+        except StoreError as exc:
+            return f"--db: {exc}"
+    return None
+
+
 def eval_config(args: argparse.Namespace) -> EvalConfig:
     """The run's config from the flags; ValueError naming a bad one."""
     agent = args.agent or ("policy" if args.checkpoint else "oracle")
@@ -238,7 +260,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if not tasks:
         return _fail(f"suite {config.suite!r} has no tasks")
-    problem = sandbox_problem(config.sandbox)
+    problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
+    if problem is None:
+        problem = sandbox_problem(config.sandbox)
     if problem is not None:
         return _fail(problem)
     out = Path(args.out) if args.out else None

@@ -37,12 +37,12 @@ def run_leaderboard_command(args: argparse.Namespace) -> int:
     from leaderboard.store import Store, StoreError, default_path
 
     wanted = Path(args.db) if args.db else default_path()
-    if not wanted.is_file():  # reading never creates the file
+    if not wanted.exists():  # reading never creates the file
         print(f"leaderboard: no results yet: {wanted} does not exist "
               "(eval and compare add a row to it)")  # fmt: skip
         return 0
     try:
-        with Store(args.db) as store:
+        with Store(args.db, read_only=True) as store:
             entries = store.entries(suite=args.suite, kind=args.kind)
             path = store.path
     except StoreError as exc:

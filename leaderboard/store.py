@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from thundersync.strict_json import dumps_nulled, dumps_refusing
+
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path("runs") / "leaderboard.sqlite"
 ENV_VAR = "THUNDERSYNC_LEADERBOARD"
@@ -102,22 +104,60 @@ def default_path() -> Path:
 
 
 class Store:
-    """An open leaderboard file (created on first use)."""
+    """An open leaderboard file (created on first use).
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    Opening checks everything a later ``append`` or ``entries`` needs, so a command can open
+    its store before any work and fail in one line (``StoreError``): the path is not a folder,
+    the file is a SQLite database that passes ``PRAGMA quick_check`` (a truncated or garbage
+    file does not), its schema version is one this code reads, and, unless
+    ``read_only=True``, a write transaction can start (a read-only file or folder fails). A
+    read-only store never creates or changes the file.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a folder, not a leaderboard file")
         try:
-            self._db = sqlite3.connect(self.path)
+            if read_only:
+                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open the leaderboard: {exc}") from exc
+        try:
+            self._check(read_only)
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _check(self, read_only: bool) -> None:
+        try:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            check = self._db.execute("PRAGMA quick_check").fetchall()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a leaderboard database: {exc}") from exc
+        if check != [("ok",)]:
+            raise StoreError(f"{self.path}: a damaged leaderboard database (quick_check: "
+                             f"{check[0][0]})")  # fmt: skip
         if version not in (0, SCHEMA_VERSION):
             raise StoreError(f"{self.path}: leaderboard schema {version}, this ThunderSync "
                              f"reads {SCHEMA_VERSION}")  # fmt: skip
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        self._db.commit()
+        if read_only:
+            if version == 0:
+                raise StoreError(f"{self.path}: not a leaderboard (no results table)")
+            return
+        try:
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db.commit()
+            # Prove that a row can be appended: a write transaction, rolled back.
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("CREATE TABLE write_probe (x)")
+            self._db.rollback()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot write to the leaderboard: {exc}") from exc
 
     def append(self, entry: Entry) -> int:
         """Add a result; returns its id."""
@@ -126,9 +166,9 @@ class Store:
             " config_hash, machine, metrics, config, artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (entry.created_at or datetime.now(UTC).isoformat(timespec="seconds"), entry.kind,
              entry.suite, entry.suite_version, entry.subject, entry.checkpoint,
-             entry.config_hash, json.dumps(entry.machine or machine()),
-             json.dumps(entry.metrics, allow_nan=False), json.dumps(entry.config, default=str),
-             json.dumps(entry.artifacts)),
+             entry.config_hash, dumps_nulled(entry.machine or machine()),
+             dumps_refusing(entry.metrics, what="leaderboard metrics"), dumps_nulled(entry.config),
+             dumps_nulled(entry.artifacts)),
         )  # fmt: skip
         self._db.commit()
         return int(cursor.lastrowid)

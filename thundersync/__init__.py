@@ -18,6 +18,7 @@ __all__ = [
     "InvariantError",
     "Learner",
     "NonFiniteGradientError",
+    "NonFiniteParameterError",
     "StaleTokenError",
     "ThunderSyncError",
     "events",
@@ -37,6 +38,7 @@ _LAZY = {
             "InvalidEventError",
             "InvariantError",
             "NonFiniteGradientError",
+            "NonFiniteParameterError",
             "StaleTokenError",
             "ThunderSyncError",
         )
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         InvalidEventError,
         InvariantError,
         NonFiniteGradientError,
+        NonFiniteParameterError,
         StaleTokenError,
         ThunderSyncError,
     )

@@ -111,7 +111,7 @@ class EpisodeRecord:
             task_id=self.started.task_id,
             prompt_ids=self.started.prompt_ids,
             turns=turns,
-            reward=self.reward.reward if self.reward else None,
+            reward=float(self.reward.reward) if self.reward else None,  # validated: fits a float
             infra_failure=self.is_infra_failure,
             stop_reason=self.stop_reason,
         )

@@ -39,5 +39,12 @@ class NonFiniteGradientError(ThunderSyncError, FloatingPointError):
     unchanged: the learner takes the next batch."""
 
 
+class NonFiniteParameterError(ThunderSyncError, FloatingPointError):
+    """``step()``'s optimizer step made a parameter inf or NaN (a finite gradient times a
+    learning rate beyond the float range, say). The parameters are as the optimizer left
+    them, so the learner refuses every later step: nothing non-finite is published, saved
+    or reported, and the run continues from its last checkpoint or not at all."""
+
+
 class InvariantError(ThunderSyncError, RuntimeError):
     """An internal invariant broke: a bug in ThunderSync, not in the caller's input."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thundersync.strict_json import dumps_nulled
+
 _EPOCH = time.monotonic()
 
 
@@ -282,7 +284,8 @@ class EventBus:
 
 
 class JsonlSink:
-    """Appends ``summarize(event)`` as one JSON line per event; flushes every line."""
+    """Appends ``summarize(event)`` as one strict JSON line per event (a non-finite number is
+    null, a ``Fraction`` or ``Decimal`` reward a float); flushes every line."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -291,7 +294,7 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        line = json.dumps(summarize(event), default=str)
+        line = dumps_nulled(summarize(event))  # strict JSON: a non-finite number is null
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()

@@ -37,6 +37,13 @@ Rules every strategy shares:
 - A non-finite gradient norm at ``step`` raises ``NonFiniteGradientError``: no optimizer step,
   parameters, ``.grad`` and optimizer state untouched, the batch dropped, ``policy_version``
   unchanged.
+- A finite gradient can still make a parameter inf or NaN in the optimizer (``lr=1e308``):
+  after ``optimizer.step()`` one fused max-|x| over the parameters (``torch._foreach_norm``
+  with ord inf, one host sync) checks them, and a non-finite one raises
+  ``NonFiniteParameterError`` before the step counts, is published or is reported. The
+  parameters stay as the optimizer left them, so the learner refuses every later ``step``:
+  a run stops with its last checkpoint the last good state. The check reads the parameters
+  and changes nothing, so sync and streaming stay bitwise equal.
 
 Data parallelism: ``thundersync.data_parallel.DataParallelLearner`` is this learner on one
 rank; it overrides the hooks ``_batch_groups``, ``_reduce`` and ``_step_sum_factory``.
@@ -61,7 +68,12 @@ from thundersync.assembly import Assembler, EpisodeRecord
 from thundersync.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
 from thundersync.canonical import CanonicalGRPO
 from thundersync.distill import PiecewiseOPD
-from thundersync.errors import IncompleteBatchError, NonFiniteGradientError, StaleTokenError
+from thundersync.errors import (
+    IncompleteBatchError,
+    NonFiniteGradientError,
+    NonFiniteParameterError,
+    StaleTokenError,
+)
 from thundersync.gradients import BufferPool, write_grads
 from thundersync.metrics import TokenStats, staleness_metrics
 from thundersync.objectives import GRPO, OPD, Objective, clip_coefficient, denominator
@@ -98,7 +110,8 @@ class Learner:
     computed (``num_compared_tokens``; a trajectory with zero advantage and no KL term needs
     no forward on the batched path): ``logprob_mismatch_mean`` and ``logprob_mismatch_max``
     of |log π_learner − log π_sampler|, and ``kl_sampler_learner``, the mean k3 estimate of
-    KL(π_sampler ‖ π_learner) (None when no token was compared). The mismatch
+    KL(π_sampler ‖ π_learner) (None when no token was compared, or when the sum
+    overflowed a double: metrics are never inf or NaN). The mismatch
     comes from forward passes the learner runs anyway, and is not exactness (streaming vs
     sync): it measures the rollout engine against the learner.
     """
@@ -145,6 +158,9 @@ class Learner:
         )  # fmt: skip
         self.peak_buffer_bytes = 0
         self.last_gradient: torch.Tensor | None = None
+        self.failure: str | None = None
+        """Why the parameters are unusable (a step made one non-finite); None while they are
+        fine."""
         self._new_batch()
 
     # --- consuming events ----------------------------------------------------------------------
@@ -182,6 +198,8 @@ class Learner:
         Afterwards each parameter's ``.grad`` holds the step's (clipped) gradient and
         ``policy_version`` is one higher. Returns the step's metrics (see the class doc).
         """
+        if self.failure is not None:
+            raise NonFiniteParameterError(self.failure)
         groups = self._batch_groups()
         started = time.perf_counter()
         total, trained = self.strategy.finish(groups)
@@ -202,6 +220,15 @@ class Learner:
             total.mul_(scale)
         write_grads(self.policy.params, total)
         self.optimizer.step()
+        if not all_finite(self.policy.params):
+            self._new_batch()
+            self.failure = (
+                f"step {self.num_steps}: the optimizer step made a parameter non-finite "
+                f"(inf or NaN) from a finite gradient (norm {grad_norm:.6g}): the learning "
+                f"rate or optimizer settings overflow; the learner takes no further step and "
+                f"policy_version stays {self.policy_version}"
+            )
+            raise NonFiniteParameterError(self.failure)
         self.last_gradient = total.clone() if self.keep_last_gradient else None
         self.learner_time_s += time.perf_counter() - started
         metrics = self._metrics(groups, trained, counts, denom, grad_norm)
@@ -268,6 +295,17 @@ class Learner:
             self.publish, self._step_sum_factory(),
         ))  # fmt: skip
         self.learner_time_s = 0.0
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite: the max-|x| of each tensor (inf and NaN
+    propagate through it, and unlike the 2-norm it cannot overflow for finite values) in one
+    fused kernel per device and dtype, then one host sync."""
+    if not tensors:
+        return True
+    maxima = torch._foreach_norm(tensors, float("inf"))
+    device = maxima[0].device
+    return bool(torch.stack([m.to(device, torch.float64) for m in maxima]).isfinite().all())
 
 
 # --- choices made once, in the constructor --------------------------------------------------------

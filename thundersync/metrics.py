@@ -10,6 +10,7 @@ never zero in practice; it is what ``GRPO.tis_cap`` corrects for.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Hashable, Iterable
 from typing import Any
 
@@ -56,12 +57,19 @@ class TokenStats:
         table = torch.stack(rows)
         total_abs, total_k3, count, clipped = table[:, [0, 2, 3, 4]].sum(0).tolist()
         return {
-            "logprob_mismatch_mean": total_abs / count,
-            "logprob_mismatch_max": float(table[:, 1].max()),
-            "kl_sampler_learner": total_k3 / count,
+            "logprob_mismatch_mean": _finite_or_none(total_abs / count),
+            "logprob_mismatch_max": _finite_or_none(float(table[:, 1].max())),
+            "kl_sampler_learner": _finite_or_none(total_k3 / count),
             "num_compared_tokens": int(count),
             "clip_fraction": clipped / num_trained_tokens if num_trained_tokens else 0.0,
         }
+
+
+def _finite_or_none(value: float) -> float | None:
+    """None for a sum that overflowed: a sampler log-prob near ``MIN_LOGPROB`` where the learner
+    gives ~0 makes k3 = exp(d) − d − 1 exceed the largest double (d > 709.78); a metric
+    that is not a number is reported as None, never as inf or NaN."""
+    return value if math.isfinite(value) else None
 
 
 def staleness_metrics(episodes: Iterable[EpisodeRecord], policy_version: int) -> dict[str, Any]:

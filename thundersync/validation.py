@@ -7,9 +7,13 @@ value):
   ``policy_version`` are ints (not bools, not floats); ``group_size >= 1``, ``turn >= 0``;
 - token ids (``prompt_ids``, ``action_ids``, ``observation_ids``) are tuples (or lists) of
   ints in ``0 .. vocab_size - 1``, the rows of the model's embedding;
-- log-probs (``action_logprobs``, ``teacher_logprobs``) are finite real numbers
-  ``<= LOGPROB_TOLERANCE`` (engines round; a log-prob of 1e-7 is a probability of 1);
-- a reward is a finite real number with ``|reward| <= MAX_ABS_REWARD``, infra failures too;
+- log-probs (``action_logprobs``, ``teacher_logprobs``) are finite real numbers in
+  ``[MIN_LOGPROB, LOGPROB_TOLERANCE]`` (engines round; a log-prob of 1e-7 is a probability
+  of 1; below ``MIN_LOGPROB`` ≈ −745.13 no double-precision softmax gives a probability > 0);
+- a reward is a real number (int, float, ``Fraction``, ``Decimal``, numpy scalars; not a
+  bool) whose float is finite with ``|reward| <= MAX_ABS_REWARD``, infra failures too: an
+  int, ``Fraction`` or ``Decimal`` beyond the float range is refused, never an
+  ``OverflowError``;
 - ``ToolFinished.duration_s`` is a finite real number ``>= 0``.
 
 Checks against what was consumed before (duplicates, lengths that must agree, the context
@@ -19,6 +23,7 @@ model takes, ``InvalidEventError``.
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 from collections.abc import Sequence
@@ -33,6 +38,14 @@ MAX_ABS_REWARD = 1e6
 lose every digit of the rewards' differences."""
 LOGPROB_TOLERANCE = 1e-3
 """Log-probs up to +1e-3 are accepted as engine rounding of a certain token (log 1 = 0)."""
+MIN_LOGPROB = -1075 * math.log(2.0)
+"""≈ −745.133 = ln 2^-1075: ``exp(x)`` of a double rounds to 0.0 for every x below it (the
+smallest positive double is 2^-1074), so no softmax computed in double precision, let alone
+in float32 or bfloat16, gives a token below it a probability > 0. An engine cannot have
+sampled such a token, and a teacher's score below it is a sentinel for "impossible" (−1e308,
+−inf stand-ins), not a probability: as a distillation target it turns the per-token
+advantage into ±1e308 and the whole step's gradient into inf. Refusing it at ``consume``
+names the episode and turn instead of dropping the batch at ``step``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +156,29 @@ def _integer(where: str, name: str, value: Any, *, minimum: int | None = None) -
         raise InvalidEventError(f"{where}: {name}={value!r}: expected an int >= {minimum}")
 
 
+def as_finite_float(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not a real number (bools are not) or
+    its float is not finite: ints, ``Fraction`` and ``Decimal`` beyond ±1.8e308 included
+    (``float(10**400)`` raises ``OverflowError``, ``math.isfinite(10**400)`` too)."""
+    if type(value) is float:  # the fast path
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal):
+        return None
+    try:
+        result = float(value)
+    except (OverflowError, ValueError, decimal.InvalidOperation):  # sNaN raises ValueError
+        return None
+    return result if math.isfinite(result) else None
+
+
 def _real(where: str, name: str, value: Any, *, low: float, high: float) -> None:
-    is_real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not is_real or not math.isfinite(value) or not low <= value <= high:
+    number = as_finite_float(value)
+    if number is None or not low <= number <= high:
         bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-        raise InvalidEventError(f"{where}: {name}={value!r}: expected a finite number {bounds}")
+        raise InvalidEventError(
+            f"{where}: {name}={value!r:.80}: expected a finite real number {bounds} (not a "
+            "bool; an int, Fraction or Decimal must fit a float)"
+        )
 
 
 def _sequence(where: str, name: str, value: Any) -> None:
@@ -179,9 +210,10 @@ def _token_ids(where: str, name: str, ids: Sequence[Any], vocab_size: int | None
 def _logprobs(where: str, name: str, values: Sequence[Any]) -> None:
     _sequence(where, name, values)
     for i, x in enumerate(values):
-        is_real = type(x) is float or (isinstance(x, numbers.Real) and not isinstance(x, bool))
-        if not is_real or not math.isfinite(x) or x > LOGPROB_TOLERANCE:
+        number = as_finite_float(x)
+        if number is None or not MIN_LOGPROB <= number <= LOGPROB_TOLERANCE:
             raise InvalidEventError(
-                f"{where}: {name}[{i}]={x!r}: expected a finite log-prob <= "
-                f"{LOGPROB_TOLERANCE:g} (a real number, at most rounding above 0)"
+                f"{where}: {name}[{i}]={x!r:.80}: expected a finite log-prob in "
+                f"[{MIN_LOGPROB:.2f}, {LOGPROB_TOLERANCE:g}] (a real number, at most rounding "
+                "above 0, and no lower than ln 2^-1075, below which a double softmax gives 0)"
             )

@@ -230,3 +230,35 @@ def test_without_deterministic_the_first_update_still_matches_sync(warm_gpt2, tm
     update_streaming = update(tmp_path / "streaming")
     relative = float((update_sync - update_streaming).norm() / update_sync.norm())
     assert relative <= 1e-12
+
+
+def test_a_step_that_would_make_the_weights_non_finite_stops_the_run_cleanly(tmp_path):
+    """lr=1e308 used to exit 0 with every checkpoint parameter NaN. Now the step stops the run
+    with one line (exit 1), the last good checkpoint stays as it was, and every run file is
+    strict JSON."""
+    out = tmp_path / "run"
+    tiny = ["--steps", "1", "--tasks-per-step", "2", "--group-size", "2",
+            "--max-new-tokens", "8", "--checkpoint-every", "1"]  # fmt: skip
+    train(out, *tiny)
+    good = final_weights(out)
+    assert all(torch.isfinite(w).all() for w in good.values())
+    config = tmp_path / "overflow.toml"
+    config.write_text(f'lr = 1e308\nsteps = 2\nout = "{out}"\n')
+    proc = train(out, "--config", str(config), "--resume", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("train: error:")]
+    assert len(error) == 1 and "non-finite" in error[0] and "step-000001" in error[0]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001"]
+    after = final_weights(out)
+    assert all(torch.equal(good[k], after[k]) for k in good)
+    for name in ("metrics.jsonl", "events.jsonl", "spans.jsonl", "config.json"):
+        text = (out / name).read_text()
+        records = text.splitlines() if name.endswith(".jsonl") else [text]
+        for record in records:
+            json.loads(record, parse_constant=_refuse)
+    assert [m["step"] for m in metrics(out)] == [0]
+
+
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"a run file holds {constant}, which strict JSON has not")

@@ -53,8 +53,9 @@ def flat_group(model, reward: float, size: int, seed: int) -> list[ev.Event]:
 @given(
     reward=st.sampled_from([0.0, 1.0, 0.1, 0.3, 1e-9, 7.77]),
     seed=st.integers(0, 10**6),
-    options=st.sampled_from([{}, {"early_start": True}, {"buffer_budget_bytes": 0},
-                             {"deterministic": True}]),  # fmt: skip
+    options=st.sampled_from(
+        [{}, {"early_start": True}, {"buffer_budget_bytes": 0}, {"deterministic": True}]
+    ),  # fmt: skip
     scale=st.booleans(),
 )
 def test_an_all_equal_group_contributes_exactly_zero(model, reward, seed, options, scale):
@@ -194,3 +195,31 @@ def test_deterministic_streaming_drained_at_any_points_is_bitwise_sync(
             learner.drain()
     learner.step()
     assert torch.equal(step_grad(model), sync)
+
+
+huge_reals = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**400), 10**400),
+    st.fractions(max_denominator=10**6).map(lambda f: f * 10**310),  # beyond float range
+)
+
+
+@given(reward=huge_reals)
+def test_a_reward_is_accepted_exactly_when_its_float_is_finite_and_in_range(reward):
+    """Validation is total: any real number is either taken or an ``InvalidEventError``,
+    never an ``OverflowError`` (``math.isfinite(10**400)`` raises one)."""
+    import math
+
+    from thundersync import InvalidEventError
+    from thundersync.validation import MAX_ABS_REWARD, EventLimits, check_event
+
+    event = ev.RewardReady(episode_id="e0", reward=reward)
+    try:
+        fits = math.isfinite(float(reward)) and abs(float(reward)) <= MAX_ABS_REWARD
+    except OverflowError:
+        fits = False
+    if fits:
+        check_event(event, EventLimits())
+    else:
+        with pytest.raises(InvalidEventError, match="e0.*reward"):
+            check_event(event, EventLimits())

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync.cli_output import HelpFormatter
+from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
     add_config_flags,
     check_inputs,
@@ -36,8 +37,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    """0 when every step ran; 1 when a worker failed or the backend is unusable; 2 on a bad
-    config or (``--resume``) a damaged or tampered checkpoint; 130 on Ctrl-C."""
+    """0 when every step ran; 1 when a worker failed, the backend is unusable or a step would
+    make the gradient or the parameters non-finite; 2 on a bad config or (``--resume``) a
+    damaged or tampered checkpoint; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
         if args.resume:
@@ -47,6 +49,7 @@ def run_train_command(args: argparse.Namespace) -> int:
                 base = {**load_saved_config(saved), **base}
         config = resolve_config(args, base)
         check_inputs(config)
+        dumps_refusing(config.to_dict(), what="config")  # config.json must be strict JSON
         if args.resume:
             from thundersync.training.checkpoint import check_resumable
 
@@ -54,6 +57,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
+    from thundersync.errors import ThunderSyncError
     from thundersync.training.modes import mode_runner
     from thundersync.training.trainer import Trainer, WorkerError
     from thundersync.training.workers import BackendError
@@ -67,7 +71,9 @@ def run_train_command(args: argparse.Namespace) -> int:
                 print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}",
                       file=sys.stderr)  # fmt: skip
             history = mode_runner(config.mode)(trainer)
-    except (WorkerError, BackendError) as exc:
+    except (WorkerError, BackendError, ThunderSyncError) as exc:
+        # ThunderSyncError: a step that would make the parameters (or the gradient)
+        # non-finite stops the run; its checkpoints hold only finite parameters.
         print(f"train: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

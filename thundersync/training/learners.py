@@ -98,6 +98,8 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
     if spec.checkpoint is not None:
         state = ckpt.load_state(Path(spec.checkpoint))
         optimizer.load_state_dict(state["optimizer"])
+        for group in optimizer.param_groups:  # the state dict holds the saved run's settings:
+            group.update(lr=config.lr, weight_decay=config.weight_decay)  # --resume --lr acts
         ckpt.restore_rng(state)
         start_step, version = state["completed_steps"], state["policy_version"]
     objective = config.build_objective()

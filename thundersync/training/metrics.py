@@ -4,13 +4,13 @@ spans, and the per-batch bookkeeping that says when a batch is complete and what
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from thundersync import events as ev
+from thundersync.strict_json import dumps_nulled
 
 
 class MetricsLogger:
@@ -32,8 +32,9 @@ class MetricsLogger:
                                             project="thundersync")  # fmt: skip
 
     def log(self, metrics: dict[str, Any]) -> None:
-        clean = _finite(metrics)
-        self._file.write(json.dumps(clean, allow_nan=False) + "\n")
+        line = dumps_nulled(metrics)
+        clean = json.loads(line)
+        self._file.write(line + "\n")
         self._file.flush()
         scalars = {k: v for k, v in _flatten(clean).items() if isinstance(v, int | float)}
         step = int(metrics["step"])
@@ -59,16 +60,6 @@ def truncate_metrics(path: Path, completed_steps: int) -> None:
     kept = [line for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip() and json.loads(line).get("step", 0) < completed_steps]  # fmt: skip
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -144,7 +135,7 @@ class BatchTracker:
         log π_sampler − log π_teacher, an estimate of KL(student ‖ teacher) on the student's
         own samples: what on-policy distillation drives down."""
         scored = [r for r in self.rewards.values() if not r.infra_failure]
-        rewards = [r.reward for r in scored]
+        rewards = [float(r.reward) for r in scored]  # ints, Fractions, Decimals too
         turns = [c.num_turns for c in self.completed.values()]
         return {
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,

@@ -9,7 +9,6 @@ clear error — so a mode can drain what has queued and compute it as one micro-
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import sys
@@ -20,7 +19,8 @@ from typing import Any
 import torch
 
 from thundersync import events as ev
-from thundersync.errors import ThunderSyncError
+from thundersync.errors import NonFiniteParameterError, ThunderSyncError
+from thundersync.strict_json import dumps_nulled, dumps_refusing
 from thundersync.training import checkpoint as ckpt
 from thundersync.training.config import TrainConfig
 from thundersync.training.learners import (
@@ -146,8 +146,10 @@ class Trainer:
 
         folder = self.out / "init-model"
         if not (folder / "config.json").is_file():
-            print(f"train: no --model given: building a tiny random model in {folder}",
-                  file=sys.stderr)
+            print(
+                f"train: no --model given: building a tiny random model in {folder}",
+                file=sys.stderr,
+            )
             # vLLM's CPU attention needs a head_dim of 32 or more (the default tiny has 16).
             shape = {"hidden_size": 64, "num_heads": 2} if self.config.engine == "vllm" else {}
             build_tiny_model(folder, "qwen3", seed=self.config.seed, **shape)
@@ -155,7 +157,8 @@ class Trainer:
 
     def _setup_records(self, resume: bool) -> None:
         config_path = self.out / "config.json"
-        config_path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        text = dumps_refusing(self.config.to_dict(), what=str(config_path), indent=2)
+        config_path.write_text(text + "\n")
         if resume:
             truncate_metrics(self.out / "metrics.jsonl", self.start_step)
         else:
@@ -297,7 +300,7 @@ class Trainer:
     def _span(self, span: ev.SpanRecorded) -> None:
         record = ev.summarize(span)
         record.pop("event", None)
-        self.spans_log.write(json.dumps(record, default=str) + "\n")
+        self.spans_log.write(dumps_nulled(record) + "\n")
         if span.name == "backward":  # batched pieces share one interval: count it once
             self._backward_intervals.append((span.started, span.finished))
         else:
@@ -329,6 +332,16 @@ class Trainer:
             inbox.put(("step", step))
         try:
             learned = self.learner.step()
+        except NonFiniteParameterError as exc:
+            found = ckpt.list_checkpoints(self.out / "checkpoints")
+            then = (
+                (f"the last good checkpoint is {found[-1]}: lower --lr and continue with --resume")
+                if found
+                else "no checkpoint yet: lower --lr and start again"
+            )
+            raise NonFiniteParameterError(
+                f"{exc}; nothing of this step was saved, published or logged ({then})"
+            ) from exc  # fmt: skip
         except RuntimeError as exc:
             if not self._rank_inboxes or isinstance(exc, ThunderSyncError):
                 raise
@@ -456,8 +469,10 @@ def make_backend(config: TrainConfig) -> Any:
         return LocalBackend()
     from thundersync.training.ray_backend import RayBackend
 
-    cpus = config.rollout_threads + (config.algo == "opd") + (
-        (config.learner_ranks - 1) * config.learner_threads
+    cpus = (
+        config.rollout_threads
+        + (config.algo == "opd")
+        + ((config.learner_ranks - 1) * config.learner_threads)
     )
     log = Path(config.out) / "ray.log"
     return RayBackend(cpus_needed=cpus, gpus_needed=sum(gpu_asks(config)),

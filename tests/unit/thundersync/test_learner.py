@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -200,8 +202,11 @@ def step_grad(model) -> torch.Tensor:
 
 
 def _group(events, reward_event) -> str:
-    return next(e.group_id for e in events
-                if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id)
+    return next(
+        e.group_id
+        for e in events
+        if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id
+    )
 
 
 # --- a non-finite gradient, resuming, memory -------------------------------------------------
@@ -265,8 +270,10 @@ def test_a_resumed_learner_continues_numbering_and_version(model):
         lrn.consume(next(e for e in events if isinstance(e, ev.EpisodeStarted)))
 
 
-@pytest.mark.parametrize("options", [{"policy_version": -1}, {"num_steps": 1.5},
-                                     {"max_staleness": True}, {"micro_batch_size": 0}])
+@pytest.mark.parametrize(
+    "options",
+    [{"policy_version": -1}, {"num_steps": 1.5}, {"max_staleness": True}, {"micro_batch_size": 0}],
+)
 def test_bad_options_are_refused_by_name(model, options):
     with pytest.raises(ValueError, match=next(iter(options))):
         learner(model, **options)
@@ -303,3 +310,34 @@ def test_keep_last_gradient_keeps_a_separate_copy(model):
     for p in model.parameters():
         p.grad.zero_()
     assert float(lrn.last_gradient.norm()) > 0
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_step_that_makes_a_parameter_non_finite_stops_the_learner(model, streaming):
+    """lr=1e308: the gradient is finite, the update is not. The step raises before it counts
+    or is published, and every later step is refused (the parameters are the optimizer's)."""
+    from thundersync import NonFiniteParameterError
+
+    replica = copy.deepcopy(model).float()  # the update overflows float32
+    published: list = []
+    lrn = Learner(replica, GRPO(), torch.optim.AdamW(replica.parameters(), lr=1e308),
+                  streaming=streaming, max_grad_norm=None, publish=published.append)  # fmt: skip
+    for e in random_batch(5, model.config.vocab_size, SHAPE):
+        lrn.consume(e)
+    with pytest.raises(NonFiniteParameterError, match="step 0: .*non-finite.*policy_version st"):
+        lrn.step()
+    assert (lrn.policy_version, lrn.num_steps) == (0, 0)
+    assert not any(isinstance(e, ev.StepFinished) for e in published)
+    for e in random_batch(6, model.config.vocab_size, SHAPE, policy_version=0):
+        lrn.consume(e)
+    with pytest.raises(NonFiniteParameterError):
+        lrn.step()
+
+
+def test_all_finite_sees_inf_and_nan_but_not_huge_finite_values():
+    from thundersync.learner import all_finite
+
+    huge = [torch.full((3,), 3e38), torch.full((2,), 1e308, dtype=torch.float64)]
+    assert all_finite(huge)  # a 2-norm of these would overflow
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        assert not all_finite([*huge, torch.tensor([0.0, bad])])

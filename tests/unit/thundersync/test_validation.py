@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 import torch
@@ -92,6 +95,13 @@ BAD_VALUES = [
     (ev.RewardReady, "reward", 2e6),
     (ev.RewardReady, "reward", True),
     (ev.RewardReady, "reward", "1.0"),
+    (ev.RewardReady, "reward", 10**400),  # float() of these raises OverflowError
+    (ev.RewardReady, "reward", Fraction(10**400)),
+    (ev.RewardReady, "reward", Decimal("1e400")),
+    (ev.RewardReady, "reward", Decimal("sNaN")),
+    (ev.TurnCompleted, "action_logprobs", (-1.0, -1e308)),
+    (ev.TurnCompleted, "action_logprobs", (-746.0, -1.0)),
+    (ev.TurnCompleted, "action_logprobs", (-1.0, -(10**400))),
     (ev.TurnCompleted, "action_logprobs", (-1.0, NAN)),
     (ev.TurnCompleted, "action_logprobs", (-1.0, 0.5)),
     (ev.TurnCompleted, "action_logprobs", (-INF, -1.0)),
@@ -113,7 +123,7 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-@pytest.mark.parametrize("case", BAD_VALUES, ids=lambda c: f"{c[0].__name__}-{c[1]}-{c[2]!r}")
+@pytest.mark.parametrize("case", BAD_VALUES, ids=lambda c: f"{c[0].__name__}-{c[1]}-{c[2]!r:.40}")
 def test_a_bad_value_is_refused_and_the_learner_goes_on(model, streaming, case):
     kind, field, value, eid = (*case, "e1") if len(case) == 3 else case
     events = batch()
@@ -237,3 +247,57 @@ def test_short_teacher_logprobs_are_refused_in_sync_opd(model, teacher_first):
 def test_a_non_event_is_refused(model):
     with pytest.raises(InvalidEventError, match="expected a thundersync.events event"):
         make(model).consume({"episode_id": "e0", "reward": 1.0})
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(
+    "value", [-1e308, -746.0, -(10**400), float("-inf")], ids=["-1e308", "-746", "-10**400", "-inf"]
+)
+def test_a_teacher_score_below_any_softmax_is_refused_naming_episode_turn_and_value(
+    model, streaming, value
+):
+    """A teacher's −1e308 ("impossible") used to pass, and the step then dropped the whole
+    batch with a non-finite gradient; now ``consume`` refuses it and the batch steps."""
+    events = batch(teacher=True)
+    good = first(events, ev.TeacherScored)
+    bad = dataclasses.replace(good, teacher_logprobs=(-0.5, value))
+    options = {"objective": OPD(), "streaming": streaming, "deterministic": True}  # bitwise
+    learner = make(model, **options)
+    at = events.index(good)
+    for e in events[:at]:
+        learner.consume(e)
+    with pytest.raises(
+        InvalidEventError,
+        match=r"episode_id='e1', turn=0.*teacher_logprobs"
+        r"\[1\]=-(1e\+308|746|1000|inf).*-745.13",
+    ):
+        learner.consume(bad)
+    for e in events[at:]:
+        learner.consume(e)
+    expected = clean_gradient(model, events, **options)
+    assert torch.equal(step_grad(learner, model), expected)
+
+
+@pytest.mark.parametrize("reward", [Fraction(1), Decimal("1"), 1, Fraction(10**6)])
+def test_an_int_fraction_or_decimal_reward_trains_as_its_float(model, reward):
+    events = [dataclasses.replace(e, reward=reward) if isinstance(e, ev.RewardReady)
+              and e.episode_id == "e1" else e for e in batch()]  # fmt: skip
+    as_float = [dataclasses.replace(e, reward=float(reward)) if isinstance(e, ev.RewardReady)
+                and e.episode_id == "e1" else e for e in batch()]  # fmt: skip
+    assert torch.equal(clean_gradient(model, events), clean_gradient(model, as_float))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_sampler_logprob_at_the_floor_gives_finite_metrics(model, streaming):
+    """−745 is accepted (a softmax in double can give it), and k3 = exp(d) − d − 1 then
+    overflows: the metric is None, never inf or NaN."""
+    events = [dataclasses.replace(e, action_logprobs=(-745.0,) * len(e.action_ids))
+              if isinstance(e, ev.TurnCompleted) else e for e in batch()]  # fmt: skip
+    learner = make(model, streaming=streaming)
+    for e in events:
+        learner.consume(e)
+    metrics = learner.step()
+    numbers = [v for v in metrics.values() if isinstance(v, float)]
+    assert numbers and all(math.isfinite(v) for v in numbers)
+    assert metrics["kl_sampler_learner"] is None
+    assert metrics["logprob_mismatch_max"] > 700
