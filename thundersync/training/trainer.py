@@ -155,7 +155,8 @@ class Trainer:
 
     def _setup_records(self, resume: bool) -> None:
         config_path = self.out / "config.json"
-        config_path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        # strict JSON: TrainConfig refuses NaN and infinities, and this would raise on one
+        config_path.write_text(json.dumps(self.config.to_dict(), indent=2, allow_nan=False) + "\n")
         if resume:
             truncate_metrics(self.out / "metrics.jsonl", self.start_step)
         else:
