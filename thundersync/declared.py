@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import types
 import typing
 from typing import Annotated, Any, Literal
@@ -47,8 +48,6 @@ Sandbox = Literal["bwrap", "docker"]
 
 
 def _device(value: str) -> str:
-    import re
-
     if re.fullmatch(r"cpu|cuda(:\d+)?", value) is None:
         raise ValueError("expected cpu, cuda or cuda:N")
     return value
@@ -188,6 +187,10 @@ def parse_flag(cls: type, name: str, text: Any, flag: str | None = None) -> Any:
         return text
     if flag_kind(cls, name) == "dict":
         return json_object(text, flag)
+    if _strip(typing.get_type_hints(cls, include_extras=True)[name]) is int and not (
+        re.fullmatch(r"\s*[+-]?\d+\s*", text)
+    ):  # pydantic would take "1.0" for 1: a flag's integer is written as one
+        raise ValueError(f"{flag}: input should be a valid integer, got {text!r}")
     try:
         return fields_adapter(cls).validate_strings({name: text})[name]
     except ValidationError as exc:

@@ -148,11 +148,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)  # each field's type and range, as its annotation declares
-        for name in ("env_kwargs", "objective"):
-            where = non_finite(getattr(self, name))
-            if where is not None:
-                raise ValueError(f"config field {name!r}: {where} is NaN or infinite (a run's "
-                                 "config.json is strict JSON)")  # fmt: skip
         checks = [
             (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
             (self.engine != "vllm" or self.dtype != "float64", "dtype",
@@ -169,6 +164,11 @@ class TrainConfig:
                 raise ValueError(f"config field {name!r}: expected {expected}, got "
                                  f"{getattr(self, name)!r}")  # fmt: skip
         objective = self.build_objective()
+        for name in ("env_kwargs", "objective"):  # (the objective has named a bad keyword)
+            where = non_finite(getattr(self, name))
+            if where is not None:
+                raise ValueError(f"config field {name!r}: {where} is NaN or infinite (a run's "
+                                 "config.json is strict JSON)")  # fmt: skip
         if self.mode == "async" and (self.algo != "grpo" or objective.tis_cap is not None):
             raise ValueError("config fields 'mode'/'algo'/'objective': async trains GRPO "
                              "without tis_cap (its PPO ratio already corrects for the sampler; "
