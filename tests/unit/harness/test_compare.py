@@ -29,8 +29,7 @@ def no_run(monkeypatch):
      (["--eval-env-kwargs", '{"a": NaN}'], "--eval-env-kwargs: expected a JSON object"),
      (["--temperature", "nan"], "--temperature: input should be a finite number"),
      (["--seed", "-1"], "--seed: input should be greater than or equal to 0"),
-     (["--device", "gpu"], "--device: expected cpu, cuda or cuda:N"),
-     (["--modes", "async"], "--modes must include sync")],
+     (["--device", "gpu"], "--device: expected cpu, cuda or cuda:N")],
 )  # fmt: skip
 def test_a_hostile_compare_flag_is_one_line(argv, message, capsys, no_run, tmp_path):
     code = main(["compare", "--out", str(tmp_path / "c"), *argv])

@@ -154,7 +154,11 @@ def test_a_run_folder_that_cannot_be_written_is_refused(where, tmp_path, capsys,
     assert line.startswith(f"train: error: config field 'out': {out}:"), line
 
 
-def test_a_writable_run_folder_is_proven_and_left_as_it_was(tmp_path):
+def test_a_run_folder_is_proven_writable_and_left_as_it_was(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"'out'.*not writable"):
+        check_inputs(TrainConfig(out=str(tmp_path / "file" / "run")))
+    (tmp_path / "file").unlink()
     out = tmp_path / "a" / "b" / "run"
     check_inputs(TrainConfig(out=str(out)))
     assert list(tmp_path.iterdir()) == []  # the probe and the folders made for it are gone
