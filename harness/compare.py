@@ -16,42 +16,71 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from harness.curves import Point
+from thundersync.declared import (
+    DOCSTRINGS,
+    PositiveFloat,
+    PositiveInt,
+    Text,
+    check_fields,
+    non_finite,
+)
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
+
+Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+COMPARE_FLAGS = {"seeds": "--seeds", "target": "--target", "budget_s": "--budget-s",
+                 "eval_every": "--eval-every", "eval_tasks": "--eval-tasks",
+                 "eval_samples": "--eval-samples", "eval_env_kwargs": "--eval-env-kwargs",
+                 "modes": "--modes", "out": "--out", "leaderboard_db": "--db"}  # fmt: skip
+"""The comparison's own fields and their flags."""
 
 
 @dataclass(frozen=True, slots=True)
 class CompareConfig:
     """One comparison (``results.json`` holds it)."""
 
+    __pydantic_config__ = DOCSTRINGS
+
     train: TrainConfig
     """The workload: every run uses it, with its own mode, seed and run folder."""
-    modes: tuple[str, ...] = ("sync", "async", "streaming")
+    modes: Annotated[tuple[Text, ...], Field(min_length=1)] = ("sync", "async", "streaming")
     """sync, streaming, async (with ``train.staleness``) or async-k<K>."""
-    seeds: int = 3
+    seeds: PositiveInt = 3
     """Runs per mode, seeds ``train.seed``, ``train.seed + 1``, ..."""
-    target: float = 0.8
+    target: Accuracy = 0.8
     """Held-out accuracy whose time-to-reach is compared."""
-    budget_s: float | None = None
+    budget_s: PositiveFloat | None = None
     """Training seconds at which accuracy is compared (None: the shortest run's length)."""
-    eval_every: int = 2
+    eval_every: PositiveInt = 2
     """Evaluate a checkpoint every this many steps."""
-    eval_tasks: int = 32
+    eval_tasks: PositiveInt = 32
     """Held-out tasks (drawn once, the same for every run)."""
-    eval_samples: int = 1
+    eval_samples: PositiveInt = 1
     """Attempts per held-out task."""
     eval_env_kwargs: dict[str, Any] | None = None
     """Env keyword arguments for the evaluation (None: the training's; e.g. the same env
     without its latency knobs, since evaluation time is not measured)."""
-    out: str = "runs/compare"
+    out: Text = "runs/compare"
     """Folder for results.json, plots and the runs."""
     leaderboard: bool = True
     """Append the comparison to the leaderboard."""
-    leaderboard_db: str | None = None
+    leaderboard_db: Text | None = None
     """Leaderboard file (None: ``$THUNDERSYNC_LEADERBOARD`` or runs/leaderboard.sqlite)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, flags=COMPARE_FLAGS)  # types and ranges, as declared
+        where = non_finite(self.eval_env_kwargs)
+        if where is not None:
+            raise ValueError(f"--eval-env-kwargs: {where} is NaN or infinite (not strict JSON)")
+        for mode in self.modes:
+            mode_config(self.train, mode, 0, Path(self.out), 1)
+        if "sync" not in self.modes:
+            raise ValueError("--modes must include sync (speed-ups are relative to it)")
 
 
 @dataclass(slots=True)

@@ -5,21 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from harness.compare import CompareConfig, mode_config, run_compare
+from harness.compare import COMPARE_FLAGS, CompareConfig, run_compare
 from harness.eval import output_problem
 from thundersync.cli_output import HelpFormatter
+from thundersync.declared import add_flags, parse_flag
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
     add_config_flags,
     check_inputs,
-    json_object,
     load_config_file,
     resolve_config,
 )
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
+_NUMBERS = ("seeds", "target", "budget_s", "eval_every", "eval_tasks", "eval_samples",
+            "eval_env_kwargs")  # fmt: skip
+"""CompareConfig fields whose flags come from its declaration."""
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,17 +38,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--modes", default="sync,async,streaming",
                         help="comma-separated: sync, streaming, async (with --staleness) or "
                              "async-k<K>")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=3, help="runs per mode")
-    parser.add_argument("--target", type=float, default=0.8, help="target held-out accuracy")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="training seconds for accuracy-at-budget (default: the "
-                             "shortest run)")  # fmt: skip
-    parser.add_argument("--eval-every", type=int, default=2, help="steps between checkpoints")
-    parser.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks")
-    parser.add_argument("--eval-samples", type=int, default=1, help="attempts per task")
-    parser.add_argument("--eval-env-kwargs", type=json_object, default=None, metavar="JSON",
-                        help="env keyword arguments for the evaluation (default: the "
-                             "training's --env-kwargs)")  # fmt: skip
+    add_flags(parser, CompareConfig, _NUMBERS, flags=COMPARE_FLAGS)
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")
     parser.add_argument("--config", default=None, help="JSON/TOML file of training fields")
     parser.add_argument("--json", action="store_true", help="print results.json")
@@ -73,16 +65,12 @@ def run_compare_command(args: argparse.Namespace) -> int:
     try:
         base = load_config_file(args.config) if args.config else {}
         train = resolve_config(args, {k: v for k, v in base.items() if k not in _OWN})
+        own = {name: parse_flag(CompareConfig, name, getattr(args, name), COMPARE_FLAGS[name])
+               for name in _NUMBERS if getattr(args, name) is not None}  # fmt: skip
         config = CompareConfig(
             train=replace(train, out=args.out), modes=tuple(args.modes.split(",")),
-            seeds=args.seeds, target=args.target, budget_s=args.budget_s,
-            eval_every=args.eval_every, eval_tasks=args.eval_tasks,
-            eval_samples=args.eval_samples, eval_env_kwargs=args.eval_env_kwargs, out=args.out,
-            leaderboard=not args.no_leaderboard, leaderboard_db=args.db,
+            out=args.out, leaderboard=not args.no_leaderboard, leaderboard_db=args.db, **own,
         )  # fmt: skip
-        for mode in config.modes:
-            mode_config(config.train, mode, 0, Path(config.out), 1)
-        _check(config)
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
         problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
@@ -104,15 +92,6 @@ def run_compare_command(args: argparse.Namespace) -> int:
         print(f"compare: results, plots and runs in {config.out}")
         print(verdict(results))
     return 0
-
-
-def _check(c: CompareConfig) -> None:
-    if min(c.seeds, c.eval_every, c.eval_tasks, c.eval_samples) < 1:
-        raise ValueError("--seeds, --eval-every, --eval-tasks and --eval-samples must be >= 1")
-    if not 0.0 < c.target <= 1.0:
-        raise ValueError(f"--target: expected an accuracy in (0, 1], got {c.target}")
-    if "sync" not in c.modes:
-        raise ValueError("--modes must include sync (speed-ups are relative to it)")
 
 
 def _print_table(results: dict) -> None:

@@ -36,6 +36,16 @@ from typing import Any
 
 from harness.eval_report import build_report, report_table, summary
 from thundersync.cli_output import HelpFormatter, Progress, print_verdict, strict_json
+from thundersync.declared import (
+    DOCSTRINGS,
+    Device,
+    NonNegativeFloat,
+    PositiveInt,
+    Sandbox,
+    Seed,
+    check_fields,
+    parse_flag,
+)
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
 from thundersync.training.config import device_problem, json_object
 from thundersync.types import Trajectory
@@ -46,20 +56,23 @@ PREREQUISITE_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class EvalConfig:
-    """What one ``thundersync eval`` run did (written to ``config.json``)."""
+    """What one ``thundersync eval`` run did (written to ``config.json``). Numeric fields
+    share TrainConfig's declarations (``thundersync.declared``)."""
+
+    __pydantic_config__ = DOCSTRINGS
 
     suite: str
     """A registered suite name, a path to a folder/file of tasks, or a registered env id."""
     agent: str
     """``oracle`` (each task's reference solution), ``nop`` (submits at once) or ``policy``
     (the checkpoint's model through the policy agent)."""
-    sandbox: str
+    sandbox: Sandbox
     """``bwrap`` or ``docker``."""
-    k: int
+    k: PositiveInt
     """Attempts per task."""
-    concurrency: int
+    concurrency: PositiveInt
     """Episodes running at once."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds each attempt's env reset and its sampling."""
     strict: bool = False
     """Strict grading (``--strict``; ``environments.tasks.GradingContext.strict``)."""
@@ -69,16 +82,26 @@ class EvalConfig:
     """The policy's Hugging Face checkpoint folder (``--checkpoint``)."""
     env: str | None = None
     """A registered env id whose held-out tasks are drawn (``--env``; else a suite)."""
-    num_tasks: int = 32
+    num_tasks: PositiveInt = 32
     """Held-out tasks drawn from ``env``."""
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make(env, ...)``."""
-    max_new_tokens: int = 48
+    max_new_tokens: PositiveInt = 48
     """Most tokens of one policy action."""
-    temperature: float = 1.0
+    temperature: NonNegativeFloat = 1.0
     """Policy sampling temperature (0: greedy)."""
-    device: str = "cpu"
+    device: Device = "cpu"
     """Where the policy's engine computes: cpu, cuda or cuda:N (``--device``)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, flags=EVAL_FLAGS)  # types and ranges, as declared
+
+
+EVAL_FLAGS = {"k": "-k", "concurrency": "--concurrency", "seed": "--seed",
+              "num_tasks": "--tasks", "max_new_tokens": "--max-new-tokens",
+              "temperature": "--temperature", "device": "--device", "sandbox": "--sandbox",
+              "env_kwargs": "--env-kwargs"}  # fmt: skip
+"""EvalConfig fields and their flags (errors name the flag)."""
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,7 +121,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                              "rows (default: none; --suite or --env is required)")  # fmt: skip
     source.add_argument("--env", metavar="ID", help="a registered env id (plugins too): its "
                         "held-out tasks (default: none; --suite or --env is required)")  # fmt: skip
-    parser.add_argument("--tasks", type=int, default=32, metavar="N",
+    parser.add_argument("--tasks", default=32, metavar="N",
                         help="held-out tasks drawn from --env")  # fmt: skip
     parser.add_argument(
         "--env-kwargs",
@@ -120,17 +143,16 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap",
                         help="where the agent's commands run")  # fmt: skip
-    parser.add_argument("-k", type=int, default=1, help="attempts per task (pass@1..k)")
+    parser.add_argument("-k", default=1, metavar="K", help="attempts per task (pass@1..k)")
     parser.add_argument(
         "--concurrency",
-        type=int,
         default=None,
         metavar="N",
         help="episodes at once (default: 2, or 64 for a policy, whose engine batches them)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seeds resets, draws and sampling")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="per policy action")
-    parser.add_argument("--temperature", type=float, default=1.0, help="policy sampling")
+    parser.add_argument("--seed", default=0, metavar="N", help="seeds resets, draws and sampling")
+    parser.add_argument("--max-new-tokens", default=48, metavar="N", help="per policy action")
+    parser.add_argument("--temperature", default=1.0, metavar="T", help="policy sampling")
     parser.add_argument("--device", default="cpu", metavar="DEV",
                         help="where the policy's model computes: cpu, cuda or cuda:N")  # fmt: skip
     parser.add_argument("--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
@@ -203,15 +225,11 @@ def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str
     must be a folder or creatable as one, and with ``leaderboard`` the store ``db`` (None:
     the default one) must open, have a schema this code reads, and take a write."""
     from leaderboard.store import Store, StoreError
+    from thundersync.training.config import folder_problem
 
-    if out is not None:
-        folder = Path(out)
-        if folder.exists() and not folder.is_dir():
-            return f"--out {out}: exists and is not a folder (the run folder to write)"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return f"--out {out}: cannot create the run folder: {exc.strerror or exc}"
+    problem = folder_problem(out) if out is not None else None
+    if problem is not None:
+        return f"--out {problem}"
     if leaderboard:
         try:
             Store(db).close()
@@ -232,16 +250,18 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
     problem = device_problem(args.device)
     if problem:
         raise ValueError(f"--device: {problem}")
-    concurrency = args.concurrency or (64 if agent == "policy" else 2)
-    if args.k < 1 or concurrency < 1 or args.tasks < 1:
-        raise ValueError(f"-k, --concurrency and --tasks must be >= 1, got {args.k}, "
-                         f"{concurrency} and {args.tasks}")  # fmt: skip
+    # the numeric flags as EvalConfig declares them (the types and ranges training's share)
+    flags = {"k": "k", "concurrency": "concurrency", "seed": "seed", "num_tasks": "tasks",
+             "max_new_tokens": "max_new_tokens", "temperature": "temperature"}  # fmt: skip
+    given = {name: parse_flag(EvalConfig, name, getattr(args, attr), EVAL_FLAGS[name])
+             for name, attr in flags.items() if getattr(args, attr) is not None}  # fmt: skip
+    concurrency = given.pop("concurrency", None)
+    if concurrency is None:
+        concurrency = 64 if agent == "policy" else 2
     return EvalConfig(
-        args.suite or args.env, agent, args.sandbox, args.k, concurrency, seed=args.seed,
+        args.suite or args.env, agent, args.sandbox, concurrency=concurrency,
         strict=args.strict, image_aliases=tuple(args.image_alias), checkpoint=args.checkpoint,
-        env=args.env, num_tasks=args.tasks, env_kwargs=dict(args.env_kwargs),
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, device=args.device,
+        env=args.env, env_kwargs=dict(args.env_kwargs), device=args.device, **given,
     )  # fmt: skip
 
 

@@ -14,14 +14,25 @@ group-independent per-token terms (KL to a reference), and ``D`` the batch-wide 
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
+
+from thundersync.declared import (
+    DOCSTRINGS,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    check_fields,
+)
 
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGS: tuple[str, ...] = typing.get_args(LossAgg)
+ClipLow = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,8 @@ class GRPO:
     count (verl adds 1e-8).
     """
 
+    __pydantic_config__ = DOCSTRINGS
+
     loss_agg: LossAgg = "seq-mean-token-mean"
     """``seq-mean-token-mean`` (original GRPO: mean over tokens, then over sequences),
     ``token-mean`` (DAPO, Yu et al. 2025, arXiv:2503.14476: one mean over all tokens of the
@@ -50,41 +63,34 @@ class GRPO:
     sums divided by the constant ``max_tokens``, mean over sequences)."""
     scale_by_std: bool = True
     """Divide advantages by σ_g + ε (False: Dr.GRPO's unscaled r − μ)."""
-    eps: float = 1e-6
+    eps: NonNegativeFloat = 1e-6
     """ε in σ_g + ε."""
-    max_tokens: int = 1024
+    max_tokens: PositiveInt = 1024
     """The constant normaliser of ``seq-mean-token-sum-norm``."""
-    kl_coef: float = 0.0
+    kl_coef: NonNegativeFloat = 0.0
     """β of the KL-to-reference term (needs a reference model in the learner)."""
     kl_estimator: Literal["k1", "k3"] = "k3"
     """k1 = log π − log π_ref; k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1
     (Schulman 2020, "Approximating KL divergence")."""
-    tis_cap: float | None = None
+    tis_cap: PositiveFloat | None = None
     """Truncated importance sampling for engine-vs-trainer mismatch (Yao et al. 2025):
     ρ_t = min(π_trainer(a_t)/π_engine(a_t), cap), a constant per token. None: ρ = 1.
     On-policy only: with ``max_staleness > 0`` the PPO ratio against the sampler already
     holds π_trainer/π_engine, so the learner refuses a ``tis_cap`` there."""
-    clip_low: float = 0.2
+    clip_low: ClipLow = 0.2
     """PPO clip ε_low. Does nothing on-policy (ratio 1 by construction); acts with
     ``Learner(max_staleness > 0)``, where the ratio is against the sampler's log-probs."""
-    clip_high: float = 0.2
+    clip_high: NonNegativeFloat = 0.2
     """PPO clip ε_high (DAPO's clip-higher uses 0.28). Acts only as ``clip_low`` does."""
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal (DAPO), as sync drops them."""
-    max_groups: int | None = None
+    max_groups: PositiveInt | None = None
     """With dynamic sampling: keep only the first N informative groups in canonical order."""
 
     def __post_init__(self) -> None:
-        _check_agg(self.loss_agg)
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"kl_estimator: expected 'k1' or 'k3', got {self.kl_estimator!r}")
+        check_fields(self, "GRPO keyword")  # types and ranges, as the annotations declare
         if self.max_groups is not None and not self.dynamic_sampling:
             raise ValueError("max_groups needs dynamic_sampling=True")
-        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
-            raise ValueError(
-                f"clip_low={self.clip_low}, clip_high={self.clip_high}: expected "
-                "0 <= clip_low < 1 and clip_high >= 0"
-            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,25 +104,22 @@ class OPD:
     depend only on the context up to turn k, so they can be computed per turn.
     """
 
+    __pydantic_config__ = DOCSTRINGS
+
     loss_agg: LossAgg = "token-mean"
-    max_tokens: int = 1024
+    """As GRPO's (``token-mean`` by default)."""
+    max_tokens: PositiveInt = 1024
+    """The constant normaliser of ``seq-mean-token-sum-norm``."""
     granularity: Literal["turn", "episode", "auto"] = "auto"
     """Per-turn or per-episode gradient work (both exact); ``auto`` picks per episode from
     measured tool latency versus per-turn backward time. ``seq-mean-token-mean`` weights
     need the episode's length, so it always works per episode."""
 
     def __post_init__(self) -> None:
-        _check_agg(self.loss_agg)
-        if self.granularity not in ("turn", "episode", "auto"):
-            raise ValueError(f"granularity: expected turn|episode|auto, got {self.granularity!r}")
+        check_fields(self, "OPD keyword")  # types and ranges, as the annotations declare
 
 
 Objective = GRPO | OPD
-
-
-def _check_agg(loss_agg: str) -> None:
-    if loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss_agg: expected one of {LOSS_AGGS}, got {loss_agg!r}")
 
 
 # --- weights and denominators ----------------------------------------------------------------

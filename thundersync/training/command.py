@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from thundersync.cli_output import HelpFormatter
+from thundersync.declared import check_values
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
+    TrainConfig,
     add_config_flags,
     check_inputs,
     load_config_file,
@@ -42,11 +44,14 @@ def run_train_command(args: argparse.Namespace) -> int:
     damaged or tampered checkpoint; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
+        check_values(TrainConfig, base, f"{args.config}: config field")
         if args.resume:
             out = Path(args.out or base.get("out") or "runs/train")
             saved = out / "config.json"
-            if saved.is_file():
-                base = {**load_saved_config(saved), **base}
+            if not saved.is_file():
+                raise ValueError(f"--resume: {out} holds no run (no config.json); leave out "
+                                 "--resume to start a new run there")  # fmt: skip
+            base = {**load_saved_config(saved), **base}
         config = resolve_config(args, base)
         check_inputs(config)
         dumps_refusing(config.to_dict(), what="config")  # config.json must be strict JSON
@@ -89,50 +94,25 @@ def run_train_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_warmstart_parser(sub: Any) -> None:
+WARMSTART_FLAGS = ("env", "num_demos", "steps", "bias_steps", "corrupt_fraction", "hidden_size",
+                   "num_layers", "lr", "seed", "arch", "sandbox")  # fmt: skip
+"""The WarmStartConfig fields that are flags (their help: the fields' docstrings)."""
 
+
+def add_warmstart_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "warmstart",
         help="build a tiny model and tokenizer for an env and fine-tune it on its oracle's play",
         formatter_class=HelpFormatter,
     )
+    from thundersync.declared import add_flags
     from thundersync.training.warmstart import WarmStartConfig
 
-    defaults = WarmStartConfig()
-    parser.add_argument("--env", default=defaults.env, help="registered env id")
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
-    numbers = {
-        "num_demos": (int, "oracle episodes played as demonstrations"),
-        "steps": (int, "fine-tuning steps on the oracle's play"),
-        "bias_steps": (int, "then steps on a mixture where --corrupt-fraction of the "
-                       "demonstrations answer without the tools (0: none)"),
-        "corrupt_fraction": (float, "fraction of corrupted demonstrations in the second phase"),
-        "hidden_size": (int, "model width"),
-        "num_layers": (int, "model depth"),
-        "lr": (float, "fine-tuning learning rate (AdamW)"),
-        "seed": (int, "seeds the task draws, corruption and initialisation"),
-    }  # fmt: skip
-    for name, (kind, text) in numbers.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind,
-                            default=getattr(defaults, name), help=text)  # fmt: skip
-    parser.add_argument(
-        "--arch",
-        choices=["llama", "qwen3", "gpt2"],
-        default=defaults.arch,
-        help="model family (gpt2 runs every op in the parameters' dtype)",
-    )
-    parser.add_argument(
-        "--sandbox",
-        choices=["bwrap", "docker"],
-        default=defaults.sandbox,
-        help="where the demonstrations run",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="torch threads for fine-tuning (it runs alone)",
-    )
+    add_flags(parser, WarmStartConfig, WARMSTART_FLAGS)
+    parser.add_argument("--threads", default=None, metavar="N",
+                        help="torch threads for fine-tuning (it runs alone; default: the "
+                             f"machine's cores, {os.cpu_count() or 1})")  # fmt: skip
     parser.set_defaults(func=_run_warmstart)
 
 
@@ -141,19 +121,32 @@ def _run_warmstart(args: Any) -> int:
 
     import torch
 
+    from thundersync.declared import PositiveInt, parse_flag
+    from thundersync.training.config import folder_problem
     from thundersync.training.warmstart import WarmStartConfig, warm_start
 
-    torch.set_num_threads(args.threads)
-    fields = ("env", "num_demos", "steps", "bias_steps", "hidden_size", "num_layers", "seed",
-              "corrupt_fraction", "lr", "arch", "sandbox")  # fmt: skip
-    config = WarmStartConfig(**{name: getattr(args, name) for name in fields})
     try:
+        given = {name: parse_flag(WarmStartConfig, name, getattr(args, name))
+                 for name in WARMSTART_FLAGS if getattr(args, name) is not None}  # fmt: skip
+        config = WarmStartConfig(**given)
+        threads = os.cpu_count() or 1
+        if args.threads is not None:
+            from pydantic import TypeAdapter, ValidationError
+
+            try:
+                threads = TypeAdapter(PositiveInt).validate_strings(args.threads)
+            except ValidationError:
+                raise ValueError(f"--threads: expected an int >= 1, got {args.threads!r}") from None
         from environments.registry import require_env
 
         require_env(config.env)
+        problem = folder_problem(args.out)
+        if problem:
+            raise ValueError(f"--out: {problem}")
     except ValueError as exc:
         print(f"warmstart: error: {exc}", file=sys.stderr)
         return 2
+    torch.set_num_threads(threads)
     started = time.monotonic()
     print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "
           f"{config.steps}+{config.bias_steps} fine-tuning steps", flush=True)  # fmt: skip

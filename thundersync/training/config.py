@@ -1,8 +1,11 @@
 """``TrainConfig``: every knob of a training run, in one typed dataclass.
 
-The command line is generated from it (each field is a ``--flag``), a config file (JSON or
-TOML with the same keys) sets any of them, flags override the file, and every run writes the
-resolved config to ``config.json`` in its run folder.
+Each field's annotation declares its type and range (``thundersync.declared``): from it come
+the command line (each field is a ``--flag``, its help the field's docstring), the checks of
+a config file (JSON or TOML with the same keys) and of every construction. Flags override the
+file, and every run writes the resolved config to ``config.json`` (strict JSON) in its run
+folder. What depends on the machine (the env, installed engines, GPUs, cores, the run
+folder) is ``check_inputs``'s, before any worker starts.
 """
 
 from __future__ import annotations
@@ -10,19 +13,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from thundersync.documents import DocumentError, excerpt, load_file, load_json
+from thundersync.declared import (
+    DOCSTRINGS,
+    Device,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Sandbox,
+    Seed,
+    Text,
+    add_flags,
+    check_fields,
+    non_finite,
+    parse_flag,
+)
+from thundersync.documents import DocumentError, load_file
 
-MODES = ("sync", "async", "streaming")
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-ALGOS = ("grpo", "opd")
-ENGINES = ("hf", "vllm")
+Mode = Literal["sync", "async", "streaming"]
+Algo = Literal["grpo", "opd"]
+Engine = Literal["hf", "vllm"]
+Dtype = Literal["float32", "float64", "bfloat16"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
+ALGOS: tuple[str, ...] = typing.get_args(Algo)
+ENGINES: tuple[str, ...] = typing.get_args(Engine)
+DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 MAX_CONFIG_BYTES = 1024 * 1024
 """A config file (or a run's config.json) is at most 1 MiB: a few dozen fields."""
 
@@ -31,137 +53,142 @@ MAX_CONFIG_BYTES = 1024 * 1024
 class TrainConfig:
     """One training run (docs/design.md §4, §5)."""
 
-    env: str = "thundersync/ToySum-v0"
+    __pydantic_config__ = DOCSTRINGS
+
+    env: Text = "thundersync/ToySum-v0"
     """Registered env id (``thundersync envs`` lists them; plugins too)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make(env, **env_kwargs)`` (JSON on the command line)."""
-    mode: Literal["sync", "async", "streaming"] = "streaming"
+    mode: Mode = "streaming"
     """sync: roll out and grade the whole batch, then learn. async: rollout never waits and
     samples with weights up to ``staleness`` versions old. streaming: zero staleness, each
     piece of gradient work starts as soon as its inputs are fixed, the same update as sync."""
-    staleness: int = 1
+    staleness: PositiveInt = 1
     """async only: how many versions behind the learner a sampled token may be (k >= 1)."""
-    algo: Literal["grpo", "opd"] = "grpo"
+    algo: Algo = "grpo"
     """grpo (rewards from the env's grader) or opd (on-policy distillation from ``teacher``)."""
     objective: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``GRPO(...)`` or ``OPD(...)`` (e.g. {"loss_agg": "token-mean"})."""
-    model: str | None = None
+    model: Text | None = None
     """Hugging Face checkpoint folder of the policy (None: a tiny random model is built)."""
-    teacher: str | None = None
+    teacher: Text | None = None
     """opd: checkpoint folder of the teacher (same tokenizer as the student)."""
-    steps: int = 10
+    steps: NonNegativeInt = 10
     """Optimizer steps (one per rollout batch)."""
-    tasks_per_step: int = 4
+    tasks_per_step: PositiveInt = 4
     """B: tasks per rollout batch (one GRPO group each)."""
-    group_size: int = 4
+    group_size: PositiveInt = 4
     """G: episodes per task (samples per group)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds task draws, sampling (per episode and turn) and env resets."""
     deterministic: bool = False
     """Bitwise reproducible: every request is generated alone (batch-invariant sampling) and
     the learner reduces in canonical order, so sync and streaming give identical weights."""
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Engine = "hf"
     """Rollout engine: hf (transformers generation) or vllm (needs vLLM installed: on a CPU,
     ``make test-vllm`` builds .venv-vllm; the model's head_dim must be one vLLM's attention
     supports, e.g. 32 or 64 on a CPU; dtype float32 or bfloat16)."""
     backend: Literal["local", "ray"] = "local"
     """Where workers run: local processes, or Ray actors placed by resources (a private Ray
     head on this machine, or the cluster at RAY_ADDRESS; needs the ray extra)."""
-    learner_ranks: int = 1
+    learner_ranks: PositiveInt = 1
     """Data-parallel learner ranks (torch.distributed, gloo over loopback): each rank trains
     its own groups and one all-reduce joins them per step; the same update as one learner
-    (with --deterministic, bitwise)."""
-    device: str = "cpu"
+    (with --deterministic, bitwise). At most the machine's cores (cpu) or GPUs (cuda); under
+    Ray the cluster decides."""
+    device: Device = "cpu"
     """Where the learner, its KL reference, the OPD teacher and the HF engine compute: cpu, or
     cuda (learner rank r on cuda:r, NCCL joining the ranks; the engine and the teacher on
     cuda:0; under Ray the engine and teacher on a GPU Ray gives them), or cuda:N. Sampling
     draws on the CPU from per-request generators, so tokens stay a function of the seed."""
-    sandbox: Literal["bwrap", "docker"] = "bwrap"
+    sandbox: Sandbox = "bwrap"
     """Sandbox kind for the env's tasks."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """adamw, or sgd (plain gradient descent: what exactness checks of updates compare,
     since Adam's division by sqrt(v) amplifies last-bit gradient differences)."""
-    lr: float = 1e-4
+    lr: PositiveFloat = 1e-4
     """Learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     """Weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: NonNegativeFloat = 1.0
     """Gradient-norm clip (0 disables)."""
-    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
-    """Learner parameter dtype (the engine samples in float32 or the checkpoint's dtype)."""
-    max_new_tokens: int = 48
+    dtype: Dtype = "float32"
+    """Parameter dtype of the learner, the engine and the teacher. No float16: the learner
+    has no loss scaling (float16 gradients underflow, and AdamW's eps 1e-8 is below float16's
+    smallest number); no float64 with engine vllm."""
+    max_new_tokens: PositiveInt = 48
     """Most tokens one action may have."""
-    temperature: float = 1.0
-    """Sampling temperature (1.0: the policy the learner trains)."""
-    max_concurrency: int = 0
+    temperature: NonNegativeFloat = 1.0
+    """Sampling temperature (1.0: the policy the learner trains; 0: greedy)."""
+    max_concurrency: NonNegativeInt = 0
     """Episodes in flight at once (0: B×G, or B×G×(1+k) in async(k))."""
-    batch_window_s: float = 0.005
+    batch_window_s: NonNegativeFloat = 0.005
     """A batch gathers until no request has arrived for this long (at most ten such windows)."""
     early_start: bool = False
     """streaming GRPO: start a trajectory's backward at EpisodeCompleted, during grading."""
-    buffer_budget_bytes: int = 0
+    buffer_budget_bytes: NonNegativeInt = 0
     """streaming: cap on accumulator memory (0: no cap)."""
-    micro_batch_size: int = 8
+    micro_batch_size: PositiveInt = 8
     """Trajectories per padded backward."""
-    learner_threads: int = 1
+    learner_threads: PositiveInt = 1
     """torch threads of the learner (1 is robust when rollout shares the CPU)."""
-    rollout_threads: int = 1
+    rollout_threads: PositiveInt = 1
     """torch threads of the rollout engine."""
-    checkpoint_every: int = 1
+    checkpoint_every: PositiveInt = 1
     """Save a checkpoint every N steps (and at the end)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: PositiveInt = 2
     """Checkpoints kept (oldest removed first)."""
-    out: str = "runs/train"
+    out: Text = "runs/train"
     """Run folder: config.json, metrics.jsonl, events.jsonl, spans.jsonl, checkpoints/."""
     tensorboard: bool = False
     """Also log metrics to TensorBoard (needs the tensorboard package)."""
     wandb: bool = False
     """Also log metrics to Weights & Biases in offline mode (needs the wandb package)."""
-    worker_timeout_s: float = 600.0
+    worker_timeout_s: PositiveFloat = 600.0
     """A run with no event from any worker for this long stops with an error."""
 
     def __post_init__(self) -> None:
+        check_fields(self)  # each field's type and range, as its annotation declares
         checks = [
-            (self.mode in MODES, "mode", f"one of {MODES}"),
-            (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
-            (self.staleness >= 1, "staleness", ">= 1"),
-            (self.steps >= 0, "steps", ">= 0"),
-            (self.tasks_per_step >= 1 and self.group_size >= 1, "tasks_per_step/group_size",
-             ">= 1"),
-            (self.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
-            (self.temperature >= 0, "temperature", ">= 0"),
             (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
-            (self.engine in ENGINES, "engine", f"one of {ENGINES}"),
             (self.engine != "vllm" or self.dtype != "float64", "dtype",
              "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)"),
-            (self.learner_ranks >= 1, "learner_ranks", ">= 1"),
-            (_DEVICE.fullmatch(self.device) is not None, "device", "cpu, cuda or cuda:N"),
             (self.learner_ranks == 1 or self.device in ("cpu", "cuda"), "device",
              "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)"),
             (self.backend == "local" or self.device == "cpu"
              or (self.device == "cuda" and self.learner_ranks == 1), "device",
              "with backend 'ray', cpu, or cuda with one learner rank (Ray picks the GPUs; "
              "GPU learner ranks as Ray actors: not yet, use the local backend)"),
-            (self.checkpoint_every >= 1 and self.keep_checkpoints >= 1, "checkpoint_every",
-             ">= 1"),
         ]  # fmt: skip
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"config field {name!r}: expected {expected}, got "
-                                 f"{getattr(self, name.split('/')[0])!r}")  # fmt: skip
+                                 f"{getattr(self, name)!r}")  # fmt: skip
         objective = self.build_objective()
+        for name in ("env_kwargs", "objective"):  # (the objective has named a bad keyword)
+            where = non_finite(getattr(self, name))
+            if where is not None:
+                raise ValueError(f"config field {name!r}: {where} is NaN or infinite (a run's "
+                                 "config.json is strict JSON)")  # fmt: skip
         if self.mode == "async" and (self.algo != "grpo" or objective.tis_cap is not None):
             raise ValueError("config fields 'mode'/'algo'/'objective': async trains GRPO "
                              "without tis_cap (its PPO ratio already corrects for the sampler; "
                              "OPD has no off-policy correction)")  # fmt: skip
 
     def build_objective(self) -> Any:
-        """The learner's ``GRPO(**objective)`` or ``OPD(**objective)``; a ValueError naming
-        the field when the keywords are not the objective's."""
+        """The learner's ``GRPO(**objective)`` or ``OPD(**objective)`` (each keyword typed
+        and ranged by the objective's declaration); a ValueError naming the field and the
+        keyword when the keywords are not the objective's."""
         from thundersync.objectives import GRPO, OPD
 
+        cls = GRPO if self.algo == "grpo" else OPD
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(self.objective) - set(known))
+        if unknown:
+            raise ValueError(f"config field 'objective': unknown keyword(s) {unknown} of "
+                             f"{cls.__name__} (algo {self.algo!r}); it takes {known}")  # fmt: skip
         try:
-            return (GRPO if self.algo == "grpo" else OPD)(**self.objective)
+            return cls(**self.objective)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"config field 'objective': {exc}") from exc
 
@@ -169,9 +196,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def check_inputs(config: TrainConfig) -> None:
-    """What the dataclass cannot see: the env is registered, the engine is installed and every
-    model folder is a checkpoint. A ValueError naming the field, before any worker starts."""
+def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
+    """What the dataclass cannot see: the env is registered, the engine is installed, the
+    GPUs or cores the learner ranks need are here, every model folder is a checkpoint and the
+    run folder is writable. A ValueError naming the field, before any worker starts."""
     from environments.registry import require_env
 
     require_env(config.env, option="config field 'env':")
@@ -185,11 +213,60 @@ def check_inputs(config: TrainConfig) -> None:
         raise ValueError("config field 'backend': --backend ray needs Ray: "
                          "pip install 'thundersync[ray]'")  # fmt: skip
     check_device(config)
+    cores = usable_cores()
+    if config.backend == "local" and config.device == "cpu" and config.learner_ranks > cores:
+        raise ValueError(f"config field 'learner_ranks': {config.learner_ranks} ranks on a "
+                         f"machine with {cores} core(s); at most {cores} (one process each), "
+                         "or --backend ray to place them on a cluster")  # fmt: skip
     for name in ("model", "teacher"):
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
                              "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+    problem = folder_problem(config.out)
+    if problem:
+        raise ValueError(f"config field 'out': {problem}")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def folder_problem(folder: str | Path) -> str | None:
+    """Why ``folder`` cannot be a run folder (a file, under /proc or /sys, not writable), or
+    None. Writability is proven: the missing folders and a probe file are created, then
+    removed again."""
+    import tempfile
+
+    given = Path(folder)
+    for path in (Path(os.path.abspath(given)), given.resolve()):
+        for pseudo in PSEUDO_FILESYSTEMS:
+            if path.is_relative_to(pseudo):
+                return f"{folder}: under {pseudo}, a kernel filesystem, not a place for a run"
+    if given.exists() and not given.is_dir():
+        return f"{folder}: exists and is not a folder"
+    made = [p for p in (given, *given.parents) if not p.exists()]
+    try:
+        given.mkdir(parents=True, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(prefix=".write-probe-", dir=given)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{folder}: not writable ({exc.strerror or exc})"
+    finally:
+        for path in made:  # innermost first
+            try:
+                path.rmdir()
+            except OSError:
+                break
+    return None
 
 
 def check_env_kwargs(config: TrainConfig) -> None:
@@ -222,7 +299,7 @@ def check_device(config: TrainConfig) -> None:
 def device_problem(device: str, ranks: int = 1) -> str | None:
     """Why ``device`` (cpu, cuda or cuda:N) cannot hold ``ranks`` learner ranks here (one
     GPU each), or None."""
-    if _DEVICE.fullmatch(device) is None:
+    if re.fullmatch(r"cpu|cuda(:\d+)?", device) is None:
         return f"expected cpu, cuda or cuda:N, got {device!r}"
     if device == "cpu":
         return None
@@ -243,7 +320,8 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The fields set by a JSON or TOML file; unknown keys are an error naming them."""
+    """The fields set by a JSON or TOML file; unknown keys are an error naming them (the
+    values are checked when the TrainConfig is made)."""
     file = Path(path)
     kind = "toml" if file.suffix == ".toml" else "json"
     try:
@@ -268,71 +346,27 @@ def load_saved_config(path: Path) -> dict[str, Any]:
 
 def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
     """One ``--field`` per TrainConfig field but ``exclude`` (default: not given, so a file
-    can set it)."""
-    docs, hints = field_docs(), typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in exclude:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        base, choices = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = f"{docs.get(f.name, '')} (default: {default!r})"
-        if base is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)  # fmt: skip
-        elif base is dict:
-            parser.add_argument(flag, dest=f.name, type=json_object, default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, type=base, choices=choices, default=None,
-                                help=help_text)  # fmt: skip
+    can set it); ``resolve_config`` checks the values."""
+    add_flags(parser, TrainConfig, [f.name for f in dataclasses.fields(TrainConfig)
+                                    if f.name not in exclude])  # fmt: skip
 
 
 def resolve_config(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then ``base`` (a config file or a resumed run's config.json), then flags."""
+    """Defaults, then ``base`` (a config file or a resumed run's config.json), then flags;
+    a ValueError naming the first bad value."""
     values = dict(base or {})
     for f in dataclasses.fields(TrainConfig):
         given = getattr(args, f.name, None)
         if given is not None:
-            values[f.name] = given
+            values[f.name] = parse_flag(TrainConfig, f.name, given)
     return TrainConfig(**values)
 
 
-def field_docs() -> dict[str, str]:
-    """Each field's docstring (the string literal under it in this module)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    docs, body = {}, tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
-            value = getattr(nxt, "value", None)
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                docs[node.target.id] = " ".join(value.value.split())  # type: ignore[union-attr]
-    return docs
-
-
-def _base_type(resolved: Any) -> tuple[type, list[Any] | None]:
-    origin = typing.get_origin(resolved)
-    if origin is Literal:
-        values = list(typing.get_args(resolved))
-        return type(values[0]), values
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(resolved) if a is not type(None)]
-        return _base_type(args[0])
-    if origin is dict or resolved is dict:
-        return dict, None
-    return resolved, None
-
-
 def json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object (``--env-kwargs '{...}'`` and the like)."""
+    """An argparse type: a strict-JSON object (``--env-kwargs '{...}'`` and the like)."""
+    from thundersync.declared import json_object as parse
+
     try:
-        value = load_json(text, "<argument>")
-    except DocumentError as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected a JSON object, got {excerpt(text)}: {exc.problem}"
-        ) from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {excerpt(text)}")
-    return value
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("value: ")) from None

@@ -19,40 +19,66 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from thundersync.declared import (
+    DOCSTRINGS,
+    Fraction,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Sandbox,
+    Seed,
+    Text,
+    check_fields,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class WarmStartConfig:
     """How to build and fine-tune the warm model."""
 
-    env: str = "thundersync/ToySum-v0"
+    __pydantic_config__ = DOCSTRINGS
+
+    env: Text = "thundersync/ToySum-v0"
     """Env whose drawn tasks' reference solutions are the demonstrations."""
     env_kwargs: dict[str, Any] | None = None
     """Keyword arguments for ``gymnasium.make``."""
-    sandbox: str = "bwrap"
+    sandbox: Sandbox = "bwrap"
     """Where the demonstrations run (they are real episodes)."""
-    num_demos: int = 256
+    num_demos: PositiveInt = 256
     """Demonstrations of the oracle's play (one drawn task each)."""
-    steps: int = 600
+    steps: PositiveInt = 600
     """Fine-tuning steps on the oracle's play."""
-    corrupt_fraction: float = 0.85
+    corrupt_fraction: Fraction = 0.85
     """In the second phase, the fraction of demonstrations that skip to the last command
     with its numbers redrawn."""
-    bias_steps: int = 60
-    """Fine-tuning steps of the second phase (0: none)."""
-    lr: float = 3e-3
-    arch: str = "llama"
+    bias_steps: NonNegativeInt = 60
+    """Then fine-tuning steps on a mixture where ``corrupt_fraction`` of the demonstrations
+    answer without the tools (0: none)."""
+    lr: PositiveFloat = 3e-3
+    """Fine-tuning learning rate (AdamW)."""
+    arch: Literal["llama", "qwen3", "gpt2"] = "llama"
     """Model family of ``thundersync.models.tiny_config`` (llama, qwen3, gpt2; GPT-2 runs every
     op in the parameters' dtype, so float64 updates can be compared to 1e-12)."""
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 2
-    vocab_size: int = 400
+    hidden_size: PositiveInt = 64
+    """Model width (a multiple of ``num_heads``)."""
+    num_layers: PositiveInt = 2
+    """Model depth."""
+    num_heads: PositiveInt = 2
+    """Attention heads."""
+    vocab_size: PositiveInt = 400
     """Tokenizer size (byte alphabet + special tokens + BPE merges of the demo texts)."""
-    max_positions: int = 512
+    max_positions: PositiveInt = 512
     """The model's context window."""
-    seed: int = 0
+    seed: Seed = 0
+    """Seeds the task draws, the corruption and the initialisation."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types and ranges, as the annotations declare
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"config field 'hidden_size': expected a multiple of num_heads "
+                             f"({self.num_heads}), got {self.hidden_size}")  # fmt: skip
 
 
 Demo = list[tuple[str, str]]

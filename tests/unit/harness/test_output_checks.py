@@ -107,7 +107,7 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, no_w
     taken = tmp_path / "results.txt"
     taken.write_text("someone's file\n")
     assert main([*argv, "--out", str(taken), "--db", str(tmp_path / "lb.sqlite")]) == 2
-    assert "--out" in one_error_line(capsys, argv[0])
+    assert "results.txt: exists and is not a folder" in one_error_line(capsys, argv[0])
     assert taken.read_text() == "someone's file\n"
 
 

@@ -47,3 +47,20 @@ def test_help_names_the_defaults_users_rely_on(capsys):
 def test_eval_refuses_a_policy_it_cannot_run(argv, message, capsys):
     assert main(["eval", "--suite", "toy-sum", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["-k", "0"], "-k: input should be greater than or equal to 1"),
+     (["-k", "1.5"], "-k: input should be a valid integer"),
+     (["--tasks", "0"], "--tasks: input should be greater than or equal to 1"),
+     (["--concurrency", "0"], "--concurrency: input should be greater than or equal to 1"),
+     (["--seed", "-1"], "--seed: input should be greater than or equal to 0"),
+     (["--max-new-tokens", "0"], "--max-new-tokens: input should be greater than or equal to 1"),
+     (["--temperature", "nan"], "--temperature: input should be a finite number"),
+     (["--temperature", "-1"], "--temperature: input should be greater than or equal to 0")],
+)  # fmt: skip
+def test_eval_numbers_are_checked_as_training_checks_them(argv, message, capsys):
+    assert main(["eval", "--suite", "toy-sum", "--agent", "nop", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"eval: error: {message}, got {argv[1]!r}"]

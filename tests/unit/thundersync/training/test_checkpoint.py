@@ -4,6 +4,7 @@ error naming it, and ``train --resume`` stops on it (exit 2) before anything sta
 from __future__ import annotations
 
 import builtins
+import json
 import random
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from thundersync.cli import main
 from thundersync.training import checkpoint as ckpt
+from thundersync.training.config import TrainConfig
 
 
 class Payload:
@@ -35,6 +37,8 @@ def tampered_run(tmp_path):
     marker = tmp_path / "pwned"
     state = {"completed_steps": 1, "policy_version": 1, "optimizer": {}, "rng": Payload(marker)}
     write_state(tmp_path / "run" / "checkpoints" / "step-000001", state)
+    config = TrainConfig(out=str(tmp_path / "run"), steps=1).to_dict()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
     return tmp_path / "run", marker
 
 
@@ -72,7 +76,7 @@ def test_resume_from_a_tampered_run_exits_2_before_anything_runs(tmp_path, capsy
     assert err.startswith("train: error: ") and err.count("\n") == 1
     assert ckpt.STATE_FILE in err and "could run code" in err
     assert not marker.exists()
-    assert not (run / "config.json").exists()  # the trainer never started
+    assert not (run / "metrics.jsonl").exists()  # the trainer never started
 
 
 def test_a_state_saved_before_rng_states_were_plain_data_still_resumes(tmp_path):
