@@ -82,6 +82,13 @@ def _attempt(result: Trajectory) -> dict[str, Any]:
         )
     if "error" in result.details:
         attempt["error"] = str(result.details["error"])
+    details = result.details
+    if details.get("tamper_suspected"):
+        attempt["tamper_suspected"] = True
+        attempt["tamper_reasons"] = [str(r)[:300] for r in details.get("tamper_reasons", [])[:20]]
+    for key in ("agent_failure", "reward_error"):
+        if key in details:
+            attempt[key] = str(details[key])[:500]
     return attempt
 
 

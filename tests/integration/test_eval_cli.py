@@ -148,16 +148,25 @@ SHIPPED = {
     "sandbox",
     [pytest.param("bwrap", marks=needs_bwrap), pytest.param("docker", marks=pytest.mark.docker)],
 )
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
 @pytest.mark.parametrize("agent,expected", [("oracle", 1.0), ("nop", 0.0)])
 @pytest.mark.parametrize("suite", sorted(SHIPPED))
 def test_shipped_suite_folders_score_oracle_one_and_nop_zero(
-    suite, agent, expected, sandbox, capsys
+    suite, agent, expected, strict, sandbox, capsys
 ):
+    """In both grading modes: strict grading's rules (docs/design.md §6) flag nothing an honest
+    solution does, and its fresh sandbox gives no ``nop`` agent a pass."""
     folder, loader = SHIPPED[suite]
     assert importlib.util.find_spec(loader) is not None and folder.is_dir()
-    report = run_json(
-        capsys, "--suite", str(folder), "--agent", agent, "--sandbox", sandbox, "--concurrency", "2"
-    )
+    flags = ["--sandbox", sandbox, "--concurrency", "2", *(["--strict"] if strict else [])]
+    report = run_json(capsys, "--suite", str(folder), "--agent", agent, *flags)
+    suspected = {
+        row["task_id"]: attempt["tamper_reasons"]
+        for row in report["tasks"]
+        for attempt in row["attempts"]
+        if attempt.get("tamper_suspected")
+    }
+    assert suspected == {}
     failures = {
         row["task_id"]: row["attempts"][0].get("error")
         for row in report["tasks"]

@@ -156,3 +156,20 @@ def test_docker_without_a_daemon_is_named_with_the_fix(monkeypatch):
     monkeypatch.setattr(environments.sandboxes, "docker_available", lambda: False)
     problem = sandbox_problem("docker")
     assert problem is not None and "no Docker daemon" in problem
+
+
+def test_an_attempt_says_why_strict_grading_scored_it_zero():
+    """A 0 for tampering or for a sandbox the agent broke reads as such in the report, not as
+    a plain failure: the reasons travel with each attempt (bounded)."""
+    reasons = ["/app/argparse.py: shadows"] * 50
+    details = {"tamper_suspected": True, "tamper_reasons": reasons}
+    tampered = Trajectory("e0", "g", 2, "t", (), (), 0.0, False, "submitted", details)
+    broken = Trajectory(
+        "e1", "g", 2, "t", (), (), 0.0, False, "submitted", {"agent_failure": "bash replaced"}
+    )
+    report = build_report(CONFIG, [[tampered, broken]])
+    first, second = report["tasks"][0]["attempts"]
+    assert first["tamper_suspected"] is True
+    assert first["tamper_reasons"][0] == "/app/argparse.py: shadows"
+    assert len(first["tamper_reasons"]) == 20
+    assert second["agent_failure"] == "bash replaced" and "tamper_suspected" not in second
