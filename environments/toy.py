@@ -333,6 +333,12 @@ class InProcessTools:
     def download(self, src: str, dst: Any) -> None:
         raise SandboxError("in-process toy tools hold no files")
 
+    def export_folder(self, path: str, dst: Any, *, exclude: Any = ()) -> None:
+        raise SandboxError("in-process toy tools hold no files")
+
+    def stop_processes(self) -> None:
+        """Nothing to stop: the tools run no process."""
+
     def close(self) -> None:
         self.answer = None
 

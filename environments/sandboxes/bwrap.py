@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Collection
 from pathlib import Path
 
 from environments.sandboxes import cgroup, disk, seccomp
@@ -372,7 +373,7 @@ class BwrapSandbox:
         source, root = self._host_path(src)
         copy_out(source, root, Path(dst))
 
-    def export_folder(self, path: str, dst: Path) -> None:
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         """Archive folder ``path`` (inside ``workdir`` or a published folder) to host ``dst``:
         read by the host from the workspace on disk, never following links
         (``workspace.archive_folder``); see the protocol."""
@@ -380,7 +381,7 @@ class BwrapSandbox:
         source, _ = self._host_path(path)
         full = posixpath.normpath(posixpath.join(self.workdir, path))
         with self._lock:  # no command of the agent runs while the folder is read
-            archive_folder(source, posixpath.basename(full) or ".", Path(dst))
+            archive_folder(source, posixpath.basename(full) or ".", Path(dst), exclude=exclude)
 
     def stop_processes(self) -> None:
         """Nothing of a command outlives it (its PID namespace dies with it); as root, the

@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -440,9 +441,11 @@ class DockerSandbox:
             else:
                 shutil.move(str(item), dst)
 
-    def export_folder(self, path: str, dst: Path) -> None:
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         """Archive container folder ``path`` to host ``dst`` with the daemon's archive API
-        (``get_archive``, which never runs a program in the container): see the protocol."""
+        (``get_archive``, which never runs a program in the container): see the protocol.
+        The API cannot leave anything out: ``exclude``'s members are dropped as the archive
+        streams past, never written to the host."""
         self._check_open()
         full = posixpath.normpath(posixpath.join(self.workdir, path))
         with self._lock:
@@ -457,9 +460,13 @@ class DockerSandbox:
                 if mode & GO_MODE_SYMLINK or not mode & GO_MODE_DIR:
                     target = stat.get("linkTarget") or ""
                     raise NotADirectoryError(f"{full} is not a folder in {self.marker} {target}")
-                with open(dst, "wb") as out:
-                    for chunk in stream:
-                        out.write(chunk)
+                if exclude:
+                    top = posixpath.basename(full) or "."
+                    _filter_archive(_ChunkReader(stream), top, frozenset(exclude), Path(dst))
+                else:
+                    with open(dst, "wb") as out:
+                        for chunk in stream:
+                            out.write(chunk)
             except OSError:
                 raise
             except Exception as exc:
@@ -482,6 +489,41 @@ class DockerSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"docker sandbox {self.marker} is closed")
+
+
+class _ChunkReader(io.RawIOBase):
+    """The daemon's archive stream (an iterator of byte chunks) as a readable file."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks, self._pending = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+        return size
+
+
+def _filter_archive(source: io.RawIOBase, top: str, exclude: frozenset[str], dst: Path) -> None:
+    """Copy the tar streaming from ``source`` to ``dst`` without the members below ``top``
+    named in ``exclude`` (read past, never stored)."""
+    reader = io.BufferedReader(source, buffer_size=1 << 20)
+    with (
+        tarfile.open(fileobj=reader, mode="r|") as archive,
+        tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as out,
+    ):
+        for member in archive:
+            parts = member.name.lstrip("/").split("/")
+            if len(parts) > 1 and parts[0] == top and parts[1] in exclude:
+                continue
+            out.addfile(member, archive.extractfile(member) if member.isreg() else None)
 
 
 def _remove(client: Any, name: str, host: _HostDisk) -> None:

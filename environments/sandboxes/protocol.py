@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -94,12 +95,13 @@ class Sandbox(Protocol):
         """Copy a file or folder from the sandbox to the host."""
         ...
 
-    def export_folder(self, path: str, dst: Path) -> None:
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         """Write a tar archive of folder ``path`` to host file ``dst``, made by the sandbox
         engine from outside the sandbox (Docker's archive API; bubblewrap's host reading the
         workspace), never by a program inside it that the agent could have replaced. Members
         are named ``<basename of path>/...``, the folder itself ``<basename>``, as Docker's
-        archive API names them; links are stored as links, never followed. FileNotFoundError
+        archive API names them; links are stored as links, never followed. ``exclude`` names
+        children of the folder (``.git``) left out, with all they hold. FileNotFoundError
         when ``path`` is missing, NotADirectoryError when it is not a folder (a link to one
         included), PermissionError when it cannot be read; SandboxError when the engine fails."""
         ...

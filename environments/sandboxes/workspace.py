@@ -14,6 +14,7 @@ import shutil
 import signal
 import stat
 import tarfile
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -129,28 +130,35 @@ def _copy_regular(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def archive_folder(folder: Path, top: str, dst: Path) -> None:
+def archive_folder(folder: Path, top: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
     """Write a tar of host ``folder`` to ``dst``, its members named ``top/...`` (the folder
     itself ``top``), as Docker's archive API names them. Read by the host, never following a
     link: folders, regular files (each opened without following links, without blocking on a
     fifo swapped in, and checked to be the file listed) and links as links; fifos, sockets and
-    devices are left out. FileNotFoundError / NotADirectoryError when ``folder`` is missing or
-    not a folder (a link to one included); PermissionError when part of it cannot be read."""
+    devices are left out, and so are the children of ``folder`` named in ``exclude``, with all
+    they hold. FileNotFoundError / NotADirectoryError when ``folder`` is missing or not a
+    folder (a link to one included); PermissionError when part of it cannot be read."""
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{folder} is not a folder")
     with tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as archive:
-        _archive_node(archive, str(folder), top, info)
+        _archive_node(archive, str(folder), top, info, frozenset(exclude))
 
 
-def _archive_node(archive: tarfile.TarFile, path: str, name: str, info: os.stat_result) -> None:
+def _archive_node(
+    archive: tarfile.TarFile,
+    path: str,
+    name: str,
+    info: os.stat_result,
+    exclude: frozenset[str] = frozenset(),
+) -> None:
     member = tarfile.TarInfo(name)
     member.mode, member.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
     if stat.S_ISDIR(info.st_mode):
         member.type = tarfile.DIRTYPE
         archive.addfile(member)
         with os.scandir(path) as entries:
-            children = sorted(entry.name for entry in entries)
+            children = sorted(entry.name for entry in entries if entry.name not in exclude)
         for child in children:
             child_path = os.path.join(path, child)
             try:

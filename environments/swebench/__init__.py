@@ -15,9 +15,12 @@ test exit-code anti-spoofing line). A grader that could not run gives
 ``Grade(infra_failure=True)``, never a plain 0.
 
 Grading, as the official harness does it, sees only the agent's patch: ``git add -A`` into a
-throwaway index and ``git diff --cached --binary --no-renames <base_commit>`` in the agent's
-sandbox, with git hooks, fsmonitor and user config off (so tracked edits and new files count;
-files git ignores, through ``.gitignore`` or ``.git/info/exclude``, do not). The task needs
+throwaway index and ``git diff --cached --binary --no-renames <base_commit>``, with git hooks,
+fsmonitor and user config off (so tracked edits and new files count; files git ignores,
+through ``.gitignore`` or ``.git/info/exclude``, do not). No program of the agent's sandbox,
+which the agent could have replaced, makes or reads that patch: its processes are killed from
+outside, the sandbox engine takes its repository out (without the object store), and the
+fresh sandbox's git diffs it (``environments.swebench.patch``). The task needs
 the ``GradingContext`` ShellEnv passes: the patch is applied with ``git apply`` in a sandbox
 from its ``fresh_sandbox`` factory (a patch that does not apply, or a repository the agent
 broke, scores 0) and the eval script runs there, so git hooks, config, ignored files,

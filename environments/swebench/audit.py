@@ -12,8 +12,10 @@ Reasons, one string each (``details["tamper_reasons"]``):
   test-named folder (``tests``, ``testing``...) holding one: modules, fixtures and data the
   tests load;
 - git hooks and risky git config (``core.hooksPath``, ``filter.*``...) the agent left in its
-  own sandbox's repository, compared with a freshly set-up one. They never reach the fresh
-  sandbox the tests run in; they are reported as the attempt they are.
+  own sandbox's repository, compared with a freshly set-up one (both read on the host from
+  the engine's archive of ``.git``: ``patch.git_state``). They never reach the fresh sandbox
+  the tests run in, and no git runs in the agent's sandbox; they are reported as the attempt
+  they are.
 
 Strict grading also restores the task's test files to the base commit before the eval script
 runs (``restore_command``: the official scripts' own ``git checkout <base> <files>`` restores
@@ -53,13 +55,6 @@ _RISKY_GIT_KEY = re.compile(
 )
 """Config keys that make git run a program or look elsewhere for files (``core.pager``,
 which agents often set to ``cat``, is left alone)."""
-GIT_STATE_COMMAND = (
-    "ls -1A .git/hooks 2>/dev/null | grep -v '[.]sample$' | head -n 50 | sed 's/^/hook /'; "
-    "git -c safe.directory='*' config --list --show-scope --no-includes 2>/dev/null "
-    "| grep -v '^command' | head -n 500 | sed 's/^/config /'"
-)
-"""Run in /testbed: the repository's hooks (git's ``*.sample`` files aside) and config,
-bounded (an agent could plant thousands of entries; a few are enough to flag it)."""
 
 
 def task_test_files(instance: SWEBenchInstance) -> tuple[str, ...]:
@@ -148,15 +143,6 @@ def patch_reasons(
             reasons.append(f"{path}: in the task's test folder (modules, fixtures and data "
                            "its tests load)")  # fmt: skip
     return reasons
-
-
-def git_state(sandbox: Sandbox, testbed: str) -> set[str]:
-    """Hooks and config entries of the repository at ``testbed``, one string each; a listing
-    that hangs (a fifo planted in ``.git``) is an entry of its own, not an infra failure."""
-    result = sandbox.execute(f"cd {testbed} && {{ {GIT_STATE_COMMAND}; }}", timeout=60)
-    if result.timed_out:
-        return {"stuck listing hooks and config (a fifo or lock planted in .git?)"}
-    return {line.strip() for line in result.output.splitlines() if line.strip()}
 
 
 def git_state_reasons(agent: set[str], fresh: set[str]) -> list[str]:

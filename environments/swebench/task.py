@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import base64
 import shlex
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from environments.actions import SUBMIT_WORD
-from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
 from environments.swebench.audit import (
     PINNED_ENV,
     BaseTree,
-    git_state,
     git_state_reasons,
     patch_reasons,
     restore_command,
 )
 from environments.swebench.grading import grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
+from environments.swebench.patch import AgentFailure, AgentRepo, diff_in, export_repo, git_state
 from environments.swebench.repository import RepoSource, repo_source
-from environments.swebench.transfer import read_bytes, read_text, write_bytes, write_text
+from environments.swebench.transfer import read_text, write_text
 from environments.tamper import importable_modules
 from environments.tasks import Grade, GradingContext
 
@@ -32,17 +34,12 @@ OFFICIAL_IMAGE_PATH = (
 )
 _GIT = "git -c safe.directory='*'"
 _GIT_NO_HOOKS = f"{_GIT} -c core.hooksPath=/dev/null -c core.fsmonitor="
-_GIT_NO_USER_CONFIG = "GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1"
 _HOOKS_OFF_ENV = "GIT_CONFIG_PARAMETERS=\"'core.hooksPath=/dev/null' 'core.fsmonitor='\""
 """For the eval script: its own ``export GIT_CONFIG_COUNT=...`` (snapshot instances) would
 override settings passed that way; GIT_CONFIG_PARAMETERS (what ``git -c`` uses) survives."""
 PATCH_FILE = f"{SCRATCH}/model.patch"
 MAX_PATCH_BYTES = 16 * 1024 * 1024
 _PATCH_DELIMITER = "THUNDERSYNC_GOLD_PATCH_EOF"
-_BROKEN_REPO = (
-    "git diff against the base commit failed after the episode: the agent broke the "
-    "repository (e.g. removed .git), which scores 0, like a patch that does not apply"
-)
 
 INSTRUCTION = """\
 You are working in a git repository at {testbed}, checked out at the commit where the issue \
@@ -144,12 +141,18 @@ class SWEBenchTask:
 
     def grade(self, sandbox: Sandbox, context: GradingContext) -> Grade:
         """Grade the agent's patch as the official harness does: ``git diff`` of its tracked
-        and new, non-ignored files against the base commit, taken from ``sandbox`` with git
-        hooks and fsmonitor off; a new sandbox from ``context.fresh_sandbox`` set up; the
-        patch applied there with ``git apply`` (one that does not apply scores 0); the eval
-        script run; its log graded by swebench. Nothing else the agent left behind (git hooks
-        and config, ignored files, processes, edits outside the repository) reaches the tests.
-        The new sandbox is closed on return.
+        and new, non-ignored files against the base commit; a new sandbox from
+        ``context.fresh_sandbox`` set up; the patch applied there with ``git apply`` (one that
+        does not apply scores 0); the eval script run; its log graded by swebench. Nothing
+        else the agent left behind (git hooks and config, ignored files, processes, edits
+        outside the repository) reaches the tests. The new sandbox is closed on return.
+
+        No program of the agent's sandbox takes part (``environments.swebench.patch``): every
+        process in it is killed from outside (``stop_processes``), the engine takes its
+        repository out, and the diff is made by the new sandbox's git. What the agent can
+        cause (no ``.git``, an unreadable tree, a patch over MAX_PATCH_BYTES, a sandbox it
+        broke) scores 0 with ``details["agent_failure"]``; only the engine's and the new
+        sandbox's failures are infrastructure failures.
 
         Every grade's details report ``tamper_suspected`` and ``tamper_reasons``
         (``environments.swebench.audit``) and ``strict``. With ``context.strict`` (the default
@@ -163,31 +166,42 @@ class SWEBenchTask:
         """
         reasons: list[str] = []
         try:
-            patch = self._extract_patch(sandbox)
-            agent_git = git_state(sandbox, TESTBED)
-            grade = self._grade_in_fresh_sandbox(context, patch, agent_git, reasons)
-        except _BadPatch as exc:
-            grade = Grade(0.0, details={"resolved": False, "error": str(exc)})
+            sandbox.stop_processes()
+            with tempfile.TemporaryDirectory(prefix="thundersync-swebench-") as tmp:
+                agent = export_repo(sandbox, TESTBED, Path(tmp))
+                grade = self._grade_in_fresh_sandbox(context, agent, Path(tmp), reasons)
+        except (AgentFailure, AgentBrokeSandbox) as exc:
+            failure = {"agent_failure": str(exc), "error": str(exc)}
+            grade = Grade(0.0, details={"resolved": False, **failure})
         except SandboxError as exc:
             grade = Grade(0.0, infra_failure=True, details={"error": f"sandbox: {exc}"})
         return _audited(grade, reasons, strict=context.strict)
 
     def _grade_in_fresh_sandbox(
-        self, context: GradingContext, patch: bytes, agent_git: set[str], reasons: list[str]
+        self, context: GradingContext, agent: AgentRepo, host_dir: Path, reasons: list[str]
     ) -> Grade:
         """The official flow in a new sandbox; appends the audit's findings to ``reasons``
         as soon as they are known (a patch that does not apply is still reported)."""
         sandbox = context.fresh_sandbox()
         try:
             self.setup(sandbox)
+            sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
+            chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
+            patch = diff_in(
+                sandbox, agent, testbed=TESTBED, base_commit=self.instance.base_commit,
+                scratch=SCRATCH, out=PATCH_FILE, max_bytes=MAX_PATCH_BYTES,
+                chunk_bytes=max(chunk, 1024),
+            )  # fmt: skip
             text = patch.decode("utf-8", errors="replace")
             base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
-            sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
             modules = importable_modules(sandbox)
             reasons += patch_reasons(self.instance, text, base, modules)
-            reasons += git_state_reasons(agent_git, git_state(sandbox, TESTBED))
+            try:
+                fresh_git = git_state(sandbox, TESTBED, host_dir)
+            except AgentFailure as exc:  # a sandbox just set up: not the agent's doing
+                raise SandboxError(f"the fresh sandbox's repository: {exc}") from exc
+            reasons += git_state_reasons(set(agent.git_state), set(fresh_git))
             if patch:
-                write_bytes(sandbox, PATCH_FILE, patch)
                 applied = sandbox.execute(
                     f"cd {TESTBED} && {_GIT_NO_HOOKS} apply --verbose {PATCH_FILE}", timeout=300
                 )
@@ -217,37 +231,6 @@ class SWEBenchTask:
         changed = sorted(patch_paths(patch))
         return grade_log(self.instance, text, changed_files=changed, timed_out=result.timed_out)
 
-    def _extract_patch(self, sandbox: Sandbox) -> bytes:
-        """The agent's patch; _BadPatch when git fails (the agent broke the repository) or
-        the patch is over MAX_PATCH_BYTES.
-
-        A throwaway index built from the base commit, so the agent's own index (e.g.
-        ``--skip-worktree`` bits) cannot hide edits; ``.gitignore`` and ``.git/info/exclude``
-        do hide new files, as in the official harness's ``git add -A && git diff --cached``.
-        """
-        base = self.instance.base_commit
-        index, out = f"{SCRATCH}/index", PATCH_FILE
-        diff = (
-            "diff --cached --binary --no-color --no-ext-diff --no-textconv --no-renames "
-            f"--src-prefix=a/ --dst-prefix=b/ {base}"
-        )
-        result = sandbox.execute(
-            f"cd {TESTBED} && rm -rf {SCRATCH} && mkdir -p {SCRATCH} && "
-            f"export GIT_INDEX_FILE={index} {_GIT_NO_USER_CONFIG} && "
-            f"{_GIT_NO_HOOKS} read-tree {base} && {_GIT_NO_HOOKS} add -A && "
-            f"{_GIT_NO_HOOKS} {diff} > {out}",
-            timeout=300,
-        )
-        if result.timed_out:
-            raise SandboxError("extracting the agent's patch timed out")
-        if result.exit_code != 0:
-            raise _BadPatch(f"{_BROKEN_REPO}: {result.output[-500:]}")
-        size = sandbox.execute(f"stat -c %s {out}", timeout=60).output.strip()
-        if size.isdigit() and int(size) > MAX_PATCH_BYTES:
-            raise _BadPatch(f"the agent's patch is {size} bytes, over {MAX_PATCH_BYTES}")
-        chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
-        return read_bytes(sandbox, out, chunk_bytes=max(chunk, 1024))
-
     def reference_solution(self) -> list[str]:
         """One command applying the gold patch with ``git apply`` (base64-wrapped when the
         patch holds a fence or the heredoc delimiter, which would break the action text)."""
@@ -270,7 +253,3 @@ def _audited(grade: Grade, reasons: list[str], *, strict: bool) -> Grade:
     }
     resolved = grade.reward == 1.0 and not (strict and reasons)
     return Grade(1.0 if resolved else 0.0, infra_failure=grade.infra_failure, details=details)
-
-
-class _BadPatch(Exception):
-    """The agent left no gradable patch: its 0, not an infrastructure failure."""

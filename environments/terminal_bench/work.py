@@ -23,6 +23,7 @@ import io
 import posixpath
 import shlex
 import tarfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,15 +91,17 @@ class WorkTree:
         return changed, deleted
 
 
-def export_work(sandbox: Sandbox, workdir: str, host_dir: Path, name: str) -> WorkTree:
+def export_work(
+    sandbox: Sandbox, workdir: str, host_dir: Path, name: str, *, exclude: Collection[str] = ()
+) -> WorkTree:
     """Archive ``workdir`` through the sandbox engine (``Sandbox.export_folder``: no program
-    of the sandbox, which the agent could have replaced, takes part) and read it into a clean
-    archive ``host_dir/name``. WorkExportError when the agent left the folder missing, not a
-    folder, unreadable, or an archive that could not come from a real folder; SandboxError
-    when the engine (or the host) fails."""
+    of the sandbox, which the agent could have replaced, takes part), without its children
+    named in ``exclude``, and read it into a clean archive ``host_dir/name``. WorkExportError
+    when the agent left the folder missing, not a folder, unreadable, or an archive that could
+    not come from a real folder; SandboxError when the engine (or the host) fails."""
     raw = host_dir / f"{name}.raw"
     try:
-        sandbox.export_folder(workdir, raw)
+        sandbox.export_folder(workdir, raw, exclude=exclude)
     except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
         raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
     except OSError as err:

@@ -201,3 +201,55 @@ def test_fix_with_an_ordinary_config_edit_is_not_flagged(kind: str) -> None:
         assert grade.reward == 1.0, grade.details
         assert grade.details["tamper_suspected"] is False
         assert grade.details["tamper_reasons"] == []
+
+
+# --- the agent's own programs in the grading path ------------------------------------------
+
+STEERED_GIT = """#!/bin/bash
+# Asked for a diff, emit the gold patch, whatever the tree holds.
+case " $* " in *" diff "*) cat /usr/local/share/gold.patch; exit 0;; esac
+exec /usr/bin/git "$@"
+"""
+REPLACED_PROGRAMS = {
+    name: (f"cp /bin/false /tmp/fake && mv /tmp/fake /usr/bin/{name}",)
+    for name in ("base64", "tail", "stat", "git")
+}
+"""Grading once made the patch with the agent's ``git`` and read it back with its ``stat``,
+``tail`` and ``base64``: replaced, they turned the episode into an infrastructure failure
+(excluded from training) or hid the patch. Docker's root may replace them; bubblewrap's are
+the host's, read-only."""
+
+
+def grade_strictly(task: SWEBenchTask, kind: str, commands: tuple[str, ...]) -> Grade:
+    sandbox = make_sandbox(task.sandbox_spec(kind), kind=kind)
+    try:
+        task.setup(sandbox)
+        for command in commands:
+            result = sandbox.execute(command, timeout=60)
+            assert result.exit_code == 0, result.output
+        return _grade(task, kind, sandbox, strict=True)
+    finally:
+        sandbox.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("solved", [False, True], ids=["unsolved", "solved"])
+@pytest.mark.parametrize("program", sorted(REPLACED_PROGRAMS))
+def test_replaced_programs_of_the_agent_take_no_part(program: str, solved: bool) -> None:
+    fix = TASK.reference_solution() if solved else ()
+    grade = grade_strictly(TASK, "docker", (*fix, *REPLACED_PROGRAMS[program]))
+    assert grade.reward == (1.0 if solved else 0.0), grade.details
+
+
+@pytest.mark.docker
+def test_a_steered_git_emitting_the_gold_patch_scores_zero() -> None:
+    """The agent's ``git`` answered the grader's diff with a passing patch its tree does not
+    hold: 1.0 while the grader trusted it."""
+    gold = shlex.quote(TASK.instance.patch)
+    commands = (
+        f"printf %s {gold} > /usr/local/share/gold.patch",
+        f"printf %s {shlex.quote(STEERED_GIT)} > /usr/local/bin/git && chmod +x /usr/local/bin/git",
+    )
+    grade = grade_strictly(TASK, "docker", commands)
+    assert grade.reward == 0.0, grade.details
+    assert grade.details["tests_status"]["FAIL_TO_PASS"]["failure"], grade.details

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec, truncate_output
+from environments.sandboxes.workspace import archive_folder
 from environments.tasks import Grade, GradingContext
 from thundersync.events import now
 
@@ -63,6 +66,17 @@ class LocalSandbox:
 
     def download(self, src: str, dst: Path) -> None:
         shutil.copy(Path(self.workdir) / src, dst)
+
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
+        """Read by the host from the temp dir, as bubblewrap's engine reads its workspace
+        (``path`` absolute under ``spec.workdir``, or relative to it)."""
+        inside = posixpath.relpath(posixpath.join(self.spec.workdir, path), self.spec.workdir)
+        folder = Path(self.workdir) / inside
+        archive_folder(folder, posixpath.basename(folder), dst, exclude=exclude)
+
+    def stop_processes(self) -> None:
+        """Nothing to do: without isolation, a command's leftovers cannot be told from the
+        host's processes (tests that need them killed use a real sandbox)."""
 
     def close(self) -> None:
         self.closed = True

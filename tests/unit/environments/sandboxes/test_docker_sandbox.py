@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ def client() -> Iterator[Any]:
     from environments.sandboxes import docker_available
 
     if not docker_available():
-        pytest.skip("DOCKER TESTS SKIPPED: no Docker daemon reachable; start one with "
-                    "`dockerd --bridge=none --iptables=false &` (see README, Quick start)")
+        pytest.skip(
+            "DOCKER TESTS SKIPPED: no Docker daemon reachable; start one with "
+            "`dockerd --bridge=none --iptables=false &` (see README, Quick start)"
+        )
     import docker
 
     client = docker.from_env(timeout=60)
@@ -134,3 +137,36 @@ def test_a_failing_build_names_its_context(client: Any, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").unlink()
     with pytest.raises(SandboxError, match="no Dockerfile"):
         DockerSandbox(SandboxSpec(build_context=tmp_path))
+
+
+def test_export_folder_leaves_out_the_excluded_children(
+    sandbox: DockerSandbox, tmp_path: Path
+) -> None:
+    """The daemon cannot leave anything out: the excluded children stream past unstored; the
+    rest is the full archive's, byte for byte (a nested folder of the same name stays)."""
+    made = sandbox.execute(
+        "mkdir -p .git/objects sub/.git && head -c 3000000 /dev/urandom > .git/objects/big && "
+        "echo x > sub/.git/keep && echo y > .gitignore && ln -s README link",
+        timeout=30,
+    )
+    assert made.exit_code == 0, made.output
+    sandbox.export_folder("/testbed", tmp_path / "full.tar")
+    sandbox.export_folder("/testbed", tmp_path / "part.tar", exclude=(".git",))
+
+    def members(path: Path) -> dict[str, tuple[str, bytes]]:
+        with tarfile.open(path) as archive:
+            return {
+                m.name.rstrip("/"): (
+                    m.linkname,
+                    archive.extractfile(m).read() if m.isreg() else b"",
+                )
+                for m in archive
+            }
+
+    full = members(tmp_path / "full.tar")
+    expected = {
+        n: v for n, v in full.items() if n != "testbed/.git" and not n.startswith("testbed/.git/")
+    }
+    assert "testbed/.git/objects/big" in full and "testbed/sub/.git/keep" in expected
+    assert members(tmp_path / "part.tar") == expected
+    assert (tmp_path / "part.tar").stat().st_size < 1_000_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,6 +29,12 @@ class FakeSandbox:
 
     def download(self, src: str, dst: Path) -> None:
         raise NotImplementedError
+
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
+        raise NotImplementedError
+
+    def stop_processes(self) -> None:
+        pass
 
     def close(self) -> None:
         self.num_closes += 1

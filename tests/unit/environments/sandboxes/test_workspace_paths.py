@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from environments.sandboxes.workspace import copy_in, copy_out, host_path
+from environments.sandboxes.workspace import archive_folder, copy_in, copy_out, host_path
 
 
 @pytest.mark.parametrize(
@@ -73,3 +74,17 @@ def test_copy_out_skips_fifos_and_refuses_links_outside(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a regular file"):
         copy_out(ws / "d" / "pipe", ws, tmp_path / "pipe")
     assert not (tmp_path / "leak").exists()
+
+
+def test_archive_folder_leaves_out_the_excluded_children_only(tmp_path: Path) -> None:
+    work = tmp_path / "testbed"
+    (work / ".git" / "objects").mkdir(parents=True)
+    (work / ".git" / "objects" / "big").write_bytes(b"x" * 1000)
+    (work / "sub" / ".git").mkdir(parents=True)
+    (work / "sub" / ".git" / "keep").write_text("x")
+    (work / "a.py").write_text("a")
+    archive_folder(work, "testbed", tmp_path / "part.tar", exclude=(".git",))
+    with tarfile.open(tmp_path / "part.tar") as archive:
+        names = sorted(m.name for m in archive)
+    assert names == ["testbed", "testbed/a.py", "testbed/sub", "testbed/sub/.git",
+                     "testbed/sub/.git/keep"]  # fmt: skip

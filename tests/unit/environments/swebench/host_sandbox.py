@@ -4,12 +4,16 @@ tests' own commands."""
 
 from __future__ import annotations
 
+import posixpath
+import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from environments.sandboxes.protocol import ExecResult, SandboxError, truncate_output
+from environments.sandboxes.workspace import archive_folder
 from environments.swebench import SWEBenchTask
 
 
@@ -42,11 +46,21 @@ class SubprocessSandbox:
         text, truncated = truncate_output(done.stdout, self.max_output_bytes)
         return ExecResult(text, done.returncode, False, time.monotonic() - start, truncated)
 
+    def _host(self, path: str) -> Path:
+        return Path(path.replace("/testbed", str(self.root), 1))
+
     def upload(self, src: Path, dst: str) -> None:
-        raise NotImplementedError
+        shutil.copy(src, self._host(dst))
 
     def download(self, src: str, dst: Path) -> None:
         raise NotImplementedError
+
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
+        """Read by the host, as bubblewrap's engine reads its workspace."""
+        archive_folder(self._host(path), posixpath.basename(path), dst, exclude=exclude)
+
+    def stop_processes(self) -> None:
+        """Each command's processes end with it (``subprocess.run``): nothing to stop."""
 
     def close(self) -> None:
         self.closed = True
@@ -63,6 +77,12 @@ class BrokenSandbox:
     def upload(self, src: Path, dst: str) -> None: ...
 
     def download(self, src: str, dst: Path) -> None: ...
+
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
+        raise SandboxError("container vanished")
+
+    def stop_processes(self) -> None:
+        raise SandboxError("container vanished")
 
     def close(self) -> None: ...
 

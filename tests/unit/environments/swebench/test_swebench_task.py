@@ -4,6 +4,7 @@ plumbing (chunked file transfer, infra failures) on a host-subprocess stand-in."
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -339,3 +340,126 @@ def test_shell_env_grades_in_a_fresh_sandbox_it_closes(
     assert len(made) == 2 and made[1].closed and not made[0].closed
     env.close()
     assert made[0].closed
+
+
+# --- the agent's own programs take no part in making the patch ---------------------------------
+
+
+class AgentSandbox(SubprocessSandbox):
+    """The episode's sandbox, where the agent put its own programs first on PATH."""
+
+    def __init__(self, root: Path, fake_bin: Path) -> None:
+        super().__init__(root)
+        self.fake_bin = fake_bin
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        return super().execute(f"export PATH={self.fake_bin}:$PATH; {cmd}", timeout)
+
+
+def _checking_task(task: SWEBenchTask) -> SWEBenchTask:
+    """The instance with an eval script that passes iff the fix is in intervals/ops.py."""
+    fixed = f"if grep -q 'start <= merged' intervals/ops.py; then {_summary(task)}; else " + (
+        _summary(task, {task.instance.fail_to_pass[0]}) + "; false; fi"
+    )
+    script = f": '>>>>> Start Test Output'\n{fixed}\n: '>>>>> End Test Output'\n"
+    return SWEBenchTask(replace(task.instance, eval_script=script))
+
+
+STEERED_GIT = """#!/bin/bash
+# Asked for a diff, emit the gold patch, whatever the tree holds.
+case " $* " in *" diff "*) cat "$(dirname "$0")/gold.patch"; exit 0;; esac
+exec /usr/bin/git "$@"
+"""
+REPLACED = {
+    "base64-fails": ("base64", "#!/bin/sh\nexit 1\n"),
+    "tail-fails": ("tail", "#!/bin/sh\nexit 1\n"),
+    "stat-says-0-bytes": ("stat", "#!/bin/sh\necho 0\n"),
+    "git-fails": ("git", "#!/bin/sh\nexit 1\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLACED))
+def test_replaced_programs_in_the_agents_sandbox_change_nothing(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path, name: str
+) -> None:
+    """Once the patch was read back with the agent's ``stat``, ``tail`` and ``base64`` and made
+    by its ``git``: replaced, they made a fixed repository an infrastructure failure (base64,
+    tail) or a 0 (stat, git). The tree the agent left is what is graded."""
+    task = _checking_task(shipped)
+    fake_bin = tmp_path / "agent-bin"
+    fake_bin.mkdir()
+    program, text = REPLACED[name]
+    (fake_bin / program).write_text(text)
+    (fake_bin / program).chmod(0o755)
+    sandbox = AgentSandbox(testbed, fake_bin)
+    task.setup(SubprocessSandbox(testbed))
+    for command in task.reference_solution():
+        assert SubprocessSandbox(testbed).execute(command, timeout=30).exit_code == 0
+    grade = task.grade(sandbox, GradingContext(FreshSandboxes(tmp_path, task)))
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+
+
+def test_a_steered_git_emitting_the_gold_patch_scores_zero(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    """A ``git`` of the agent's that answers every diff with a passing patch its tree does not
+    hold scored 1.0: the graded patch was the agent's program's output, not its work."""
+    task = _checking_task(shipped)
+    fake_bin = tmp_path / "agent-bin"
+    fake_bin.mkdir()
+    (fake_bin / "git").write_text(STEERED_GIT)
+    (fake_bin / "git").chmod(0o755)
+    (fake_bin / "gold.patch").write_text(task.instance.patch)
+    task.setup(SubprocessSandbox(testbed))
+    grade = task.grade(
+        AgentSandbox(testbed, fake_bin), GradingContext(FreshSandboxes(tmp_path, task))
+    )
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    assert grade.details["tests_status"]["FAIL_TO_PASS"]["failure"], grade.details
+
+
+class NoCommands(SubprocessSandbox):
+    """The episode's sandbox once the agent's turn is over: a command run there fails the
+    test (grading may only use the engine: ``stop_processes``, ``export_folder``)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.stopped = False
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        raise AssertionError(f"grading ran {cmd!r} in the agent's sandbox")
+
+    def stop_processes(self) -> None:
+        self.stopped = True
+
+
+def test_grading_runs_nothing_in_the_agents_sandbox_and_stops_its_processes(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    task = _checking_task(shipped)
+    setup = SubprocessSandbox(testbed)
+    task.setup(setup)
+    for command in task.reference_solution():
+        assert setup.execute(command, timeout=30).exit_code == 0
+    sandbox = NoCommands(testbed)
+    grade = task.grade(sandbox, GradingContext(FreshSandboxes(tmp_path, task)))
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+    assert sandbox.stopped
+
+
+@pytest.mark.parametrize("broken", ["git-folder-is-a-file", "patch-over-the-limit"])
+def test_what_the_agent_breaks_is_its_zero_with_the_reason(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path, broken: str
+) -> None:
+    sandbox = SubprocessSandbox(testbed)
+    shipped.setup(sandbox)
+    if broken == "git-folder-is-a-file":
+        sandbox.execute("rm -rf /testbed/.git && echo 'gitdir: /elsewhere' > /testbed/.git", 10)
+    else:
+        (testbed / "noise.bin").write_bytes(random.Random(0).randbytes(14 * 1024 * 1024))
+    fresh = FreshSandboxes(tmp_path, shipped)
+    grade = shipped.grade(sandbox, GradingContext(fresh))
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    expected = ".git is missing, not a folder" if broken.startswith("git") else "over 16777216"
+    assert expected in grade.details["agent_failure"], grade.details
+    assert all(made.closed for made in fresh.made)

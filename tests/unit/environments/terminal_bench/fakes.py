@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Collection
 from pathlib import Path
 
 from environments.sandboxes.protocol import ExecResult
@@ -38,7 +39,7 @@ class ScriptedSandbox:
     def download(self, src: str, dst: Path) -> None:
         raise NotImplementedError
 
-    def export_folder(self, path: str, dst: Path) -> None:
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         raise NotImplementedError
 
     def stop_processes(self) -> None:
