@@ -6,7 +6,7 @@ the agent may have replaced ``git`` (to emit a patch its tree does not hold), ``
 ``base64`` or ``tail`` (which read the patch out), or broken the shell. Here:
 
 - ``export_repo`` has the engine archive (``Sandbox.export_folder``) the agent's ``/testbed``
-  without ``.git`` (cleaned as ``terminal_bench.work`` cleans a work folder: only folders,
+  without ``.git`` (cleaned as ``environments.work`` cleans a work folder: only folders,
   regular files and links), and ``.git`` without its object store, which gives the agent's
   ``info/exclude`` (which hides new files, as in the official flow) and its hooks and config
   (``git_state``, read on the host: reported by the audit, they never run);
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from environments.sandboxes.protocol import Sandbox, SandboxError
 from environments.swebench.transfer import read_bytes, write_bytes
-from environments.terminal_bench.work import WorkExportError, WorkTree, export_work
+from environments.work import WorkExportError, WorkTree, export_work
 
 GIT_LEFT_OUT = ("objects", "modules", "lfs")
 """Children of ``.git`` never exported: the object stores, by far the largest part."""

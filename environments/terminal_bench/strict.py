@@ -36,7 +36,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from environments import tamper
-from environments.terminal_bench.work import WorkTree
+from environments.work import WorkTree
 
 UNSET_VARIABLES = (
     "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONINSPECT",

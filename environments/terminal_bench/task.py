@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from environments import tamper
+from environments import tamper, work
 from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
 from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import grading, inputs, strict, work
+from environments.terminal_bench import grading, inputs, strict
 from environments.terminal_bench.environment import TaskEnvironment
 
 _CHUNK_CHARS = 64 * 1024

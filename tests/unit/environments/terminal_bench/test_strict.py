@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from environments import work as work_module
 from environments.terminal_bench import strict
-from environments.terminal_bench import work as work_module
-from environments.terminal_bench.work import WorkExportError, WorkTree, _clean
+from environments.work import WorkExportError, WorkTree, _clean
 
 PRISTINE = {
     "calc.py": "def add(a, b):\n    return a - b\n",
