@@ -90,3 +90,42 @@ def test_modules_the_tests_import_from_the_work_folder_still_pass_strictly(kind:
     grade = run_episode(task, kind, [*task.reference_solution(), *extra], strict=True)
     assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
     assert grade.details["tamper_suspected"] is False, grade.details["tamper_reasons"]
+
+
+def agent_module_task(root: Path) -> TerminalBenchTask:
+    """A Harbor task whose solution *creates* the module its tests import (``/app/wordcount.py``,
+    absent from the task's image): new work the tests ask for by name."""
+    task_dir = root / "write-wordcount"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM thundersync/base:bookworm\nWORKDIR /app\n"
+    )
+    (task_dir / "tests").mkdir()
+    (task_dir / "tests" / "test_outputs.py").write_text(
+        "from wordcount import count\n\n\ndef test_count():\n    assert count('a b  c') == 3\n"
+    )
+    (task_dir / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\ncd /app || exit 1\n"
+        "if python3 -m pytest -q -rA -p no:cacheprovider /tests/test_outputs.py; then\n"
+        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n"
+    )
+    (task_dir / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
+    (task_dir / "instruction.md").write_text("Write /app/wordcount.py with count(text).\n")
+    (task_dir / "solution").mkdir()
+    (task_dir / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nprintf 'def count(text):\\n    return len(text.split())\\n' "
+        "> /app/wordcount.py\n"
+    )
+    return load_tasks(task_dir).get("write-wordcount")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_module_the_agent_writes_for_the_tests_scores_one_strictly(
+    kind: str, tmp_path: Path
+) -> None:
+    task = agent_module_task(tmp_path)
+    oracle = run_episode(task, kind, task.reference_solution(), strict=True)
+    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
+    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
+    nop = run_episode(task, kind, [], strict=True)
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
