@@ -270,16 +270,23 @@ def folder_problem(folder: str | Path) -> str | None:
 
 
 def check_env_kwargs(config: TrainConfig) -> None:
-    """The env is made (not reset) once with the run's sandbox and env kwargs and draws one
-    task, as the rollout worker's first step will: a kwarg it refuses is a one-line error here
-    instead of a worker's traceback."""
+    """The env's task source draws one training task, as the rollout worker's first step
+    will, and the env is made (not reset) once with the run's sandbox and env kwargs: a kwarg
+    either refuses, or a task of a protocol version this ThunderSync cannot serve, is a
+    one-line error here instead of a worker's traceback."""
     import gymnasium
     import numpy as np
 
+    from environments.registry import task_source
+    from environments.tasks import TRAIN, TaskProtocolError
+
     env = None
+    kwargs = {"sandbox": config.sandbox, **config.env_kwargs}
     try:
-        env = gymnasium.make(config.env, sandbox=config.sandbox, **config.env_kwargs)
-        env.get_wrapper_attr("draw_task")(np.random.default_rng(config.seed))
+        task_source(config.env, **kwargs).draw(np.random.default_rng(config.seed), TRAIN)
+        env = gymnasium.make(config.env, **kwargs)
+    except TaskProtocolError as exc:
+        raise ValueError(f"config field 'env': {config.env}: {exc}") from exc
     except Exception as exc:
         raise ValueError(f"config field 'env_kwargs': cannot make {config.env} with "
                          f"{config.env_kwargs}: {exc}") from exc  # fmt: skip
