@@ -245,6 +245,10 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         raise ValueError("--agent policy needs --checkpoint DIR (a model folder)")
     if args.checkpoint and agent != "policy":
         raise ValueError(f"--checkpoint runs the policy agent, not --agent {agent}")
+    if args.checkpoint:
+        from thundersync.models import model_folder  # imports torch: only for a checkpoint
+
+        args.checkpoint = model_folder(args.checkpoint, option="--checkpoint")
     if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a model folder (no config.json)")
     problem = device_problem(args.device)

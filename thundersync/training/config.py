@@ -196,6 +196,21 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def with_model_folders(config: TrainConfig) -> TrainConfig:
+    """``config`` with its ``model`` and ``teacher`` as folders: a Hugging Face hub id is
+    resolved to its snapshot in the local cache (``thundersync.models.model_folder``; nothing
+    is downloaded), so the run's config.json names the exact revision it trained from."""
+    from thundersync.models import model_folder
+
+    folders = {
+        name: model_folder(value, option=f"config field {name!r}:")
+        for name in ("model", "teacher")
+        if (value := getattr(config, name))
+    }
+    changed = {name: folder for name, folder in folders.items() if folder != getattr(config, name)}
+    return dataclasses.replace(config, **changed) if changed else config
+
+
 def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
     """What the dataclass cannot see: the env is registered, the engine is installed, the
     GPUs or cores the learner ranks need are here, every model folder is a checkpoint and the
@@ -222,7 +237,8 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
-                             "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+                             "(no config.json; thundersync warmstart builds one, or name a "
+                             "Hugging Face model in the local cache: org/name)")  # fmt: skip
     problem = folder_problem(config.out)
     if problem:
         raise ValueError(f"config field 'out': {problem}")
