@@ -29,7 +29,15 @@ from environments.sandboxes.protocol import (
     SandboxError,
     SandboxSpec,
 )
-from environments.tasks import Grade, GradingContext, Task
+from environments.tasks import (
+    TRAIN,
+    FixedTasks,
+    Grade,
+    GradingContext,
+    Task,
+    TaskSource,
+    as_current,
+)
 from thundersync.types import StopReason
 
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
@@ -143,9 +151,19 @@ class ShellEnv(gym.Env[str, str]):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
+    @classmethod
+    def task_source(cls, **kwargs: Any) -> TaskSource | None:
+        """This env's tasks by split, without making the env (``kwargs``: the env's, those
+        it does not use ignored), or None when only a made env knows them (its ``tasks``).
+
+        An env with a held-out split overrides this, e.g. returning
+        ``FixedTasks(name, train=(...), heldout=(...))`` and passing the same source to
+        ``ShellEnv.__init__``; ``environments.registry.task_source`` asks it first."""
+        return None
+
     def __init__(
         self,
-        tasks: Iterable[Task] | None = None,
+        tasks: Iterable[Task] | TaskSource | None = None,
         *,
         sandbox: str | SandboxFactory = "bwrap",
         max_turns: int | None = None,
@@ -155,7 +173,11 @@ class ShellEnv(gym.Env[str, str]):
     ) -> None:
         if max_format_errors < 1:
             raise ValueError(f"max_format_errors must be >= 1, got {max_format_errors}")
-        self.tasks: list[Task] = list(tasks) if tasks is not None else []
+        if hasattr(tasks, "splits") and hasattr(tasks, "draw"):  # a TaskSource
+            self.source: TaskSource = tasks  # type: ignore[assignment]
+        else:  # every task checked against the protocol now: a mismatch refuses the env
+            self.source = FixedTasks(type(self).__name__, tuple(tasks or ()))
+        self.tasks: list[Task] = list(self.source.tasks(TRAIN) or ())
         self.max_turns = max_turns
         self.max_episode_s = max_episode_s
         self.max_format_errors = max_format_errors
@@ -211,10 +233,10 @@ class ShellEnv(gym.Env[str, str]):
         return self._clip(self._task.instruction), info
 
     def draw_task(self, rng: np.random.Generator) -> Task:
-        """A task drawn with ``rng`` (what ``reset`` uses when no task is given)."""
-        if not self.tasks:
+        """A training task drawn with ``rng`` (what ``reset`` uses when no task is given)."""
+        if not self.tasks and self.source.tasks(TRAIN) is not None:
             raise ValueError("this env has no tasks: pass tasks=... or options={'task': Task}")
-        return self.tasks[int(rng.integers(len(self.tasks)))]
+        return self.source.draw(rng, TRAIN)
 
     def _select_task(self, choice: Any) -> Task:
         if choice is None:
@@ -231,7 +253,7 @@ class ShellEnv(gym.Env[str, str]):
                     f"options['task']: index {choice} out of range 0..{len(self.tasks) - 1}"
                 )
             return self.tasks[int(choice)]
-        return choice
+        return as_current(choice)
 
     def _task_spec(self) -> SandboxSpec:
         if self._task is None:

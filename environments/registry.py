@@ -18,6 +18,9 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium
+from gymnasium.envs.registration import load_env_creator
+
+from environments.tasks import FixedTasks, TaskSource
 
 ENTRY_POINT_GROUP = "thundersync.envs"
 NAMESPACE = "thundersync"
@@ -113,6 +116,37 @@ def episode_envs(env_id: str, **kwargs: Any) -> Callable[[], gymnasium.Env]:
         return env
 
     return make
+
+
+def task_source(env_id: str, **kwargs: Any) -> TaskSource:
+    """The tasks of ``gymnasium.make(env_id, **kwargs)`` by split, without making the env
+    when its entry point says how (a ``task_source(**kwargs)`` attribute, as ``ShellEnv``
+    subclasses and the suite envs have). Otherwise the env is made once, never reset, and its
+    tasks are read (``env.source``, else its ``tasks``); such an env has no held-out split.
+    A task of a protocol this ThunderSync cannot serve is a ``TaskProtocolError`` here."""
+    require_env(env_id)
+    spec = gymnasium.spec(env_id)
+    creator = spec.entry_point
+    if isinstance(creator, str):
+        creator = load_env_creator(creator)
+    merged = {**spec.kwargs, **kwargs}
+    declared = getattr(creator, "task_source", None)
+    if callable(declared):
+        source = declared(**merged)
+        if source is not None:
+            return source
+    env = gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+    try:
+        made = env.unwrapped
+        source = getattr(made, "source", None)
+        if source is not None and hasattr(source, "splits"):
+            return source
+        tasks = getattr(made, "tasks", None)
+        if tasks is None:
+            raise ValueError(f"env {env_id}: lists no tasks (neither task_source nor tasks)")
+        return FixedTasks(env_id, tuple(tasks))
+    finally:
+        env.close()
 
 
 def require_env(env_id: str, *, option: str = "--env") -> None:

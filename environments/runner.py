@@ -46,7 +46,7 @@ import gymnasium as gym
 import numpy as np
 
 from environments.agents import Action, Agent, ContextExhausted, Message
-from environments.tasks import Grade, Task
+from environments.tasks import TRAIN, Grade, Task, TaskSource
 from thundersync.events import (
     EpisodeCompleted,
     EpisodeStarted,
@@ -139,10 +139,13 @@ class EpisodeRunner:
         sink: Sink,
         *,
         max_concurrency: int = 2,
+        tasks: TaskSource | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.make_env = make_env
+        self.tasks = tasks
+        """Where a None task is drawn from (its training split); None: from a made env."""
         self.agent = agent
         self.sink = sink
         self.max_concurrency = max_concurrency
@@ -263,7 +266,9 @@ class EpisodeRunner:
         return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
     def _draw_task(self, rng: np.random.Generator) -> Task:
-        env = self.make_env()
+        if self.tasks is not None:
+            return self.tasks.draw(rng, TRAIN)
+        env = self.make_env()  # an env that only knows its tasks once made
         try:
             return env.get_wrapper_attr("draw_task")(rng)
         finally:

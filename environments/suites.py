@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from environments.tasks import TaskList, TaskSet
+from environments.tasks import SuiteTasks, TaskList, TaskSet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SWEBENCH_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -107,4 +107,14 @@ def make_suite_env(suite: str | Sequence[str] = "swebench-mini", **kwargs: Any) 
     """
     from environments.core import ShellEnv
 
-    return ShellEnv(tasks=resolve_suites(suite), **kwargs)
+    return ShellEnv(suite_task_source(suite), **kwargs)
+
+
+def suite_task_source(suite: str | Sequence[str] = "swebench-mini", **_: Any) -> SuiteTasks:
+    """The tasks of ``make_suite_env(suite, ...)`` without making the env: the suite is its
+    own split (``SuiteTasks``); the env's other keywords are ignored."""
+    tasks = resolve_suites(suite)
+    return SuiteTasks(tasks.name, tuple(tasks))
+
+
+make_suite_env.task_source = suite_task_source  # type: ignore[attr-defined]

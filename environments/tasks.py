@@ -1,10 +1,21 @@
-"""Tasks are data: a task set yields typed tasks; grading turns a sandbox's state into a reward."""
+"""Tasks are data: a task set yields typed tasks; grading turns a sandbox's state into a reward.
+
+A ``TaskSource`` lists and draws an env's tasks by split (``train``, ``heldout``) without making
+an env; an env is then made for a task (``env.reset(options={"task": task})``). The ``Task``
+protocol is what third-party packages implement, so it is versioned (``PROTOCOL_VERSION``):
+``as_current`` adapts a task written for an older version, or refuses it with one line naming
+the method, the expected signature and the version, before any episode runs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
 
 from environments.sandboxes.protocol import Sandbox, SandboxSpec
 
@@ -51,8 +62,20 @@ class GradingContext:
 
 
 PROTOCOL_VERSION = 2
-"""Version of the ``Task`` protocol. 2: ``sandbox_spec(kind)`` and ``grade(sandbox,
-context)`` take their arguments explicitly (1 probed optional keywords)."""
+"""Version of the ``Task`` protocol. 2: ``sandbox_spec(self, kind)`` and ``grade(self,
+sandbox, context)`` take their arguments explicitly. 1: ``sandbox_spec(self)`` and ``grade(self,
+sandbox)`` (optionally with a ``fresh_sandbox=`` keyword); still served through
+``TaskV1Adapter``. A task may say which version it implements with a ``protocol_version``
+attribute; without one, its methods' signatures decide."""
+
+OLDEST_PROTOCOL_VERSION = 1
+"""The oldest ``Task`` protocol version still served (through an adapter)."""
+
+_SIGNATURES = {
+    2: {"sandbox_spec": "sandbox_spec(self, kind)", "grade": "grade(self, sandbox, context)"},
+    1: {"sandbox_spec": "sandbox_spec(self)", "grade": "grade(self, sandbox)"},
+}
+_COMMON = {"setup": "setup(self, sandbox)", "reference_solution": "reference_solution(self)"}
 
 
 class Task(Protocol):
@@ -123,3 +146,335 @@ class TaskList(Generic[T]):
                 return task
         known = [t.task_id for t in self.tasks]  # type: ignore[attr-defined]
         raise KeyError(f"{self.name}: no task {task_id!r}; known: {known}")
+
+
+# --- protocol versions ------------------------------------------------------------------------
+
+
+class TaskProtocolError(ValueError):
+    """A task matches no ``Task`` protocol version this ThunderSync serves. One line: the
+    task, the method, the expected signature and the protocol version."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskV1Adapter:
+    """A task written for ``Task`` protocol 1 served as protocol 2: ``sandbox_spec(kind)``
+    drops the kind, ``grade(sandbox, context)`` passes the sandbox (and
+    ``fresh_sandbox=context.fresh_sandbox`` to a grader that takes it; protocol 1 had no strict
+    flag, so such a task grades as it always did). Other attributes are the task's own."""
+
+    task: Any
+    fresh_keyword: bool = False
+
+    protocol_version = 1
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+    @property
+    def instruction(self) -> str:
+        return self.task.instruction
+
+    @property
+    def max_turns(self) -> int:
+        return self.task.max_turns
+
+    @property
+    def timeout_s(self) -> float:
+        return self.task.timeout_s
+
+    def sandbox_spec(self, kind: str | None) -> SandboxSpec:
+        return self.task.sandbox_spec()
+
+    def setup(self, sandbox: Sandbox) -> None:
+        self.task.setup(sandbox)
+
+    def grade(self, sandbox: Sandbox, context: GradingContext) -> Grade:
+        if self.fresh_keyword:
+            return self.task.grade(sandbox, fresh_sandbox=context.fresh_sandbox)
+        return self.task.grade(sandbox)
+
+    def reference_solution(self) -> list[str]:
+        return self.task.reference_solution()
+
+    def __getattr__(self, name: str) -> Any:  # a task's own fields (a toy's table, ...)
+        return getattr(self.task, name)
+
+
+def as_current(task: Any) -> Task:
+    """``task`` as a ``Task`` of ``PROTOCOL_VERSION``: itself when it matches, wrapped in
+    ``TaskV1Adapter`` when it was written for protocol 1; ``TaskProtocolError`` (one line)
+    otherwise. Checked once per task class (a dictionary look-up after that)."""
+    if isinstance(task, TaskV1Adapter):
+        return task
+    version, fresh_keyword = _protocol_of(type(task), _described(task))
+    if version == PROTOCOL_VERSION:
+        return task
+    return TaskV1Adapter(task, fresh_keyword)
+
+
+def _described(task: Any) -> str:
+    kind = type(task)
+    return f"task {getattr(task, 'task_id', '?')!r} ({kind.__module__}.{kind.__qualname__})"
+
+
+def _protocol_of(kind: type, described: str) -> tuple[int, bool]:
+    try:
+        return _PROTOCOLS[kind]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable class: checked every time
+        return _check_protocol(kind, described)
+    found = _PROTOCOLS[kind] = _check_protocol(kind, described)
+    return found
+
+
+_PROTOCOLS: dict[type, tuple[int, bool]] = {}
+
+
+def _check_protocol(kind: type, described: str) -> tuple[int, bool]:
+    """(version, whether a protocol-1 ``grade`` takes ``fresh_sandbox=``) of a task class."""
+    declared = getattr(kind, "protocol_version", None)
+    if declared is not None and (isinstance(declared, bool) or declared not in _SIGNATURES):
+        raise TaskProtocolError(
+            f"{described}: declares protocol_version {declared!r}; this ThunderSync serves "
+            f"Task protocol {OLDEST_PROTOCOL_VERSION}..{PROTOCOL_VERSION}"
+        )
+    for name, signature in _COMMON.items():
+        if not callable(getattr(kind, name, None)):
+            raise TaskProtocolError(
+                f"{described}: has no {signature} (Task protocol {PROTOCOL_VERSION})"
+            )
+    spec_args = {2: ("kind",), 1: ()}
+    grade_args = {2: ("sandbox", "context"), 1: ("sandbox",)}
+    candidates = [declared] if declared is not None else [2, 1]
+    for method, arguments in (("sandbox_spec", spec_args), ("grade", grade_args)):
+        function = getattr(kind, method, None)
+        if not callable(function):
+            raise TaskProtocolError(
+                f"{described}: has no {_SIGNATURES[PROTOCOL_VERSION][method]} "
+                f"(Task protocol {PROTOCOL_VERSION})"
+            )
+        fits = [v for v in candidates if _binds(function, arguments[v])]
+        if not fits:
+            version = candidates[0]
+            if declared is not None:
+                why = ""
+            elif len(candidates) > 1:
+                why = f" (or {_SIGNATURES[1][method]}, protocol 1, served through an adapter)"
+            else:  # the earlier method chose the version
+                why = " (the version its sandbox_spec follows)"
+            raise TaskProtocolError(
+                f"{described}: {method}{_shown(function)} does not match Task protocol "
+                f"{version}: expected {_SIGNATURES[version][method]}{why}"
+            )
+        candidates = fits
+    version = candidates[0]
+    fresh = version == 1 and _binds(kind.grade, ("sandbox",), ("fresh_sandbox",))
+    return version, fresh
+
+
+def _binds(function: Any, args: tuple[str, ...], keywords: tuple[str, ...] = ()) -> bool:
+    """Whether ``function`` (looked up on the class: ``self`` first) accepts ``args``."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True  # a builtin or C callable: nothing to check against
+    try:
+        signature.bind("self", *args, **dict.fromkeys(keywords))
+    except TypeError:
+        return False
+    return True
+
+
+def _shown(function: Any) -> str:
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+# --- task sources ---------------------------------------------------------------------------
+
+TRAIN = "train"
+HELDOUT = "heldout"
+SPLITS = (TRAIN, HELDOUT)
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """An env's tasks, listed and drawn by split without making an env.
+
+    ``splits`` names the splits it has (``train`` always; ``heldout`` when it declares one).
+    ``draw(rng, split)`` draws one task (a finite split with replacement, as training does);
+    ``tasks(split)`` lists a finite split, or returns None for a generated one.
+    """
+
+    name: str
+
+    def splits(self) -> tuple[str, ...]: ...
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task: ...
+
+    def tasks(self, split: str = TRAIN) -> Sequence[Task] | None: ...
+
+
+def _check_split(source: Any, split: str) -> None:
+    if split not in source.splits():
+        raise ValueError(
+            f"task source {source.name!r}: no split {split!r}; it has {list(source.splits())}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FixedTasks:
+    """A ``TaskSource`` of fixed lists: a training split and, when given, a held-out one.
+    Every task is checked against the protocol when the source is made (``as_current``)."""
+
+    name: str
+    train: tuple[Any, ...]
+    heldout: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "train", tuple(as_current(t) for t in self.train))
+        if self.heldout is not None:
+            object.__setattr__(self, "heldout", tuple(as_current(t) for t in self.heldout))
+            shared = {t.task_id for t in self.train} & {t.task_id for t in self.heldout}
+            if shared:
+                raise ValueError(
+                    f"task source {self.name!r}: tasks in both the training and "
+                    f"the held-out split: {sorted(shared)}"
+                )
+
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS if self.heldout is not None else (TRAIN,)
+
+    def tasks(self, split: str = TRAIN) -> Sequence[Task]:
+        _check_split(self, split)
+        chosen = self.train if split == TRAIN else self.heldout
+        return chosen or ()
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+        tasks = self.tasks(split)
+        if not tasks:
+            raise ValueError(f"task source {self.name!r}: its {split} split has no tasks")
+        return tasks[int(rng.integers(len(tasks)))]
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteTasks:
+    """A ``TaskSource`` over a benchmark suite (SWE-bench rows, Terminal-Bench or Harbor task
+    folders): the suite is its own split, so ``train`` and ``heldout`` are both the suite's
+    tasks. A benchmark is an evaluation set; to train on tasks that ``eval`` then does not
+    score, train on one suite (``suite=`` rows or folders) and evaluate on another."""
+
+    name: str
+    suite: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "suite", tuple(as_current(t) for t in self.suite))
+
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS
+
+    def tasks(self, split: str = TRAIN) -> Sequence[Task]:
+        _check_split(self, split)
+        return self.suite
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+        _check_split(self, split)
+        if not self.suite:
+            raise ValueError(f"suite {self.name!r} has no tasks")
+        return self.suite[int(rng.integers(len(self.suite)))]
+
+
+MAX_DRAWS = 10_000
+"""Draws a ``GeneratedTasks`` makes for one task of a split before it gives up."""
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedTasks:
+    """A ``TaskSource`` over a generator of tasks (``generate(rng) -> Task``), split by the
+    task's content: a task is held-out iff a hash of its ``task_id`` is 0 modulo
+    ``heldout_every``. Training draws skip held-out tasks and held-out draws keep only them,
+    so the two splits are disjoint by construction whatever the seeds (two seed streams alone
+    are independent, not disjoint: both can draw the same table), and both come from the same
+    distribution. The toy envs' ids hash the whole task, so equal ids are equal tasks."""
+
+    name: str
+    generate: Callable[[np.random.Generator], Any]
+    heldout_every: int = 16
+
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS
+
+    def tasks(self, split: str = TRAIN) -> None:
+        _check_split(self, split)
+        return None
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+        _check_split(self, split)
+        want = split == HELDOUT
+        for _ in range(MAX_DRAWS):
+            task = self.generate(rng)
+            if self.is_heldout(task.task_id) == want:
+                return as_current(task)
+        raise ValueError(
+            f"task source {self.name!r}: no {split} task in {MAX_DRAWS} draws "
+            "(its tasks vary too little to split)"
+        )
+
+    def is_heldout(self, task_id: str) -> bool:
+        digest = hashlib.sha256(f"heldout/{task_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.heldout_every == 0
+
+
+HELDOUT_STREAM = 0x4E1D0
+"""Seeds held-out lists apart from the training draws' generators (a task's split is decided
+by its content; this only keeps evaluation's generator from replaying a training one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Tasks chosen for an evaluation: the tasks, the split they come from and, when that is
+    not what was asked for, a one-line note saying why (printed and kept in the report)."""
+
+    tasks: tuple[Any, ...]
+    split: str
+    note: str | None = None
+
+
+def select_tasks(
+    source: Any, num_tasks: int, *, seed: int = 0, split: str = HELDOUT, name: str | None = None
+) -> Selection:
+    """``num_tasks`` distinct tasks of ``source``'s ``split`` (``heldout`` by default), seeded:
+    a seeded sample without replacement of a finite split (all of it when it is smaller,
+    said in the note), distinct draws of a generated one. A source without that split gives
+    its training tasks with a note saying so (naming the env as ``name``), never silently."""
+    note = None
+    if split not in source.splits():
+        note = (
+            f"{name or source.name} declares no {split.replace('heldout', 'held-out')} split: "
+            "evaluating its training tasks (scores are not held-out)"
+        )
+        split = TRAIN
+    rng = np.random.default_rng([seed, HELDOUT_STREAM])
+    listed = source.tasks(split)
+    if listed is not None:
+        order = rng.permutation(len(listed))[:num_tasks]
+        chosen = tuple(listed[int(i)] for i in order)
+        if len(listed) < num_tasks:
+            more = f"its {split} split has {len(listed)} task(s), fewer than the {num_tasks} asked"
+            note = f"{note}; {more}" if note else more
+        return Selection(chosen, split, note)
+    chosen_by_id: dict[str, Any] = {}
+    for _ in range(MAX_DRAWS):
+        if len(chosen_by_id) == num_tasks:
+            break
+        task = source.draw(rng, split)
+        chosen_by_id.setdefault(task.task_id, task)
+    if len(chosen_by_id) < num_tasks:
+        more = f"only {len(chosen_by_id)} distinct {split} task(s) in {MAX_DRAWS} draws"
+        note = f"{note}; {more}" if note else more
+    return Selection(tuple(chosen_by_id.values()), split, note)

@@ -11,7 +11,9 @@ Every action is one ```bash block holding one of four commands (a small, regular
 vocabulary for a word-level tokenizer): ``lookup KEY``, ``calc A+B``, ``answer N`` and
 ``submit``. Reward is 1.0 iff the answered number is right. Tasks are drawn with the env's
 ``np_random``, so episodes are deterministic given the seed, and each task's
-``reference_solution()`` is the oracle's play. A latency knob adds a fixed (``sigma=0``) or
+``reference_solution()`` is the oracle's play. Both envs have a held-out split
+(``GeneratedTasks``): a sixteenth of all tables, chosen by a hash of the task, that training
+never draws and ``eval --env`` evaluates on. A latency knob adds a fixed (``sigma=0``) or
 log-normal delay (median ``*_latency_s``) to every tool call and every grading, drawn from a
 generator seeded at reset, to build long-tail workloads.
 
@@ -26,6 +28,7 @@ sandbox start-up costs.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 import time
@@ -36,7 +39,7 @@ import numpy as np
 
 from environments.core import INSTANT_STEPS, SandboxFactory, ShellEnv
 from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, SandboxSpec
-from environments.tasks import Grade, GradingContext, TaskList
+from environments.tasks import GeneratedTasks, Grade, GradingContext, TaskList
 
 KEYS = (
     "red",
@@ -220,8 +223,38 @@ def toy_sum_suite(num_tasks: int = 8, seed: int = 0) -> TaskList:
     return TaskList("toy-sum", tuple(draw_sum_task(rng) for _ in range(num_tasks)))
 
 
+_ENV_PARAMETERS = frozenset(
+    {
+        "sandbox",
+        "tool_latency_s",
+        "tool_latency_sigma",
+        "grade_latency_s",
+        "grade_latency_sigma",
+        "max_episode_s",
+        "max_format_errors",
+        "strict_grading",
+        "tools",
+        "disable_env_checker",
+    }
+)
+
+
 class _ToyEnv(ShellEnv):
     """A ShellEnv whose tasks are drawn fresh every episode, with the latency knob."""
+
+    env_name = "toy"
+
+    @classmethod
+    def task_source(cls, **kwargs: Any) -> GeneratedTasks:
+        """The env's tasks for its task keywords (the others ignored): a ``GeneratedTasks``
+        whose held-out split training never draws. ValueError for a keyword out of range."""
+        task_kwargs = {k: v for k, v in kwargs.items() if k not in _ENV_PARAMETERS}
+        cls.check_task_kwargs(task_kwargs)
+        return _toy_source(cls, tuple(sorted(task_kwargs.items())))
+
+    @staticmethod
+    def generate(rng: np.random.Generator, **task_kwargs: Any) -> ToyTask:
+        raise NotImplementedError
 
     def __init__(
         self,
@@ -246,8 +279,9 @@ class _ToyEnv(ShellEnv):
         if max_episode_s is not None:
             _check_real("max_episode_s", max_episode_s, 1e-3, 7 * 24 * 3600.0)
         _check_int("max_format_errors", max_format_errors, 0, 1000)
-        self.check_task_kwargs(task_kwargs)
+        source = self.task_source(**task_kwargs)
         super().__init__(
+            source,
             sandbox=(lambda spec: InProcessTools(self)) if tools == "python" else sandbox,
             max_episode_s=max_episode_s, max_format_errors=max_format_errors,
             strict_grading=strict_grading,
@@ -260,7 +294,8 @@ class _ToyEnv(ShellEnv):
         self._latency_seed = 0
         self._latency_rng: np.random.Generator | None = None
 
-    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+    @classmethod
+    def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
         """ValueError naming a task keyword out of range (before any task is drawn)."""
 
     def _select_task(self, choice: Any) -> Any:
@@ -287,6 +322,18 @@ class _ToyEnv(ShellEnv):
             time.sleep(delay)
         result = super()._execute(command, timeout)
         return replace(result, duration_s=result.duration_s + delay) if delay > 0 else result
+
+
+def _check_names(kwargs: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ValueError(f"unknown keyword(s) {unknown}; task keywords: {list(known)}")
+
+
+@functools.cache
+def _toy_source(cls: type[_ToyEnv], task_kwargs: tuple[tuple[str, Any], ...]) -> GeneratedTasks:
+    """One source per env class and task keywords (an env is made per episode)."""
+    return GeneratedTasks(cls.env_name, functools.partial(cls.generate, **dict(task_kwargs)))
 
 
 class InProcessTools:
@@ -378,14 +425,19 @@ class ToySumEnv(_ToyEnv):
     latency knob, ``sandbox`` and ``tools`` (``"sandbox"`` or ``"python"``).
     """
 
-    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+    env_name = "ToySum"
+
+    @classmethod
+    def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
+        _check_names(kwargs, ("num_keys", "max_value"))
         if "num_keys" in kwargs:
             _check_int("num_keys", kwargs["num_keys"], 2, len(KEYS))
         if "max_value" in kwargs:
             _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
 
-    def draw_task(self, rng: np.random.Generator) -> ToyTask:
-        return draw_sum_task(rng, **self.task_kwargs)
+    @staticmethod
+    def generate(rng: np.random.Generator, **task_kwargs: Any) -> ToyTask:
+        return draw_sum_task(rng, **task_kwargs)
 
 
 class ToyChainEnv(_ToyEnv):
@@ -395,11 +447,16 @@ class ToyChainEnv(_ToyEnv):
     ``sandbox`` and ``tools``.
     """
 
-    def check_task_kwargs(self, kwargs: dict[str, Any]) -> None:
+    env_name = "ToyChain"
+
+    @classmethod
+    def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
+        _check_names(kwargs, ("max_hops", "max_value"))
         if "max_hops" in kwargs:
             _check_int("max_hops", kwargs["max_hops"], 1, len(KEYS))
         if "max_value" in kwargs:
             _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
 
-    def draw_task(self, rng: np.random.Generator) -> ToyTask:
-        return draw_chain_task(rng, **self.task_kwargs)
+    @staticmethod
+    def generate(rng: np.random.Generator, **task_kwargs: Any) -> ToyTask:
+        return draw_chain_task(rng, **task_kwargs)

@@ -144,7 +144,7 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     import gymnasium
 
     import environments  # noqa: F401  (registers the built-in envs)
-    from harness.policy_eval import PolicyEvaluator, draw_eval_tasks
+    from harness.policy_eval import PolicyEvaluator, eval_tasks
 
     base = config.train
 
@@ -153,7 +153,11 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     def make_env() -> Any:
         return gymnasium.make(base.env, **{"sandbox": base.sandbox, **kwargs})
 
-    tasks = draw_eval_tasks(make_env, config.eval_tasks, seed=base.seed)
+    selection = eval_tasks(base.env, {"sandbox": base.sandbox, **kwargs}, config.eval_tasks,
+                           seed=base.seed)  # fmt: skip
+    if selection.note:
+        print(f"compare: {selection.note}", file=sys.stderr, flush=True)
+    tasks = list(selection.tasks)
     initial = base.model or str(runs[0].folder / "init-model")
     with PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens,
                          device=base.device) as judge:  # fmt: skip

@@ -16,6 +16,7 @@ from thundersync.training.config import (
     check_inputs,
     load_config_file,
     resolve_config,
+    with_model_folders,
 )
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
@@ -71,6 +72,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
             train=replace(train, out=args.out), modes=tuple(args.modes.split(",")),
             out=args.out, leaderboard=not args.no_leaderboard, leaderboard_db=args.db, **own,
         )  # fmt: skip
+        config = replace(config, train=with_model_folders(config.train))
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
         problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)

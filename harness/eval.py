@@ -245,6 +245,10 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         raise ValueError("--agent policy needs --checkpoint DIR (a model folder)")
     if args.checkpoint and agent != "policy":
         raise ValueError(f"--checkpoint runs the policy agent, not --agent {agent}")
+    if args.checkpoint:
+        from thundersync.models import model_folder  # imports torch: only for a checkpoint
+
+        args.checkpoint = model_folder(args.checkpoint, option="--checkpoint")
     if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a model folder (no config.json)")
     problem = device_problem(args.device)
@@ -275,9 +279,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     try:
         config = eval_config(args)
         use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
-        make_env, tasks = task_source(config)
+        make_env, tasks, split, note = task_source(config)
     except (ValueError, UnknownSuiteError, TaskFormatError) as exc:
         return _fail(str(exc))
+    if note:
+        print(f"eval: {note}", file=sys.stderr, flush=True)
     if not tasks:
         return _fail(f"suite {config.suite!r} has no tasks")
     problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
@@ -288,6 +294,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     groups, signum = _run(config, make_env, tasks, out)
     report = build_report(config, groups)
+    if split is not None:
+        report["split"] = split
+        report["split_note"] = note
     if signum is not None:
         report["interrupted"] = signal.Signals(signum).name
     text = strict_json(report)
@@ -299,6 +308,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(text)
     else:
         print("\n".join(report_table(report)))
+        if note:
+            print(f"note: {note}")
     code, line = summary(report)
     if signum is not None:
         code, line = 128 + signum, f"eval: INTERRUPTED by {report['interrupted']}: " + line
@@ -308,34 +319,41 @@ def run_eval_command(args: argparse.Namespace) -> int:
     return code
 
 
-def task_source(config: EvalConfig) -> tuple[Callable[[], Any], list[Any]]:
-    """The env factory and the tasks: a suite's tasks, or ``num_tasks`` held-out draws of a
-    registered env (a plugin's envs included)."""
+def task_source(
+    config: EvalConfig,
+) -> tuple[Callable[[], Any], list[Any], str | None, str | None]:
+    """The env factory, the tasks, their split and a note: a suite's tasks (no split), or
+    ``num_tasks`` tasks of a registered env's held-out split (a plugin's envs included) drawn
+    without making an env. An env without a held-out split is evaluated on its training tasks
+    and the note says so; so it does when the split holds fewer tasks than asked."""
     if config.env is None:
         from environments.core import ShellEnv
         from environments.suites import resolve_suite
 
         tasks = list(resolve_suite(config.suite))
         return (lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
-                tasks)  # fmt: skip
+                tasks, None, None)  # fmt: skip
     import gymnasium
 
     from environments.registry import require_env
-    from harness.policy_eval import draw_eval_tasks
+    from environments.tasks import TaskProtocolError
+    from harness.policy_eval import eval_tasks
 
     require_env(config.env)
+    kwargs = {"sandbox": config.sandbox, "strict_grading": config.strict, **config.env_kwargs}
 
     def make_env() -> Any:
-        return gymnasium.make(
-            config.env,
-            **{"sandbox": config.sandbox, "strict_grading": config.strict, **config.env_kwargs},
-        )
+        return gymnasium.make(config.env, **kwargs)
 
     try:
-        return make_env, draw_eval_tasks(make_env, config.num_tasks, seed=config.seed)
+        selection = eval_tasks(config.env, kwargs, config.num_tasks, seed=config.seed)
+        make_env().close()  # the env's own keywords checked before any attempt
+    except TaskProtocolError as exc:
+        raise ValueError(f"--env {config.env}: {exc}") from exc
     except TypeError as exc:
         raise ValueError(f"--env {config.env}: cannot make it with sandbox= and "
                          f"strict_grading= ({exc})") from exc  # fmt: skip
+    return make_env, list(selection.tasks), selection.split, selection.note
 
 
 def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],

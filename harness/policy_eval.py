@@ -177,13 +177,10 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def draw_eval_tasks(make_env: Callable[[], Any], num_tasks: int, *, seed: int = 0) -> list[Any]:
-    """Held-out tasks of an env: drawn from a stream that training draws never use."""
-    import numpy as np
+def eval_tasks(env_id: str, env_kwargs: dict[str, Any], num_tasks: int, *, seed: int = 0) -> Any:
+    """``num_tasks`` distinct tasks of the env's held-out split, seeded, without making an env
+    (an ``environments.tasks.Selection``: its note says when they are not held-out)."""
+    from environments.registry import task_source
+    from environments.tasks import select_tasks
 
-    env = make_env()
-    try:
-        draw = env.get_wrapper_attr("draw_task")
-        return [draw(np.random.default_rng([seed, 2**31 - 1, i])) for i in range(num_tasks)]
-    finally:
-        env.close()
+    return select_tasks(task_source(env_id, **env_kwargs), num_tasks, seed=seed, name=env_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -152,6 +153,34 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
     return model
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+"""A Hugging Face hub model id, ``org/name``."""
+
+
+def model_folder(value: str | Path, *, option: str = "--model") -> str:
+    """The model folder ``value`` names: a folder as given, or a Hugging Face hub id
+    (``Qwen/Qwen2.5-0.5B-Instruct``) resolved to its snapshot in the local cache
+    (``HF_HOME``/``HF_HUB_CACHE``; ``refs/main``). Nothing is ever downloaded: a hub id not in
+    the cache is a one-line ValueError naming ``option`` and the command that downloads it.
+    Whether the folder holds a model (``config.json``) is the caller's check."""
+    text = str(value)
+    if Path(text).expanduser().exists() or not HUB_ID.fullmatch(text):
+        return text
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(text, local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError) as exc:
+        cause = "" if isinstance(exc, LocalEntryNotFoundError) else f" ({type(exc).__name__})"
+        raise ValueError(
+            f"{option} {text}: no such folder, and no model {text} in the local Hugging Face "
+            f"cache ({constants.HF_HUB_CACHE}){cause}; download it first with "
+            f"`hf download {text}` (or `huggingface-cli download {text}`): ThunderSync never "
+            "downloads"
+        ) from None
 
 
 def load_tokenizer(path: str | Path):

@@ -216,20 +216,97 @@ def test_infra_failures_are_reported_and_excluded_from_the_mean():
 PLUGIN_DIR = ROOT / "tests" / "fixtures" / "plugin_env"
 
 
+def _eval_plugin(plugin: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]))
+    return subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", "eval", *argv, "--no-leaderboard"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @needs_bwrap
 def test_a_plugins_env_is_evaluated_by_id_as_a_new_user_would(tmp_path):
-    """A third-party package's env, named by its id: oracle 1, nop 0, through the real CLI."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGIN_DIR), str(ROOT)]))
+    """A third-party package's env, named by its id: oracle 1, nop 0, through the real CLI.
+    It declares no held-out split: the output says its training tasks were evaluated, each
+    once (not its one task drawn twice)."""
     scores = {}
     for agent in ("oracle", "nop"):
-        done = subprocess.run(
-            [sys.executable, "-m", "thundersync.cli", "eval", "--env", "demoplugin/Greet-v0",
-             "--tasks", "2", "--agent", agent, "--json", "--no-leaderboard"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        done = _eval_plugin(
+            PLUGIN_DIR, "--env", "demoplugin/Greet-v0", "--tasks", "2", "--agent", agent, "--json"
+        )
         assert done.returncode == 0, done.stderr
-        scores[agent] = json.loads(done.stdout)["mean_reward"]
+        report = json.loads(done.stdout)
+        scores[agent] = report["mean_reward"]
+        assert report["split"] == "train" and [r["task_id"] for r in report["tasks"]] == ["greet"]
+        note = (
+            "demoplugin/Greet-v0 declares no held-out split: evaluating its training tasks "
+            "(scores are not held-out); its train split has 1 task(s), fewer than the 2 "
+            "asked"
+        )
+        assert report["split_note"] == note
+        assert f"eval: {note}" in done.stderr
     assert scores == {"oracle": 1.0, "nop": 0.0}
+
+
+V1_PLUGIN_DIR = ROOT / "tests" / "fixtures" / "plugin_env_v1"
+
+
+@needs_bwrap
+def test_a_plugin_written_for_task_protocol_1_scores_as_before():
+    """Its tasks have sandbox_spec(self) and grade(self, sandbox): served through the
+    adapter, not an infrastructure failure on every attempt."""
+    for agent, expected in (("oracle", 1.0), ("nop", 0.0)):
+        done = _eval_plugin(
+            V1_PLUGIN_DIR,
+            "--env",
+            "oldlab/CountLines-v0",
+            "--agent",
+            agent,
+            "--tasks",
+            "1",
+            "--json",
+        )
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["mean_reward"] == expected and report["num_infra_failed_attempts"] == 0
+
+
+def test_a_plugin_matching_no_task_protocol_is_refused_in_one_line():
+    done = _eval_plugin(V1_PLUGIN_DIR, "--env", "oldlab/Broken-v0", "--agent", "oracle")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert (
+        "--env oldlab/Broken-v0: task 'broken' (oldlab.envs.Broken): grade(self) does not "
+        "match Task protocol 1: expected grade(self, sandbox)"
+    ) in lines[0]
+
+
+def test_eval_env_scores_the_held_out_split(capsys):
+    """ToySum's held-out tasks: distinct, none of them ever drawn by training."""
+    from environments.toy import ToySumEnv
+
+    report = run_json(
+        capsys,
+        "--env",
+        "thundersync/ToySum-v0",
+        "--agent",
+        "oracle",
+        "--tasks",
+        "12",
+        "--env-kwargs",
+        '{"tools": "python"}',
+        "--no-leaderboard",
+    )
+    assert report["split"] == "heldout" and report["split_note"] is None
+    ids = [row["task_id"] for row in report["tasks"]]
+    source = ToySumEnv.task_source()
+    assert len(set(ids)) == 12 and all(source.is_heldout(i) for i in ids)
+    assert report["mean_reward"] == 1.0
 
 
 def test_an_unknown_env_id_is_a_clear_error(capsys):
@@ -242,8 +319,10 @@ def test_a_device_the_machine_lacks_is_a_clear_error(tiny_model_dirs, monkeypatc
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     checkpoint = str(tiny_model_dirs["qwen3"])
-    for device, says in (("cuda", "'cuda' needs 1 CUDA GPU(s); this machine has 0"),
-                         ("tpu", "expected cpu, cuda or cuda:N")):
+    for device, says in (
+        ("cuda", "'cuda' needs 1 CUDA GPU(s); this machine has 0"),
+        ("tpu", "expected cpu, cuda or cuda:N"),
+    ):
         assert main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
                      "--device", device, "--no-leaderboard"]) == 2  # fmt: skip
         assert f"--device: {says}" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from thundersync.training.config import (
     load_config_file,
     load_saved_config,
     resolve_config,
+    with_model_folders,
 )
 
 
@@ -52,7 +53,7 @@ def run_train_command(args: argparse.Namespace) -> int:
                 raise ValueError(f"--resume: {out} holds no run (no config.json); leave out "
                                  "--resume to start a new run there")  # fmt: skip
             base = {**load_saved_config(saved), **base}
-        config = resolve_config(args, base)
+        config = with_model_folders(resolve_config(args, base))
         check_inputs(config)
         dumps_refusing(config.to_dict(), what="config")  # config.json must be strict JSON
         if args.resume:

@@ -196,6 +196,21 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def with_model_folders(config: TrainConfig) -> TrainConfig:
+    """``config`` with its ``model`` and ``teacher`` as folders: a Hugging Face hub id is
+    resolved to its snapshot in the local cache (``thundersync.models.model_folder``; nothing
+    is downloaded), so the run's config.json names the exact revision it trained from."""
+    from thundersync.models import model_folder
+
+    folders = {
+        name: model_folder(value, option=f"config field {name!r}:")
+        for name in ("model", "teacher")
+        if (value := getattr(config, name))
+    }
+    changed = {name: folder for name, folder in folders.items() if folder != getattr(config, name)}
+    return dataclasses.replace(config, **changed) if changed else config
+
+
 def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
     """What the dataclass cannot see: the env is registered, the engine is installed, the
     GPUs or cores the learner ranks need are here, every model folder is a checkpoint and the
@@ -222,7 +237,8 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
-                             "(no config.json; thundersync warmstart builds one)")  # fmt: skip
+                             "(no config.json; thundersync warmstart builds one, or name a "
+                             "Hugging Face model in the local cache: org/name)")  # fmt: skip
     problem = folder_problem(config.out)
     if problem:
         raise ValueError(f"config field 'out': {problem}")
@@ -270,16 +286,23 @@ def folder_problem(folder: str | Path) -> str | None:
 
 
 def check_env_kwargs(config: TrainConfig) -> None:
-    """The env is made (not reset) once with the run's sandbox and env kwargs and draws one
-    task, as the rollout worker's first step will: a kwarg it refuses is a one-line error here
-    instead of a worker's traceback."""
+    """The env's task source draws one training task, as the rollout worker's first step
+    will, and the env is made (not reset) once with the run's sandbox and env kwargs: a kwarg
+    either refuses, or a task of a protocol version this ThunderSync cannot serve, is a
+    one-line error here instead of a worker's traceback."""
     import gymnasium
     import numpy as np
 
+    from environments.registry import task_source
+    from environments.tasks import TRAIN, TaskProtocolError
+
     env = None
+    kwargs = {"sandbox": config.sandbox, **config.env_kwargs}
     try:
-        env = gymnasium.make(config.env, sandbox=config.sandbox, **config.env_kwargs)
-        env.get_wrapper_attr("draw_task")(np.random.default_rng(config.seed))
+        task_source(config.env, **kwargs).draw(np.random.default_rng(config.seed), TRAIN)
+        env = gymnasium.make(config.env, **kwargs)
+    except TaskProtocolError as exc:
+        raise ValueError(f"config field 'env': {config.env}: {exc}") from exc
     except Exception as exc:
         raise ValueError(f"config field 'env_kwargs': cannot make {config.env} with "
                          f"{config.env_kwargs}: {exc}") from exc  # fmt: skip

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from environments.tasks import TRAIN
 from thundersync import events as ev
 
 TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
@@ -94,7 +95,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     import gymnasium
 
     import environments  # noqa: F401  (registers the built-in envs and plugins)
-    from environments.registry import episode_envs, load_plugins
+    from environments.registry import episode_envs, load_plugins, task_source
     from environments.runner import EpisodeRunner
     from thundersync.models import load_tokenizer
     from thundersync.training.agent import PolicyAgent
@@ -128,10 +129,11 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
 
     env_kwargs = {"sandbox": spec.sandbox, **spec.env_kwargs}
 
-    def make_env() -> Any:  # the task draws' env (never reset): no checker to spare
+    def make_env() -> Any:  # the env asked for its metadata (never reset): no checker to spare
         return gymnasium.make(spec.env, **env_kwargs)
 
-    runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink)
+    tasks = task_source(spec.env, **env_kwargs)
+    runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink, tasks=tasks)
     episodes: Any = None
     running: list[Future] = []
     try:
@@ -153,7 +155,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                     )
                 )
             elif command[0] == "run":
-                running += _start(episodes, make_env, spec, command[1])
+                running += _start(episodes, tasks, spec, command[1])
             elif command[0] == "stop":
                 break
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
@@ -166,17 +168,13 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-def _start(episodes: Any, make_env: Any, spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:
-    """Submit the plan's episodes: every member of a group plays the same drawn task."""
-    env = make_env()
-    try:
-        draw = env.get_wrapper_attr("draw_task")
-        tasks = [
-            draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]))
-            for g in range(plan.num_tasks)
-        ]
-    finally:
-        env.close()
+def _start(episodes: Any, source: Any, spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:
+    """Submit the plan's episodes: every member of a group plays the same task, drawn from
+    the env's training split (no env is made to draw it)."""
+    tasks = [
+        source.draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]), TRAIN)
+        for g in range(plan.num_tasks)
+    ]
     futures = []
     for g, task in enumerate(tasks):
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"

@@ -104,11 +104,16 @@ def _demo(config: WarmStartConfig, index: int, corrupt_fraction: float) -> Demo:
     import environments  # noqa: F401  (registers the built-in envs)
     from environments.actions import format_action
     from environments.agents import SUBMIT_ACTION
+    from environments.registry import task_source
+    from environments.tasks import TRAIN
 
     rng = random.Random(f"{config.seed}/{index}")
-    env = gymnasium.make(config.env, sandbox=config.sandbox, **(config.env_kwargs or {}))
+    kwargs = {"sandbox": config.sandbox, **(config.env_kwargs or {})}
+    task = task_source(config.env, **kwargs).draw(
+        np.random.default_rng([config.seed, index]), TRAIN
+    )
+    env = gymnasium.make(config.env, **kwargs)  # made for the task
     try:
-        task = env.get_wrapper_attr("draw_task")(np.random.default_rng([config.seed, index]))
         commands = list(task.reference_solution())
         if rng.random() < corrupt_fraction and commands:
             commands = [_redraw_numbers(commands[-1], rng)]
