@@ -114,7 +114,7 @@ def summary(report: dict) -> tuple[int, str]:
 
 
 def pass_at_k_line(report: dict) -> str | None:
-    """"pass@1 x, pass@k y ..." with -k above 1 (an attempt passes with reward 1; unbiased,
+    """The line "pass@1 x, pass@k y ..." with -k above 1 (an attempt passes with reward 1; unbiased,
     over the tasks with at least k scored attempts), else None."""
     k = report.get("k", 1)
     if k <= 1:
