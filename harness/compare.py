@@ -94,13 +94,15 @@ class Run:
 
 
 def mode_config(base: TrainConfig, mode: str, seed: int, folder: Path, every: int) -> TrainConfig:
-    """The run's TrainConfig: ``async-k2`` is async with staleness 2."""
+    """The run's TrainConfig: ``async-k2`` is async with staleness 2; ``early_start`` is the
+    streaming runs' only (the other modes have no backward to start early)."""
     name, _, k = mode.partition("-k")
     if name not in ("sync", "async", "streaming") or (k and not k.isdigit()):
         raise ValueError(f"mode {mode!r}: expected sync, streaming, async or async-k<K>")
     staleness = int(k) if k else base.staleness
     return replace(base, mode=name, staleness=staleness, seed=seed, out=str(folder),
-                   checkpoint_every=every, keep_checkpoints=10_000)  # fmt: skip
+                   checkpoint_every=every, keep_checkpoints=10_000,
+                   early_start=base.early_start and name == "streaming")  # fmt: skip
 
 
 def mode_name(mode: str, base: TrainConfig) -> str:

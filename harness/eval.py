@@ -238,6 +238,54 @@ def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str
     return None
 
 
+def checkpoint_problem(checkpoint: str | Path) -> str | None:
+    """Why ``checkpoint`` is not a model folder the policy agent can run, or None: a run's
+    step that rotation removed (with the checkpoints that exist), a run folder instead of one
+    of its checkpoints, a folder without config.json, a tokenizer without a chat template."""
+    import re
+
+    from thundersync.training.config import chat_template_problem
+
+    folder = Path(checkpoint)
+    kept = _kept_checkpoints(folder)
+    if (folder / "checkpoints").is_dir():  # its config.json is the run's, not a model's
+        return f"a run folder, not a model folder; its checkpoints: {', '.join(kept) or 'none'}" + (
+            f" (e.g. --checkpoint {folder / 'checkpoints' / kept[-1]})" if kept else ""
+        )
+    if (folder / "config.json").is_file():
+        problem = chat_template_problem(folder)
+        return problem.removeprefix(f"{folder}: ") if problem else None
+    if re.fullmatch(r"step-\d+", folder.name) and folder.parent.is_dir():
+        run = folder.parent.parent
+        kept = _kept_checkpoints(run)
+        if not folder.exists():
+            keep = _run_setting(run, "keep_checkpoints")
+            why = (f"a run keeps its {keep} newest checkpoint(s) (--keep-checkpoints), older "
+                   "ones are removed" if keep else "removed or never written")  # fmt: skip
+            return (f"no such checkpoint ({why}); {folder.parent} holds "
+                    + (", ".join(kept) if kept else "none"))  # fmt: skip
+    return "not a model folder (no config.json)"
+
+
+def _kept_checkpoints(run: Path) -> list[str]:
+    """The names of a run folder's checkpoints that hold a model, oldest first."""
+    folder = run / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.glob("step-*") if (p / "config.json").is_file())
+
+
+def _run_setting(run: Path, name: str) -> Any:
+    """A field of a run folder's config.json, or None where it cannot be read."""
+    from thundersync.documents import DocumentError
+    from thundersync.training.config import load_saved_config
+
+    try:
+        return load_saved_config(run / "config.json").get(name)
+    except (DocumentError, OSError, ValueError):
+        return None
+
+
 def eval_config(args: argparse.Namespace) -> EvalConfig:
     """The run's config from the flags; ValueError naming a bad one."""
     agent = args.agent or ("policy" if args.checkpoint else "oracle")
@@ -249,8 +297,9 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         from thundersync.models import model_folder  # imports torch: only for a checkpoint
 
         args.checkpoint = model_folder(args.checkpoint, option="--checkpoint")
-    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
-        raise ValueError(f"--checkpoint {args.checkpoint}: not a model folder (no config.json)")
+        problem = checkpoint_problem(args.checkpoint)
+        if problem:
+            raise ValueError(f"--checkpoint {args.checkpoint}: {problem}")
     problem = device_problem(args.device)
     if problem:
         raise ValueError(f"--device: {problem}")

@@ -113,17 +113,35 @@ def summary(report: dict) -> tuple[int, str]:
     return 0, line
 
 
+def pass_at_k_line(report: dict) -> str | None:
+    """The line "pass@1 x, pass@k y ..." with -k above 1 (an attempt passes with reward 1; unbiased,
+    over the tasks with at least k scored attempts), else None."""
+    k = report.get("k", 1)
+    if k <= 1:
+        return None
+    values = report["pass_at_k"]
+    shown = [(1, values.get("1")), (k, values.get(str(k)))]
+    text = ", ".join(f"pass@{n} {'n/a' if v is None else f'{v:.3f}'}" for n, v in shown)
+    return f"{text} (unbiased; an attempt passes with reward 1)"
+
+
 def report_table(report: dict) -> list[str]:
     """Per task: the reward and the first infrastructure error, in at most 80 columns."""
-    header = ["task", "reward", "infra failure"]
+    several = report.get("k", 1) > 1  # then each task's passed/scored attempts too
+    header = ["task", "reward", *(["passed"] if several else []), "infra failure"]
     rows = []
     for row in report["tasks"]:
         reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
         errors = [a["error"] for a in row["attempts"] if a["infra_failure"] and "error" in a]
         failure = ("yes: " + errors[0].splitlines()[0]) if errors else "no"
-        rows.append([row["task_id"], reward, failure])
+        passed = [f"{row['num_passed']}/{row['num_scored']}"] if several else []
+        rows.append([row["task_id"], reward, *passed, failure])
     title = f"{report['suite']} · agent {report['agent']} · {report['sandbox']}"
-    lines = [fit(title), *plain_table(header, rows, [28, 6, 42])]
+    widths = [28, 6, 6, 35] if several else [28, 6, 42]
+    lines = [fit(title), *plain_table(header, rows, widths)]
+    passing = pass_at_k_line(report)
+    if passing:
+        lines.append(passing)
     if report["num_infra_failed_attempts"] or report["num_invalid_rewards"]:
         lines.append(
             "infra-failed attempts are excluded from the means; non-finite rewards score 0"

@@ -54,20 +54,27 @@ def _accuracy_plot(runs: list[Any], path: Path, *, by_step: bool, target: float)
         median = [s["median"] for s in stats]
         lo = [s["ci"][0] if s["ci"][0] is not None else s["median"] for s in stats]
         hi = [s["ci"][1] if s["ci"][1] is not None else s["median"] for s in stats]
-        ax.plot(grid, median, label=f"{mode} (median of {len(mode_runs)} seeds)",
+        ax.plot(grid, median, label=series_label(mode, len(mode_runs)),
                 color=_color(mode), drawstyle="steps-post")  # fmt: skip
         ax.fill_between(grid, lo, hi, color=_color(mode), alpha=0.2, step="post")
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("optimizer step" if by_step else "training time (s, evaluation excluded)")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(-0.02, 1.02)
+    several = any(len(r) > 1 for r in modes.values())
     ax.set_title("accuracy per step (same updates: curves coincide)" if by_step
-                 else "accuracy vs wall-clock (band: 95% bootstrap CI of the median)")  # fmt: skip
+                 else "accuracy vs wall-clock" + (" (band: 95% bootstrap CI of the median)"
+                                                  if several else ""))  # fmt: skip
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def series_label(mode: str, seeds: int) -> str:
+    """A mode's legend entry: its one seed's curve, or the median of its seeds'."""
+    return f"{mode} (1 seed)" if seeds == 1 else f"{mode} (median of {seeds} seeds)"
 
 
 def _at_step(curve: list[Any], step: int) -> float | None:

@@ -150,9 +150,13 @@ def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
 
 
 def add_simulate_parser(sub: Any) -> None:
-
     parser = sub.add_parser(
         "simulate", help="predict sync, async and streaming step times for a workload",
+        description="Predict each mode's step time (sync, async(k), streaming) and the bound "
+        "T* (docs/design.md section 4) without training: from a named workload of simulated "
+        "episode, tool and grading latencies (long-tail, balanced, agentic), or from the spans "
+        "a thundersync train run recorded (its folder), with the learner cost per trajectory "
+        "measured in a sync run.",
         formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("--workload", required=True,

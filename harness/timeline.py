@@ -13,6 +13,10 @@ from thundersync.cli_output import HelpFormatter
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "timeline", help="a training run's step times, their breakdown and one step's chart",
+        description="Print a training run's step times and what they were spent on (engine, "
+        "tools and grading summed over the step's episodes, which run concurrently; the "
+        "learner's backward and optimizer step; the learner's idle time), and draw one step's "
+        "timeline (every episode's and the learner's spans) to a PNG.",
         formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("run", help="a thundersync train run folder")

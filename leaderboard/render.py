@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,23 @@ from typing import Any
 from leaderboard.store import Entry
 
 EVAL_COLUMNS = ("#", "suite", "agent / checkpoint", "mean reward", "pass@1", "pass@k", "tasks",
-                "infra", "date")  # fmt: skip
+                "infra", "strict", "date")  # fmt: skip
 COMPARE_COLUMNS = ("#", "env", "mode", "time to target (s)", "acc @ budget", "speed-up vs sync",
-                   "seeds", "date")  # fmt: skip
+                   "seeds", "steps", "target", "budget (s)", "date")  # fmt: skip
+EVAL_SORT_KEYS = ("mean_reward", "pass@1", "pass@N", "num_tasks")
+"""What ``--sort`` takes for evaluations (pass@N for any N; the highest first)."""
+COMPARE_SORT_KEYS = ("accuracy_at_budget", "final_accuracy", "speedup_vs_sync",
+                     "time_to_target_s")  # fmt: skip
+"""What ``--sort`` takes for comparisons (medians; time to target the lowest first)."""
+_LOWER_IS_BETTER = {"time_to_target_s"}
+
+
+def sort_problem(sort: str) -> str | None:
+    """Why ``sort`` is not a key the tables sort by (with the valid keys), or None."""
+    if sort in EVAL_SORT_KEYS or sort in COMPARE_SORT_KEYS or re.fullmatch(r"pass@[1-9]\d*", sort):
+        return None
+    return (f"--sort {sort!r}: expected an evaluation key ({', '.join(EVAL_SORT_KEYS)}) or a "
+            f"comparison key ({', '.join(COMPARE_SORT_KEYS)})")  # fmt: skip
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -26,6 +41,21 @@ def _ci(stat: dict[str, Any] | None, digits: int = 2) -> str:
     return f"{stat['median']:.{digits}f} [{lo}, {hi}]"
 
 
+def subject_label(entry: Entry) -> str:
+    """The agent, or the checkpoint as its run folder and step (``streaming/step-000020``)
+    rather than the step alone, which every run has."""
+    if not entry.checkpoint:
+        return entry.subject
+    path = Path(entry.checkpoint)
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"{path.parent.parent.name}/{path.name}"
+    return path.name or entry.subject
+
+
+def _yes_no(value: Any) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
 def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]]:
     chosen = [e for e in entries if e.kind == "eval"]
     chosen.sort(key=lambda e: -(e.metrics.get(sort) if e.metrics.get(sort) is not None else -1))
@@ -33,23 +63,30 @@ def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]
     for e in chosen:
         m = e.metrics
         k = m.get("k", 1)
-        rows.append([str(e.id), e.suite, e.subject, _num(m.get("mean_reward")),
+        rows.append([str(e.id), e.suite, subject_label(e), _num(m.get("mean_reward")),
                      _num(m.get("pass@1")), f"{_num(m.get(f'pass@{k}'))} (k={k})",
                      str(m.get("num_tasks", "-")), str(m.get("num_infra_failed_attempts", 0)),
-                     e.created_at[:10]])  # fmt: skip
+                     _yes_no(m.get("strict")), e.created_at[:10]])  # fmt: skip
     return rows
 
 
 def compare_rows(entries: list[Entry], sort: str = "accuracy_at_budget") -> list[list[str]]:
+    sign = 1.0 if sort in _LOWER_IS_BETTER else -1.0
     rows = []
     for e in (x for x in entries if x.kind == "compare"):
         modes = e.metrics.get("modes", {})
-        ordered = sorted(modes.items(), key=lambda kv: -((kv[1].get(sort) or {}).get("median")
-                                                         or 0.0))  # fmt: skip
-        for name, m in ordered:
+
+        def key(item: tuple[str, dict[str, Any]]) -> tuple[bool, float]:
+            median = (item[1].get(sort) or {}).get("median")
+            return median is None, sign * (median or 0.0)  # never reached: last
+
+        train = e.config.get("train") or {}
+        target, budget = e.metrics.get("target"), e.metrics.get("budget_s")
+        for name, m in sorted(modes.items(), key=key):
             rows.append([str(e.id), e.suite, name, _ci(m.get("time_to_target_s"), 1),
                          _ci(m.get("accuracy_at_budget")), _ci(m.get("speedup_vs_sync")),
                          str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
+                         str(train.get("steps", "-")), _num(target, 2), _num(budget, 1),
                          e.created_at[:10]])  # fmt: skip
     return rows
 

@@ -44,12 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exact gradient streaming for agentic RL.",
         formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_envs(sub)
     _add_verify(sub)
     _add_others(sub)
     return parser
 
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("thundersync")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def _add_others(sub: argparse._SubParsersAction) -> None:
@@ -72,8 +82,11 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
 
 def _add_envs(sub: argparse._SubParsersAction) -> None:
     envs = sub.add_parser(
-        "envs", help="list registered environments", formatter_class=HelpFormatter
-    )
+        "envs", help="list registered environments", formatter_class=HelpFormatter,
+        description="List the registered environments: the built-in ones and every installed "
+        "package's (entry point group thundersync.envs; a plugin appears once installed, "
+        "e.g. pip install -e .).",
+    )  # fmt: skip
     envs.add_argument("--json", action="store_true", help="print JSON")
     envs.set_defaults(func=_cmd_envs)
 

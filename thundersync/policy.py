@@ -22,6 +22,7 @@ class Policy:
         self.model = model
         self.model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._cache_kw = _cache_keyword(model)
 
     @property
     def vocab_size(self) -> int | None:
@@ -117,7 +118,7 @@ class Policy:
         done = state.get("num_tokens", 0)
         out = self.model(
             input_ids=torch.tensor([ids[done:]], device=self.device),
-            past_key_values=state.get("past_key_values"),
+            **{self._cache_kw: state.get("past_key_values")},
             use_cache=True,
         )
         # Row j predicts token done + j + 1; the first new token's predictor is the last row of
@@ -125,7 +126,8 @@ class Policy:
         logp_LV = torch.log_softmax(out.logits[0], dim=-1)
         if done:
             logp_LV = torch.cat([state["last_logp_V"][None], logp_LV])
-        state.update(past_key_values=out.past_key_values, num_tokens=len(ids),
+        past = out["cache"] if "cache" in out else out["past_key_values"]
+        state.update(past_key_values=past, num_tokens=len(ids),
                      last_logp_V=logp_LV[-1])  # fmt: skip
         start = max(done - 1, 0)
         positions = [pos for pos in range(max(done, 1), len(ids)) if turn_of[pos] == turn]
@@ -134,3 +136,17 @@ class Policy:
         tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long,
                               device=self.device)  # fmt: skip
         return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` since transformers 5.x renamed it (the
+    old ``past_key_values`` then warns FutureWarning on every call), else
+    ``past_key_values``."""
+    import inspect
+
+    forward = getattr(model, "forward", None)
+    try:
+        names = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):
+        names = {}
+    return "cache" if "cache" in names else "past_key_values"

@@ -104,6 +104,14 @@ def add_warmstart_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "warmstart",
         help="build a tiny model and tokenizer for an env and fine-tune it on its oracle's play",
+        description="Build a tiny model and tokenizer for an env and fine-tune it on its "
+        "oracle's play (demonstrations run in the env's sandbox), so that RL on a CPU has a "
+        "policy that can already use the tools. Then, on purpose, bias it: --bias-steps on a "
+        "mixture where --corrupt-fraction of the demonstrations answer without the tools, so "
+        "it mostly guesses and solves a minority of tasks, leaving RL a decision to learn "
+        "(--bias-steps 0: a plain imitation of the oracle). The model is written to a "
+        "temporary folder beside --out and renamed to --out at the end: an interrupted run "
+        "leaves no --out. Progress goes to stderr (a line every few seconds in a pipe).",
         formatter_class=HelpFormatter,
     )
     from thundersync.declared import add_flags
@@ -124,7 +132,7 @@ def _run_warmstart(args: Any) -> int:
 
     from thundersync.declared import PositiveInt, parse_flag
     from thundersync.training.config import folder_problem
-    from thundersync.training.warmstart import WarmStartConfig, warm_start
+    from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
 
     try:
         given = {name: parse_flag(WarmStartConfig, name, getattr(args, name))
@@ -141,7 +149,7 @@ def _run_warmstart(args: Any) -> int:
         from environments.registry import require_env
 
         require_env(config.env)
-        problem = folder_problem(args.out)
+        problem = folder_problem(args.out) or out_problem(args.out)
         if problem:
             raise ValueError(f"--out: {problem}")
     except ValueError as exc:
@@ -149,8 +157,47 @@ def _run_warmstart(args: Any) -> int:
         return 2
     torch.set_num_threads(threads)
     started = time.monotonic()
-    print(f"warmstart: {config.num_demos} oracle episodes of {config.env}, then "
-          f"{config.steps}+{config.bias_steps} fine-tuning steps", flush=True)  # fmt: skip
-    out = warm_start(config, args.out)
-    print(f"warmstart: done in {time.monotonic() - started:.0f} s: {out}")
+    print(f"warmstart: building {describe(config)}", flush=True)
+    with PhaseProgress("demonstrations", config.num_demos) as progress:
+        out = warm_start(config, args.out, progress=progress)
+    bias = (f"biased on purpose (--corrupt-fraction {config.corrupt_fraction:g}, "
+            f"--bias-steps {config.bias_steps})" if config.bias_steps and config.corrupt_fraction
+            else "an imitation of the oracle")  # fmt: skip
+    print(f"warmstart: done in {time.monotonic() - started:.0f} s: {out} ({bias})")
     return 0
+
+
+class PhaseProgress:
+    """The warm start's progress, one ``cli_output.Progress`` per phase (demonstrations,
+    fine-tuning, ...): a bar on a terminal, a line every few seconds in a pipe. A phase's
+    bar stays up until the next phase starts, so the work between two phases (training the
+    tokenizer, building the model) is not silent either. Called as ``progress(phase, done,
+    total)`` from any thread."""
+
+    def __init__(self, phase: str, total: int, stream: Any = None) -> None:
+        import threading
+
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._phase, self._bar = phase, self._open(phase, total)
+
+    def _open(self, phase: str, total: int) -> Any:
+        from thundersync.cli_output import Progress
+
+        unit = "steps" if "fine-tuning" in phase else "episodes"
+        return Progress(f"warmstart: {phase}", total, unit, stream=self.stream).__enter__()
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        with self._lock:
+            if phase != self._phase:
+                self._bar.__exit__(None, None, None)
+                self._phase, self._bar = phase, self._open(phase, total)
+            if done > self._bar.done:
+                self._bar.advance(done - self._bar.done)
+
+    def __enter__(self) -> PhaseProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._bar.__exit__(None, None, None)

@@ -170,6 +170,11 @@ class TrainConfig:
             if where is not None:
                 raise ValueError(f"config field {name!r}: {where} is NaN or infinite (a run's "
                                  "config.json is strict JSON)")  # fmt: skip
+        if self.early_start:
+            no_effect = early_start_problem(self)
+            if no_effect:
+                raise ValueError(f"config field 'early_start': no effect {no_effect}; "
+                                 "leave out --early-start")  # fmt: skip
         if self.mode == "async" and (self.algo != "grpo" or objective.tis_cap is not None):
             raise ValueError("config fields 'mode'/'algo'/'objective': async trains GRPO "
                              "without tis_cap (its PPO ratio already corrects for the sampler; "
@@ -239,9 +244,126 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
             raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
                              "(no config.json; thundersync warmstart builds one, or name a "
                              "Hugging Face model in the local cache: org/name)")  # fmt: skip
+    if config.model:
+        problem = chat_template_problem(config.model)
+        if problem:
+            raise ValueError(f"config field 'model': {problem}")
+    if config.algo == "opd" and config.teacher:
+        problem = tokenizer_mismatch(student_tokenizer(config), config.teacher)
+        if problem:
+            raise ValueError(f"config field 'teacher': {problem}")
     problem = folder_problem(config.out)
     if problem:
         raise ValueError(f"config field 'out': {problem}")
+
+
+def early_start_problem(config: TrainConfig) -> str | None:
+    """Where ``early_start`` changes nothing (its words after "no effect"), or None: it moves
+    a GRPO trajectory's backward from its reward to its EpisodeCompleted, which only the
+    non-deterministic streaming strategy does (sync and async learn after the batch; OPD's
+    pieces start at each turn's teacher score; deterministic streaming already starts every
+    trajectory's piece as soon as its tokens are known)."""
+    if config.mode != "streaming":
+        return f"with --mode {config.mode} (only streaming starts backwards before the step)"
+    if config.algo != "grpo":
+        return "with --algo opd (its turns' gradients already start at each teacher score)"
+    if config.deterministic:
+        return ("with --deterministic (its streaming already starts each trajectory's piece "
+                "when its tokens are known)")  # fmt: skip
+    return None
+
+
+CHAT_TEMPLATE_HINT = (
+    "add one as a Jinja template: a 'chat_template' string in tokenizer_config.json, or a "
+    "chat_template.jinja file in the folder (tokenizer.chat_template = '...' then "
+    "tokenizer.save_pretrained(DIR); transformers docs: 'Chat templates')"
+)
+
+
+def chat_template_problem(folder: str | Path) -> str | None:
+    """Why the policy agent cannot talk to the tokenizer in ``folder`` (no chat template, or
+    one whose turns it cannot split into prompt, action and observation ids), or None."""
+    from thundersync.models import load_tokenizer
+    from thundersync.training.chat import ChatFormat, ChatFormatError
+
+    try:
+        tokenizer = load_tokenizer(folder)
+    except Exception as exc:  # noqa: BLE001 (any loading failure is the folder's problem)
+        first = str(exc).splitlines()[0] if str(exc).strip() else repr(exc)
+        return f"{folder}: cannot load its tokenizer: {first}"
+    if not getattr(tokenizer, "chat_template", None):
+        return (
+            f"{folder}: its tokenizer has no chat template (the policy agent needs one); "
+            + CHAT_TEMPLATE_HINT
+        )
+    try:
+        ChatFormat(tokenizer)
+    except ChatFormatError as exc:
+        return f"{folder}: {exc}"
+    except Exception as exc:  # noqa: BLE001 (a template that fails to render)
+        return f"{folder}: its chat template does not render: {exc}"
+    return None
+
+
+PROBE_TEXTS = (
+    "Run one command per turn inside a ```bash block.",
+    "lookup alpha -> 17; calc 17+25 -> 42; echo THUNDERSYNC_SUBMIT",
+    "Traceback (most recent call last):\n  File \"/app/x.py\", line 3\nKeyError: 'é'",
+)
+"""Texts both tokenizers of an OPD run must encode alike (shell, numbers, non-ASCII)."""
+
+
+def student_tokenizer(config: TrainConfig) -> Any:
+    """The tokenizer the run's policy will have: ``--model``'s, a resumed run's built tiny
+    model's, or (no --model) the one the trainer builds (the same local training, in memory)."""
+    from thundersync.models import load_tokenizer, train_tokenizer
+
+    if config.model:
+        return load_tokenizer(config.model)
+    built = Path(config.out) / "init-model"
+    if (built / "config.json").is_file():
+        return load_tokenizer(built)
+    return train_tokenizer()
+
+
+def tokenizer_mismatch(student: Any, teacher_folder: str | Path) -> str | None:
+    """How the teacher's tokenizer (and embedding) differs from the student's, or None. OPD
+    scores the student's sampled ids with the teacher, so an id must name the same token in
+    both: the same vocabulary (every token's id) and the same encodings of probe texts."""
+    import json
+
+    from thundersync.models import load_tokenizer
+
+    try:
+        teacher = load_tokenizer(teacher_folder)
+    except Exception as exc:  # noqa: BLE001
+        return f"{teacher_folder}: cannot load its tokenizer: {exc}"
+    where = f"{teacher_folder}: the teacher's tokenizer differs from the student's"
+    hint = "OPD needs one tokenizer for both (e.g. a teacher warm-started like the student)"
+    if len(student) != len(teacher):
+        return (f"{where}: vocabulary of {len(teacher)} tokens, the student's {len(student)}; "
+                f"{hint}")  # fmt: skip
+    s_vocab, t_vocab = student.get_vocab(), teacher.get_vocab()
+    moved = sorted(t for t in s_vocab if t_vocab.get(t) != s_vocab[t])
+    if moved:
+        token = moved[0]
+        return (
+            f"{where}: {len(moved)} of {len(s_vocab)} tokens have other ids (e.g. "
+            f"{token!r}: {t_vocab.get(token)} vs the student's {s_vocab[token]}); {hint}"
+        )
+    for text in PROBE_TEXTS:
+        s_ids = student(text, add_special_tokens=False)["input_ids"]
+        t_ids = teacher(text, add_special_tokens=False)["input_ids"]
+        if s_ids != t_ids:
+            return f"{where}: they encode {text[:30]!r} differently; {hint}"
+    try:
+        size = json.loads((Path(teacher_folder) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        size = None
+    if isinstance(size, int) and size < len(student):
+        return (f"{teacher_folder}: the teacher's embedding has {size} rows, fewer than the "
+                f"{len(student)} tokens of the shared tokenizer")  # fmt: skip
+    return None
 
 
 def usable_cores() -> int:

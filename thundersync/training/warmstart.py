@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -85,16 +86,28 @@ Demo = list[tuple[str, str]]
 """(role, text) messages: the instruction, then alternating actions and observations."""
 
 
-def collect_demos(config: WarmStartConfig, *, corrupt_fraction: float,
-                  first: int = 0, num_threads: int = 8) -> list[Demo]:  # fmt: skip
+Progress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``: called as each demonstration and fine-tuning step ends."""
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    pass
+
+
+def collect_demos(config: WarmStartConfig, *, corrupt_fraction: float, first: int = 0,
+                  num_threads: int = 8, progress: Progress = _no_progress,
+                  phase: str = "demonstrations") -> list[Demo]:  # fmt: skip
     """Play ``num_demos`` drawn tasks' reference solutions (``corrupt_fraction`` of them
     corrupted) in a real env; a function of the config's seed only (threads just overlap
     sandboxes)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     indices = range(first, first + config.num_demos)
     with ThreadPoolExecutor(num_threads) as pool:
-        return list(pool.map(lambda i: _demo(config, i, corrupt_fraction), indices))
+        futures = [pool.submit(_demo, config, i, corrupt_fraction) for i in indices]
+        for done, _ in enumerate(as_completed(futures), 1):
+            progress(phase, done, len(futures))
+        return [f.result() for f in futures]
 
 
 def _demo(config: WarmStartConfig, index: int, corrupt_fraction: float) -> Demo:
@@ -134,29 +147,111 @@ def _redraw_numbers(command: str, rng: random.Random) -> str:
     return re.sub(r"\d+", lambda m: str(rng.randint(0, 10 ** len(m.group()) - 1)), command)
 
 
-def warm_start(config: WarmStartConfig, out_dir: str | Path) -> Path:
-    """Build the tokenizer and model, fine-tune on the demonstrations, save to ``out_dir``."""
+MODEL_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+})  # fmt: skip
+"""What a warm model folder holds: an --out holding only these (a previous warm start) is
+replaced; one holding anything else is refused."""
+
+
+def out_problem(out_dir: str | Path) -> str | None:
+    """Why ``out_dir`` cannot receive the warm model (it holds files a warm start did not
+    write, which replacing it would delete), or None."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None
+    others = sorted(p.name for p in out.iterdir() if p.name not in MODEL_FILES)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        return (f"{out} exists and holds what a warm model does not ({shown}); choose "
+                "another folder or remove it")  # fmt: skip
+    return None
+
+
+def describe(config: WarmStartConfig) -> str:
+    """What the warm model is, in a sentence or two (printed by the command)."""
+    made = (f"a tiny {config.arch} model (hidden {config.hidden_size}, {config.num_layers} "
+            f"layers) and tokenizer for {config.env}, fine-tuned for {config.steps} steps on "
+            f"{config.num_demos} oracle demonstrations")  # fmt: skip
+    if not config.bias_steps or not config.corrupt_fraction:
+        return made + "; an imitation of the oracle (no bias phase)"
+    return (
+        made + f", then {config.bias_steps} steps on a mixture where "
+        f"{config.corrupt_fraction:.0%} answer without the tools (--corrupt-fraction). "
+        "Biased on purpose: it can use the tools but mostly guesses, so it solves a "
+        "minority of tasks and RL has a decision to learn (--bias-steps 0: no bias)"
+    )
+
+
+def warm_start(config: WarmStartConfig, out_dir: str | Path,
+               progress: Progress = _no_progress) -> Path:  # fmt: skip
+    """Build the tokenizer and model, fine-tune on the demonstrations, save to ``out_dir``.
+
+    The model is built in a temporary folder beside ``out_dir`` and renamed to it at the end,
+    so an interrupted or failed run leaves no folder that looks like a model (the temporary
+    one is removed on every path out but a hard kill, and its name says it is partial)."""
+    import shutil
+    import tempfile
+
+    problem = out_problem(out_dir)
+    if problem:
+        raise ValueError(problem)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        _build(config, partial, progress)
+        _replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out
+
+
+def _build(config: WarmStartConfig, folder: Path, progress: Progress) -> None:
     from thundersync.models import build_tiny_model, load_model, load_tokenizer
 
-    demos = collect_demos(config, corrupt_fraction=0.0)
+    demos = collect_demos(config, corrupt_fraction=0.0, progress=progress)
     mixture = []
     if config.bias_steps:
         mixture = collect_demos(config, corrupt_fraction=config.corrupt_fraction,
-                                first=config.num_demos)  # fmt: skip
-    out = Path(out_dir)
+                                first=config.num_demos, progress=progress,
+                                phase="biased demonstrations")  # fmt: skip
     texts = [text for demo in demos + mixture for _, text in demo]
     build_tiny_model(
-        out, config.arch, hidden_size=config.hidden_size, num_layers=config.num_layers,
+        folder, config.arch, hidden_size=config.hidden_size, num_layers=config.num_layers,
         vocab_size=config.vocab_size, seed=config.seed, texts=texts,
         num_heads=config.num_heads, max_positions=config.max_positions,
     )  # fmt: skip
-    model, tokenizer = load_model(out), load_tokenizer(out)
-    _fine_tune(model, _examples(demos, tokenizer, config), config.steps, config.lr, config.seed)
+    model, tokenizer = load_model(folder), load_tokenizer(folder)
+    _fine_tune(model, _examples(demos, tokenizer, config), config.steps, config.lr, config.seed,
+               progress=_phase(progress, "fine-tuning"))  # fmt: skip
     if config.bias_steps:
         _fine_tune(model, _examples(mixture, tokenizer, config), config.bias_steps,
-                   config.lr / 3, config.seed + 1)  # fmt: skip
-    model.save_pretrained(out)
-    return out
+                   config.lr / 3, config.seed + 1,
+                   progress=_phase(progress, "bias fine-tuning"))  # fmt: skip
+    model.save_pretrained(folder)
+
+
+def _phase(progress: Progress, name: str) -> Callable[[int, int], None]:
+    return lambda done, total: progress(name, done, total)
+
+
+def _replace(partial: Path, out: Path) -> None:
+    """Rename the finished ``partial`` folder to ``out``; a previous warm model there (only
+    model files: ``out_problem``) is moved aside first and removed after."""
+    import os
+    import shutil
+    import tempfile
+
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        os.replace(partial, out)  # rename(2) replaces an empty folder
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, old / "model")
+    os.replace(partial, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _examples(demos: list[Demo], tokenizer: Any, config: WarmStartConfig) -> list:
@@ -183,7 +278,8 @@ def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
 
 
 def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: int,
-               lr: float, seed: int, batch_size: int = 16) -> None:  # fmt: skip
+               lr: float, seed: int, batch_size: int = 16,
+               progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
     """Cross-entropy on the action tokens only (the rest is context the policy is given)."""
     import torch
 
@@ -191,7 +287,9 @@ def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
-    for _ in range(steps):
+    for step in range(steps):
+        if progress is not None and step:
+            progress(step, steps)
         batch = rng.sample(examples, min(batch_size, len(examples)))
         length = max(len(ids) for ids, _ in batch)
         ids_BL = torch.zeros((len(batch), length), dtype=torch.long)
@@ -211,4 +309,6 @@ def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
+    if progress is not None:
+        progress(steps, steps)
     model.eval()

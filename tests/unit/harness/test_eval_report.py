@@ -3,6 +3,7 @@ sandbox prerequisite check (run without any sandbox: ``_run`` is replaced by can
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -109,8 +110,10 @@ def test_the_summary_is_the_last_line_and_the_table_fits_80_columns(canned, caps
 
 
 def test_the_table_marks_each_task():
-    report = build_report(CONFIG, [[result("a", 1.0, False, "e0")]])
-    assert report_table(report)[2].split() == ["a", "1.000", "no"]
+    report = build_report(CONFIG, [[result("a", 1.0, False, "e0")]])  # k=2: passed/scored too
+    assert report_table(report)[2].split() == ["a", "1.000", "1/1", "no"]
+    one = build_report(dataclasses.replace(CONFIG, k=1), [[result("a", 1.0, False, "e0")]])
+    assert report_table(one)[2].split() == ["a", "1.000", "no"]
 
 
 # --- sandbox prerequisites ------------------------------------------------------------------
@@ -173,3 +176,18 @@ def test_an_attempt_says_why_strict_grading_scored_it_zero():
     assert first["tamper_reasons"][0] == "/app/argparse.py: shadows"
     assert len(first["tamper_reasons"]) == 20
     assert second["agent_failure"] == "bash replaced" and "tamper_suspected" not in second
+
+
+def test_with_k_above_one_the_summary_and_table_show_pass_at_k(canned, capsys):
+    # a: 2 of 3 attempts pass; b: none of 3 -> pass@1 = (2/3 + 0)/2, pass@3 = (1 + 0)/2
+    canned([[result("a", 1.0, False, "a0"), result("a", 0.0, False, "a1"),
+             result("a", 1.0, False, "a2")],
+            [result("b", 0.0, False, "b0"), result("b", 0.0, False, "b1"),
+             result("b", 0.0, False, "b2")]])  # fmt: skip
+    assert main(["eval", "--suite", "toy-sum", "-k", "3", "--no-leaderboard"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "eval: mean reward 0.333 over 2/2 tasks; 0/6 attempts infra-failed"
+    assert lines[-2] == "pass@1 0.333, pass@3 0.500 (unbiased; an attempt passes with reward 1)"
+    assert lines[1].split() == ["task", "reward", "passed", "infra", "failure"]
+    assert lines[2].split()[:3] == ["a", "0.667", "2/3"] and lines[3].split()[2] == "0/3"
+    assert all(len(line) <= 80 for line in lines)

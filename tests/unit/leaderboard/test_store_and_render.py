@@ -97,3 +97,44 @@ def test_showing_a_leaderboard_that_does_not_exist_says_so_and_creates_nothing(t
     assert main(["leaderboard", "--db", str(missing)]) == 0
     assert "no results yet" in capsys.readouterr().out
     assert not missing.parent.exists()
+
+
+def test_an_unknown_sort_key_is_refused_with_the_valid_ones(tmp_path, capsys):
+    from thundersync.cli import main
+
+    assert main(["leaderboard", "--db", str(tmp_path / "lb.sqlite"), "--sort", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("leaderboard: error: --sort 'nosuch': expected")
+    assert "mean_reward" in err[0] and "time_to_target_s" in err[0]
+    assert main(["leaderboard", "--db", str(tmp_path / "lb.sqlite"), "--sort", "pass@3"]) == 0
+
+
+def test_rows_show_strict_the_run_of_a_checkpoint_and_the_comparison_settings(tmp_path):
+    entry = eval_entry("step-000004", 0.5)
+    entry = Entry(**{**{f: getattr(entry, f) for f in entry.__dataclass_fields__},
+                     "checkpoint": "runs/compare/runs/streaming-seed0/checkpoints/step-000004",
+                     "metrics": {**entry.metrics, "strict": True}})  # fmt: skip
+    (row,) = eval_rows([entry])
+    assert row[2] == "streaming-seed0/step-000004" and row[8] == "yes"
+    (old,) = eval_rows([eval_entry("oracle", 1.0)])  # a row from before: no strict recorded
+    assert old[2] == "oracle" and old[8] == "-"
+    plot = tmp_path / "p.png"
+    compare = compare_entry(plot)
+    compare = Entry(**{**{f: getattr(compare, f) for f in compare.__dataclass_fields__},
+                       "metrics": {**compare.metrics, "target": 0.6, "budget_s": 40.0},
+                       "config": {"train": {"steps": 12}}})  # fmt: skip
+    rows = compare_rows([compare])
+    assert [r[7:10] for r in rows] == [["12", "0.60", "40.0"]] * 2
+
+
+def test_time_to_target_sorts_the_fastest_first_and_never_last():
+    def stat(median):
+        return {"median": median, "ci": [median, median], "per_seed": [median]}
+
+    modes = {"sync": {"time_to_target_s": stat(20.0)}, "async": {"time_to_target_s": stat(None)},
+             "streaming": {"time_to_target_s": stat(13.0)}}  # fmt: skip
+    entry = Entry(kind="compare", suite="e", suite_version="v", subject="s",
+                  metrics={"modes": modes}, config={})  # fmt: skip
+    assert [r[2] for r in compare_rows([entry], "time_to_target_s")] == [
+        "streaming", "sync", "async"
+    ]  # fmt: skip

@@ -64,3 +64,24 @@ def test_eval_numbers_are_checked_as_training_checks_them(argv, message, capsys)
     assert main(["eval", "--suite", "toy-sum", "--agent", "nop", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"eval: error: {message}, got {argv[1]!r}"]
+
+
+def test_version_names_the_installed_release(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"thundersync {version('thundersync')}"
+
+
+def test_every_subcommand_describes_itself_in_its_help():
+    import argparse
+
+    from thundersync.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [name for name, parser in sub.choices.items() if not parser.description]
+    assert missing == [] and {"warmstart", "leaderboard", "simulate", "timeline"} <= set(
+        sub.choices
+    )

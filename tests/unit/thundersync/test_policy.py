@@ -69,6 +69,18 @@ def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy):
     assert torch.allclose(torch.tensor(turn0 + turn1, dtype=full.dtype), full.detach(), atol=1e-6)
 
 
+def test_teacher_scoring_passes_the_cache_by_the_models_own_name(policy):
+    """transformers 5.x renamed ``past_key_values`` to ``cache``: the old name warned
+    FutureWarning on every OPD turn."""
+    import warnings
+
+    cache: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        policy.score_turn(trajectory(), 0, cache)
+        policy.score_turn(trajectory(), 1, cache)
+
+
 def test_an_empty_prompt_is_rejected_with_the_episode_named(policy):
     traj = Trajectory(episode_id="e9", group_id="g", group_size=1, task_id="t", prompt_ids=(),
                       turns=(Turn(action_ids=(5,), action_logprobs=(-1.0,), policy_version=0),))

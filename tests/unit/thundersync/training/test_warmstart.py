@@ -39,3 +39,85 @@ def test_the_help_comes_from_the_field_docstrings(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Fine-tuning steps on the oracle's play. (default: 600)" in text
     assert WarmStartConfig().corrupt_fraction == 0.85
+
+
+# --- the model is written atomically, says what it is, and reports progress ----------------
+
+DEMO = [("user", "What is alpha + beta?"), ("assistant", "```bash\nlookup alpha\n```"),
+        ("user", "17"), ("assistant", "```bash\necho THUNDERSYNC_SUBMIT 42\n```")]  # fmt: skip
+TINY = ["--num-demos", "4", "--steps", "2", "--bias-steps", "1", "--hidden-size", "16"]
+
+
+@pytest.fixture
+def canned_demos(monkeypatch):
+    """Demonstrations without a sandbox: each phase's progress is reported as a real one's."""
+    import thundersync.training.warmstart as warmstart
+
+    def collect(config, *, corrupt_fraction, first=0, progress=warmstart._no_progress,
+                phase="demonstrations", **kwargs):  # fmt: skip
+        for i in range(config.num_demos):
+            progress(phase, i + 1, config.num_demos)
+        return [list(DEMO) for _ in range(config.num_demos)]
+
+    monkeypatch.setattr(warmstart, "collect_demos", collect)
+
+
+def test_a_failure_midway_leaves_no_out_folder(canned_demos, monkeypatch, tmp_path, capsys):
+    import thundersync.training.warmstart as warmstart
+
+    def fail(*args, **kwargs):  # the model and tokenizer are already written by now
+        raise RuntimeError("injected failure during fine-tuning")
+
+    monkeypatch.setattr(warmstart, "_fine_tune", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        main(["warmstart", "--out", str(tmp_path / "warm"), *TINY])
+    assert list(tmp_path.iterdir()) == []  # neither --out nor the temporary folder
+
+
+def test_the_model_appears_whole_at_the_end_and_says_what_it_is(canned_demos, tmp_path, capsys):
+    from thundersync.models import load_model
+
+    out = tmp_path / "warm"
+    assert main(["warmstart", "--out", str(out), *TINY, "--corrupt-fraction", "0.5"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "50% answer without the tools (--corrupt-fraction)" in text
+    assert "Biased on purpose" in text and "RL has a decision to learn" in text
+    assert "(biased on purpose (--corrupt-fraction 0.5, --bias-steps 1))" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm"]
+    load_model(out)
+    # a second run replaces a previous warm model; a folder holding anything else is refused
+    assert main(["warmstart", "--out", str(out), *TINY, "--bias-steps", "0"]) == 0
+    assert "an imitation of the oracle" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm"]
+    (out / "notes.txt").write_text("mine")
+    assert main(["warmstart", "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds what a warm model does not (notes.txt)" in err[0], err
+
+
+def test_progress_reports_each_phase_in_a_pipe(monkeypatch):
+    import threading
+
+    from thundersync import cli_output
+    from thundersync.training.command import PhaseProgress
+
+    class Pipe:
+        def __init__(self):
+            self.text, self.seen = "", threading.Event()
+            self.wanted = ""
+
+        def write(self, text):
+            self.text += text
+            if self.wanted and self.wanted in self.text:
+                self.seen.set()
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    pipe = Pipe()
+    with PhaseProgress("demonstrations", 4, stream=pipe) as progress:
+        progress("demonstrations", 4, 4)
+        pipe.wanted = "warmstart: fine-tuning: 3/600 steps"
+        progress("fine-tuning", 3, 600)
+        assert pipe.seen.wait(10), pipe.text  # a line while fine-tuning runs, not after
