@@ -40,7 +40,7 @@ def test_help_names_the_defaults_users_rely_on(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [(["--agent", "policy"], "--agent policy needs --checkpoint"),
-     (["--checkpoint", "some/dir"], "not a model folder"),
+     (["--checkpoint", "some/dir"], "some/dir: no such folder"),
      (["--checkpoint", "some/dir", "--agent", "nop"], "runs the policy agent, not --agent nop")],
     ids=["policy-without-checkpoint", "checkpoint-not-a-model", "checkpoint-with-nop"],
 )  # fmt: skip
