@@ -11,7 +11,6 @@ step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from thundersync.declared import (
 )
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
+from thundersync.training.metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 COMPARE_FLAGS = {"seeds": "--seeds", "target": "--target", "budget_s": "--budget-s",
@@ -129,8 +129,7 @@ def train_run(config: TrainConfig, label: str) -> None:
 
 def checkpoints(folder: Path) -> list[tuple[int, float, Path]]:
     """(completed steps, training seconds, checkpoint folder) of a finished run."""
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    times = {m["step"] + 1: m["time_s"] for m in metrics}
+    times = {m["step"]: m["time_s"] for m in read_metrics(folder / "metrics.jsonl")}
     found = []
     for path in sorted((folder / "checkpoints").glob("step-*")):
         steps = int(path.name.split("-")[1])

@@ -51,7 +51,7 @@ def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
     assert all(torch.equal(a[k], b[k]) for k in a)
     for m in metrics(tmp_path / "streaming"):
         assert m["learner"].get("max_staleness_seen", 0) == 0
-    assert [m["step"] for m in metrics(tmp_path / "sync")] == [0, 1, 2]
+    assert [m["step"] for m in metrics(tmp_path / "sync")] == [1, 2, 3]
     assert {m["learner"]["device"] for m in metrics(tmp_path / "sync")} == {"cpu"}
 
 
@@ -60,7 +60,7 @@ def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, t
     train(out, "--mode", "async", "--staleness", "1", "--model", str(warm_model),
           "--steps", "3", *SMALL)  # fmt: skip
     records = metrics(out)
-    assert [m["step"] for m in records] == [0, 1, 2]
+    assert [m["step"] for m in records] == [1, 2, 3]
     for m in records:
         histogram = {int(k): v for k, v in m["learner"]["staleness_histogram"].items()}
         assert max(histogram) <= 1 and sum(histogram.values()) == m["num_action_tokens"]
@@ -86,7 +86,7 @@ def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(war
     assert "resuming after step 1" in resumed.stderr
     a, b = final_weights(tmp_path / "whole"), final_weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [m["step"] for m in metrics(out)] == [0, 1, 2]
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3]
 
 
 def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
@@ -98,10 +98,10 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     assert proc.returncode == 130, stderr
     assert "interrupted; continue with --resume" in stderr and "Traceback" not in stderr
     wait_gone(family)
-    done = max(m["step"] for m in metrics(out)) + 1
+    done = max(m["step"] for m in metrics(out))
     resumed = train(out, "--resume", "--steps", str(done + 1))
     assert f"resuming after step {done}" in resumed.stderr
-    assert [m["step"] for m in metrics(out)] == list(range(done + 1))
+    assert [m["step"] for m in metrics(out)] == list(range(1, done + 2))
 
 
 def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
@@ -257,7 +257,7 @@ def test_a_step_that_would_make_the_weights_non_finite_stops_the_run_cleanly(tmp
         records = text.splitlines() if name.endswith(".jsonl") else [text]
         for record in records:
             json.loads(record, parse_constant=_refuse)
-    assert [m["step"] for m in metrics(out)] == [0]
+    assert [m["step"] for m in metrics(out)] == [1]
 
 
 def _refuse(constant: str) -> None:

@@ -12,6 +12,24 @@ from typing import Any
 from thundersync import events as ev
 from thundersync.strict_json import dumps_nulled
 
+STEP_BASE = 1
+"""``metrics.jsonl``'s ``step`` counts optimizer steps from 1, as checkpoints do: the record of
+step N describes the N-th optimizer step, whose weights ``checkpoints/step-00000N`` holds.
+Each record says so with ``"step_base": 1``; records written before (no ``step_base``)
+counted from 0, and ``step_number`` reads both."""
+
+
+def step_number(record: dict[str, Any]) -> int:
+    """The step (counted from 1) a ``metrics.jsonl`` record describes, old records included."""
+    return int(record["step"]) + 1 - int(record.get("step_base", 0))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """A run's ``metrics.jsonl``, every record's ``step`` counted from 1 (old runs' too)."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+               if line.strip()]  # fmt: skip
+    return [{**r, "step": step_number(r), "step_base": STEP_BASE} for r in records]
+
 
 class MetricsLogger:
     """``metrics.jsonl`` (one JSON object per step), plus TensorBoard / W&B with the same
@@ -54,12 +72,12 @@ class MetricsLogger:
 
 
 def truncate_metrics(path: Path, completed_steps: int) -> None:
-    """Drop records of steps a resumed run will redo (step index >= completed_steps)."""
+    """Drop records of steps a resumed run will redo (step number > completed_steps), and
+    renumber an old run's records from 1 so the file the resumed run appends to is uniform."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) < completed_steps]  # fmt: skip
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    kept = [r for r in read_metrics(path) if r["step"] <= completed_steps]
+    path.write_text("".join(dumps_nulled(r) + "\n" for r in kept), encoding="utf-8")
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

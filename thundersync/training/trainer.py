@@ -33,7 +33,12 @@ from thundersync.training.learners import (
     rank_main,
     step_of,
 )
-from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
+from thundersync.training.metrics import (
+    STEP_BASE,
+    BatchTracker,
+    MetricsLogger,
+    truncate_metrics,
+)
 from thundersync.training.rollout import RolloutPlan, RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
@@ -347,7 +352,7 @@ class Trainer:
                 raise
             self._raise_rank_failure(exc)  # a collective failed: a rank died in the step
         self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
-                                   worker="learner", step=step))  # fmt: skip
+                                   worker="learner", step=step + 1))  # fmt: skip
         self.publish_weights()
         if self._rank_inboxes:
             learned = {**learned, "ranks": self._rank_metrics(step)}
@@ -405,7 +410,8 @@ class Trainer:
         self._backward_intervals = []
         busy = window.get("backward", 0.0) + window.get("step", 0.0)
         return {
-            "step": step,
+            "step": step + 1,  # batch ``step`` (episode ids s<step>-…) feeds optimizer step step+1
+            "step_base": STEP_BASE,
             "mode": self.config.mode,
             "time_s": now,
             "submitted_at": tracker.submitted_at,
@@ -500,7 +506,7 @@ def _progress_line(m: dict[str, Any], total: int) -> str:
         return "n/a" if v is None else f"{v:.3f}"
 
     return (
-        f"train: step {m['step'] + 1}/{total} reward {fmt(m['reward_mean'])} "
+        f"train: step {m['step']}/{total} reward {fmt(m['reward_mean'])} "
         f"accuracy {fmt(m['accuracy'])} step {m['step_time_s']:.2f} s "
         f"(engine {b.get('engine', 0):.2f}, tools {b.get('tool', 0):.2f}, "
         f"grading {b.get('grading', 0):.2f}, learner {b.get('backward', 0) + b.get('step', 0):.2f})"
