@@ -76,7 +76,14 @@ from thundersync.errors import (
 )
 from thundersync.gradients import BufferPool, write_grads
 from thundersync.metrics import TokenStats, staleness_metrics
-from thundersync.objectives import GRPO, OPD, Objective, clip_coefficient, denominator
+from thundersync.objectives import (
+    GRPO,
+    OPD,
+    Objective,
+    clip_coefficient,
+    denominator,
+    group_advantages,
+)
 from thundersync.policy import Policy
 from thundersync.strategy import BatchContext, GradientStrategy
 from thundersync.streaming import StreamingGRPO
@@ -276,8 +283,20 @@ class Learner:
             "peak_buffer_bytes": self.pool.peak_bytes,
             "buffer_bytes": self.pool.buffer_bytes,
             **staleness_metrics(self.episodes.records.values(), self.policy_version),
-            **self.stats.summary({m.episode_id for m in trained}, sum(counts)),
-        }
+            **self.stats.summary({m.episode_id for m in trained}, sum(counts),
+                                 advantages=self._advantages(groups), denominator=denom),
+        }  # fmt: skip
+
+    def _advantages(self, groups: dict[str, list[EpisodeRecord]]) -> dict[str, float] | None:
+        """A_i of every scored GRPO episode (for the ``loss`` metric; None for OPD)."""
+        if not isinstance(self.objective, GRPO):
+            return None
+        found: dict[str, float] = {}
+        for members in groups.values():
+            kept = [m for m in members if m.has_reward and not m.is_infra_failure]
+            values = group_advantages([m.reward_value for m in kept], self.objective)
+            found.update((m.episode_id, a) for m, a in zip(kept, values))
+        return found
 
     def _new_batch(self) -> None:
         """Fresh per-batch state: assembler, buffer budget, token statistics, strategy. The

@@ -4,6 +4,7 @@ spans, and the per-batch bookkeeping that says when a batch is complete and what
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,8 @@ class BatchTracker:
     completed: dict[str, ev.EpisodeCompleted] = field(default_factory=dict)
     scored: Counter = field(default_factory=Counter)
     num_action_tokens: int = 0
+    episode_tokens: Counter = field(default_factory=Counter)
+    """Action (response) tokens per episode, over all its turns."""
     tool_s: float = 0.0
     grading_s: float = 0.0
     sampler_logprobs: dict[tuple[str, int], tuple[float, ...]] = field(default_factory=dict)
@@ -131,6 +134,7 @@ class BatchTracker:
             self.teacher_gap[1] += len(sampled)
         elif isinstance(event, ev.TurnCompleted):
             self.num_action_tokens += len(event.action_ids)
+            self.episode_tokens[eid] += len(event.action_ids)
             self.sampler_logprobs[(eid, event.turn)] = event.action_logprobs
         elif isinstance(event, ev.ToolFinished):
             self.tool_s += event.duration_s
@@ -155,14 +159,21 @@ class BatchTracker:
         scored = [r for r in self.rewards.values() if not r.infra_failure]
         rewards = [float(r.reward) for r in scored]  # ints, Fractions, Decimals too
         turns = [c.num_turns for c in self.completed.values()]
+        lengths = [self.episode_tokens[e] for e in sorted(self.episode_ids)]
+        mean = sum(rewards) / len(rewards) if rewards else None
         return {
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_mean": mean,
+            "reward_std": (
+                math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
+            ),  # fmt: skip
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
             "num_episodes": len(self.episode_ids),
             "num_infra_failures": len(self.rewards) - len(scored),
             "stop_reasons": dict(Counter(c.stop_reason for c in self.completed.values())),
             "turns_mean": sum(turns) / len(turns) if turns else None,
             "num_action_tokens": self.num_action_tokens,
+            "response_tokens_mean": sum(lengths) / len(lengths) if lengths else None,
+            "response_tokens_max": max(lengths, default=None),
             "teacher_kl": (
                 self.teacher_gap[0] / self.teacher_gap[1] if self.teacher_gap[1] else None
             ),  # fmt: skip
