@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from thundersync.cli_output import HelpFormatter
+from thundersync.cli_output import HelpFormatter, Progress
 from thundersync.declared import check_values
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
@@ -71,10 +71,12 @@ def run_train_command(args: argparse.Namespace) -> int:
     # the background of a script): Python only raises KeyboardInterrupt if it was not.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with Trainer(config, resume=args.resume) as trainer:
+        with (
+            Progress("train", config.steps, "steps") as progress,
+            Trainer(config, resume=args.resume, progress=progress) as trainer,
+        ):
             if trainer.start_step:
-                print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}",
-                      file=sys.stderr)  # fmt: skip
+                progress.say(f"resuming after step {trainer.start_step} from {trainer.model_dir}")
             history = mode_runner(config.mode)(trainer)
     except (WorkerError, BackendError, ThunderSyncError) as exc:
         # ThunderSyncError: a step that would make the parameters (or the gradient)
