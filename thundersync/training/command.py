@@ -29,6 +29,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         description="Train a policy on an env. Every TrainConfig field is a flag; --config "
         "FILE (JSON or TOML) sets any of them, flags override the file, and the resolved "
         "config is written to OUT/config.json.",
+        epilog="Each step prints one line: 'reward mean' is the mean reward of the step's "
+        "scored episodes (infra failures excluded); 'solved' the fraction of them with "
+        "reward >= 1, the env's full credit (metrics.jsonl: reward_mean, accuracy; equal when "
+        "rewards are 0 or 1); 'wall-clock' the step's time, with engine and learner busy "
+        "time inside it, and tools and grading as means per episode (episodes run them "
+        "concurrently). Steps count from 1 everywhere: step N is the N-th optimizer step, "
+        "checkpoints/step-00000N holds the weights after it.",
     )
     parser.add_argument("--config", default=None, help="JSON or TOML file of config fields")
     parser.add_argument("--resume", action="store_true",
