@@ -11,7 +11,6 @@ step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from harness.curves import Point
+from thundersync.cli_output import Progress
 from thundersync.declared import (
     DOCSTRINGS,
     PositiveFloat,
@@ -31,6 +31,7 @@ from thundersync.declared import (
 )
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
+from thundersync.training.metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 COMPARE_FLAGS = {"seeds": "--seeds", "target": "--target", "budget_s": "--budget-s",
@@ -110,8 +111,10 @@ def mode_name(mode: str, base: TrainConfig) -> str:
     return f"async-k{base.staleness}" if mode == "async" else mode
 
 
-def train_run(config: TrainConfig, label: str) -> None:
-    """Run ``thundersync train`` for ``config``, its progress lines prefixed with ``label``."""
+def train_run(config: TrainConfig, label: str, progress: Progress | None = None) -> None:
+    """Run ``thundersync train`` for ``config``, its progress lines prefixed with ``label``
+    (said through ``progress``: above its bar on a terminal)."""
+    say = progress.say if progress is not None else _say
     folder = Path(config.out)
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / "requested-config.json"
@@ -122,17 +125,20 @@ def train_run(config: TrainConfig, label: str) -> None:
         tail: list[str] = []
         for line in proc.stdout or ():
             tail = (tail + [line.rstrip()])[-20:]
-            print(f"compare: [{label}] {line.rstrip()}", file=sys.stderr, flush=True)
+            say(f"[{label}] {line.rstrip()}")
         proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"compare: run {label} failed (exit {proc.returncode}):\n"
                            + "\n".join(tail))  # fmt: skip
 
 
+def _say(text: str) -> None:
+    print(f"compare: {text}", file=sys.stderr, flush=True)
+
+
 def checkpoints(folder: Path) -> list[tuple[int, float, Path]]:
     """(completed steps, training seconds, checkpoint folder) of a finished run."""
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    times = {m["step"] + 1: m["time_s"] for m in metrics}
+    times = {m["step"]: m["time_s"] for m in read_metrics(folder / "metrics.jsonl")}
     found = []
     for path in sorted((folder / "checkpoints").glob("step-*")):
         steps = int(path.name.split("-")[1])
@@ -161,18 +167,27 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
         print(f"compare: {selection.note}", file=sys.stderr, flush=True)
     tasks = list(selection.tasks)
     initial = base.model or str(runs[0].folder / "init-model")
-    with PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens,
-                         device=base.device) as judge:  # fmt: skip
+    found = {id(run): checkpoints(run.folder) for run in runs}
+    total = 1 + sum(len(f) for f in found.values())
+    what = f"on {len(tasks)} held-out tasks × {config.eval_samples} samples"
+    with (
+        Progress("compare", total, "evaluations") as progress,
+        PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens,
+                        device=base.device) as judge,
+    ):  # fmt: skip
+        progress.phase(f"evaluating the initial model {what}")
         start = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
+        progress.advance()
         for run in runs:
             run.curve = [Point(0, 0.0, start)]
-            for steps, time_s, path in checkpoints(run.folder):
+            for steps, time_s, path in found[id(run)]:
+                progress.quietly(f"evaluating {run.mode} seed {run.seed} step {steps} {what}")
                 judge.load(path)
                 score = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
                 run.curve.append(Point(steps, time_s, score))
-            print(f"compare: evaluated {run.mode} seed {run.seed}: "
-                  + " ".join(f"{p.accuracy:.2f}" for p in run.curve),
-                  file=sys.stderr, flush=True)  # fmt: skip
+                progress.advance()
+            progress.say(f"evaluated {run.mode} seed {run.seed} at steps "
+                         + ", ".join(f"{p.step}: {p.accuracy:.2f}" for p in run.curve))  # fmt: skip
     return start, [task.task_id for task in tasks]
 
 
@@ -198,15 +213,19 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
 
         shared_init = replace(shared_init, model=str(build_tiny_model(out / "init-model")))
     config = replace(config, train=shared_init)
-    for i in range(config.seeds):
-        seed = config.train.seed + i
-        order = config.modes if i % 2 == 0 else tuple(reversed(config.modes))
-        for mode in order:
-            name = mode_name(mode, config.train)
-            folder = out / "runs" / f"{name}-seed{seed}"
-            train_run(mode_config(config.train, mode, seed, folder, config.eval_every),
-                      f"{name} seed {seed}")  # fmt: skip
-            runs.append(Run(name, seed, folder))
+    with Progress("compare", config.seeds * len(config.modes), "runs") as progress:
+        for i in range(config.seeds):
+            seed = config.train.seed + i
+            order = config.modes if i % 2 == 0 else tuple(reversed(config.modes))
+            for mode in order:
+                name = mode_name(mode, config.train)
+                folder = out / "runs" / f"{name}-seed{seed}"
+                progress.phase(f"training {name} seed {seed} "
+                               f"(run {len(runs) + 1}/{progress.total})")  # fmt: skip
+                train_run(mode_config(config.train, mode, seed, folder, config.eval_every),
+                          f"{name} seed {seed}", progress)  # fmt: skip
+                runs.append(Run(name, seed, folder))
+                progress.advance()
     initial, task_ids = evaluate_runs(runs, config)
     results = summarize(runs, config, initial)
     write_outputs(results, runs, config)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from thundersync.training.metrics import read_metrics
+
 
 @dataclass(frozen=True, slots=True)
 class StepWindow:
@@ -50,7 +52,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def step_windows(run: Path) -> list[StepWindow]:
     """The steps of the run folder ``run`` (from metrics.jsonl, events.jsonl, spans.jsonl)."""
-    metrics = read_jsonl(run / "metrics.jsonl")
+    metrics = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
     events = read_jsonl(run / "events.jsonl")
     spans = read_jsonl(run / "spans.jsonl")
     rewards: dict[int, list[float]] = {}
@@ -67,8 +69,9 @@ def step_windows(run: Path) -> list[StepWindow]:
         for s in spans:
             if s.get("worker") == "learner" and lo <= s["started"] and s["finished"] <= hi:
                 durations[s["name"]] = durations.get(s["name"], 0.0) + s["finished"] - s["started"]
-        windows.append(StepWindow(m["step"], lo, hi, tuple(rewards.get(m["step"], ())),
-                                  durations, tuple(completed.get(m["step"], ()))))  # fmt: skip
+        batch = m["step"] - 1  # step N trains on batch N-1 (episode ids s<N-1>-…)
+        windows.append(StepWindow(m["step"], lo, hi, tuple(rewards.get(batch, ())),
+                                  durations, tuple(completed.get(batch, ()))))  # fmt: skip
     return windows
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.bootstrap import median_ci
 from harness.curves import accuracy_on_grid
+from thundersync.training.metrics import read_metrics
 
 COLORS = {"sync": "#4c72b0", "streaming": "#dd8452"}
 
@@ -129,7 +130,7 @@ def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None)
     shown = folders
     fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.6 + 1.6 * len(shown)), squeeze=False)
     for ax, (mode, folder) in zip(axes[:, 0], shown.items()):
-        spans, start, end = _one_step(folder, step)
+        spans, start, end, chosen = _one_step(folder, step)
         rows = ["engine", "tools", "grading", "teacher", "learner"]
         row_of = {"engine": "engine", "tool": "tools", "grading": "grading",
                   "teacher": "teacher", "backward": "learner", "step": "learner",
@@ -143,7 +144,11 @@ def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None)
                            (y - 0.35, 0.7), color=f"C{y}", alpha=0.5)  # fmt: skip
         ax.set_yticks(range(len(rows)), rows)
         ax.set_xlim(0, max(end - start, 1e-3))
-        ax.set_title(f"{mode}: one step ({end - start:.2f} s)", fontsize=9)
+        ax.set_title(
+            f"{mode}: step {chosen['step']} of {chosen['of']} ({end - start:.2f} s, "
+            "tools and grading summed over concurrent episodes)",
+            fontsize=9,
+        )
     axes[-1, 0].set_xlabel("seconds from the batch's start")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -151,9 +156,12 @@ def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None)
     return path
 
 
-def _one_step(folder: Path, step: int | None = None) -> tuple[list[dict[str, Any]], float, float]:
-    """The spans of one step of the run (its middle one by default), with its window."""
-    metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+def _one_step(
+    folder: Path, step: int | None = None
+) -> tuple[list[dict[str, Any]], float, float, dict[str, int]]:
+    """The spans of one step of the run (its middle one by default; steps counted from 1),
+    with its window and which step it is (``step``, ``of``: the run's last step)."""
+    metrics = read_metrics(folder / "metrics.jsonl")
     chosen = [m for m in metrics if m["step"] == step]
     if step is not None and not chosen:
         raise ValueError(f"{folder}: no step {step} (steps {metrics[0]['step']}.."
@@ -161,4 +169,5 @@ def _one_step(folder: Path, step: int | None = None) -> tuple[list[dict[str, Any
     m = chosen[0] if chosen else metrics[len(metrics) // 2]
     start, end = m["submitted_at"], m["finished_at"]
     spans = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]
-    return [s for s in spans if s["finished"] >= start and s["started"] <= end], start, end
+    shown = [s for s in spans if s["finished"] >= start and s["started"] <= end]
+    return shown, start, end, {"step": m["step"], "of": metrics[-1]["step"]}

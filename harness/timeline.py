@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,20 +19,27 @@ def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("run", help="a thundersync train run folder")
-    parser.add_argument("--step", type=int, default=None, help="step to chart (default: middle)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="step to chart, counted from 1 as the console and checkpoints count "
+        "(default: the middle one)",
+    )
     parser.add_argument("--out", default=None, help="PNG to write (default: RUN/timeline.png)")
     parser.set_defaults(func=run_timeline_command)
 
 
 def run_timeline_command(args: argparse.Namespace) -> int:
     from harness.plots import timeline_plot
+    from thundersync.training.metrics import read_metrics
 
     run = Path(args.run)
     if not (run / "metrics.jsonl").is_file() or not (run / "spans.jsonl").is_file():
         print(f"timeline: error: {run}: not a run folder (no metrics.jsonl/spans.jsonl)",
               file=sys.stderr)  # fmt: skip
         return 2
-    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(run / "metrics.jsonl")
     if not metrics:
         print(f"timeline: error: {run}: no step finished yet", file=sys.stderr)
         return 2
@@ -52,8 +58,9 @@ def run_timeline_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"timeline: error: {exc}", file=sys.stderr)
         return 2
+    shown = args.step if args.step is not None else metrics[len(metrics) // 2]["step"]
     print(
-        f"timeline: {len(metrics)} steps of {run}; chart of one step in {out} "
+        f"timeline: {len(metrics)} steps of {run}; chart of step {shown} in {out} "
         "(tools and grading are summed over concurrent episodes)"
     )
     return 0

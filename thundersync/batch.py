@@ -133,9 +133,13 @@ def _grpo_loss(
         # On-policy: π_old is the learner itself before the step (ratio exactly 1).
         old_T, clipped_T = logp_T.detach(), None
         rho_T = importance_weights(logp_T, sampler_T, objective.tis_cap)
-    ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, clipped_T)
     pg = ppo_clip_loss(objective, logp_T, old_T, advantage, rho_T)
-    _, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+    reinforce, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+    # The loss metric: on-policy, ℓ_i (REINFORCE form, same gradient as the surrogate whose
+    # value is −A Σw at ratio 1), as streaming reports it; off-policy, the PPO surrogate.
+    value = {"loss": pg} if against_sampler else {"pg": reinforce}
+    ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, clipped_T, ref_T=ref_T,
+                     kl=kl, **value)  # fmt: skip
     return pg, kl
 
 
@@ -150,10 +154,11 @@ def opd_batch_grad(
         for traj, logp_T in zip(trajectories, logps):
             turns = range(len(traj.turns))
             sampler_T = sampler_logprobs(traj, logp_T)
-            ctx.stats.record((traj.episode_id, None), logp_T, sampler_T)
-            loss = loss + opd_term(
+            term = opd_term(
                 objective, logp_T, teacher_logprobs(traj, turns, logp_T), sampler_T,
                 num_episode_tokens=traj.num_action_tokens,
             )  # fmt: skip
+            ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, loss=term)
+            loss = loss + term
         total.add_(flat_grad(ctx.policy.params, loss))
     return total

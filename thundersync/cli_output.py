@@ -24,39 +24,49 @@ WIDTH = 80
 
 
 class Progress:
-    """Counts the finished units of a long command (``with Progress(...) as p: p.advance()``).
+    """Counts the finished units of a long command (``with Progress(...) as p: p.advance()``)
+    and says what it is doing.
 
-    On a terminal it shows a transient rich bar. Elsewhere a daemon thread prints
-    ``<label>: <done>/<total> <unit>, <seconds> s`` every ``PIPE_INTERVAL_S`` seconds, also
-    while a single unit takes long (that line is how a user tells slow from stuck).
-    ``advance`` may be called from any thread.
+    On a terminal it shows a transient rich bar with ETA, and the lines of ``say``/``phase``
+    above it. Elsewhere those lines are printed plain, and a daemon thread prints
+    ``<label>: <done>/<total> <unit>, <seconds> s[, still <what>]`` whenever nothing was
+    printed for ``PIPE_INTERVAL_S`` seconds, also while a single unit takes long (that line
+    is how a user tells slow from stuck). Every method may be called from any thread.
     """
 
     def __init__(self, label: str, total: int, unit: str, *, stream: IO[str] | None = None):
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
+        self.what = ""
+        """What runs now (``phase``/``quietly``), for the periodic line and the bar."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._started = time.monotonic()
+        self._started = self._last_line = time.monotonic()
         self._thread: threading.Thread | None = None
         self._bar: Any = None
         self._bar_task: Any = None
 
     def __enter__(self) -> Progress:
-        self._started = time.monotonic()
+        self._started = self._last_line = time.monotonic()
         if _is_terminal(self.stream):
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
                 TextColumn(f"{self.label} {{task.description}}"), BarColumn(),
-                MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(file=self.stream), transient=True,
+                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(), console=Console(file=self.stream), transient=True,
             )  # fmt: skip
             self._bar.__enter__()
-            self._bar_task = self._bar.add_task(self.unit, total=self.total)
+            self._bar_task = self._bar.add_task(self.unit, total=self.total, completed=self.done)
         else:
             self._thread = threading.Thread(target=self._tick, name="progress", daemon=True)
             self._thread.start()
@@ -68,6 +78,7 @@ class Progress:
             self._thread.join()
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
+            self._bar = None
 
     def advance(self, n: int = 1) -> None:
         with self._lock:
@@ -75,15 +86,48 @@ class Progress:
         if self._bar is not None:
             self._bar.advance(self._bar_task, n)
 
+    def skip_to(self, done: int) -> None:
+        """Units finished before this process started (a resumed run)."""
+        with self._lock:
+            self.done = done
+        if self._bar is not None:
+            self._bar.update(self._bar_task, completed=done)
+
+    def say(self, text: str) -> None:
+        """Print ``<label>: <text>`` (above the bar on a terminal)."""
+        line = f"{self.label}: {text}"
+        with self._lock:
+            self._last_line = time.monotonic()
+            if self._bar is not None:
+                self._bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                print(line, file=self.stream, flush=True)
+
+    def phase(self, what: str) -> None:
+        """Say that ``what`` starts now; the periodic line names it until the next phase."""
+        self.quietly(what)
+        self.say(what)
+
+    def quietly(self, what: str) -> None:
+        """Name what runs now for the periodic line and the bar, without a line of its own."""
+        with self._lock:
+            self.what = what
+        if self._bar is not None:
+            self._bar.update(self._bar_task, description=what)
+
     def line(self) -> str:
         with self._lock:
-            done = self.done
+            done, what = self.done, self.what
         elapsed = time.monotonic() - self._started
-        return f"{self.label}: {done}/{self.total} {self.unit}, {elapsed:.0f} s"
+        still = f", still {what}" if what else ""
+        return f"{self.label}: {done}/{self.total} {self.unit}, {elapsed:.0f} s{still}"
 
     def _tick(self) -> None:
-        while not self._stop.wait(PIPE_INTERVAL_S):
-            print(self.line(), file=self.stream, flush=True)
+        while not self._stop.wait(PIPE_INTERVAL_S / 5):
+            with self._lock:
+                silent = time.monotonic() - self._last_line >= PIPE_INTERVAL_S
+            if silent:
+                self.say(self.line().split(": ", 1)[1])
 
 
 def _is_terminal(stream: IO[str]) -> bool:

@@ -74,12 +74,12 @@ def grpo_piece(
     advantage is already final go through ``batch.weighted_grad`` instead."""
     logp_T, _ = policy.action_logprobs(trajectory)
     sampler_T = sampler_logprobs(trajectory, logp_T)
-    stats.record((trajectory.episode_id, None), logp_T, sampler_T)
     ref_T = None
     if reference is not None and objective.kl_coef != 0.0:
         with torch.no_grad():
             ref_T, _ = reference.action_logprobs(trajectory)
     pg, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+    stats.record((trajectory.episode_id, None), logp_T, sampler_T, ref_T=ref_T, pg=pg, kl=kl)
     if kl is None:
         return flat_grad(policy.params, pg), None
     return flat_grad(policy.params, pg, retain=True), flat_grad(policy.params, kl)
@@ -97,11 +97,11 @@ def opd_piece(
     mask_T = torch.isin(turn_T, wanted)
     teacher_T = teacher_logprobs(trajectory, sorted(turns), logp_T)
     sampler_T = sampler_logprobs(trajectory, logp_T, sorted(turns))
-    stats.record(key, logp_T[mask_T], sampler_T)
     loss = opd_term(
         objective, logp_T[mask_T], teacher_T, sampler_T,
         num_episode_tokens=trajectory.num_action_tokens,
     )  # fmt: skip
+    stats.record(key, logp_T[mask_T], sampler_T, loss=loss)
     return flat_grad(policy.params, loss)
 
 

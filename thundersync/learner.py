@@ -76,7 +76,14 @@ from thundersync.errors import (
 )
 from thundersync.gradients import BufferPool, write_grads
 from thundersync.metrics import TokenStats, staleness_metrics
-from thundersync.objectives import GRPO, OPD, Objective, clip_coefficient, denominator
+from thundersync.objectives import (
+    GRPO,
+    OPD,
+    Objective,
+    clip_coefficient,
+    denominator,
+    group_advantages,
+)
 from thundersync.policy import Policy
 from thundersync.strategy import BatchContext, GradientStrategy
 from thundersync.streaming import StreamingGRPO
@@ -100,7 +107,8 @@ class Learner:
     ``policy_version`` and ``num_steps`` (where a resumed run continues); ``publish``
     (receives ``GradientComputed`` and ``StepFinished``).
 
-    ``step()`` returns the metrics: ``step``, ``policy_version``, ``grad_norm`` (before
+    ``step()`` returns the metrics: ``step`` (this step's number counted from 1: ``num_steps``
+    after it), ``policy_version``, ``grad_norm`` (before
     clipping), ``num_trajectories``, ``num_groups``, ``num_tokens``, ``denominator``,
     ``reward_mean``, ``learner_time_s``, ``peak_buffer_bytes``, ``buffer_bytes``,
     ``staleness_histogram`` ({versions behind: action tokens} over every action token the
@@ -210,7 +218,7 @@ class Learner:
         if not math.isfinite(grad_norm):
             self._new_batch()
             raise NonFiniteGradientError(
-                f"step {self.num_steps}: the gradient norm over {len(trained)} episodes is "
+                f"step {self.num_steps + 1}: the gradient norm over {len(trained)} episodes is "
                 f"{grad_norm}; no optimizer step was taken (parameters, .grad and optimizer "
                 f"state are unchanged), the batch is dropped and policy_version stays "
                 f"{self.policy_version}"
@@ -223,7 +231,7 @@ class Learner:
         if not all_finite(self.policy.params):
             self._new_batch()
             self.failure = (
-                f"step {self.num_steps}: the optimizer step made a parameter non-finite "
+                f"step {self.num_steps + 1}: the optimizer step made a parameter non-finite "
                 f"(inf or NaN) from a finite gradient (norm {grad_norm:.6g}): the learning "
                 f"rate or optimizer settings overflow; the learner takes no further step and "
                 f"policy_version stays {self.policy_version}"
@@ -263,7 +271,7 @@ class Learner:
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.pool.peak_bytes)
         rewards = [m.reward_value for m in trained if m.has_reward and not m.is_infra_failure]
         return {
-            "step": self.num_steps,
+            "step": self.num_steps + 1,
             "policy_version": self.policy_version + 1,
             "grad_norm": grad_norm,
             "num_trajectories": len(trained),
@@ -275,8 +283,20 @@ class Learner:
             "peak_buffer_bytes": self.pool.peak_bytes,
             "buffer_bytes": self.pool.buffer_bytes,
             **staleness_metrics(self.episodes.records.values(), self.policy_version),
-            **self.stats.summary({m.episode_id for m in trained}, sum(counts)),
-        }
+            **self.stats.summary({m.episode_id for m in trained}, sum(counts),
+                                 advantages=self._advantages(groups), denominator=denom),
+        }  # fmt: skip
+
+    def _advantages(self, groups: dict[str, list[EpisodeRecord]]) -> dict[str, float] | None:
+        """A_i of every scored GRPO episode (for the ``loss`` metric; None for OPD)."""
+        if not isinstance(self.objective, GRPO):
+            return None
+        found: dict[str, float] = {}
+        for members in groups.values():
+            kept = [m for m in members if m.has_reward and not m.is_infra_failure]
+            values = group_advantages([m.reward_value for m in kept], self.objective)
+            found.update((m.episode_id, a) for m, a in zip(kept, values))
+        return found
 
     def _new_batch(self) -> None:
         """Fresh per-batch state: assembler, buffer budget, token statistics, strategy. The

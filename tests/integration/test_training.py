@@ -51,7 +51,7 @@ def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
     assert all(torch.equal(a[k], b[k]) for k in a)
     for m in metrics(tmp_path / "streaming"):
         assert m["learner"].get("max_staleness_seen", 0) == 0
-    assert [m["step"] for m in metrics(tmp_path / "sync")] == [0, 1, 2]
+    assert [m["step"] for m in metrics(tmp_path / "sync")] == [1, 2, 3]
     assert {m["learner"]["device"] for m in metrics(tmp_path / "sync")} == {"cpu"}
 
 
@@ -60,7 +60,7 @@ def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, t
     train(out, "--mode", "async", "--staleness", "1", "--model", str(warm_model),
           "--steps", "3", *SMALL)  # fmt: skip
     records = metrics(out)
-    assert [m["step"] for m in records] == [0, 1, 2]
+    assert [m["step"] for m in records] == [1, 2, 3]
     for m in records:
         histogram = {int(k): v for k, v in m["learner"]["staleness_histogram"].items()}
         assert max(histogram) <= 1 and sum(histogram.values()) == m["num_action_tokens"]
@@ -86,7 +86,7 @@ def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(war
     assert "resuming after step 1" in resumed.stderr
     a, b = final_weights(tmp_path / "whole"), final_weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [m["step"] for m in metrics(out)] == [0, 1, 2]
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3]
 
 
 def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
@@ -98,10 +98,10 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(tmp_path):
     assert proc.returncode == 130, stderr
     assert "interrupted; continue with --resume" in stderr and "Traceback" not in stderr
     wait_gone(family)
-    done = max(m["step"] for m in metrics(out)) + 1
+    done = max(m["step"] for m in metrics(out))
     resumed = train(out, "--resume", "--steps", str(done + 1))
     assert f"resuming after step {done}" in resumed.stderr
-    assert [m["step"] for m in metrics(out)] == list(range(done + 1))
+    assert [m["step"] for m in metrics(out)] == list(range(1, done + 2))
 
 
 def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
@@ -257,8 +257,61 @@ def test_a_step_that_would_make_the_weights_non_finite_stops_the_run_cleanly(tmp
         records = text.splitlines() if name.endswith(".jsonl") else [text]
         for record in records:
             json.loads(record, parse_constant=_refuse)
-    assert [m["step"] for m in metrics(out)] == [0]
+    assert [m["step"] for m in metrics(out)] == [1]
 
 
 def _refuse(constant: str) -> None:
     raise AssertionError(f"a run file holds {constant}, which strict JSON has not")
+
+
+def test_one_step_numbering_and_progress_lines_through_a_pipe(tmp_path):
+    """Step N is the N-th optimizer step everywhere: the console line, ``step-00000N``,
+    metrics.jsonl, timeline and compare's checkpoint curve; through a pipe the start-up says
+    what it does before step 1. An old run folder (metrics counted from 0) reads the same
+    and resumes into one numbering."""
+    from harness.compare import checkpoints
+
+    out = tmp_path / "run"
+    small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--steps", "2",
+         *small], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    order = ["train: loading the model", "train: starting the rollout worker",
+             "train: workers ready", "train: rolling out step 1/2", "train: step 1/2: ",
+             "train: step 2/2: ", "train: done"]  # fmt: skip
+    found = [next(i for i, line in enumerate(lines) if line.startswith(p)) for p in order]
+    assert found == sorted(found), proc.stdout
+    assert "solved 0% of 4 episodes (reward >= 1); wall-clock" in proc.stdout
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-000001", "step-000002"]  # fmt: skip
+    records = metrics(out)
+    assert [(m["step"], m["step_base"], m["learner"]["step"]) for m in records] == [
+        (1, 1, 1), (2, 1, 2)]  # fmt: skip
+    for key in ("reward_std", "response_tokens_mean", "response_tokens_max"):
+        assert key in records[0]
+    for key in ("loss", "neg_logprob_mean", "kl_reference", "clip_fraction"):
+        assert key in records[0]["learner"]
+    times = [m["time_s"] for m in records]
+
+    def timeline(step: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "thundersync.cli", "timeline", str(out),
+                               "--step", str(step)], capture_output=True, text=True)  # fmt: skip
+
+    for old in (False, True):
+        if old:  # as a run folder written before step_base: steps counted from 0
+            (out / "metrics.jsonl").write_text("".join(
+                json.dumps({**{k: v for k, v in m.items() if k != "step_base"},
+                            "step": m["step"] - 1}) + "\n" for m in records
+            ))  # fmt: skip
+        assert [(s, t) for s, t, _ in checkpoints(out)] == [(1, times[0]), (2, times[1])]
+        shown = timeline(2)
+        assert shown.returncode == 0 and "chart of step 2 in" in shown.stdout, shown.stderr
+        assert [line.split()[0] for line in shown.stdout.splitlines()[1:3]] == ["1", "2"]
+        missing = timeline(3)
+        assert missing.returncode == 2 and "no step 3 (steps 1..2)" in missing.stderr
+    resumed = train(out, "--resume", "--steps", "3")
+    assert "resuming after step 2" in resumed.stderr and "step 3/3: " in resumed.stderr
+    assert [(m["step"], m.get("step_base")) for m in metrics(out)] == [(1, 1), (2, 1), (3, 1)]

@@ -51,7 +51,6 @@ class Episode:
         return ids, where
 
 
-
 def collect(events: list[ev.Event]) -> dict[str, Episode]:
     eps: dict[str, Episode] = {}
     for e in events:
@@ -100,6 +99,19 @@ def weight(loss_agg: str, n: int, max_tokens: int) -> float:
 
 def gradient(model, objective, events, reference=None) -> torch.Tensor:
     """The batch-loss gradient of GRPO or OPD, as a flat vector."""
+    loss = batch_loss(model, objective, events, reference)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if loss is None:
+        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat(
+        [(torch.zeros_like(p) if g is None else g).flatten() for g, p in zip(grads, params)]
+    )
+
+
+def batch_loss(model, objective, events, reference=None) -> torch.Tensor | None:
+    """The batch loss of GRPO or OPD (on-policy: ratio 1) whose gradient the step takes;
+    None when no episode is trained."""
     eps = collect(events)
     order = sorted(eps, key=_natural)
     loss_terms, sizes = [], []
@@ -142,12 +154,7 @@ def gradient(model, objective, events, reference=None) -> torch.Tensor:
                 term = term + objective.kl_coef * w * kl.sum()
             loss_terms.append(term)
         sizes.append(lp.numel())
-    params = [p for p in model.parameters() if p.requires_grad]
     if not loss_terms:
-        return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        return None
     denom = sum(sizes) if objective.loss_agg == "token-mean" else len(sizes)
-    loss = sum(loss_terms) / denom
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [(torch.zeros_like(p) if g is None else g).flatten() for g, p in zip(grads, params)]
-    )
+    return sum(loss_terms) / denom

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from thundersync.cli_output import HelpFormatter
+from thundersync.cli_output import HelpFormatter, Progress
 from thundersync.declared import check_values
 from thundersync.strict_json import dumps_refusing
 from thundersync.training.config import (
@@ -30,6 +30,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         description="Train a policy on an env. Every TrainConfig field is a flag; --config "
         "FILE (JSON or TOML) sets any of them, flags override the file, and the resolved "
         "config is written to OUT/config.json.",
+        epilog="Each step prints one line: 'reward mean' is the mean reward of the step's "
+        "scored episodes (infra failures excluded); 'solved' the fraction of them with "
+        "reward >= 1, the env's full credit (metrics.jsonl: reward_mean, accuracy; equal when "
+        "rewards are 0 or 1); 'wall-clock' the step's time, with engine and learner busy "
+        "time inside it, and tools and grading as means per episode (episodes run them "
+        "concurrently). Steps count from 1 everywhere: step N is the N-th optimizer step, "
+        "checkpoints/step-00000N holds the weights after it.",
     )
     parser.add_argument("--config", default=None, help="JSON or TOML file of config fields")
     parser.add_argument("--resume", action="store_true",
@@ -72,10 +79,12 @@ def run_train_command(args: argparse.Namespace) -> int:
     # the background of a script): Python only raises KeyboardInterrupt if it was not.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with Trainer(config, resume=args.resume) as trainer:
+        with (
+            Progress("train", config.steps, "steps") as progress,
+            Trainer(config, resume=args.resume, progress=progress) as trainer,
+        ):
             if trainer.start_step:
-                print(f"train: resuming after step {trainer.start_step} from {trainer.model_dir}",
-                      file=sys.stderr)  # fmt: skip
+                progress.say(f"resuming after step {trainer.start_step} from {trainer.model_dir}")
             history = mode_runner(config.mode)(trainer)
     except (WorkerError, BackendError, ThunderSyncError) as exc:
         # ThunderSyncError: a step that would make the parameters (or the gradient)

@@ -4,6 +4,7 @@ spans, and the per-batch bookkeeping that says when a batch is complete and what
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,24 @@ from typing import Any
 
 from thundersync import events as ev
 from thundersync.strict_json import dumps_nulled
+
+STEP_BASE = 1
+"""``metrics.jsonl``'s ``step`` counts optimizer steps from 1, as checkpoints do: the record of
+step N describes the N-th optimizer step, whose weights ``checkpoints/step-00000N`` holds.
+Each record says so with ``"step_base": 1``; records written before (no ``step_base``)
+counted from 0, and ``step_number`` reads both."""
+
+
+def step_number(record: dict[str, Any]) -> int:
+    """The step (counted from 1) a ``metrics.jsonl`` record describes, old records included."""
+    return int(record["step"]) + 1 - int(record.get("step_base", 0))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """A run's ``metrics.jsonl``, every record's ``step`` counted from 1 (old runs' too)."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+               if line.strip()]  # fmt: skip
+    return [{**r, "step": step_number(r), "step_base": STEP_BASE} for r in records]
 
 
 class MetricsLogger:
@@ -54,12 +73,12 @@ class MetricsLogger:
 
 
 def truncate_metrics(path: Path, completed_steps: int) -> None:
-    """Drop records of steps a resumed run will redo (step index >= completed_steps)."""
+    """Drop records of steps a resumed run will redo (step number > completed_steps), and
+    renumber an old run's records from 1 so the file the resumed run appends to is uniform."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) < completed_steps]  # fmt: skip
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    kept = [r for r in read_metrics(path) if r["step"] <= completed_steps]
+    path.write_text("".join(dumps_nulled(r) + "\n" for r in kept), encoding="utf-8")
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -91,6 +110,8 @@ class BatchTracker:
     completed: dict[str, ev.EpisodeCompleted] = field(default_factory=dict)
     scored: Counter = field(default_factory=Counter)
     num_action_tokens: int = 0
+    episode_tokens: Counter = field(default_factory=Counter)
+    """Action (response) tokens per episode, over all its turns."""
     tool_s: float = 0.0
     grading_s: float = 0.0
     sampler_logprobs: dict[tuple[str, int], tuple[float, ...]] = field(default_factory=dict)
@@ -113,6 +134,7 @@ class BatchTracker:
             self.teacher_gap[1] += len(sampled)
         elif isinstance(event, ev.TurnCompleted):
             self.num_action_tokens += len(event.action_ids)
+            self.episode_tokens[eid] += len(event.action_ids)
             self.sampler_logprobs[(eid, event.turn)] = event.action_logprobs
         elif isinstance(event, ev.ToolFinished):
             self.tool_s += event.duration_s
@@ -137,14 +159,21 @@ class BatchTracker:
         scored = [r for r in self.rewards.values() if not r.infra_failure]
         rewards = [float(r.reward) for r in scored]  # ints, Fractions, Decimals too
         turns = [c.num_turns for c in self.completed.values()]
+        lengths = [self.episode_tokens[e] for e in sorted(self.episode_ids)]
+        mean = sum(rewards) / len(rewards) if rewards else None
         return {
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_mean": mean,
+            "reward_std": (
+                math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
+            ),  # fmt: skip
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
             "num_episodes": len(self.episode_ids),
             "num_infra_failures": len(self.rewards) - len(scored),
             "stop_reasons": dict(Counter(c.stop_reason for c in self.completed.values())),
             "turns_mean": sum(turns) / len(turns) if turns else None,
             "num_action_tokens": self.num_action_tokens,
+            "response_tokens_mean": sum(lengths) / len(lengths) if lengths else None,
+            "response_tokens_max": max(lengths, default=None),
             "teacher_kl": (
                 self.teacher_gap[0] / self.teacher_gap[1] if self.teacher_gap[1] else None
             ),  # fmt: skip

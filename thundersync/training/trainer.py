@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from thundersync import events as ev
+from thundersync.cli_output import Progress
 from thundersync.errors import NonFiniteParameterError, ThunderSyncError
 from thundersync.strict_json import dumps_nulled, dumps_refusing
 from thundersync.training import checkpoint as ckpt
@@ -33,7 +33,12 @@ from thundersync.training.learners import (
     rank_main,
     step_of,
 )
-from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
+from thundersync.training.metrics import (
+    STEP_BASE,
+    BatchTracker,
+    MetricsLogger,
+    truncate_metrics,
+)
 from thundersync.training.rollout import RolloutPlan, RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
@@ -61,8 +66,11 @@ class WorkerError(RuntimeError):
 class Trainer:
     """See the module docstring. ``with Trainer(config) as trainer: mode.run(trainer)``."""
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+    def __init__(
+        self, config: TrainConfig, *, resume: bool = False, progress: Progress | None = None
+    ) -> None:
         self.config = config
+        self.progress = progress or Progress("train", config.steps, "steps")
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         ev.reset_clock()
@@ -97,6 +105,8 @@ class Trainer:
         # absolute: workers (Ray actors) need not share the trainer's working directory
         self.initial_model = os.path.abspath(config.model or self._tiny_model())
         self.model_dir = os.path.abspath(found[-1]) if found else self.initial_model
+        self.progress.phase(f"loading the model {self.model_dir} into the learner "
+                            f"({config.device}, {config.dtype})")  # fmt: skip
         spec = LearnerSpec(config, self.model_dir, self.initial_model,
                            str(found[-1]) if found else None,
                            self.backend.rendezvous(self.out))  # fmt: skip
@@ -110,6 +120,7 @@ class Trainer:
         built = build_learner(spec, rank=0, publish=self._on_learner_event)
         self.model, self.optimizer, self.learner = built.model, built.optimizer, built.learner
         self.tokenizer, self.start_step = built.tokenizer, built.start_step
+        self.progress.skip_to(self.start_step)
         self._optimizer_started = 0.0
         self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
         self.optimizer.register_step_post_hook(self._optimizer_post_hook)
@@ -146,10 +157,7 @@ class Trainer:
 
         folder = self.out / "init-model"
         if not (folder / "config.json").is_file():
-            print(
-                f"train: no --model given: building a tiny random model in {folder}",
-                file=sys.stderr,
-            )
+            self.progress.phase(f"no --model given: building a tiny random model in {folder}")
             # vLLM's CPU attention needs a head_dim of 32 or more (the default tiny has 16).
             shape = {"hidden_size": 64, "num_heads": 2} if self.config.engine == "vllm" else {}
             build_tiny_model(folder, "qwen3", seed=self.config.seed, **shape)
@@ -180,6 +188,11 @@ class Trainer:
         concurrency = c.max_concurrency or c.tasks_per_step * c.group_size * (
             1 + (c.staleness if c.mode == "async" else 0)
         )
+        teacher = " and the OPD teacher" if c.algo == "opd" else ""
+        self.progress.phase(
+            f"starting the rollout worker{teacher} ({c.engine} engine, env {c.env}): "
+            "each loads its model first"
+        )
         spec = RolloutSpec(
             env=c.env, env_kwargs=dict(c.env_kwargs), sandbox=c.sandbox,
             model_dir=self.model_dir, dtype=c.dtype, seed=c.seed,
@@ -204,6 +217,7 @@ class Trainer:
         while self.engine_version < self.learner.policy_version:  # workers loaded and ready
             self.poll()
         self.clock_start = ev.now()
+        self.progress.phase(f"workers ready after {ev.now():.0f} s")
 
     # --- rollout -----------------------------------------------------------------------------
 
@@ -219,6 +233,12 @@ class Trainer:
         self.batches[step] = BatchTracker(step, ids, needs_teacher=c.algo == "opd",
                                           submitted_at=ev.now())  # fmt: skip
         self.control.put(("run", RolloutPlan(step, c.tasks_per_step, c.group_size)))
+        what = (f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
+                f"{c.group_size} episodes, graded in the {c.sandbox} sandbox")  # fmt: skip
+        if step == self.start_step:
+            self.progress.phase(what)  # the first batch: tell what the wait is for
+        else:
+            self.progress.quietly(what)
 
     def wait_batch(self, step: int) -> list[ev.Event]:
         """Block until batch ``step`` is complete; its events not taken yet."""
@@ -347,7 +367,7 @@ class Trainer:
                 raise
             self._raise_rank_failure(exc)  # a collective failed: a rank died in the step
         self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
-                                   worker="learner", step=step))  # fmt: skip
+                                   worker="learner", step=step + 1))  # fmt: skip
         self.publish_weights()
         if self._rank_inboxes:
             learned = {**learned, "ranks": self._rank_metrics(step)}
@@ -357,7 +377,8 @@ class Trainer:
         metrics = self._step_metrics(step, tracker, learned)
         self.metrics.log(metrics)
         self.history.append(metrics)
-        print(_progress_line(metrics, self.config.steps), file=sys.stderr, flush=True)
+        self.progress.say(progress_line(metrics, self.config.steps))
+        self.progress.advance()
         return metrics
 
     def _rank_metrics(self, step: int) -> dict[str, dict[str, Any]]:
@@ -405,7 +426,8 @@ class Trainer:
         self._backward_intervals = []
         busy = window.get("backward", 0.0) + window.get("step", 0.0)
         return {
-            "step": step,
+            "step": step + 1,  # batch ``step`` (episode ids s<step>-…) feeds optimizer step step+1
+            "step_base": STEP_BASE,
             "mode": self.config.mode,
             "time_s": now,
             "submitted_at": tracker.submitted_at,
@@ -428,6 +450,7 @@ class Trainer:
         if not hasattr(self, "control"):  # the backend's queues never started
             self.backend.close()
             return
+        self.progress.quietly("stopping the workers")
         leave_process_group()  # a rank blocked in a collective fails now instead of waiting
         for inbox in self._rank_inboxes:
             getattr(inbox, "cancel_join_thread", lambda: None)()  # a dead rank's pipe
@@ -493,15 +516,19 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _progress_line(m: dict[str, Any], total: int) -> str:
-    b = m["breakdown_s"]
+def progress_line(m: dict[str, Any], total: int) -> str:
+    """A step's console line. The step's time is wall-clock; engine and learner are busy time
+    within it (one engine, one learner); tools and grading are per-episode means, because
+    episodes run them concurrently and their sum can exceed the step."""
+    b, n = m["breakdown_s"], max(m["num_episodes"], 1)
 
-    def fmt(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.3f}"
+    def fmt(v: Any, spec: str = ".3f") -> str:
+        return "n/a" if v is None else format(v, spec)
 
     return (
-        f"train: step {m['step'] + 1}/{total} reward {fmt(m['reward_mean'])} "
-        f"accuracy {fmt(m['accuracy'])} step {m['step_time_s']:.2f} s "
-        f"(engine {b.get('engine', 0):.2f}, tools {b.get('tool', 0):.2f}, "
-        f"grading {b.get('grading', 0):.2f}, learner {b.get('backward', 0) + b.get('step', 0):.2f})"
+        f"step {m['step']}/{total}: reward mean {fmt(m['reward_mean'])}, "
+        f"solved {fmt(m['accuracy'], '.0%')} of {m['num_episodes']} episodes (reward >= 1); "
+        f"wall-clock {m['step_time_s']:.2f} s (engine busy {b.get('engine', 0):.2f}, "
+        f"learner {b.get('backward', 0) + b.get('step', 0):.2f}; per episode: tools "
+        f"{b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f})"
     )

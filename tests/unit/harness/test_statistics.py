@@ -56,9 +56,12 @@ def test_the_bound_is_the_critical_path_of_rewards_and_learner_work():
     assert bound(window, 4.0) == pytest.approx(13.75)
 
 
-def test_step_windows_read_a_run_folder(tmp_path):
+@pytest.mark.parametrize("numbering", [{"step": 0}, {"step": 1, "step_base": 1}])
+def test_step_windows_read_a_run_folder(tmp_path, numbering):
+    """Step 1 trains on batch 0 (episode ids s0-…), in a run whose metrics count steps from
+    1 and in an old one whose metrics counted from 0."""
     (tmp_path / "metrics.jsonl").write_text(
-        json.dumps({"step": 0, "submitted_at": 1.0, "finished_at": 5.0}) + "\n"
+        json.dumps({**numbering, "submitted_at": 1.0, "finished_at": 5.0}) + "\n"
     )
     events = [{"event": "RewardReady", "t": 3.0, "episode_id": "s0-g0-e0"},
               {"event": "RewardReady", "t": 9.0, "episode_id": "v-g0-e0"}]  # fmt: skip
@@ -68,7 +71,7 @@ def test_step_windows_read_a_run_folder(tmp_path):
     (tmp_path / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
     (window,) = step_windows(tmp_path)
     assert window.reward_times == (3.0,) and window.durations == {"optimizer": 0.5}
-    assert window.time_s == 4.0
+    assert window.time_s == 4.0 and window.step == 1
 
 
 def test_the_compare_verdict_names_every_mode_and_fits_80_columns():

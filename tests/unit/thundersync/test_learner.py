@@ -254,7 +254,7 @@ def test_a_non_finite_gradient_steps_nothing_and_the_next_batch_steps(model, obj
     for e in second:  # the dropped batch's episodes are new to the learner
         lrn.consume(e)
     metrics = lrn.step()
-    assert (metrics["step"], metrics["policy_version"]) == (1, 2)
+    assert (metrics["step"], metrics["policy_version"]) == (2, 2)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -264,7 +264,7 @@ def test_a_resumed_learner_continues_numbering_and_version(model):
     for e in events:
         lrn.consume(e)
     metrics = lrn.step()
-    assert (metrics["step"], metrics["policy_version"]) == (3, 8)
+    assert (metrics["step"], metrics["policy_version"]) == (4, 8)
     assert (lrn.num_steps, lrn.policy_version) == (4, 8)
     with pytest.raises(StaleTokenError, match="version 7.*version 8"):
         lrn.consume(next(e for e in events if isinstance(e, ev.EpisodeStarted)))
@@ -324,7 +324,7 @@ def test_a_step_that_makes_a_parameter_non_finite_stops_the_learner(model, strea
                   streaming=streaming, max_grad_norm=None, publish=published.append)  # fmt: skip
     for e in random_batch(5, model.config.vocab_size, SHAPE):
         lrn.consume(e)
-    with pytest.raises(NonFiniteParameterError, match="step 0: .*non-finite.*policy_version st"):
+    with pytest.raises(NonFiniteParameterError, match="step 1: .*non-finite.*policy_version st"):
         lrn.step()
     assert (lrn.policy_version, lrn.num_steps) == (0, 0)
     assert not any(isinstance(e, ev.StepFinished) for e in published)

@@ -70,6 +70,48 @@ def test_mismatch_metrics_equal_an_independent_computation(model, objective, opt
     json.dumps(metrics)  # the StepFinished metrics go to events.jsonl
 
 
+LOSS_CASES = {
+    **{k: v for k, v in CASES.items() if k != "off-policy"},
+    "sync-kl": (GRPO(kl_coef=0.1), {}),
+    "streaming-kl": (GRPO(kl_coef=0.1, loss_agg="token-mean"), {"streaming": True}),
+}
+
+
+@pytest.mark.parametrize("objective,options", LOSS_CASES.values(), ids=LOSS_CASES.keys())
+def test_loss_entropy_estimate_and_reference_kl_equal_an_independent_computation(
+    model, tiny_model_dirs, objective, options
+):
+    """``loss`` is the batch loss whose gradient the step takes (the textbook's, ratio 1);
+    ``neg_logprob_mean`` the mean −log π_learner of the sampled tokens; ``kl_reference`` the
+    mean k3 estimate of KL(π_learner ‖ π_ref), present exactly when there is a reference."""
+    teacher = isinstance(objective, OPD)
+    events = distinct_rewards(random_batch(7, model.config.vocab_size, SHAPE, teacher=teacher))
+    reference = None
+    if getattr(objective, "kl_coef", 0.0):
+        reference = load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
+        with torch.no_grad():
+            for i, p in enumerate(reference.parameters()):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
+    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
+                      reference=reference, **options)  # fmt: skip
+    for e in events:
+        learner.consume(e)
+    metrics = learner.step()
+    with torch.no_grad():
+        expected = float(textbook.batch_loss(model, objective, events, reference))
+        eps = textbook.collect(events).values()
+        lp = torch.cat([textbook.action_logprobs(model, ep) for ep in eps])
+        ref = [textbook.action_logprobs(reference, ep) for ep in eps] if reference else None
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert metrics["neg_logprob_mean"] == pytest.approx(float(-lp.mean()), rel=1e-9)
+    if ref is None:
+        assert metrics["kl_reference"] is None
+    else:
+        r = torch.cat(ref) - lp
+        assert metrics["kl_reference"] == pytest.approx(float((torch.exp(r) - r - 1).mean()))
+        assert metrics["kl_reference"] > 0
+
+
 def test_the_staleness_histogram_counts_action_tokens_by_versions_behind(model):
     events = random_batch(2, model.config.vocab_size, SHAPE, policy_version=3)
     turns = [e for e in events if isinstance(e, ev.TurnCompleted)]

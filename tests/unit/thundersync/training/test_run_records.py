@@ -17,7 +17,13 @@ from thundersync.training.config import (
     load_config_file,
     resolve_config,
 )
-from thundersync.training.metrics import BatchTracker, MetricsLogger, truncate_metrics
+from thundersync.training.metrics import (
+    BatchTracker,
+    MetricsLogger,
+    read_metrics,
+    step_number,
+    truncate_metrics,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -171,7 +177,22 @@ def test_metrics_are_strict_json_and_a_resume_drops_the_steps_it_redoes(tmp_path
     assert json.loads(lines[1])["loss"] is None
     truncate_metrics(tmp_path / "metrics.jsonl", 2)
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1]
+    assert steps == [1, 2]  # records without step_base count from 0: renumbered from 1
+
+
+def test_a_resume_keeps_the_steps_its_checkpoint_holds_in_either_numbering(tmp_path):
+    """Step N's record (counted from 1) survives a resume from ``step-00000N``; an old run's
+    records (counted from 0, no ``step_base``) are renumbered, so the file stays uniform."""
+    new, old = tmp_path / "new.jsonl", tmp_path / "old.jsonl"
+    new.write_text("".join(json.dumps({"step": n, "step_base": 1}) + "\n" for n in (1, 2, 3)))
+    old.write_text("".join(json.dumps({"step": n}) + "\n" for n in (0, 1, 2)))
+    for path in (new, old):
+        truncate_metrics(path, 2)
+        assert [step_number(r) for r in read_metrics(path)] == [1, 2]
+        assert [json.loads(x) for x in path.read_text().splitlines()] == [
+            {"step": 1, "step_base": 1},
+            {"step": 2, "step_base": 1},
+        ]
 
 
 DEEP = "[" * 10_000 + "]" * 10_000
