@@ -270,7 +270,10 @@ def test_the_env_grades_strictly_by_default_even_with_a_read_only_logs_folder() 
     assert details["strict"] is True and details["tamper_suspected"] is False
 
 
-def test_an_unarchivable_work_folder_scores_zero_strictly_not_infra() -> None:
+def test_an_unreadable_work_file_scores_zero_strictly_not_infra() -> None:
+    """The engine takes the work out (the host reads it), so an agent's ``chmod 000`` no longer
+    stops the export; the file arrives as the agent left it, unreadable to the tests: the
+    agent's 0, graded, never an infrastructure failure."""
     task = by_id("harbor", "sales-report")
     made: list[Sandbox] = []
 
@@ -285,4 +288,5 @@ def test_an_unarchivable_work_folder_scores_zero_strictly_not_infra() -> None:
     for other in made:
         other.close()
     assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
-    assert "cannot archive the work folder /app" in grade.details["reason"]
+    assert grade.details["tamper_suspected"] is False
+    assert grade.details["metrics"]["valid_json"] == 0.0  # the tests ran and could not read it
