@@ -116,18 +116,21 @@ class Progress:
             self._bar.update(self._bar_task, description=what)
 
     def line(self) -> str:
+        return f"{self.label}: {self._status()}"
+
+    def _status(self) -> str:
         with self._lock:
             done, what = self.done, self.what
         elapsed = time.monotonic() - self._started
         still = f", still {what}" if what else ""
-        return f"{self.label}: {done}/{self.total} {self.unit}, {elapsed:.0f} s{still}"
+        return f"{done}/{self.total} {self.unit}, {elapsed:.0f} s{still}"
 
     def _tick(self) -> None:
         while not self._stop.wait(PIPE_INTERVAL_S / 5):
             with self._lock:
                 silent = time.monotonic() - self._last_line >= PIPE_INTERVAL_S
             if silent:
-                self.say(self.line().split(": ", 1)[1])
+                self.say(self._status())
 
 
 def _is_terminal(stream: IO[str]) -> bool:
