@@ -65,7 +65,7 @@ def test_gpu_engine_agrees_with_the_cpu_engine(model_dir):
 
 # --- training on GPUs ---------------------------------------------------------------------
 
-GPU_RUN = ["--steps", "2", "--deterministic", "--seed", "5", "--env-kwargs",
+GPU_RUN = ["--steps", "2", "--deterministic", "--seed", "0", "--env-kwargs",
            '{"tools": "python"}', "--tasks-per-step", "2", "--group-size", "4",
            "--max-new-tokens", "16", "--lr", "3e-3", "--device", "cuda"]  # fmt: skip
 
