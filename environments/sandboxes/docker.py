@@ -124,6 +124,10 @@ class _HostDisk:
     workspace: Path | None = None
 
 
+MAIN_PROCESS_WAIT_S = 10.0
+"""How long a started container's init may take to fork its main program."""
+
+
 class DockerSandbox:
     """A Docker sandbox; see the module docstring for how commands are run and bounded."""
 
@@ -216,14 +220,24 @@ class DockerSandbox:
         }  # fmt: skip
 
     def _find_main_pid(self) -> str:
-        try:
-            code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
-        except Exception as exc:
-            raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
-        pids = out.decode().split() if code == 0 else []
-        if not pids:
-            raise SandboxError(f"container {self.marker}: cannot find its main process: {out!r}")
-        return pids[0]
+        """The pid of the container's main program (``sleep``), the child of its init. Right
+        after a start the init may not have forked it yet (seen under load): the children
+        are read again, every 50 ms for up to ``MAIN_PROCESS_WAIT_S``, while the container
+        runs; an empty list after that is an error."""
+        deadline = time.monotonic() + MAIN_PROCESS_WAIT_S
+        while True:
+            try:
+                code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
+            except Exception as exc:
+                raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
+            pids = out.decode().split() if code == 0 else []
+            if pids:
+                return pids[0]
+            if time.monotonic() >= deadline or not self._is_running():
+                raise SandboxError(
+                    f"container {self.marker}: cannot find its main process: {out!r}"
+                )
+            time.sleep(0.05)
 
     def _restart(self) -> None:
         """Kill every process by restarting the container; the filesystem persists. The

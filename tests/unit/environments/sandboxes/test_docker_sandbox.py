@@ -170,3 +170,31 @@ def test_export_folder_leaves_out_the_excluded_children(
     assert "testbed/.git/objects/big" in full and "testbed/sub/.git/keep" in expected
     assert members(tmp_path / "part.tar") == expected
     assert (tmp_path / "part.tar").stat().st_size < 1_000_000
+
+
+class _SlowInit:
+    """A container whose init forks its main program only after ``empty`` reads of its
+    children (as a loaded machine showed right after a start), or never while it stops."""
+
+    def __init__(self, empty: int, *, running: bool = True) -> None:
+        self.empty, self.reads, self.status = empty, 0, "running" if running else "exited"
+
+    def exec_run(self, argv: list[str]) -> tuple[int, bytes]:
+        self.reads += 1
+        return 0, (b"" if self.reads <= self.empty else b"7\n")
+
+    def reload(self) -> None:
+        pass
+
+
+def test_the_main_process_is_awaited_after_a_start_not_taken_for_missing() -> None:
+    """Under load the init had not forked ``sleep`` yet when its children were read: the
+    fresh grading sandbox failed as an infrastructure failure (and after a restart the agent
+    would have been blamed). The children are read again until the process is there."""
+    sandbox = object.__new__(DockerSandbox)
+    sandbox.marker, sandbox._container = "thundersync-test", _SlowInit(empty=3)
+    assert sandbox._find_main_pid() == "7" and sandbox._container.reads == 4
+    sandbox._container = _SlowInit(empty=10**6, running=False)  # stopped: no wait
+    with pytest.raises(SandboxError, match="cannot find its main process"):
+        sandbox._find_main_pid()
+    assert sandbox._container.reads == 1
