@@ -294,9 +294,16 @@ class _ToyEnv(ShellEnv):
         self._latency_seed = 0
         self._latency_rng: np.random.Generator | None = None
 
+    task_kwarg_ranges: dict[str, tuple[int, int]] = {}
+    """Each task keyword's integer range (inclusive), declared by the subclass."""
+
     @classmethod
     def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
-        """ValueError naming a task keyword out of range (before any task is drawn)."""
+        """ValueError naming a task keyword unknown or out of range (before any draw)."""
+        _check_names(kwargs, tuple(cls.task_kwarg_ranges))
+        for name, (low, high) in cls.task_kwarg_ranges.items():
+            if name in kwargs:
+                _check_int(name, kwargs[name], low, high)
 
     def _select_task(self, choice: Any) -> Any:
         task = self.draw_task(self.np_random) if choice is None else choice
@@ -427,13 +434,7 @@ class ToySumEnv(_ToyEnv):
 
     env_name = "ToySum"
 
-    @classmethod
-    def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
-        _check_names(kwargs, ("num_keys", "max_value"))
-        if "num_keys" in kwargs:
-            _check_int("num_keys", kwargs["num_keys"], 2, len(KEYS))
-        if "max_value" in kwargs:
-            _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
+    task_kwarg_ranges = {"num_keys": (2, len(KEYS)), "max_value": (0, MAX_VALUE)}
 
     @staticmethod
     def generate(rng: np.random.Generator, **task_kwargs: Any) -> ToyTask:
@@ -449,13 +450,7 @@ class ToyChainEnv(_ToyEnv):
 
     env_name = "ToyChain"
 
-    @classmethod
-    def check_task_kwargs(cls, kwargs: dict[str, Any]) -> None:
-        _check_names(kwargs, ("max_hops", "max_value"))
-        if "max_hops" in kwargs:
-            _check_int("max_hops", kwargs["max_hops"], 1, len(KEYS))
-        if "max_value" in kwargs:
-            _check_int("max_value", kwargs["max_value"], 0, MAX_VALUE)
+    task_kwarg_ranges = {"max_hops": (1, len(KEYS)), "max_value": (0, MAX_VALUE)}
 
     @staticmethod
     def generate(rng: np.random.Generator, **task_kwargs: Any) -> ToyTask:
