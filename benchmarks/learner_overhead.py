@@ -34,8 +34,9 @@ from thundersync.rollouts import BatchShape, random_batch
 
 def learner_seconds(model, events, *, streaming: bool, **kwargs) -> tuple[float, dict]:
     """Wall time of everything the learner does for one batch: consuming and the step."""
-    learner = Learner(model, GRPO(), torch.optim.SGD(model.parameters(), lr=0.0),
-                      streaming=streaming, **kwargs)  # fmt: skip
+    learner = Learner(
+        model, GRPO(), torch.optim.SGD(model.parameters(), lr=0.0), streaming=streaming, **kwargs
+    )
     started = time.perf_counter()
     for event in events:
         learner.consume(event)
@@ -44,10 +45,16 @@ def learner_seconds(model, events, *, streaming: bool, **kwargs) -> tuple[float,
 
 
 def batch_events(model, args: argparse.Namespace, seed: int):
-    shape = BatchShape(max_groups=args.groups, min_groups=args.groups,
-                       max_group_size=args.group_size, min_group_size=args.group_size,
-                       max_turns=args.turns, max_tokens=args.tokens, infra_failure_rate=0.0,
-                       reward_values=(0.0, 1.0))  # fmt: skip
+    shape = BatchShape(
+        max_groups=args.groups,
+        min_groups=args.groups,
+        max_group_size=args.group_size,
+        min_group_size=args.group_size,
+        max_turns=args.turns,
+        max_tokens=args.tokens,
+        infra_failure_rate=0.0,
+        reward_values=(0.0, 1.0),
+    )
     events = random_batch(seed, model.config.vocab_size, shape, arrival="batch")
     return events
 
@@ -89,8 +96,9 @@ MEMORY_CONFIGS = (
 """(label, Learner options) of the memory measurement; budgets in parameter-sized buffers."""
 
 
-def measure_memory(model, args: argparse.Namespace, param_bytes: int,
-                   progress: Progress) -> list[dict]:  # fmt: skip
+def measure_memory(
+    model, args: argparse.Namespace, param_bytes: int, progress: Progress
+) -> list[dict]:
     """Peak accumulator memory of streaming configurations on one batch."""
     memory = []
     events = batch_events(model, args, 7)
@@ -99,8 +107,13 @@ def measure_memory(model, args: argparse.Namespace, param_bytes: int,
         if "buffer_budget_bytes" in kwargs:  # in parameter-sized buffers
             kwargs["buffer_budget_bytes"] *= param_bytes
         _, metrics = learner_seconds(model, events, streaming=True, **kwargs)
-        memory.append({"config": label, "peak_buffer_bytes": metrics["peak_buffer_bytes"],
-                       "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes})
+        memory.append(
+            {
+                "config": label,
+                "peak_buffer_bytes": metrics["peak_buffer_bytes"],
+                "peak_over_params": metrics["peak_buffer_bytes"] / param_bytes,
+            }
+        )
         progress.advance()
     return memory
 
@@ -122,22 +135,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--arch", default="qwen3", choices=["qwen3", "llama", "gpt2"],
-                        help="architecture of the tiny model")  # fmt: skip
+    parser.add_argument(
+        "--arch",
+        default="qwen3",
+        choices=["qwen3", "llama", "gpt2"],
+        help="architecture of the tiny model",
+    )
     parser.add_argument("--hidden", type=int, default=128, help="hidden size")
     parser.add_argument("--layers", type=int, default=4, help="transformer layers")
     parser.add_argument("--groups", type=int, default=8, help="GRPO groups per batch")
     parser.add_argument("--group-size", type=int, default=8, help="trajectories per group")
     parser.add_argument("--turns", type=int, default=4, help="most turns per trajectory")
     parser.add_argument("--tokens", type=int, default=256, help="most tokens per trajectory")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="side-by-side sync/streaming/eager runs")  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="side-by-side sync/streaming/eager runs"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON report; the verdict goes to stderr")  # fmt: skip
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON report; the verdict goes to stderr"
+    )
     args = parser.parse_args(argv)
-    for name in ("hidden", "layers", "groups", "group_size", "turns", "tokens", "repeats",
-                 "threads"):  # fmt: skip
+    for name in (
+        "hidden",
+        "layers",
+        "groups",
+        "group_size",
+        "turns",
+        "tokens",
+        "repeats",
+        "threads",
+    ):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             parser.error(f"{flag} must be >= 1, got {getattr(args, name)}")
@@ -149,8 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="thundersync-bench-") as tmp:
-        folder = build_tiny_model(tmp, args.arch, hidden_size=args.hidden,
-                                  num_layers=args.layers)  # fmt: skip
+        folder = build_tiny_model(tmp, args.arch, hidden_size=args.hidden, num_layers=args.layers)
         model = load_model(folder)
     num_params = sum(p.numel() for p in model.parameters())
     param_bytes = num_params * 4
@@ -165,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": f"{args.arch} hidden={args.hidden} layers={args.layers}",
         "num_params": num_params,
         "batch": f"{args.groups} groups x {args.group_size}, <= {args.tokens} tokens, "
-                 f"<= {args.turns} turns",  # fmt: skip
+        f"<= {args.turns} turns",
         "sync_s_median": statistics.median(sync_s),
         "streaming_s_median": statistics.median(stream_s),
         "overhead_ratio_median": statistics.median(ratios),
@@ -185,14 +211,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def print_report(report: dict, param_bytes: int) -> None:
     ratios = report["overhead_ratios"]
-    print(f"model {report['model']}: {report['num_params'] / 1e6:.2f} M params "
-          f"({param_bytes / 2**20:.1f} MiB per buffer)")  # fmt: skip
+    print(
+        f"model {report['model']}: {report['num_params'] / 1e6:.2f} M params "
+        f"({param_bytes / 2**20:.1f} MiB per buffer)"
+    )
     print(f"batch {report['batch']}")
-    print(f"learner time, nothing overlapping: sync {report['sync_s_median']:.2f} s, "
-          f"streaming {report['streaming_s_median']:.2f} s")  # fmt: skip
+    print(
+        f"learner time, nothing overlapping: sync {report['sync_s_median']:.2f} s, "
+        f"streaming {report['streaming_s_median']:.2f} s"
+    )
     print("streaming/sync ratio per side-by-side pair: " + ", ".join(f"{r:.3f}" for r in ratios))
-    print(f"eager streaming (a backward per trajectory at its reward)/sync: "
-          f"{report['eager_overhead_ratio_median']:.3f}")  # fmt: skip
+    print(
+        f"eager streaming (a backward per trajectory at its reward)/sync: "
+        f"{report['eager_overhead_ratio_median']:.3f}"
+    )
     for row in report["memory"]:
         print(f"  {row['config'][:56]}: {row['peak_over_params']:.1f} x params")
 

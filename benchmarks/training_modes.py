@@ -45,25 +45,55 @@ from harness.critical_path import batched_cost_per_trajectory, summarize  # noqa
 
 # The demo's workload (Makefile): in-process tools with heavy-tailed tool and grading latencies,
 # GRPO with its published KL term, streaming's early start.
-WORKLOAD = {"tools": "python", "tool_latency_s": 0.05, "tool_latency_sigma": 1.0,
-            "grade_latency_s": 0.3, "grade_latency_sigma": 0.75}  # fmt: skip
+WORKLOAD = {
+    "tools": "python",
+    "tool_latency_s": 0.05,
+    "tool_latency_sigma": 1.0,
+    "grade_latency_s": 0.3,
+    "grade_latency_sigma": 0.75,
+}
 
 
 def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> Path:
     command = [
-        sys.executable, "-m", "thundersync.cli", "train", "--mode", mode, "--model", str(model),
-        "--out", str(out), "--steps", str(args.steps), "--seed", str(args.seed),
-        "--tasks-per-step", str(args.tasks), "--group-size", str(args.group),
-        "--max-new-tokens", "16", "--lr", "1e-3", "--env-kwargs", json.dumps(WORKLOAD),
-        "--objective", json.dumps({"kl_coef": 0.04}), "--early-start",
-        "--checkpoint-every", str(args.steps),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "thundersync.cli",
+        "train",
+        "--mode",
+        mode,
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--tasks-per-step",
+        str(args.tasks),
+        "--group-size",
+        str(args.group),
+        "--max-new-tokens",
+        "16",
+        "--lr",
+        "1e-3",
+        "--env-kwargs",
+        json.dumps(WORKLOAD),
+        "--objective",
+        json.dumps({"kl_coef": 0.04}),
+        "--early-start",
+        "--checkpoint-every",
+        str(args.steps),
+    ]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"training_modes: {mode} failed:\n{done.stdout}\n{done.stderr}")
-    print(f"training_modes: {mode}: {args.steps} steps in {time.monotonic() - started:.0f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"training_modes: {mode}: {args.steps} steps in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
     return out
 
 
@@ -79,8 +109,9 @@ def compare_modes(model: Path, folder: Path, args: argparse.Namespace) -> dict[s
     return result
 
 
-def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int = 5,
-                        threads: bool = False) -> dict[str, Any]:  # fmt: skip
+def agent_loop_overhead(
+    model: Path, *, episodes: int, seed: int, repeats: int = 5, threads: bool = False
+) -> dict[str, Any]:
     """The agent loop's overhead over raw engine generation of the same requests.
 
     One round: ``episodes`` concurrent ToySum episodes whose tools answer instantly
@@ -133,30 +164,45 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
 
     engine = HFEngine(model)
     batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
-    agent = PolicyAgent(batcher.generate, ChatFormat(load_tokenizer(model)),
-                        policy_version=lambda: 0, run_seed=seed, max_new_tokens=16,
-                        max_context=engine.max_context)  # fmt: skip
+    agent = PolicyAgent(
+        batcher.generate,
+        ChatFormat(load_tokenizer(model)),
+        policy_version=lambda: 0,
+        run_seed=seed,
+        max_new_tokens=16,
+        max_context=engine.max_context,
+    )
     make_env = episode_envs("thundersync/ToySum-v0", tools="python")
     runner = EpisodeRunner(make_env, agent, lambda event: None)
     probe = functools.partial(gymnasium.make, "thundersync/ToySum-v0", tools="python")
-    driver = (EpisodeThreads(runner, batcher, episodes) if threads
-              else episode_driver(runner, batcher, probe, episodes))  # fmt: skip
+    driver = (
+        EpisodeThreads(runner, batcher, episodes)
+        if threads
+        else episode_driver(runner, batcher, probe, episodes)
+    )
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(episodes)]
-    turn_of = {request_seed(seed, f"e{index}", turn): turn
-               for index, task in enumerate(tasks) for turn in range(task.max_turns)}  # fmt: skip
+    turn_of = {
+        request_seed(seed, f"e{index}", turn): turn
+        for index, task in enumerate(tasks)
+        for turn in range(task.max_turns)
+    }
 
     def play() -> dict[str, Any]:  # as the rollout worker does (thundersync/training/rollout.py)
         sent.clear()
         num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()
-        futures = [driver.submit(task=task, episode_id=f"e{index}",
-                                 seed=derive_seed(seed, f"e{index}"))
-                   for index, task in enumerate(tasks)]  # fmt: skip
+        futures = [
+            driver.submit(task=task, episode_id=f"e{index}", seed=derive_seed(seed, f"e{index}"))
+            for index, task in enumerate(tasks)
+        ]
         for future in futures:
             future.result()
-        return {"loop_s": time.perf_counter() - started, "loop_batches": num_batches[0],
-                "engine_s": busy[0]}  # fmt: skip
+        return {
+            "loop_s": time.perf_counter() - started,
+            "loop_batches": num_batches[0],
+            "engine_s": busy[0],
+        }
 
     try:
         rounds = []
@@ -175,9 +221,14 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
     # The floor: the loop's own Python, one episode after another on one thread, each
     # request answered at once with the completion it got (no engine, no threads, no window).
     answers = {request.seed: completion for request, completion in sent}
-    direct = PolicyAgent(lambda request: answers[request.seed], agent.chat,
-                         policy_version=lambda: 0, run_seed=seed, max_new_tokens=16,
-                         max_context=engine.max_context)  # fmt: skip
+    direct = PolicyAgent(
+        lambda request: answers[request.seed],
+        agent.chat,
+        policy_version=lambda: 0,
+        run_seed=seed,
+        max_new_tokens=16,
+        max_context=engine.max_context,
+    )
     alone = EpisodeRunner(runner.make_env, direct, lambda event: None)
     python_s = []
     for _ in range(repeats):
@@ -186,8 +237,13 @@ def agent_loop_overhead(model: Path, *, episodes: int, seed: int, repeats: int =
             alone.run_episode(task, episode_id=f"e{index}", seed=derive_seed(seed, f"e{index}"))
         python_s.append(time.perf_counter() - started)
     floor = statistics.median(python_s) / statistics.median(r["replay_s"] for r in rounds)
-    return {**median, "rounds": rounds, "python_s": statistics.median(python_s),
-            "python_floor": floor, "driver": type(driver).__name__}  # fmt: skip
+    return {
+        **median,
+        "rounds": rounds,
+        "python_s": statistics.median(python_s),
+        "python_floor": floor,
+        "driver": type(driver).__name__,
+    }
 
 
 def replay(engine: Any, sent: list[tuple[Any, Any]], turn_of: dict[int, int]) -> dict[str, Any]:
@@ -206,8 +262,12 @@ def replay(engine: Any, sent: list[tuple[Any, Any]], turn_of: dict[int, int]) ->
         for batch, generated in zip(batches, outputs, strict=True)
         for (_, completion), again in zip(batch, generated, strict=True)
     )
-    return {"replay_s": elapsed, "replay_batches": len(batches), "num_requests": len(sent),
-            "mismatched_completions": mismatches}  # fmt: skip
+    return {
+        "replay_s": elapsed,
+        "replay_batches": len(batches),
+        "num_requests": len(sent),
+        "mismatched_completions": mismatches,
+    }
 
 
 def wider_model(folder: Path, seed: int) -> Path:
@@ -230,8 +290,9 @@ def warm_model(folder: Path, seed: int) -> Path:
 
     torch.set_num_threads(1)
     print("training_modes: warm-starting a tiny model on ToySum demonstrations", flush=True)
-    return warm_start(WarmStartConfig(num_demos=128, steps=200, corrupt_fraction=0.6,
-                                      seed=seed), folder / "warm")  # fmt: skip
+    return warm_start(
+        WarmStartConfig(num_demos=128, steps=200, corrupt_fraction=0.6, seed=seed), folder / "warm"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,13 +309,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4, help="tasks per step (B)")
     parser.add_argument("--group", type=int, default=8, help="episodes per task (G)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run")
-    parser.add_argument("--modes", type=lambda s: s.split(","), default=["sync", "streaming",
-                        "async"], help="modes to run (sync is required)")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="agent-loop rounds (each the loop, then its replay)")  # fmt: skip
-    parser.add_argument("--only", choices=["modes", "agent-loop"], default=None,
-                        help="run only the modes' comparison or only the agent-loop "
-                        "overhead (default: both)")  # fmt: skip
+    parser.add_argument(
+        "--modes",
+        type=lambda s: s.split(","),
+        default=["sync", "streaming", "async"],
+        help="modes to run (sync is required)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="agent-loop rounds (each the loop, then its replay)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=["modes", "agent-loop"],
+        default=None,
+        help="run only the modes' comparison or only the agent-loop overhead (default: both)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if "sync" not in args.modes or args.steps < 2:
@@ -272,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             result["agent_loop"]["model"] = model_shape(model)
             result["agent_loop_threads"] = agent_loop_overhead(
-                model, episodes=args.tasks * args.group, seed=args.seed, repeats=args.rounds,
+                model,
+                episodes=args.tasks * args.group,
+                seed=args.seed,
+                repeats=args.rounds,
                 threads=True,
             )
             result["agent_loop_threads"]["model"] = model_shape(model)
@@ -303,9 +375,11 @@ def print_result(result: dict[str, Any]) -> None:
         if key == "agent_loop_threads":  # a comparison, not what the worker runs here
             continue
         low, high = middle_half(loop)
-        verdicts.append(f"agent-loop overhead {loop['overhead'] * 100:.1f}% median of "
-                        f"{len(loop['rounds'])} with the {loop['model']} model (target <= 5%"
-                        f"{'; too noisy to conclude' if high - low > 0.05 else ''})")  # fmt: skip
+        verdicts.append(
+            f"agent-loop overhead {loop['overhead'] * 100:.1f}% median of "
+            f"{len(loop['rounds'])} with the {loop['model']} model (target <= 5%"
+            f"{'; too noisy to conclude' if high - low > 0.05 else ''})"
+        )
     print("training_modes: " + "; ".join(verdicts))
 
 
@@ -315,35 +389,47 @@ def print_modes(result: dict[str, Any]) -> None:
         times = s["step_times_s"]
         spread = f"{min(times):.2f}-{max(times):.2f} s"
         eff = f"{s['efficiency']:.3f}" if "efficiency" in s else "-"
-        print(f"{mode:<10} {s['step_time_s']:>8.2f} s {spread:>16} "
-              f"{s['speedup_vs_sync']:>9.2f} {eff:>6}")  # fmt: skip
+        print(
+            f"{mode:<10} {s['step_time_s']:>8.2f} s {spread:>16} "
+            f"{s['speedup_vs_sync']:>9.2f} {eff:>6}"
+        )
     print(f"b_i (sync learner per trajectory) {result['cost_per_trajectory_s'] * 1000:.1f} ms")
 
 
 def print_agent_loop(loop: dict[str, Any]) -> None:
-    print(f"agent loop ({loop['model']} model, {loop['driver']}) vs raw replay of its "
-          f"{loop['num_requests']} requests, per round:")  # fmt: skip
+    print(
+        f"agent loop ({loop['model']} model, {loop['driver']}) vs raw replay of its "
+        f"{loop['num_requests']} requests, per round:"
+    )
     for r in loop["rounds"]:
-        print(f"  loop {r['loop_s']:.3f} s in {r['loop_batches']} batches, replay "
-              f"{r['replay_s']:.3f} s in {r['replay_batches']}: overhead {r['overhead']:.1%}"
-              f" (engine idle {r['idle']:.1%}, slower {r['inflation']:.1%}), "
-              f"{r['mismatched_completions']} completions differ")  # fmt: skip
+        print(
+            f"  loop {r['loop_s']:.3f} s in {r['loop_batches']} batches, replay "
+            f"{r['replay_s']:.3f} s in {r['replay_batches']}: overhead {r['overhead']:.1%}"
+            f" (engine idle {r['idle']:.1%}, slower {r['inflation']:.1%}), "
+            f"{r['mismatched_completions']} completions differ"
+        )
     overheads = sorted(r["overhead"] for r in loop["rounds"])
     low, high = middle_half(loop)
-    print(f"  spread {overheads[0]:.1%} to {overheads[-1]:.1%}, middle half {low:.1%} to "
-          f"{high:.1%}")  # fmt: skip
-    for part, meaning in (("idle", "the engine waiting for the loop"),
-                          ("inflation", "the engine slower inside the loop")):  # fmt: skip
+    print(
+        f"  spread {overheads[0]:.1%} to {overheads[-1]:.1%}, middle half {low:.1%} to {high:.1%}"
+    )
+    for part, meaning in (
+        ("idle", "the engine waiting for the loop"),
+        ("inflation", "the engine slower inside the loop"),
+    ):
         part_low, part_high = middle_half(loop, part)
         median = statistics.median(r[part] for r in loop["rounds"])
-        print(f"  {meaning}: median {median:.1%}, middle half {part_low:.1%} to "
-              f"{part_high:.1%}")  # fmt: skip
-    print(f"  the loop's own Python alone (one thread, instant answers): "
-          f"{loop['python_s'] * 1000:.0f} ms, {loop['python_floor']:.1%} of the replay: the "
-          "floor of the overhead without overlap")  # fmt: skip
+        print(f"  {meaning}: median {median:.1%}, middle half {part_low:.1%} to {part_high:.1%}")
+    print(
+        f"  the loop's own Python alone (one thread, instant answers): "
+        f"{loop['python_s'] * 1000:.0f} ms, {loop['python_floor']:.1%} of the replay: the "
+        "floor of the overhead without overlap"
+    )
     if high - low > 0.05:
-        print("  the middle half spans more than the 5 % target: the median is not conclusive "
-              "(a busy machine); rerun with more --rounds or on a quiet machine")  # fmt: skip
+        print(
+            "  the middle half spans more than the 5 % target: the median is not conclusive "
+            "(a busy machine); rerun with more --rounds or on a quiet machine"
+        )
 
 
 def middle_half(loop: dict[str, Any], key: str = "overhead") -> tuple[float, float]:

@@ -460,8 +460,12 @@ def _checked(grade: Any, task_id: str) -> Grade:
     is_real = isinstance(reward, int | float) and not isinstance(reward, bool)
     if isinstance(grade, Grade) and is_real and math.isfinite(reward):
         return grade
-    problem = (f"reward {reward!r} is not a finite number" if isinstance(grade, Grade)
-               else f"returned {type(grade).__name__}, not a Grade")  # fmt: skip
+    problem = (
+        f"reward {reward!r} is not a finite number"
+        if isinstance(grade, Grade)
+        else f"returned {type(grade).__name__}, not a Grade"
+    )
     details = dict(grade.details) if isinstance(grade, Grade) else {}
-    return Grade(0.0, infra_failure=True,
-                 details={**details, "error": f"task {task_id}: grader {problem}"})  # fmt: skip
+    return Grade(
+        0.0, infra_failure=True, details={**details, "error": f"task {task_id}: grader {problem}"}
+    )

@@ -155,8 +155,10 @@ def require_env(env_id: str, *, option: str = "--env") -> None:
     load_plugins()
     if env_id not in gymnasium.registry:
         known = ", ".join(env.id for env in list_envs())
-        raise ValueError(f"{option} {env_id!r}: not a registered env; known: {known} "
-                         "(thundersync envs lists them, plugins too)")  # fmt: skip
+        raise ValueError(
+            f"{option} {env_id!r}: not a registered env; known: {known} "
+            "(thundersync envs lists them, plugins too)"
+        )
 
 
 def list_envs() -> list[RegisteredEnv]:

@@ -276,17 +276,33 @@ class EpisodeRunner:
 
     # --- one episode -------------------------------------------------------------------------
 
-    def run_episode(self, task: Task | None = None, *, group_id: str | None = None,
-                    group_size: int = 1, seed: int | None = None,
-                    episode_id: str | None = None) -> Trajectory:  # fmt: skip
+    def run_episode(
+        self,
+        task: Task | None = None,
+        *,
+        group_id: str | None = None,
+        group_size: int = 1,
+        seed: int | None = None,
+        episode_id: str | None = None,
+    ) -> Trajectory:
         """Run one episode to the end and grade it; never raises for an episode's failure.
         ``episode_id`` and ``group_id`` default to fresh ids of this runner."""
-        return drive(self.episode(task, group_id=group_id, group_size=group_size, seed=seed,
-                                  episode_id=episode_id), self.agent)  # fmt: skip
+        return drive(
+            self.episode(
+                task, group_id=group_id, group_size=group_size, seed=seed, episode_id=episode_id
+            ),
+            self.agent,
+        )
 
-    def episode(self, task: Task | None = None, *, group_id: str | None = None,
-                group_size: int = 1, seed: int | None = None,
-                episode_id: str | None = None) -> EpisodeSteps:  # fmt: skip
+    def episode(
+        self,
+        task: Task | None = None,
+        *,
+        group_id: str | None = None,
+        group_size: int = 1,
+        seed: int | None = None,
+        episode_id: str | None = None,
+    ) -> EpisodeSteps:
         """``run_episode`` as a generator: yields an ``ActionNeeded`` for each action, is sent
         the ``Action`` (or thrown what producing it raised), returns the ``Trajectory``. Closing
         it early closes its env."""

@@ -283,9 +283,10 @@ class _ToyEnv(ShellEnv):
         super().__init__(
             source,
             sandbox=(lambda spec: InProcessTools(self)) if tools == "python" else sandbox,
-            max_episode_s=max_episode_s, max_format_errors=max_format_errors,
+            max_episode_s=max_episode_s,
+            max_format_errors=max_format_errors,
             strict_grading=strict_grading,
-        )  # fmt: skip
+        )
         self.tool_latency = LatencyModel(tool_latency_s, tool_latency_sigma)
         self.grade_latency = LatencyModel(grade_latency_s, grade_latency_sigma)
         instant = tools == "python" and tool_latency_s <= 0 and grade_latency_s <= 0
@@ -412,8 +413,13 @@ def _arithmetic(expression: str) -> int | None:
             return -value(node.operand)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
             a, b = value(node.left), value(node.right)
-            result = a + b if isinstance(node.op, ast.Add) else a - b if isinstance(
-                node.op, ast.Sub) else a * b  # fmt: skip
+            result = (
+                a + b
+                if isinstance(node.op, ast.Add)
+                else a - b
+                if isinstance(node.op, ast.Sub)
+                else a * b
+            )
             if abs(result) >= 2**63:
                 raise ValueError("overflow")
             return result

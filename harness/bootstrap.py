@@ -17,8 +17,9 @@ from typing import Any
 RESAMPLES = 2000
 
 
-def median_ci(values: Sequence[float | None], *, confidence: float = 0.95,
-              seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def median_ci(
+    values: Sequence[float | None], *, confidence: float = 0.95, seed: int = 0
+) -> dict[str, Any]:
     """``{"median", "ci": [lo, hi], "per_seed"}``; None values (no result for a seed) count
     as +∞. Non-finite numbers come back as None, so the result is strict JSON."""
     numbers = [math.inf if v is None else float(v) for v in values]

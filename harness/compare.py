@@ -34,10 +34,18 @@ from thundersync.training.config import TrainConfig
 from thundersync.training.metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-COMPARE_FLAGS = {"seeds": "--seeds", "target": "--target", "budget_s": "--budget-s",
-                 "eval_every": "--eval-every", "eval_tasks": "--eval-tasks",
-                 "eval_samples": "--eval-samples", "eval_env_kwargs": "--eval-env-kwargs",
-                 "modes": "--modes", "out": "--out", "leaderboard_db": "--db"}  # fmt: skip
+COMPARE_FLAGS = {
+    "seeds": "--seeds",
+    "target": "--target",
+    "budget_s": "--budget-s",
+    "eval_every": "--eval-every",
+    "eval_tasks": "--eval-tasks",
+    "eval_samples": "--eval-samples",
+    "eval_env_kwargs": "--eval-env-kwargs",
+    "modes": "--modes",
+    "out": "--out",
+    "leaderboard_db": "--db",
+}
 """The comparison's own fields and their flags."""
 
 
@@ -101,9 +109,16 @@ def mode_config(base: TrainConfig, mode: str, seed: int, folder: Path, every: in
     if name not in ("sync", "async", "streaming") or (k and not k.isdigit()):
         raise ValueError(f"mode {mode!r}: expected sync, streaming, async or async-k<K>")
     staleness = int(k) if k else base.staleness
-    return replace(base, mode=name, staleness=staleness, seed=seed, out=str(folder),
-                   checkpoint_every=every, keep_checkpoints=10_000,
-                   early_start=base.early_start and name == "streaming")  # fmt: skip
+    return replace(
+        base,
+        mode=name,
+        staleness=staleness,
+        seed=seed,
+        out=str(folder),
+        checkpoint_every=every,
+        keep_checkpoints=10_000,
+        early_start=base.early_start and name == "streaming",
+    )
 
 
 def mode_name(mode: str, base: TrainConfig) -> str:
@@ -120,16 +135,18 @@ def train_run(config: TrainConfig, label: str, progress: Progress | None = None)
     config_file = folder / "requested-config.json"
     config_file.write_text(dumps_refusing(config.to_dict(), what=str(config_file), indent=2))
     command = [sys.executable, "-m", "thundersync.cli", "train", "--config", str(config_file)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         tail: list[str] = []
         for line in proc.stdout or ():
             tail = (tail + [line.rstrip()])[-20:]
             say(f"[{label}] {line.rstrip()}")
         proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"compare: run {label} failed (exit {proc.returncode}):\n"
-                           + "\n".join(tail))  # fmt: skip
+        raise RuntimeError(
+            f"compare: run {label} failed (exit {proc.returncode}):\n" + "\n".join(tail)
+        )
 
 
 def _say(text: str) -> None:
@@ -161,8 +178,9 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     def make_env() -> Any:
         return gymnasium.make(base.env, **{"sandbox": base.sandbox, **kwargs})
 
-    selection = eval_tasks(base.env, {"sandbox": base.sandbox, **kwargs}, config.eval_tasks,
-                           seed=base.seed)  # fmt: skip
+    selection = eval_tasks(
+        base.env, {"sandbox": base.sandbox, **kwargs}, config.eval_tasks, seed=base.seed
+    )
     if selection.note:
         print(f"compare: {selection.note}", file=sys.stderr, flush=True)
     tasks = list(selection.tasks)
@@ -172,9 +190,10 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     what = f"on {len(tasks)} held-out tasks × {config.eval_samples} samples"
     with (
         Progress("compare", total, "evaluations") as progress,
-        PolicyEvaluator(initial, seed=base.seed, max_new_tokens=base.max_new_tokens,
-                        device=base.device) as judge,
-    ):  # fmt: skip
+        PolicyEvaluator(
+            initial, seed=base.seed, max_new_tokens=base.max_new_tokens, device=base.device
+        ) as judge,
+    ):
         progress.phase(f"evaluating the initial model {what}")
         start = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
         progress.advance()
@@ -186,8 +205,10 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
                 score = accuracy(judge.run(tasks, make_env, k=config.eval_samples))
                 run.curve.append(Point(steps, time_s, score))
                 progress.advance()
-            progress.say(f"evaluated {run.mode} seed {run.seed} at steps "
-                         + ", ".join(f"{p.step}: {p.accuracy:.2f}" for p in run.curve))  # fmt: skip
+            progress.say(
+                f"evaluated {run.mode} seed {run.seed} at steps "
+                + ", ".join(f"{p.step}: {p.accuracy:.2f}" for p in run.curve)
+            )
     return start, [task.task_id for task in tasks]
 
 
@@ -220,10 +241,14 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
             for mode in order:
                 name = mode_name(mode, config.train)
                 folder = out / "runs" / f"{name}-seed{seed}"
-                progress.phase(f"training {name} seed {seed} "
-                               f"(run {len(runs) + 1}/{progress.total})")  # fmt: skip
-                train_run(mode_config(config.train, mode, seed, folder, config.eval_every),
-                          f"{name} seed {seed}", progress)  # fmt: skip
+                progress.phase(
+                    f"training {name} seed {seed} (run {len(runs) + 1}/{progress.total})"
+                )
+                train_run(
+                    mode_config(config.train, mode, seed, folder, config.eval_every),
+                    f"{name} seed {seed}",
+                    progress,
+                )
                 runs.append(Run(name, seed, folder))
                 progress.advance()
     initial, task_ids = evaluate_runs(runs, config)
@@ -245,11 +270,15 @@ def record(results: dict[str, Any], config: CompareConfig, task_ids: list[str]) 
         "modes": {name: {k: m[k] for k in keys} for name, m in results["modes"].items()},
     }
     entry = Entry(
-        kind="compare", suite=config.train.env, suite_version=suite_version(task_ids),
-        subject=",".join(results["modes"]), metrics=metrics, config=results["config"],
+        kind="compare",
+        suite=config.train.env,
+        suite_version=suite_version(task_ids),
+        subject=",".join(results["modes"]),
+        metrics=metrics,
+        config=results["config"],
         checkpoint=config.train.model,
         artifacts={"plots": results["plots"], "results": str(Path(config.out) / "results.json")},
-    )  # fmt: skip
+    )
     with Store(config.leaderboard_db) as store:
         entry_id = store.append(entry)
     print(f"compare: leaderboard row #{entry_id} in {store.path}", file=sys.stderr, flush=True)

@@ -20,8 +20,15 @@ from thundersync.training.config import (
 )
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
-_NUMBERS = ("seeds", "target", "budget_s", "eval_every", "eval_tasks", "eval_samples",
-            "eval_env_kwargs")  # fmt: skip
+_NUMBERS = (
+    "seeds",
+    "target",
+    "budget_s",
+    "eval_every",
+    "eval_tasks",
+    "eval_samples",
+    "eval_env_kwargs",
+)
 """CompareConfig fields whose flags come from its declaration."""
 
 
@@ -36,9 +43,11 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "apply to every run.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--modes", default="sync,async,streaming",
-                        help="comma-separated: sync, streaming, async (with --staleness) or "
-                             "async-k<K>")  # fmt: skip
+    parser.add_argument(
+        "--modes",
+        default="sync,async,streaming",
+        help="comma-separated: sync, streaming, async (with --staleness) or async-k<K>",
+    )
     add_flags(parser, CompareConfig, _NUMBERS, flags=COMPARE_FLAGS)
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")
     parser.add_argument("--config", default=None, help="JSON/TOML file of training fields")
@@ -66,12 +75,19 @@ def run_compare_command(args: argparse.Namespace) -> int:
     try:
         base = load_config_file(args.config) if args.config else {}
         train = resolve_config(args, {k: v for k, v in base.items() if k not in _OWN})
-        own = {name: parse_flag(CompareConfig, name, getattr(args, name), COMPARE_FLAGS[name])
-               for name in _NUMBERS if getattr(args, name) is not None}  # fmt: skip
+        own = {
+            name: parse_flag(CompareConfig, name, getattr(args, name), COMPARE_FLAGS[name])
+            for name in _NUMBERS
+            if getattr(args, name) is not None
+        }
         config = CompareConfig(
-            train=replace(train, out=args.out), modes=tuple(args.modes.split(",")),
-            out=args.out, leaderboard=not args.no_leaderboard, leaderboard_db=args.db, **own,
-        )  # fmt: skip
+            train=replace(train, out=args.out),
+            modes=tuple(args.modes.split(",")),
+            out=args.out,
+            leaderboard=not args.no_leaderboard,
+            leaderboard_db=args.db,
+            **own,
+        )
         config = replace(config, train=with_model_folders(config.train))
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
@@ -106,17 +122,30 @@ def _print_table(results: dict) -> None:
         lo, hi = (("∞" if v is None else f"{v:.2f}") for v in stat["ci"])
         return f"{stat['median']:.2f}{unit} [{lo}, {hi}]"
 
-    table = Table(title=f"time to accuracy {results['target']:g} · accuracy at "
-                        f"{results['budget_s']:.0f} s · medians [95% CI] over seeds")  # fmt: skip
-    for column in ("mode", "time to target (s)", "acc @ budget", "speed-up", "step (s)",
-                   "learner idle", "T*/T"):  # fmt: skip
+    table = Table(
+        title=f"time to accuracy {results['target']:g} · accuracy at "
+        f"{results['budget_s']:.0f} s · medians [95% CI] over seeds"
+    )
+    for column in (
+        "mode",
+        "time to target (s)",
+        "acc @ budget",
+        "speed-up",
+        "step (s)",
+        "learner idle",
+        "T*/T",
+    ):
         table.add_column(column)
     for name, m in results["modes"].items():
         eff = m.get("bound_efficiency", {}).get("median")
         idle = m.get("learner_idle_fraction")
         table.add_row(
-            name, ci(m["time_to_target_s"]), ci(m["accuracy_at_budget"]),
-            ci(m["speedup_vs_sync"], "x"), f"{m.get('step_time_s', 0):.2f}",
-            "-" if idle is None else f"{idle:.0%}", "-" if eff is None else f"{eff:.2f}",
-        )  # fmt: skip
+            name,
+            ci(m["time_to_target_s"]),
+            ci(m["accuracy_at_budget"]),
+            ci(m["speedup_vs_sync"], "x"),
+            f"{m.get('step_time_s', 0):.2f}",
+            "-" if idle is None else f"{idle:.0%}",
+            "-" if eff is None else f"{eff:.2f}",
+        )
     Console(width=120).print(table)

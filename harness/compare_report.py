@@ -14,8 +14,17 @@ from harness.critical_path import batched_cost_per_trajectory
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
 
-BREAKDOWN = ("engine", "tool", "grading", "teacher", "backward", "step", "optimizer",
-             "weight_publish", "weight_sync")  # fmt: skip
+BREAKDOWN = (
+    "engine",
+    "tool",
+    "grading",
+    "teacher",
+    "backward",
+    "step",
+    "optimizer",
+    "weight_publish",
+    "weight_sync",
+)
 
 
 def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str, Any]:
@@ -36,7 +45,7 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
             "time_to_target_s": median_ci(times),
             "accuracy_at_budget": median_ci(
                 [accuracy_at_budget(r.curve, budget) for r in mode_runs]
-            ),  # fmt: skip
+            ),
             "speedup_vs_sync": median_ci(speedups),
             "final_accuracy": median_ci([r.curve[-1].accuracy for r in mode_runs]),
             **_step_statistics(mode_runs, sync_folders if name == "streaming" else {}),
@@ -47,9 +56,16 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
         "budget_s": budget,
         "initial_accuracy": initial_accuracy,
         "modes": summary,
-        "runs": [{"mode": r.mode, "seed": r.seed, "folder": str(r.folder),
-                  "curve": [dataclasses.asdict(p) for p in r.curve]} for r in runs],
-    }  # fmt: skip
+        "runs": [
+            {
+                "mode": r.mode,
+                "seed": r.seed,
+                "folder": str(r.folder),
+                "curve": [dataclasses.asdict(p) for p in r.curve],
+            }
+            for r in runs
+        ],
+    }
 
 
 def _speedup(sync_time: float | None, mode_time: float | None) -> float | None:
@@ -67,8 +83,11 @@ def _speedup(sync_time: float | None, mode_time: float | None) -> float | None:
 def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str, Any]:
     """Step time, its breakdown (fraction of step time), idle fractions, staleness and, for
     streaming, T*/T against the same seed's sync run."""
-    metrics = [json.loads(line) for r in runs
-               for line in (r.folder / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    metrics = [
+        json.loads(line)
+        for r in runs
+        for line in (r.folder / "metrics.jsonl").read_text().splitlines()
+    ]
     if not metrics:
         return {}
     out: dict[str, Any] = {
@@ -78,7 +97,7 @@ def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str
                 m["breakdown_s"].get(name, 0.0) / m["step_time_s"] for m in metrics
             )
             for name in BREAKDOWN
-        },  # fmt: skip
+        },
         "tool_s_per_episode": statistics.median(
             m["breakdown_s"].get("tool", 0.0) / m["num_episodes"] for m in metrics
         ),
@@ -140,8 +159,11 @@ def verdict(results: dict[str, Any]) -> str:
         speedup = "" if name == "sync" or t is None or speed is None else f" ({speed:.2f}x)"
         parts.append(f"{name} {reached}{speedup}")
     budget = ", ".join(f"{n} {_fmt(m['accuracy_at_budget']['median'])}" for n, m in modes.items())
-    return (f"compare: time to {target:g}: " + ", ".join(parts)
-            + f"\ncompare: accuracy at {results['budget_s']:.0f} s: {budget}")  # fmt: skip
+    return (
+        f"compare: time to {target:g}: "
+        + ", ".join(parts)
+        + f"\ncompare: accuracy at {results['budget_s']:.0f} s: {budget}"
+    )
 
 
 def _fmt(value: float | None) -> str:

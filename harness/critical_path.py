@@ -70,8 +70,16 @@ def step_windows(run: Path) -> list[StepWindow]:
             if s.get("worker") == "learner" and lo <= s["started"] and s["finished"] <= hi:
                 durations[s["name"]] = durations.get(s["name"], 0.0) + s["finished"] - s["started"]
         batch = m["step"] - 1  # step N trains on batch N-1 (episode ids s<N-1>-…)
-        windows.append(StepWindow(m["step"], lo, hi, tuple(rewards.get(batch, ())),
-                                  durations, tuple(completed.get(batch, ()))))  # fmt: skip
+        windows.append(
+            StepWindow(
+                m["step"],
+                lo,
+                hi,
+                tuple(rewards.get(batch, ())),
+                durations,
+                tuple(completed.get(batch, ())),
+            )
+        )
     return windows
 
 
@@ -100,8 +108,9 @@ def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool =
     return tail + overhead
 
 
-def summarize(run: Path, cost_per_trajectory: float | None = None,
-              *, skip_first: bool = True) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    run: Path, cost_per_trajectory: float | None = None, *, skip_first: bool = True
+) -> dict[str, Any]:
     """Median step time and, given bᵢ, median T* and T*/T of a run."""
     windows = step_windows(run)[1 if skip_first else 0 :]
     if not windows:

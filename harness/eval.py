@@ -97,10 +97,17 @@ class EvalConfig:
         check_fields(self, flags=EVAL_FLAGS)  # types and ranges, as declared
 
 
-EVAL_FLAGS = {"k": "-k", "concurrency": "--concurrency", "seed": "--seed",
-              "num_tasks": "--tasks", "max_new_tokens": "--max-new-tokens",
-              "temperature": "--temperature", "device": "--device", "sandbox": "--sandbox",
-              "env_kwargs": "--env-kwargs"}  # fmt: skip
+EVAL_FLAGS = {
+    "k": "-k",
+    "concurrency": "--concurrency",
+    "seed": "--seed",
+    "num_tasks": "--tasks",
+    "max_new_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "device": "--device",
+    "sandbox": "--sandbox",
+    "env_kwargs": "--env-kwargs",
+}
 """EvalConfig fields and their flags (errors name the flag)."""
 
 
@@ -115,14 +122,20 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--suite", metavar="NAME|PATH",
-                        help="a registered suite (swebench-mini, tb1-mini, harbor-mini, "
-                             "toy-sum), a folder of Terminal-Bench/Harbor tasks, or SWE-bench "
-                             "rows (default: none; --suite or --env is required)")  # fmt: skip
-    source.add_argument("--env", metavar="ID", help="a registered env id (plugins too): its "
-                        "held-out tasks (default: none; --suite or --env is required)")  # fmt: skip
-    parser.add_argument("--tasks", default=32, metavar="N",
-                        help="held-out tasks drawn from --env")  # fmt: skip
+    source.add_argument(
+        "--suite",
+        metavar="NAME|PATH",
+        help="a registered suite (swebench-mini, tb1-mini, harbor-mini, "
+        "toy-sum), a folder of Terminal-Bench/Harbor tasks, or SWE-bench "
+        "rows (default: none; --suite or --env is required)",
+    )
+    source.add_argument(
+        "--env",
+        metavar="ID",
+        help="a registered env id (plugins too): its "
+        "held-out tasks (default: none; --suite or --env is required)",
+    )
+    parser.add_argument("--tasks", default=32, metavar="N", help="held-out tasks drawn from --env")
     parser.add_argument(
         "--env-kwargs",
         type=json_object,
@@ -130,10 +143,14 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="keyword arguments for gymnasium.make(--env, ...)",
     )
-    parser.add_argument("--agent", choices=["oracle", "nop", "policy"], default=None,
-                        help="oracle runs each task's reference solution; nop submits at once; "
-                             "policy runs --checkpoint (default: policy with --checkpoint, "
-                             "else oracle)")  # fmt: skip
+    parser.add_argument(
+        "--agent",
+        choices=["oracle", "nop", "policy"],
+        default=None,
+        help="oracle runs each task's reference solution; nop submits at once; "
+        "policy runs --checkpoint (default: policy with --checkpoint, "
+        "else oracle)",
+    )
     parser.add_argument(
         "--checkpoint",
         metavar="DIR",
@@ -141,8 +158,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         help="a Hugging Face checkpoint folder with a chat template (default: none: the "
         "oracle or nop agent)",
     )
-    parser.add_argument("--sandbox", choices=["bwrap", "docker"], default="bwrap",
-                        help="where the agent's commands run")  # fmt: skip
+    parser.add_argument(
+        "--sandbox",
+        choices=["bwrap", "docker"],
+        default="bwrap",
+        help="where the agent's commands run",
+    )
     parser.add_argument("-k", default=1, metavar="K", help="attempts per task (pass@1..k)")
     parser.add_argument(
         "--concurrency",
@@ -153,22 +174,41 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", default=0, metavar="N", help="seeds resets, draws and sampling")
     parser.add_argument("--max-new-tokens", default=48, metavar="N", help="per policy action")
     parser.add_argument("--temperature", default=1.0, metavar="T", help="policy sampling")
-    parser.add_argument("--device", default="cpu", metavar="DEV",
-                        help="where the policy's model computes: cpu, cuda or cuda:N")  # fmt: skip
-    parser.add_argument("--image-alias", action="append", default=[], metavar="PUBLIC=LOCAL",
-                        help="use the local image LOCAL where a task names the public image "
-                             "PUBLIC (repeatable; also $THUNDERSYNC_IMAGE_ALIASES), e.g. "
-                             "ubuntu:24.04=thundersync/base:bookworm")  # fmt: skip
-    parser.add_argument("--strict", action="store_true",
-                        help="grade strictly, as training does: a fresh sandbox with only the "
-                             "agent's work, tampering scored 0 (default: as the benchmark's own "
-                             "harness, comparable numbers)")  # fmt: skip
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="folder for config.json, events.jsonl, attempts.jsonl and "
-                             "results.json (default: write nothing)")  # fmt: skip
-    parser.add_argument("--db", default=None, metavar="FILE",
-                        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or "
-                             "runs/leaderboard.sqlite)")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEV",
+        help="where the policy's model computes: cpu, cuda or cuda:N",
+    )
+    parser.add_argument(
+        "--image-alias",
+        action="append",
+        default=[],
+        metavar="PUBLIC=LOCAL",
+        help="use the local image LOCAL where a task names the public image "
+        "PUBLIC (repeatable; also $THUNDERSYNC_IMAGE_ALIASES), e.g. "
+        "ubuntu:24.04=thundersync/base:bookworm",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="grade strictly, as training does: a fresh sandbox with only the "
+        "agent's work, tampering scored 0 (default: as the benchmark's own "
+        "harness, comparable numbers)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for config.json, events.jsonl, attempts.jsonl and "
+        "results.json (default: write nothing)",
+    )
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="FILE",
+        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or runs/leaderboard.sqlite)",
+    )
     parser.add_argument(
         "--no-leaderboard", action="store_true", help="do not append the result to the leaderboard"
     )
@@ -260,10 +300,15 @@ def checkpoint_problem(checkpoint: str | Path) -> str | None:
         kept = _kept_checkpoints(run)
         if not folder.exists():
             keep = _run_setting(run, "keep_checkpoints")
-            why = (f"a run keeps its {keep} newest checkpoint(s) (--keep-checkpoints), older "
-                   "ones are removed" if keep else "removed or never written")  # fmt: skip
-            return (f"no such checkpoint ({why}); {folder.parent} holds "
-                    + (", ".join(kept) if kept else "none"))  # fmt: skip
+            why = (
+                f"a run keeps its {keep} newest checkpoint(s) (--keep-checkpoints), older "
+                "ones are removed"
+                if keep
+                else "removed or never written"
+            )
+            return f"no such checkpoint ({why}); {folder.parent} holds " + (
+                ", ".join(kept) if kept else "none"
+            )
     return "not a model folder (no config.json)"
 
 
@@ -304,18 +349,35 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
     if problem:
         raise ValueError(f"--device: {problem}")
     # the numeric flags as EvalConfig declares them (the types and ranges training's share)
-    flags = {"k": "k", "concurrency": "concurrency", "seed": "seed", "num_tasks": "tasks",
-             "max_new_tokens": "max_new_tokens", "temperature": "temperature"}  # fmt: skip
-    given = {name: parse_flag(EvalConfig, name, getattr(args, attr), EVAL_FLAGS[name])
-             for name, attr in flags.items() if getattr(args, attr) is not None}  # fmt: skip
+    flags = {
+        "k": "k",
+        "concurrency": "concurrency",
+        "seed": "seed",
+        "num_tasks": "tasks",
+        "max_new_tokens": "max_new_tokens",
+        "temperature": "temperature",
+    }
+    given = {
+        name: parse_flag(EvalConfig, name, getattr(args, attr), EVAL_FLAGS[name])
+        for name, attr in flags.items()
+        if getattr(args, attr) is not None
+    }
     concurrency = given.pop("concurrency", None)
     if concurrency is None:
         concurrency = 64 if agent == "policy" else 2
     return EvalConfig(
-        args.suite or args.env, agent, args.sandbox, concurrency=concurrency,
-        strict=args.strict, image_aliases=tuple(args.image_alias), checkpoint=args.checkpoint,
-        env=args.env, env_kwargs=dict(args.env_kwargs), device=args.device, **given,
-    )  # fmt: skip
+        args.suite or args.env,
+        agent,
+        args.sandbox,
+        concurrency=concurrency,
+        strict=args.strict,
+        image_aliases=tuple(args.image_alias),
+        checkpoint=args.checkpoint,
+        env=args.env,
+        env_kwargs=dict(args.env_kwargs),
+        device=args.device,
+        **given,
+    )
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
@@ -380,8 +442,12 @@ def task_source(
         from environments.suites import resolve_suite
 
         tasks = list(resolve_suite(config.suite))
-        return (lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
-                tasks, None, None)  # fmt: skip
+        return (
+            lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
+            tasks,
+            None,
+            None,
+        )
     import gymnasium
 
     from environments.registry import require_env
@@ -400,13 +466,15 @@ def task_source(
     except TaskProtocolError as exc:
         raise ValueError(f"--env {config.env}: {exc}") from exc
     except TypeError as exc:
-        raise ValueError(f"--env {config.env}: cannot make it with sandbox= and "
-                         f"strict_grading= ({exc})") from exc  # fmt: skip
+        raise ValueError(
+            f"--env {config.env}: cannot make it with sandbox= and strict_grading= ({exc})"
+        ) from exc
     return make_env, list(selection.tasks), selection.split, selection.note
 
 
-def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],
-         out: Path | None) -> tuple[list[list[Trajectory]], int | None]:  # fmt: skip
+def _run(
+    config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any], out: Path | None
+) -> tuple[list[list[Trajectory]], int | None]:
     """The groups of trajectories, and the signal that cancelled the run (None if none did)."""
     from environments.runner import EpisodeRunner
     from harness.policy_eval import Transcripts, run_attempts
@@ -420,14 +488,22 @@ def _run(config: EvalConfig, make_env: Callable[[], Any], tasks: list[Any],
         sink = JsonlSink(out / "events.jsonl")
         bus.subscribe(sink)
     try:
-        with _agent(config) as (agent, batcher), Progress("eval", len(tasks) * config.k,
-                                                           "attempts") as progress:  # fmt: skip
+        with (
+            _agent(config) as (agent, batcher),
+            Progress("eval", len(tasks) * config.k, "attempts") as progress,
+        ):
             bus.subscribe(lambda e: progress.advance() if isinstance(e, RewardReady) else None)
             transcripts = Transcripts(agent)
             runner = EpisodeRunner(make_env, transcripts, bus, max_concurrency=config.concurrency)
             with runner.cancel_on_signals() as received:
-                groups = run_attempts(runner, tasks, config.k, concurrency=config.concurrency,
-                                      batcher=batcher, make_env=make_env)  # fmt: skip
+                groups = run_attempts(
+                    runner,
+                    tasks,
+                    config.k,
+                    concurrency=config.concurrency,
+                    batcher=batcher,
+                    make_env=make_env,
+                )
             if out is not None:
                 transcripts.write(out / "attempts.jsonl", groups)
             return groups, (received[0] if received else None)
@@ -446,15 +522,18 @@ def _agent(config: EvalConfig) -> Any:
         return
     from harness.policy_eval import PolicyEvaluator
 
-    with PolicyEvaluator(config.checkpoint, seed=config.seed, concurrency=config.concurrency,
-                         max_new_tokens=config.max_new_tokens,
-                         temperature=config.temperature,
-                         device=config.device) as evaluator:  # fmt: skip
+    with PolicyEvaluator(
+        config.checkpoint,
+        seed=config.seed,
+        concurrency=config.concurrency,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        device=config.device,
+    ) as evaluator:
         yield evaluator.agent, evaluator.batcher
 
 
-def record(report: dict[str, Any], config: EvalConfig, task_ids: list[str],
-           db: str | None) -> None:  # fmt: skip
+def record(report: dict[str, Any], config: EvalConfig, task_ids: list[str], db: str | None) -> None:
     """Append the result to the leaderboard."""
     from leaderboard.store import Entry, Store, suite_version
 
@@ -462,9 +541,15 @@ def record(report: dict[str, Any], config: EvalConfig, task_ids: list[str],
     metrics = {key: report[key] for key in keys}
     metrics.update({f"pass@{k}": v for k, v in report["pass_at_k"].items()})
     subject = Path(config.checkpoint).name if config.checkpoint else config.agent
-    entry = Entry(kind="eval", suite=config.suite, suite_version=suite_version(task_ids),
-                  subject=subject, metrics=metrics, config=dataclasses.asdict(config),
-                  checkpoint=config.checkpoint)  # fmt: skip
+    entry = Entry(
+        kind="eval",
+        suite=config.suite,
+        suite_version=suite_version(task_ids),
+        subject=subject,
+        metrics=metrics,
+        config=dataclasses.asdict(config),
+        checkpoint=config.checkpoint,
+    )
     with Store(db) as store:
         entry_id = store.append(entry)
     print(f"eval: leaderboard row #{entry_id} in {store.path}", file=sys.stderr)

@@ -35,8 +35,7 @@ def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
                 "attempts": [_attempt(result) for result in group],
             }
         )
-    outcomes = [[r >= PASS for r in (_score(a) for a in g if not a.infra_failure)]
-                for g in groups]  # fmt: skip
+    outcomes = [[r >= PASS for r in (_score(a) for a in g if not a.infra_failure)] for g in groups]
     rewards = [row["reward"] for row in rows if row["reward"] is not None]
     attempts = [attempt for row in rows for attempt in row["attempts"]]
     return {

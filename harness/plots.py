@@ -55,17 +55,25 @@ def _accuracy_plot(runs: list[Any], path: Path, *, by_step: bool, target: float)
         median = [s["median"] for s in stats]
         lo = [s["ci"][0] if s["ci"][0] is not None else s["median"] for s in stats]
         hi = [s["ci"][1] if s["ci"][1] is not None else s["median"] for s in stats]
-        ax.plot(grid, median, label=series_label(mode, len(mode_runs)),
-                color=_color(mode), drawstyle="steps-post")  # fmt: skip
+        ax.plot(
+            grid,
+            median,
+            label=series_label(mode, len(mode_runs)),
+            color=_color(mode),
+            drawstyle="steps-post",
+        )
         ax.fill_between(grid, lo, hi, color=_color(mode), alpha=0.2, step="post")
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("optimizer step" if by_step else "training time (s, evaluation excluded)")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(-0.02, 1.02)
     several = any(len(r) > 1 for r in modes.values())
-    ax.set_title("accuracy per step (same updates: curves coincide)" if by_step
-                 else "accuracy vs wall-clock" + (" (band: 95% bootstrap CI of the median)"
-                                                  if several else ""))  # fmt: skip
+    ax.set_title(
+        "accuracy per step (same updates: curves coincide)"
+        if by_step
+        else "accuracy vs wall-clock"
+        + (" (band: 95% bootstrap CI of the median)" if several else "")
+    )
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -101,8 +109,13 @@ def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     width = 0.8 / len(bars)
     for j, (label, value) in enumerate(bars):
         xs = [i + (j - len(bars) / 2 + 0.5) * width for i in range(len(names))]
-        ax.bar(xs, [value(results["modes"][n]) for n in names], width=width, label=label,
-               color="#bbbbbb" if j == 0 else f"C{j - 1}")  # fmt: skip
+        ax.bar(
+            xs,
+            [value(results["modes"][n]) for n in names],
+            width=width,
+            label=label,
+            color="#bbbbbb" if j == 0 else f"C{j - 1}",
+        )
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("seconds per step (median over steps and seeds)")
     ax.set_title("where a step's time goes")
@@ -132,16 +145,27 @@ def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None)
     for ax, (mode, folder) in zip(axes[:, 0], shown.items()):
         spans, start, end, chosen = _one_step(folder, step)
         rows = ["engine", "tools", "grading", "teacher", "learner"]
-        row_of = {"engine": "engine", "tool": "tools", "grading": "grading",
-                  "teacher": "teacher", "backward": "learner", "step": "learner",
-                  "optimizer": "learner", "weight_publish": "learner"}  # fmt: skip
+        row_of = {
+            "engine": "engine",
+            "tool": "tools",
+            "grading": "grading",
+            "teacher": "teacher",
+            "backward": "learner",
+            "step": "learner",
+            "optimizer": "learner",
+            "weight_publish": "learner",
+        }
         for s in spans:
             row = row_of.get(s["name"])
             if row is None:
                 continue
             y = rows.index(row)
-            ax.broken_barh([(s["started"] - start, max(s["finished"] - s["started"], 1e-3))],
-                           (y - 0.35, 0.7), color=f"C{y}", alpha=0.5)  # fmt: skip
+            ax.broken_barh(
+                [(s["started"] - start, max(s["finished"] - s["started"], 1e-3))],
+                (y - 0.35, 0.7),
+                color=f"C{y}",
+                alpha=0.5,
+            )
         ax.set_yticks(range(len(rows)), rows)
         ax.set_xlim(0, max(end - start, 1e-3))
         ax.set_title(
@@ -164,8 +188,9 @@ def _one_step(
     metrics = read_metrics(folder / "metrics.jsonl")
     chosen = [m for m in metrics if m["step"] == step]
     if step is not None and not chosen:
-        raise ValueError(f"{folder}: no step {step} (steps {metrics[0]['step']}.."
-                         f"{metrics[-1]['step']})")  # fmt: skip
+        raise ValueError(
+            f"{folder}: no step {step} (steps {metrics[0]['step']}..{metrics[-1]['step']})"
+        )
     m = chosen[0] if chosen else metrics[len(metrics) // 2]
     start, end = m["submitted_at"], m["finished_at"]
     spans = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]

@@ -26,9 +26,16 @@ EVAL_PREFIX = "v"
 class PolicyEvaluator:
     """Runs a checkpoint's policy agent over tasks; a context manager (closes its engine)."""
 
-    def __init__(self, checkpoint: str | Path, *, seed: int = 0, max_new_tokens: int = 48,
-                 temperature: float = 1.0, concurrency: int = 32,
-                 device: str = "cpu") -> None:  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        *,
+        seed: int = 0,
+        max_new_tokens: int = 48,
+        temperature: float = 1.0,
+        concurrency: int = 32,
+        device: str = "cpu",
+    ) -> None:
         from thundersync.models import load_tokenizer
         from thundersync.training.agent import PolicyAgent
         from thundersync.training.chat import ChatFormat
@@ -39,11 +46,14 @@ class PolicyEvaluator:
         self.engine = HFEngine(self.checkpoint, device=device)
         self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
         self.agent = PolicyAgent(
-            self.batcher.generate, ChatFormat(load_tokenizer(self.checkpoint)),
-            policy_version=lambda: self.engine.policy_version, run_seed=seed,
-            max_new_tokens=max_new_tokens, max_context=self.engine.max_context,
+            self.batcher.generate,
+            ChatFormat(load_tokenizer(self.checkpoint)),
+            policy_version=lambda: self.engine.policy_version,
+            run_seed=seed,
+            max_new_tokens=max_new_tokens,
+            max_context=self.engine.max_context,
             temperature=temperature,
-        )  # fmt: skip
+        )
         self.concurrency = concurrency
 
     def load(self, checkpoint: str | Path) -> None:
@@ -54,21 +64,30 @@ class PolicyEvaluator:
         model = self.engine.model
         missing = [name for name, _ in model.named_parameters() if name not in state]
         if missing:
-            raise ValueError(f"{checkpoint}: not a checkpoint of this architecture "
-                             f"(missing {missing[:3]})")  # fmt: skip
-        flat = torch.cat([state[name].reshape(-1).to(p.dtype)
-                          for name, p in model.named_parameters()])  # fmt: skip
+            raise ValueError(
+                f"{checkpoint}: not a checkpoint of this architecture (missing {missing[:3]})"
+            )
+        flat = torch.cat(
+            [state[name].reshape(-1).to(p.dtype) for name, p in model.named_parameters()]
+        )
         self.batcher.call(lambda engine: engine.load_weights(flat, engine.policy_version))
         self.checkpoint = Path(checkpoint)
 
-    def run(self, tasks: Sequence[Any], make_env: Callable[[], Any], *, k: int,
-            sink: Callable[[ev.Event], None] | None = None) -> list[list[Trajectory]]:  # fmt: skip
+    def run(
+        self,
+        tasks: Sequence[Any],
+        make_env: Callable[[], Any],
+        *,
+        k: int,
+        sink: Callable[[ev.Event], None] | None = None,
+    ) -> list[list[Trajectory]]:
         """``k`` attempts per task, all concurrent (up to ``concurrency``); per task, in order."""
         from environments.runner import EpisodeRunner
 
         runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
-        return run_attempts(runner, tasks, k, concurrency=self.concurrency,
-                            batcher=self.batcher, make_env=make_env)  # fmt: skip
+        return run_attempts(
+            runner, tasks, k, concurrency=self.concurrency, batcher=self.batcher, make_env=make_env
+        )
 
     def close(self) -> None:
         self.batcher.close()
@@ -81,9 +100,15 @@ class PolicyEvaluator:
         self.close()
 
 
-def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *, concurrency: int,
-                 batcher: Any = None,
-                 make_env: Callable[[], Any] | None = None) -> list[list[Trajectory]]:  # fmt: skip
+def run_attempts(
+    runner: Any,
+    tasks: Sequence[Any],
+    k: int,
+    *,
+    concurrency: int,
+    batcher: Any = None,
+    make_env: Callable[[], Any] | None = None,
+) -> list[list[Trajectory]]:
     """``k`` attempts per task, up to ``concurrency`` at once; per task, in order. Attempt s of
     task t is episode ``v-g{t}-e{s}`` with reset seed ``1000 t + s`` (and the policy's
     sampling seeded by that id), whoever runs it. With the policy's ``batcher``, attempts run
@@ -94,8 +119,13 @@ def run_attempts(runner: Any, tasks: Sequence[Any], k: int, *, concurrency: int,
 
     def attempt(job: tuple[int, int]) -> dict[str, Any]:
         t, s = job
-        return {"task": tasks[t], "group_id": f"{EVAL_PREFIX}-g{t}", "group_size": k,
-                "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}", "seed": t * 1000 + s}  # fmt: skip
+        return {
+            "task": tasks[t],
+            "group_id": f"{EVAL_PREFIX}-g{t}",
+            "group_size": k,
+            "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}",
+            "seed": t * 1000 + s,
+        }
 
     width = max(1, min(concurrency, len(jobs)))
     if batcher is None:
@@ -126,14 +156,16 @@ class Transcripts:
         return self.agent.policy_version
 
     def act(self, task: Any, messages: Sequence[Any], *, episode_id: str) -> Any:
-        return self._keep(self.agent.act(task, messages, episode_id=episode_id), messages,
-                          episode_id)  # fmt: skip
+        return self._keep(
+            self.agent.act(task, messages, episode_id=episode_id), messages, episode_id
+        )
 
     def request(self, messages: Sequence[Any], *, episode_id: str) -> Any:
         return self.agent.request(messages, episode_id=episode_id)
 
-    def action(self, completion: Any, messages: Sequence[Any], *, episode_id: str,
-               **times: float | None) -> Any:  # fmt: skip
+    def action(
+        self, completion: Any, messages: Sequence[Any], *, episode_id: str, **times: float | None
+    ) -> Any:
         action = self.agent.action(completion, messages, episode_id=episode_id, **times)
         return self._keep(action, messages, episode_id)
 
@@ -158,11 +190,15 @@ class Transcripts:
             for group in groups:
                 for t in group:
                     record = {
-                        "episode_id": t.episode_id, "task_id": t.task_id, "reward": t.reward,
-                        "infra_failure": t.infra_failure, "stop_reason": t.stop_reason,
-                        "num_turns": len(t.turns), "details": _plain(t.details),
+                        "episode_id": t.episode_id,
+                        "task_id": t.task_id,
+                        "reward": t.reward,
+                        "infra_failure": t.infra_failure,
+                        "stop_reason": t.stop_reason,
+                        "num_turns": len(t.turns),
+                        "details": _plain(t.details),
                         "conversation": self.conversations.get(t.episode_id, []),
-                    }  # fmt: skip
+                    }
                     fh.write(strict_json(record, indent=None) + "\n")
 
 

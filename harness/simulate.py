@@ -59,8 +59,9 @@ def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:
         "agentic": (64, 120.0, 1.2, 11.0, 2.0),
     }
     if name not in presets:
-        raise ValueError(f"unknown workload {name!r}; expected one of {sorted(presets)} or a "
-                         "run folder")  # fmt: skip
+        raise ValueError(
+            f"unknown workload {name!r}; expected one of {sorted(presets)} or a run folder"
+        )
     n, median, sigma, b, o = presets[name]
     rng = random.Random(seed)
     ready = tuple(
@@ -80,8 +81,15 @@ def run_workload(folder: Path, sync_folder: Path | None = None) -> Workload:
     opt = statistics.median(w.durations.get("optimizer", 0.0) for w in windows)
     sync = statistics.median(w.durations.get("weight_publish", 0.0) for w in windows)
     measured = [w.time_s for w in windows]
-    return Workload(folder.name, ready, b, 0.0, optimizer_s=opt, sync_s=sync,
-                    notes={"measured_step_time_s": statistics.median(measured)})  # fmt: skip
+    return Workload(
+        folder.name,
+        ready,
+        b,
+        0.0,
+        optimizer_s=opt,
+        sync_s=sync,
+        notes={"measured_step_time_s": statistics.median(measured)},
+    )
 
 
 def _passes(k: int, w: Workload) -> float:
@@ -137,11 +145,11 @@ def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
             "streaming-eager": mean(eager),
             f"async-k{staleness}": async_steps(w, staleness),
             "bound": mean(bound),
-        },  # fmt: skip
+        },
         "efficiency": {
             "streaming": mean(b / t for b, t in zip(bound, lazy)),
             "streaming-eager": mean(b / t for b, t in zip(bound, eager)),
-        },  # fmt: skip
+        },
         **w.notes,
     }
     times = result["step_time_s"]
@@ -151,20 +159,25 @@ def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
 
 def add_simulate_parser(sub: Any) -> None:
     parser = sub.add_parser(
-        "simulate", help="predict sync, async and streaming step times for a workload",
+        "simulate",
+        help="predict sync, async and streaming step times for a workload",
         description="Predict each mode's step time (sync, async(k), streaming) and the bound "
         "T* (docs/design.md section 4) without training: from a named workload of simulated "
         "episode, tool and grading latencies (long-tail, balanced, agentic), or from the spans "
         "a thundersync train run recorded (its folder), with the learner cost per trajectory "
         "measured in a sync run.",
         formatter_class=HelpFormatter,
-    )  # fmt: skip
-    parser.add_argument("--workload", required=True,
-                        help="long-tail, balanced, agentic, or a run folder of thundersync "
-                             "train")  # fmt: skip
-    parser.add_argument("--sync-run", default=None,
-                        help="a sync run folder whose learner cost b to use (default: the "
-                             "workload's run itself)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--workload",
+        required=True,
+        help="long-tail, balanced, agentic, or a run folder of thundersync train",
+    )
+    parser.add_argument(
+        "--sync-run",
+        default=None,
+        help="a sync run folder whose learner cost b to use (default: the workload's run itself)",
+    )
     parser.add_argument("--staleness", type=int, default=1, help="k of async(k)")
     parser.add_argument("--steps", type=int, default=20, help="steps of a named workload")
     parser.add_argument("--seed", type=int, default=0, help="seed of a named workload")

@@ -10,22 +10,29 @@ from thundersync.cli_output import HelpFormatter
 
 def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "leaderboard", help="show evaluation and comparison results",
+        "leaderboard",
+        help="show evaluation and comparison results",
         description="Show the leaderboard: every eval and compare result appended to its "
         "SQLite file, as terminal tables (evaluations: agent or checkpoint, rewards, pass@k, "
         "strict grading; comparisons: per mode time to target, accuracy at the budget, "
         "speed-up, steps, target and budget) or a static HTML page with the plots (--html).",
         formatter_class=HelpFormatter,
-    )  # fmt: skip
-    parser.add_argument("--db", default=None,
-                        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or "
-                             "runs/leaderboard.sqlite)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="leaderboard file (default: $THUNDERSYNC_LEADERBOARD or runs/leaderboard.sqlite)",
+    )
     parser.add_argument("--suite", default=None, help="only this suite or env id")
     parser.add_argument("--kind", choices=["eval", "compare"], default=None, help="only these")
-    parser.add_argument("--sort", default=None, metavar="KEY",
-                        help="metric to sort by (evaluations: mean_reward, pass@1, pass@N, "
-                             "num_tasks; comparisons: accuracy_at_budget, final_accuracy, "
-                             "speedup_vs_sync, time_to_target_s)")  # fmt: skip
+    parser.add_argument(
+        "--sort",
+        default=None,
+        metavar="KEY",
+        help="metric to sort by (evaluations: mean_reward, pass@1, pass@N, "
+        "num_tasks; comparisons: accuracy_at_budget, final_accuracy, "
+        "speedup_vs_sync, time_to_target_s)",
+    )
     parser.add_argument(
         "--html",
         default=None,
@@ -50,8 +57,10 @@ def run_leaderboard_command(args: argparse.Namespace) -> int:
             return 2
     wanted = Path(args.db) if args.db else default_path()
     if not wanted.exists():  # reading never creates the file
-        print(f"leaderboard: no results yet: {wanted} does not exist "
-              "(eval and compare add a row to it)")  # fmt: skip
+        print(
+            f"leaderboard: no results yet: {wanted} does not exist "
+            "(eval and compare add a row to it)"
+        )
         return 0
     try:
         with Store(args.db, read_only=True) as store:

@@ -10,14 +10,34 @@ from typing import Any
 
 from leaderboard.store import Entry
 
-EVAL_COLUMNS = ("#", "suite", "agent / checkpoint", "mean reward", "pass@1", "pass@k", "tasks",
-                "infra", "strict", "date")  # fmt: skip
-COMPARE_COLUMNS = ("#", "env", "mode", "time to target (s)", "acc @ budget", "speed-up vs sync",
-                   "seeds", "steps", "target", "budget (s)", "date")  # fmt: skip
+EVAL_COLUMNS = (
+    "#",
+    "suite",
+    "agent / checkpoint",
+    "mean reward",
+    "pass@1",
+    "pass@k",
+    "tasks",
+    "infra",
+    "strict",
+    "date",
+)
+COMPARE_COLUMNS = (
+    "#",
+    "env",
+    "mode",
+    "time to target (s)",
+    "acc @ budget",
+    "speed-up vs sync",
+    "seeds",
+    "steps",
+    "target",
+    "budget (s)",
+    "date",
+)
 EVAL_SORT_KEYS = ("mean_reward", "pass@1", "pass@N", "num_tasks")
 """What ``--sort`` takes for evaluations (pass@N for any N; the highest first)."""
-COMPARE_SORT_KEYS = ("accuracy_at_budget", "final_accuracy", "speedup_vs_sync",
-                     "time_to_target_s")  # fmt: skip
+COMPARE_SORT_KEYS = ("accuracy_at_budget", "final_accuracy", "speedup_vs_sync", "time_to_target_s")
 """What ``--sort`` takes for comparisons (medians; time to target the lowest first)."""
 _LOWER_IS_BETTER = {"time_to_target_s"}
 
@@ -26,8 +46,10 @@ def sort_problem(sort: str) -> str | None:
     """Why ``sort`` is not a key the tables sort by (with the valid keys), or None."""
     if sort in EVAL_SORT_KEYS or sort in COMPARE_SORT_KEYS or re.fullmatch(r"pass@[1-9]\d*", sort):
         return None
-    return (f"--sort {sort!r}: expected an evaluation key ({', '.join(EVAL_SORT_KEYS)}) or a "
-            f"comparison key ({', '.join(COMPARE_SORT_KEYS)})")  # fmt: skip
+    return (
+        f"--sort {sort!r}: expected an evaluation key ({', '.join(EVAL_SORT_KEYS)}) or a "
+        f"comparison key ({', '.join(COMPARE_SORT_KEYS)})"
+    )
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -63,10 +85,20 @@ def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]
     for e in chosen:
         m = e.metrics
         k = m.get("k", 1)
-        rows.append([str(e.id), e.suite, subject_label(e), _num(m.get("mean_reward")),
-                     _num(m.get("pass@1")), f"{_num(m.get(f'pass@{k}'))} (k={k})",
-                     str(m.get("num_tasks", "-")), str(m.get("num_infra_failed_attempts", 0)),
-                     _yes_no(m.get("strict")), e.created_at[:10]])  # fmt: skip
+        rows.append(
+            [
+                str(e.id),
+                e.suite,
+                subject_label(e),
+                _num(m.get("mean_reward")),
+                _num(m.get("pass@1")),
+                f"{_num(m.get(f'pass@{k}'))} (k={k})",
+                str(m.get("num_tasks", "-")),
+                str(m.get("num_infra_failed_attempts", 0)),
+                _yes_no(m.get("strict")),
+                e.created_at[:10],
+            ]
+        )
     return rows
 
 
@@ -83,11 +115,21 @@ def compare_rows(entries: list[Entry], sort: str = "accuracy_at_budget") -> list
         train = e.config.get("train") or {}
         target, budget = e.metrics.get("target"), e.metrics.get("budget_s")
         for name, m in sorted(modes.items(), key=key):
-            rows.append([str(e.id), e.suite, name, _ci(m.get("time_to_target_s"), 1),
-                         _ci(m.get("accuracy_at_budget")), _ci(m.get("speedup_vs_sync")),
-                         str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
-                         str(train.get("steps", "-")), _num(target, 2), _num(budget, 1),
-                         e.created_at[:10]])  # fmt: skip
+            rows.append(
+                [
+                    str(e.id),
+                    e.suite,
+                    name,
+                    _ci(m.get("time_to_target_s"), 1),
+                    _ci(m.get("accuracy_at_budget")),
+                    _ci(m.get("speedup_vs_sync")),
+                    str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
+                    str(train.get("steps", "-")),
+                    _num(target, 2),
+                    _num(budget, 1),
+                    e.created_at[:10],
+                ]
+            )
     return rows
 
 
@@ -133,8 +175,10 @@ def write_html(entries: list[Entry], folder: str | Path, *, title: str = "Thunde
             shutil.copyfile(plot, target)
             alt = html.escape(f"{e.suite} comparison {e.id}: {plot.stem.replace('_', ' ')}")
             images.append(f'<img src="plots/{e.id}/{html.escape(plot.name)}" alt="{alt}">')
-        sections.append(f"<h2>Comparison #{e.id}: {html.escape(e.suite)}</h2>"
-                        f'<div class="plots">{"".join(images)}</div>')  # fmt: skip
+        sections.append(
+            f"<h2>Comparison #{e.id}: {html.escape(e.suite)}</h2>"
+            f'<div class="plots">{"".join(images)}</div>'
+        )
     page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)} leaderboard</title><style>{_CSS}</style></head>"
@@ -149,8 +193,9 @@ def _table(columns: tuple[str, ...], rows: list[list[str]], name: str) -> str:
     if not rows:
         return f'<p class="empty">No {name} yet.</p>'
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in rows)  # fmt: skip
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
     return f'<table id="{name}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 

@@ -139,11 +139,14 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a leaderboard database: {exc}") from exc
         if check != [("ok",)]:
-            raise StoreError(f"{self.path}: a damaged leaderboard database (quick_check: "
-                             f"{check[0][0]})")  # fmt: skip
+            raise StoreError(
+                f"{self.path}: a damaged leaderboard database (quick_check: {check[0][0]})"
+            )
         if version not in (0, SCHEMA_VERSION):
-            raise StoreError(f"{self.path}: leaderboard schema {version}, this ThunderSync "
-                             f"reads {SCHEMA_VERSION}")  # fmt: skip
+            raise StoreError(
+                f"{self.path}: leaderboard schema {version}, this ThunderSync "
+                f"reads {SCHEMA_VERSION}"
+            )
         if read_only:
             if version == 0:
                 raise StoreError(f"{self.path}: not a leaderboard (no results table)")
@@ -164,12 +167,20 @@ class Store:
         cursor = self._db.execute(
             "INSERT INTO results (created_at, kind, suite, suite_version, subject, checkpoint,"
             " config_hash, machine, metrics, config, artifacts) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (entry.created_at or datetime.now(UTC).isoformat(timespec="seconds"), entry.kind,
-             entry.suite, entry.suite_version, entry.subject, entry.checkpoint,
-             entry.config_hash, dumps_nulled(entry.machine or machine()),
-             dumps_refusing(entry.metrics, what="leaderboard metrics"), dumps_nulled(entry.config),
-             dumps_nulled(entry.artifacts)),
-        )  # fmt: skip
+            (
+                entry.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
+                entry.kind,
+                entry.suite,
+                entry.suite_version,
+                entry.subject,
+                entry.checkpoint,
+                entry.config_hash,
+                dumps_nulled(entry.machine or machine()),
+                dumps_refusing(entry.metrics, what="leaderboard metrics"),
+                dumps_nulled(entry.config),
+                dumps_nulled(entry.artifacts),
+            ),
+        )
         self._db.commit()
         return int(cursor.lastrowid)
 
@@ -195,9 +206,15 @@ class Store:
 
 def _entry(row: dict[str, Any]) -> Entry:
     return Entry(
-        kind=row["kind"], suite=row["suite"], suite_version=row["suite_version"],
-        subject=row["subject"], metrics=json.loads(row["metrics"]),
-        config=json.loads(row["config"]), checkpoint=row["checkpoint"],
-        artifacts=json.loads(row["artifacts"]), created_at=row["created_at"],
-        machine=json.loads(row["machine"]), id=row["id"],
-    )  # fmt: skip
+        kind=row["kind"],
+        suite=row["suite"],
+        suite_version=row["suite_version"],
+        subject=row["subject"],
+        metrics=json.loads(row["metrics"]),
+        config=json.loads(row["config"]),
+        checkpoint=row["checkpoint"],
+        artifacts=json.loads(row["artifacts"]),
+        created_at=row["created_at"],
+        machine=json.loads(row["machine"]),
+        id=row["id"],
+    )

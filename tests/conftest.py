@@ -44,6 +44,7 @@ def tiny_model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-models")
     return {arch: build_tiny_model(root / arch, arch) for arch in ("gpt2", "qwen3", "llama")}
 
+
 DOCKER_HINT = (
     "start one with `dockerd --bridge=none --iptables=false &` and build the base image with "
     "`environments/sandboxes/images/build_base_image.sh`"

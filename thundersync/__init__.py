@@ -42,7 +42,7 @@ _LAZY = {
             "StaleTokenError",
             "ThunderSyncError",
         )
-    },  # fmt: skip
+    },
 }
 
 if TYPE_CHECKING:

@@ -135,9 +135,12 @@ class Assembler:
     """
 
     def __init__(
-        self, limits: EventLimits | None = None, *, needs_rewards: bool = True,
+        self,
+        limits: EventLimits | None = None,
+        *,
+        needs_rewards: bool = True,
         versions: VersionWindow | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.limits = limits or EventLimits()
         self.needs_rewards = needs_rewards
         self.versions = versions
@@ -248,10 +251,15 @@ class Assembler:
             raise EventOrderError(f"{where}: an episode with 0 turns must be an infra failure")
 
     def _check_context(
-        self, rec: EpisodeRecord, where: str, *, prompt: tuple[int, ...] | None = None,
-        action: tuple[int, tuple] | None = None, observation: tuple[int, tuple] | None = None,
+        self,
+        rec: EpisodeRecord,
+        where: str,
+        *,
+        prompt: tuple[int, ...] | None = None,
+        action: tuple[int, tuple] | None = None,
+        observation: tuple[int, tuple] | None = None,
         num_turns: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Refuse the event if, with it, the episode's context exceeds the model's maximum."""
         limit = self.limits.max_context_tokens
         if limit is None:

@@ -51,8 +51,13 @@ class BatchGRPO(_AtTheStep):
 
     def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         items = advantage_items(groups, select_groups(groups, self.objective), self.objective)
-        total = weighted_grad(self.ctx, self.objective, items, total=self.ctx.pool.zeros(),
-                              against_sampler=self.against_sampler)  # fmt: skip
+        total = weighted_grad(
+            self.ctx,
+            self.objective,
+            items,
+            total=self.ctx.pool.zeros(),
+            against_sampler=self.against_sampler,
+        )
         return total, [m for m, _ in items]
 
 
@@ -121,9 +126,14 @@ def weighted_grad(
 
 
 def _grpo_loss(
-    ctx: BatchContext, objective: GRPO, traj: Trajectory, logp_T: torch.Tensor,
-    ref_T: torch.Tensor | None, advantage: float, against_sampler: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    ctx: BatchContext,
+    objective: GRPO,
+    traj: Trajectory,
+    logp_T: torch.Tensor,
+    ref_T: torch.Tensor | None,
+    advantage: float,
+    against_sampler: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One trajectory's PPO-clip surrogate and KL term."""
     sampler_T = sampler_logprobs(traj, logp_T)
     if against_sampler:
@@ -138,8 +148,9 @@ def _grpo_loss(
     # The loss metric: on-policy, ℓ_i (REINFORCE form, same gradient as the surrogate whose
     # value is −A Σw at ratio 1), as streaming reports it; off-policy, the PPO surrogate.
     value = {"loss": pg} if against_sampler else {"pg": reinforce}
-    ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, clipped_T, ref_T=ref_T,
-                     kl=kl, **value)  # fmt: skip
+    ctx.stats.record(
+        (traj.episode_id, None), logp_T, sampler_T, clipped_T, ref_T=ref_T, kl=kl, **value
+    )
     return pg, kl
 
 
@@ -155,9 +166,12 @@ def opd_batch_grad(
             turns = range(len(traj.turns))
             sampler_T = sampler_logprobs(traj, logp_T)
             term = opd_term(
-                objective, logp_T, teacher_logprobs(traj, turns, logp_T), sampler_T,
+                objective,
+                logp_T,
+                teacher_logprobs(traj, turns, logp_T),
+                sampler_T,
                 num_episode_tokens=traj.num_action_tokens,
-            )  # fmt: skip
+            )
             ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, loss=term)
             loss = loss + term
         total.add_(flat_grad(ctx.policy.params, loss))

@@ -82,11 +82,13 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
 
 def _add_envs(sub: argparse._SubParsersAction) -> None:
     envs = sub.add_parser(
-        "envs", help="list registered environments", formatter_class=HelpFormatter,
+        "envs",
+        help="list registered environments",
+        formatter_class=HelpFormatter,
         description="List the registered environments: the built-in ones and every installed "
         "package's (entry point group thundersync.envs; a plugin appears once installed, "
         "e.g. pip install -e .).",
-    )  # fmt: skip
+    )
     envs.add_argument("--json", action="store_true", help="print JSON")
     envs.set_defaults(func=_cmd_envs)
 

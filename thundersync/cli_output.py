@@ -61,10 +61,15 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn(f"{self.label} {{task.description}}"), BarColumn(),
-                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                TimeRemainingColumn(), console=Console(file=self.stream), transient=True,
-            )  # fmt: skip
+                TextColumn(f"{self.label} {{task.description}}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
             self._bar.__enter__()
             self._bar_task = self._bar.add_task(self.unit, total=self.total, completed=self.done)
         else:

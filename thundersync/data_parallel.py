@@ -207,14 +207,18 @@ class DataParallelLearner(Learner):
         dist.all_gather_object(plans, own, group=self.process_group)
         for r, plan in enumerate(plans):
             if plan is not None and plan.error is not None:
-                raise IncompleteBatchError(plan.error if r == self.rank else f"rank {r}: "
-                                           f"{plan.error}")  # fmt: skip
+                raise IncompleteBatchError(
+                    plan.error if r == self.rank else f"rank {r}: {plan.error}"
+                )
         ready = [p for p in plans if p is not None]
         if not sum(p.num_groups for p in ready):
             raise IncompleteBatchError("step() on an empty batch: no rank consumed an episode")
         self._plan = self._global_plan(ready, own)
-        return {g: ms for g, ms in groups.items() if g in self._plan.selected or
-                g not in {c[0] for c in own.candidates}}  # fmt: skip
+        return {
+            g: ms
+            for g, ms in groups.items()
+            if g in self._plan.selected or g not in {c[0] for c in own.candidates}
+        }
 
     def _reduce(self, total: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, float]:
         plan = self._plan
@@ -236,18 +240,25 @@ class DataParallelLearner(Learner):
         return (lambda: cast(torch.Tensor, AddendLog())) if self.deterministic else None
 
     def _metrics(
-        self, groups: Groups, trained: list[EpisodeRecord], counts: list[int], denom: float,
+        self,
+        groups: Groups,
+        trained: list[EpisodeRecord],
+        counts: list[int],
+        denom: float,
         grad_norm: float,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         metrics = super()._metrics(groups, trained, counts, denom, grad_norm)
         plan = self._plan
         if plan is not None:
             metrics.update(
-                num_trajectories=len(plan.counts), num_groups=plan.num_groups,
+                num_trajectories=len(plan.counts),
+                num_groups=plan.num_groups,
                 num_tokens=sum(plan.counts),
                 reward_mean=sum(plan.rewards) / len(plan.rewards) if plan.rewards else None,
-                rank=self.rank, world_size=self.world_size, local_num_trajectories=len(trained),
-            )  # fmt: skip
+                rank=self.rank,
+                world_size=self.world_size,
+                local_num_trajectories=len(trained),
+            )
         return metrics
 
     # --- helpers --------------------------------------------------------------------------------
@@ -281,10 +292,12 @@ class DataParallelLearner(Learner):
         chosen = candidates if cap is None else candidates[:cap]
         selected = {c[0] for c in chosen}
         return StepPlan(
-            selected=selected, counts=[n for c in chosen for n in c[1]],
-            rewards=[r for c in chosen for r in c[2]], num_groups=sum(p.num_groups for p in plans),
+            selected=selected,
+            counts=[n for c in chosen for n in c[1]],
+            rewards=[r for c in chosen for r in c[2]],
+            num_groups=sum(p.num_groups for p in plans),
             local_counts=[n for c in own.candidates if c[0] in selected for n in c[1]],
-        )  # fmt: skip
+        )
 
     def _replay(self, log: AddendLog) -> torch.Tensor:
         """Every rank's addends, added in canonical group order into a zero vector: the

@@ -72,8 +72,9 @@ def fields_adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(table)
 
 
-def check_fields(obj: Any, label: str = "config field",
-                 flags: dict[str, str] | None = None) -> None:  # fmt: skip
+def check_fields(
+    obj: Any, label: str = "config field", flags: dict[str, str] | None = None
+) -> None:
     """Validate every field of the dataclass instance ``obj`` (call it in ``__post_init__``);
     fields are set to their validated values (an int given for a float becomes a float).
     A ValueError ``<label> 'name': <problem>, got <value>`` (or ``--flag: ...`` when ``flags``
@@ -97,8 +98,12 @@ def check_values(cls: type, values: dict[str, Any], label: str = "config field")
         raise ValueError(describe(exc, values, label)) from None
 
 
-def describe(exc: ValidationError, values: dict[str, Any], label: str = "config field",
-             flags: dict[str, str] | None = None) -> str:  # fmt: skip
+def describe(
+    exc: ValidationError,
+    values: dict[str, Any],
+    label: str = "config field",
+    flags: dict[str, str] | None = None,
+) -> str:
     """The first problem of ``exc`` as one line naming the field and the value."""
     error = exc.errors(include_url=False)[0]
     loc = error["loc"]
@@ -159,8 +164,13 @@ def _strip(hint: Any) -> Any:
     return hint
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, names: typing.Iterable[str], *,
-              flags: dict[str, str] | None = None) -> None:  # fmt: skip
+def add_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    names: typing.Iterable[str],
+    *,
+    flags: dict[str, str] | None = None,
+) -> None:
     """One option per field in ``names`` (``--field-name`` unless ``flags`` renames it), help
     from the field's docstring; the value is kept as given (``None`` when absent) and
     ``parse_flag`` turns it into the field's type, so a bad value is one line naming it."""
@@ -171,13 +181,16 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, names: typing.Iterable
         help_text = f"{docs.get(name, '')} (default: {defaults[name]!r})"
         kind = flag_kind(cls, name)
         if kind == "bool":
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)  # fmt: skip
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
             continue
         values = choices(cls, name)
-        metavar = "{" + ",".join(map(str, values)) + "}" if values else (
-            "JSON" if kind == "dict" else name.upper()
-        )  # fmt: skip
+        metavar = (
+            "{" + ",".join(map(str, values)) + "}"
+            if values
+            else ("JSON" if kind == "dict" else name.upper())
+        )
         parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=help_text)
 
 
@@ -222,9 +235,11 @@ def non_finite(value: Any) -> str | None:
     """Where a NaN or infinite float hides in ``value`` (nested dicts/lists), or None."""
     if isinstance(value, float) and not math.isfinite(value):
         return ""
-    items = value.items() if isinstance(value, dict) else (
-        enumerate(value) if isinstance(value, list | tuple) else ()
-    )  # fmt: skip
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else (enumerate(value) if isinstance(value, list | tuple) else ())
+    )
     for key, item in items:
         inner = non_finite(item)
         if inner is not None:

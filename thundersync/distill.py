@@ -65,9 +65,10 @@ class PiecewiseOPD:
                 choice = "episode"
             elif choice == "auto":
                 slow_tools = (
-                    self.turn_backward_s is None or self.tool_latency_s is None
+                    self.turn_backward_s is None
+                    or self.tool_latency_s is None
                     or self.tool_latency_s >= self.turn_backward_s
-                )  # fmt: skip
+                )
                 choice = "turn" if slow_tools else "episode"
             self.granularity[rec.episode_id] = choice
         return self.granularity[rec.episode_id]
@@ -82,11 +83,23 @@ class PiecewiseOPD:
         ctx = self.ctx
         if turn == EPISODE:
             turns = list(range(rec.num_turns or 0))
-            vector = opd_piece(ctx.policy, self.objective, rec.trajectory(), turns, ctx.stats,
-                               key=(rec.episode_id, None))  # fmt: skip
+            vector = opd_piece(
+                ctx.policy,
+                self.objective,
+                rec.trajectory(),
+                turns,
+                ctx.stats,
+                key=(rec.episode_id, None),
+            )
         else:
-            vector = opd_piece(ctx.policy, self.objective, rec.trajectory(turn), [turn],
-                               ctx.stats, key=(rec.episode_id, turn))  # fmt: skip
+            vector = opd_piece(
+                ctx.policy,
+                self.objective,
+                rec.trajectory(turn),
+                [turn],
+                ctx.stats,
+                key=(rec.episode_id, turn),
+            )
             self.turn_backward_s = _ema(self.turn_backward_s, ev.now() - started)
         ctx.published(rec.episode_id, None if turn == EPISODE else turn, started)
         return vector
@@ -103,10 +116,12 @@ class PiecewiseOPD:
         unblocked, self.unblocked = list(self.unblocked.values()), {}
         if not self.deterministic:
             whole = [
-                rec for rec in unblocked
-                if rec.tokens_ready and rec.teacher_ready
+                rec
+                for rec in unblocked
+                if rec.tokens_ready
+                and rec.teacher_ready
                 and not any(key in self.computed for key in self._keys(rec))
-            ]  # fmt: skip
+            ]
             if len(whole) > 1:
                 started = ev.now()
                 opd_batch_grad(self.ctx, self.objective, whole, total=self._step_grad())

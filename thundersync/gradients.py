@@ -24,8 +24,9 @@ class BufferPool:
     streaming adds: per-group accumulators and per-trajectory buffers.
     """
 
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device,
-                 budget_bytes: int | None) -> None:  # fmt: skip
+    def __init__(
+        self, numel: int, dtype: torch.dtype, device: torch.device, budget_bytes: int | None
+    ) -> None:
         self.numel, self.dtype, self.device = numel, dtype, device
         self.buffer_bytes = numel * torch.empty((), dtype=dtype).element_size()
         self.budget_bytes = budget_bytes
@@ -86,9 +87,14 @@ def grpo_piece(
 
 
 def opd_piece(
-    policy: Policy, objective: OPD, trajectory: Trajectory, turns: Sequence[int],
-    stats: TokenStats, *, key: tuple[str, int | None],
-) -> torch.Tensor:  # fmt: skip
+    policy: Policy,
+    objective: OPD,
+    trajectory: Trajectory,
+    turns: Sequence[int],
+    stats: TokenStats,
+    *,
+    key: tuple[str, int | None],
+) -> torch.Tensor:
     """∇ of the OPD term of ``turns`` of one episode, from one forward over the prefix that
     ends with the last of them (a per-turn piece is a prefix forward, so it can run while
     that turn's tool call is still running)."""
@@ -98,9 +104,12 @@ def opd_piece(
     teacher_T = teacher_logprobs(trajectory, sorted(turns), logp_T)
     sampler_T = sampler_logprobs(trajectory, logp_T, sorted(turns))
     loss = opd_term(
-        objective, logp_T[mask_T], teacher_T, sampler_T,
+        objective,
+        logp_T[mask_T],
+        teacher_T,
+        sampler_T,
         num_episode_tokens=trajectory.num_action_tokens,
-    )  # fmt: skip
+    )
     stats.record(key, logp_T[mask_T], sampler_T, loss=loss)
     return flat_grad(policy.params, loss)
 

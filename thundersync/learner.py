@@ -145,11 +145,16 @@ class Learner:
         publish: Callable[[ev.Event], None] | None = None,
     ) -> None:
         _check_options(
-            objective, reference=reference, streaming=streaming, max_staleness=max_staleness,
-            max_grad_norm=max_grad_norm, micro_batch_size=micro_batch_size,
-            buffer_budget_bytes=buffer_budget_bytes, policy_version=policy_version,
+            objective,
+            reference=reference,
+            streaming=streaming,
+            max_staleness=max_staleness,
+            max_grad_norm=max_grad_norm,
+            micro_batch_size=micro_batch_size,
+            buffer_budget_bytes=buffer_budget_bytes,
+            policy_version=policy_version,
             num_steps=num_steps,
-        )  # fmt: skip
+        )
         self.policy = Policy(model)
         self.reference = Policy(reference) if reference is not None else None
         self.objective, self.optimizer = objective, optimizer
@@ -161,9 +166,12 @@ class Learner:
         self.limits = _limits(self.policy, self.reference)
         self.accepted_lag = _accepted_lag(streaming=streaming, max_staleness=max_staleness)
         self.make_strategy = choose_strategy(
-            objective, streaming=streaming, deterministic=deterministic,
-            max_staleness=max_staleness, early_start=early_start,
-        )  # fmt: skip
+            objective,
+            streaming=streaming,
+            deterministic=deterministic,
+            max_staleness=max_staleness,
+            early_start=early_start,
+        )
         self.peak_buffer_bytes = 0
         self.last_gradient: torch.Tensor | None = None
         self.failure: str | None = None
@@ -243,9 +251,11 @@ class Learner:
         self.num_steps += 1
         self.policy_version += 1
         if self.publish is not None:
-            self.publish(ev.StepFinished(
-                step=metrics["step"], policy_version=self.policy_version, metrics=metrics
-            ))  # fmt: skip
+            self.publish(
+                ev.StepFinished(
+                    step=metrics["step"], policy_version=self.policy_version, metrics=metrics
+                )
+            )
         self._new_batch()
         return metrics
 
@@ -265,9 +275,13 @@ class Learner:
         return None
 
     def _metrics(
-        self, groups: dict[str, list[EpisodeRecord]], trained: list[EpisodeRecord],
-        counts: list[int], denom: float, grad_norm: float,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        groups: dict[str, list[EpisodeRecord]],
+        trained: list[EpisodeRecord],
+        counts: list[int],
+        denom: float,
+        grad_norm: float,
+    ) -> dict[str, Any]:
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.pool.peak_bytes)
         rewards = [m.reward_value for m in trained if m.has_reward and not m.is_infra_failure]
         return {
@@ -283,9 +297,13 @@ class Learner:
             "peak_buffer_bytes": self.pool.peak_bytes,
             "buffer_bytes": self.pool.buffer_bytes,
             **staleness_metrics(self.episodes.records.values(), self.policy_version),
-            **self.stats.summary({m.episode_id for m in trained}, sum(counts),
-                                 advantages=self._advantages(groups), denominator=denom),
-        }  # fmt: skip
+            **self.stats.summary(
+                {m.episode_id for m in trained},
+                sum(counts),
+                advantages=self._advantages(groups),
+                denominator=denom,
+            ),
+        }
 
     def _advantages(self, groups: dict[str, list[EpisodeRecord]]) -> dict[str, float] | None:
         """A_i of every scored GRPO episode (for the ``loss`` metric; None for OPD)."""
@@ -310,10 +328,17 @@ class Learner:
             self.limits, needs_rewards=isinstance(self.objective, GRPO), versions=versions
         )
         self.stats = TokenStats()
-        self.strategy = self.make_strategy(BatchContext(
-            self.policy, self.reference, self.pool, self.stats, self.micro_batch_size,
-            self.publish, self._step_sum_factory(),
-        ))  # fmt: skip
+        self.strategy = self.make_strategy(
+            BatchContext(
+                self.policy,
+                self.reference,
+                self.pool,
+                self.stats,
+                self.micro_batch_size,
+                self.publish,
+                self._step_sum_factory(),
+            )
+        )
         self.learner_time_s = 0.0
 
 
@@ -332,14 +357,19 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
 
 
 def choose_strategy(
-    objective: Objective, *, streaming: bool, deterministic: bool, max_staleness: int,
+    objective: Objective,
+    *,
+    streaming: bool,
+    deterministic: bool,
+    max_staleness: int,
     early_start: bool,
-) -> Callable[[BatchContext], GradientStrategy]:  # fmt: skip
+) -> Callable[[BatchContext], GradientStrategy]:
     """The strategy class (with its options) that makes each batch's gradient."""
     if isinstance(objective, OPD):
         if streaming or deterministic:
-            return partial(PiecewiseOPD, objective=objective, deterministic=deterministic,
-                           streaming=streaming)  # fmt: skip
+            return partial(
+                PiecewiseOPD, objective=objective, deterministic=deterministic, streaming=streaming
+            )
         return partial(BatchOPD, objective=objective)
     if max_staleness > 0:
         return partial(OffPolicyGRPO, objective=objective)
@@ -364,25 +394,35 @@ def _limits(policy: Policy, reference: Policy | None) -> EventLimits:
     models = [policy] if reference is None else [policy, reference]
     vocab = [v for m in models if (v := m.vocab_size) is not None]
     context = [c for m in models if (c := m.max_context_tokens) is not None]
-    return EventLimits(vocab_size=min(vocab, default=None),
-                       max_context_tokens=min(context, default=None))  # fmt: skip
+    return EventLimits(
+        vocab_size=min(vocab, default=None), max_context_tokens=min(context, default=None)
+    )
 
 
 def _check_options(
-    objective: Objective, *, reference: torch.nn.Module | None, streaming: bool,
-    max_staleness: int, max_grad_norm: float | None, micro_batch_size: int,
-    buffer_budget_bytes: int | None, policy_version: int, num_steps: int,
-) -> None:  # fmt: skip
+    objective: Objective,
+    *,
+    reference: torch.nn.Module | None,
+    streaming: bool,
+    max_staleness: int,
+    max_grad_norm: float | None,
+    micro_batch_size: int,
+    buffer_budget_bytes: int | None,
+    policy_version: int,
+    num_steps: int,
+) -> None:
     """Refuse option combinations that cannot work or would silently do nothing."""
     if not isinstance(objective, GRPO | OPD):
         raise TypeError(f"objective: expected GRPO(...) or OPD(...), got {objective!r}")
     if isinstance(objective, GRPO) and objective.kl_coef != 0.0 and reference is None:
         raise ValueError("GRPO(kl_coef != 0) needs reference=<a frozen reference model>")
     for name, value, minimum in (
-        ("max_staleness", max_staleness, 0), ("micro_batch_size", micro_batch_size, 1),
-        ("policy_version", policy_version, 0), ("num_steps", num_steps, 0),
+        ("max_staleness", max_staleness, 0),
+        ("micro_batch_size", micro_batch_size, 1),
+        ("policy_version", policy_version, 0),
+        ("num_steps", num_steps, 0),
         ("buffer_budget_bytes", 0 if buffer_budget_bytes is None else buffer_budget_bytes, 0),
-    ):  # fmt: skip
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(f"{name}={value!r}: expected an int >= {minimum}")
     if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):

@@ -61,25 +61,44 @@ class TokenStats:
                 ref_kl = (torch.exp(r_T) - r_T - 1.0).sum()
                 ref_count = d_T.new_tensor(float(r_T.numel()))
             known = loss is not None
-            self._rows[key] = torch.stack([
-                d_T.abs().sum(), d_T.abs().max(), (torch.exp(d_T) - d_T - 1.0).sum(),
-                d_T.new_tensor(float(d_T.numel())), clipped.to(torch.float64),
-                -logp_T.sum(), ref_kl, ref_count,
-                _value(loss if known else pg, zero), _value(kl, zero), d_T.new_tensor(float(known)),
-            ])  # fmt: skip
+            self._rows[key] = torch.stack(
+                [
+                    d_T.abs().sum(),
+                    d_T.abs().max(),
+                    (torch.exp(d_T) - d_T - 1.0).sum(),
+                    d_T.new_tensor(float(d_T.numel())),
+                    clipped.to(torch.float64),
+                    -logp_T.sum(),
+                    ref_kl,
+                    ref_count,
+                    _value(loss if known else pg, zero),
+                    _value(kl, zero),
+                    d_T.new_tensor(float(known)),
+                ]
+            )
 
     def summary(
-        self, episode_ids: Collection[str], num_trained_tokens: int, *,
-        advantages: Mapping[str, float] | None = None, denominator: float = 1.0,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        episode_ids: Collection[str],
+        num_trained_tokens: int,
+        *,
+        advantages: Mapping[str, float] | None = None,
+        denominator: float = 1.0,
+    ) -> dict[str, Any]:
         """The step's metrics over the pieces of ``episode_ids``; ``loss`` needs each GRPO
         episode's advantage (``advantages``) and the batch denominator D."""
         keys = [key for key in self._rows if key[0] in episode_ids]
         if not keys:
-            return {"logprob_mismatch_mean": None, "logprob_mismatch_max": None,
-                    "kl_sampler_learner": None, "num_compared_tokens": 0,
-                    "clip_fraction": 0.0, "neg_logprob_mean": None, "kl_reference": None,
-                    "loss": 0.0}  # fmt: skip
+            return {
+                "logprob_mismatch_mean": None,
+                "logprob_mismatch_max": None,
+                "kl_sampler_learner": None,
+                "num_compared_tokens": 0,
+                "clip_fraction": 0.0,
+                "neg_logprob_mean": None,
+                "kl_reference": None,
+                "loss": 0.0,
+            }
         table = torch.stack([self._rows[key] for key in keys])
         total_abs, total_k3, count, clipped, neg_logp, ref_kl, ref_count = (
             table[:, [0, 2, 3, 4, 5, 6, 7]].sum(0).tolist()

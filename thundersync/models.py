@@ -77,16 +77,28 @@ def tiny_config(
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=3, pad_token_id=0)
     if arch == "gpt2":
         return GPT2Config(
-            n_embd=hidden_size, n_layer=num_layers, n_head=heads, n_positions=max_positions,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common,
-        )  # fmt: skip
+            n_embd=hidden_size,
+            n_layer=num_layers,
+            n_head=heads,
+            n_positions=max_positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     cls = Qwen3Config if arch == "qwen3" else LlamaConfig
     return cls(
-        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        head_dim=hidden_size // heads, max_position_embeddings=max_positions, attention_dropout=0.0,
-        tie_word_embeddings=False, **common,
-    )  # fmt: skip
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=hidden_size // heads,
+        max_position_embeddings=max_positions,
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        **common,
+    )
 
 
 def build_tiny_model(
@@ -115,9 +127,13 @@ def build_tiny_model(
     out = Path(out_dir)
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     config = tiny_config(
-        arch, len(tokenizer), hidden_size=hidden_size, num_layers=num_layers,
-        num_heads=num_heads, max_positions=max_positions,
-    )  # fmt: skip
+        arch,
+        len(tokenizer),
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        max_positions=max_positions,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

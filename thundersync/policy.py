@@ -127,14 +127,13 @@ class Policy:
         if done:
             logp_LV = torch.cat([state["last_logp_V"][None], logp_LV])
         past = out["cache"] if "cache" in out else out["past_key_values"]
-        state.update(past_key_values=past, num_tokens=len(ids),
-                     last_logp_V=logp_LV[-1])  # fmt: skip
+        state.update(past_key_values=past, num_tokens=len(ids), last_logp_V=logp_LV[-1])
         start = max(done - 1, 0)
         positions = [pos for pos in range(max(done, 1), len(ids)) if turn_of[pos] == turn]
-        rows = torch.tensor([pos - 1 - start for pos in positions], dtype=torch.long,
-                            device=self.device)  # fmt: skip
-        tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long,
-                              device=self.device)  # fmt: skip
+        rows = torch.tensor(
+            [pos - 1 - start for pos in positions], dtype=torch.long, device=self.device
+        )
+        tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long, device=self.device)
         return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token
 
 

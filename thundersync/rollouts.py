@@ -30,9 +30,16 @@ class BatchShape:
 
 
 def random_episode_events(
-    rng: random.Random, vocab_size: int, shape: BatchShape, *, episode_id: str, group_id: str,
-    group_size: int, policy_version: int, teacher: bool,
-) -> list[ev.Event]:  # fmt: skip
+    rng: random.Random,
+    vocab_size: int,
+    shape: BatchShape,
+    *,
+    episode_id: str,
+    group_id: str,
+    group_size: int,
+    policy_version: int,
+    teacher: bool,
+) -> list[ev.Event]:
     """One episode's events in causal order (reward last)."""
     budget = rng.randint(2, shape.max_tokens)
     prompt_len = rng.randint(1, max(1, budget // 4))
@@ -44,41 +51,67 @@ def random_episode_events(
 
     out: list[ev.Event] = [
         ev.EpisodeStarted(
-            episode_id=episode_id, group_id=group_id, group_size=group_size,
-            task_id=f"task-{group_id}", prompt_ids=ids(prompt_len), policy_version=policy_version,
+            episode_id=episode_id,
+            group_id=group_id,
+            group_size=group_size,
+            task_id=f"task-{group_id}",
+            prompt_ids=ids(prompt_len),
+            policy_version=policy_version,
         )
-    ]  # fmt: skip
+    ]
     for k in range(num_turns):
         n_action = rng.randint(1, max(1, per_turn // 2))
         action = ids(n_action)
         logprobs = tuple(-rng.expovariate(1.0) for _ in action)
-        out.append(ev.TurnCompleted(
-            episode_id=episode_id, turn=k, action_ids=action, action_logprobs=logprobs,
-            policy_version=policy_version,
-        ))  # fmt: skip
+        out.append(
+            ev.TurnCompleted(
+                episode_id=episode_id,
+                turn=k,
+                action_ids=action,
+                action_logprobs=logprobs,
+                policy_version=policy_version,
+            )
+        )
         if teacher:
-            out.append(ev.TeacherScored(
-                episode_id=episode_id, turn=k,
-                teacher_logprobs=tuple(-rng.expovariate(1.0) for _ in action),
-            ))  # fmt: skip
+            out.append(
+                ev.TeacherScored(
+                    episode_id=episode_id,
+                    turn=k,
+                    teacher_logprobs=tuple(-rng.expovariate(1.0) for _ in action),
+                )
+            )
         if k < num_turns - 1 or rng.random() < 0.5:
-            out.append(ev.ToolFinished(
-                episode_id=episode_id, turn=k, observation_ids=ids(rng.randint(0, per_turn // 2)),
-                duration_s=rng.expovariate(10.0), exit_code=0, timed_out=False,
-            ))  # fmt: skip
+            out.append(
+                ev.ToolFinished(
+                    episode_id=episode_id,
+                    turn=k,
+                    observation_ids=ids(rng.randint(0, per_turn // 2)),
+                    duration_s=rng.expovariate(10.0),
+                    exit_code=0,
+                    timed_out=False,
+                )
+            )
     out.append(ev.EpisodeCompleted(episode_id=episode_id, num_turns=num_turns, stop_reason="x"))
     reward = rng.random() if rng.random() < 0.25 else rng.choice(shape.reward_values)
-    out.append(ev.RewardReady(
-        episode_id=episode_id, reward=reward,
-        infra_failure=rng.random() < shape.infra_failure_rate,
-    ))  # fmt: skip
+    out.append(
+        ev.RewardReady(
+            episode_id=episode_id,
+            reward=reward,
+            infra_failure=rng.random() < shape.infra_failure_rate,
+        )
+    )
     return out
 
 
 def random_batch(
-    seed: int, vocab_size: int, shape: BatchShape = BatchShape(), *, policy_version: int = 0,
-    teacher: bool = False, arrival: str = "interleaved",
-) -> list[ev.Event]:  # fmt: skip
+    seed: int,
+    vocab_size: int,
+    shape: BatchShape = BatchShape(),
+    *,
+    policy_version: int = 0,
+    teacher: bool = False,
+    arrival: str = "interleaved",
+) -> list[ev.Event]:
     """A batch's events. ``arrival``: ``interleaved`` (episodes' streams merged at random,
     each in causal order: how a real rollout looks), ``shuffled`` (any order at all),
     ``batch`` (episode after episode)."""
@@ -87,10 +120,18 @@ def random_batch(
     for g in range(rng.randint(shape.min_groups, shape.max_groups)):
         size = rng.randint(shape.min_group_size, shape.max_group_size)
         for i in range(size):
-            streams.append(random_episode_events(
-                rng, vocab_size, shape, episode_id=f"g{g}-e{i}", group_id=f"g{g}",
-                group_size=size, policy_version=policy_version, teacher=teacher,
-            ))  # fmt: skip
+            streams.append(
+                random_episode_events(
+                    rng,
+                    vocab_size,
+                    shape,
+                    episode_id=f"g{g}-e{i}",
+                    group_id=f"g{g}",
+                    group_size=size,
+                    policy_version=policy_version,
+                    teacher=teacher,
+                )
+            )
     if arrival == "batch":
         return [e for s in streams for e in s]
     if arrival == "shuffled":

@@ -54,9 +54,11 @@ class BatchContext:
     def published(self, episode_id: str, turn: int | None, started: float) -> None:
         """Announce one finished piece of gradient work (``GradientComputed``)."""
         if self.publish is not None:
-            self.publish(ev.GradientComputed(
-                episode_id=episode_id, turn=turn, started=started, finished=ev.now()
-            ))  # fmt: skip
+            self.publish(
+                ev.GradientComputed(
+                    episode_id=episode_id, turn=turn, started=started, finished=ev.now()
+                )
+            )
 
 
 def begin_group(total: torch.Tensor, group_id: str) -> None:

@@ -278,10 +278,13 @@ class StreamingGRPO:
             if g.closed:
                 continue
             waiting = [
-                m for m in g.members.values()
-                if m.episode_id not in self.accounted and m.tokens_ready and m.has_reward
+                m
+                for m in g.members.values()
+                if m.episode_id not in self.accounted
+                and m.tokens_ready
+                and m.has_reward
                 and not m.is_infra_failure
-            ]  # fmt: skip
+            ]
             for m in waiting:
                 self.unblocked[m.episode_id] = m
 

@@ -58,8 +58,9 @@ def _plain(value: Any, path: str, refuse: Any) -> Any:
             refuse(path, value)
         return None
     if isinstance(value, dict):
-        return {_key(k): _plain(v, f"{path}.{k}" if path else str(k), refuse)
-                for k, v in value.items()}  # fmt: skip
+        return {
+            _key(k): _plain(v, f"{path}.{k}" if path else str(k), refuse) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [_plain(v, f"{path}[{i}]", refuse) for i, v in enumerate(value)]
     return str(value)

@@ -106,8 +106,9 @@ def textbook_gradient(model, objective, events, reference=None) -> torch.Tensor:
     denom = sum(counts) if objective.loss_agg == "token-mean" else len(counts)
     loss = torch.stack(terms).sum() / denom
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                      for g, p in zip(grads, params)])  # fmt: skip
+    return torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
+    )
 
 
 def _flat(table: dict[int, Any], index: int | None) -> list[float]:

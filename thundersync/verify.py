@@ -54,9 +54,13 @@ def variants(algo: str) -> list[Variant]:
         Variant("grpo-tis", GRPO(tis_cap=2.0, clip_high=0.28)),
         Variant("grpo-dynamic", GRPO(dynamic_sampling=True, max_groups=2)),
         Variant("grpo-early-start", GRPO(), {"early_start": True}),
-        Variant("grpo-budget", GRPO(kl_coef=0.05), {"early_start": True, "budget_buffers": 3},
-                needs_reference=True),
-    ]  # fmt: skip
+        Variant(
+            "grpo-budget",
+            GRPO(kl_coef=0.05),
+            {"early_start": True, "budget_buffers": 3},
+            needs_reference=True,
+        ),
+    ]
     opd = [
         Variant("opd-turn", OPD(granularity="turn")),
         Variant("opd-episode", OPD(granularity="episode")),
@@ -86,8 +90,9 @@ def bound_for(model: torch.nn.Module) -> tuple[float, str]:
     return 1e-6, f"{model_type} in {str(dtype).removeprefix('torch.')}"
 
 
-def learner_gradient(model, variant: Variant, events, *, streaming: bool, deterministic: bool,
-                     reference=None) -> torch.Tensor:  # fmt: skip
+def learner_gradient(
+    model, variant: Variant, events, *, streaming: bool, deterministic: bool, reference=None
+) -> torch.Tensor:
     """The step gradient the Learner produces, read from the parameters' ``.grad`` after
     ``step()``: with SGD at lr 0 and no clipping that is the step gradient, and the model is
     left unchanged for the next run."""
@@ -100,10 +105,15 @@ def learner_gradient(model, variant: Variant, events, *, streaming: bool, determ
     for p in params:
         p.grad = None  # a previous run's gradient must not stand in for this one's
     learner = Learner(
-        model, variant.objective, torch.optim.SGD(params, lr=0.0),
-        streaming=streaming, deterministic=deterministic, reference=reference,
-        max_grad_norm=None, **kwargs,
-    )  # fmt: skip
+        model,
+        variant.objective,
+        torch.optim.SGD(params, lr=0.0),
+        streaming=streaming,
+        deterministic=deterministic,
+        reference=reference,
+        max_grad_norm=None,
+        **kwargs,
+    )
     for event in events:
         learner.consume(event)
     learner.step()
@@ -113,8 +123,16 @@ def learner_gradient(model, variant: Variant, events, *, streaming: bool, determ
     return torch.cat([p.grad.reshape(-1) for p in params])
 
 
-def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: bool,
-            reference=None, shape: BatchShape | None = None) -> dict[str, Any]:  # fmt: skip
+def certify(
+    model,
+    variant: Variant,
+    *,
+    trials: int,
+    seed: int,
+    deterministic: bool,
+    reference=None,
+    shape: BatchShape | None = None,
+) -> dict[str, Any]:
     """Run ``trials`` (>= 1) random batches of one variant; returns the errors and the verdict."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (zero batches would certify nothing), got {trials}")
@@ -127,18 +145,22 @@ def certify(model, variant: Variant, *, trials: int, seed: int, deterministic: b
     for trial in range(trials):
         arrival = ("interleaved", "shuffled")[trial % 2]
         events = random_batch(seed * 1000 + trial, vocab, shape, teacher=teacher, arrival=arrival)
-        sync = learner_gradient(model, variant, events, streaming=False, deterministic=False,
-                                reference=reference)  # fmt: skip
-        stream = learner_gradient(model, variant, events, streaming=True, deterministic=False,
-                                  reference=reference)  # fmt: skip
+        sync = learner_gradient(
+            model, variant, events, streaming=False, deterministic=False, reference=reference
+        )
+        stream = learner_gradient(
+            model, variant, events, streaming=True, deterministic=False, reference=reference
+        )
         book = textbook_gradient(model, variant.objective, events, reference)
         worst_sync = max(worst_sync, relative_error(stream, sync))
         worst_textbook = max(worst_textbook, relative_error(stream, book))
         if deterministic:
-            a = learner_gradient(model, variant, events, streaming=False, deterministic=True,
-                                 reference=reference)  # fmt: skip
-            b = learner_gradient(model, variant, events, streaming=True, deterministic=True,
-                                 reference=reference)  # fmt: skip
+            a = learner_gradient(
+                model, variant, events, streaming=False, deterministic=True, reference=reference
+            )
+            b = learner_gradient(
+                model, variant, events, streaming=True, deterministic=True, reference=reference
+            )
             bitwise = bitwise and torch.equal(a, b)
             worst_textbook = max(worst_textbook, relative_error(b, book))
     ok = worst_sync <= bound and worst_textbook <= bound and (bitwise or not deterministic)
@@ -206,8 +228,14 @@ def run_verify_command(args: argparse.Namespace) -> int:
     results = []
     with Progress("verify", len(todo), "checks") as progress:
         for label, model, reference, variant in todo:
-            result = certify(model, variant, trials=args.trials, seed=args.seed,
-                             deterministic=args.deterministic, reference=reference)  # fmt: skip
+            result = certify(
+                model,
+                variant,
+                trials=args.trials,
+                seed=args.seed,
+                deterministic=args.deterministic,
+                reference=reference,
+            )
             results.append({"model": label, **result})
             progress.advance()
     ok, line = verdict(results, num_models=len(models), deterministic=args.deterministic)
@@ -241,8 +269,9 @@ def _worst(result: dict[str, Any]) -> float:
     return max(errs) / result["bound"]
 
 
-def verdict(results: list[dict[str, Any]], *, num_models: int,
-            deterministic: bool) -> tuple[bool, str]:  # fmt: skip
+def verdict(
+    results: list[dict[str, Any]], *, num_models: int, deterministic: bool
+) -> tuple[bool, str]:
     """(ok, the one-line verdict). No checks at all is not OK: nothing was certified."""
     if not results:
         return False, "verify: VIOLATION: no checks ran, nothing is certified"
@@ -253,16 +282,18 @@ def verdict(results: list[dict[str, Any]], *, num_models: int,
     failed = [r for r in results if not r["ok"]]
     if not failed:
         models = f"{num_models} model{'s' * (num_models != 1)}"
-        return True, (f"verify: OK: {n} checks ({models} x {num_variants} variants), "
-                      f"worst {err:.1e} <= {worst['bound']:.0e}"
-                      + (", bitwise" if deterministic else ""))  # fmt: skip
+        return True, (
+            f"verify: OK: {n} checks ({models} x {num_variants} variants), "
+            f"worst {err:.1e} <= {worst['bound']:.0e}" + (", bitwise" if deterministic else "")
+        )
     worst = max(failed, key=_worst)
     err = max(worst["max_rel_err_stream_vs_sync"], worst["max_rel_err_stream_vs_textbook"])
     where = f"{worst['variant']} on {_short(worst['model'])}"
     if err <= worst["bound"]:  # within the bound, so the deterministic runs differed
         return False, f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: not bitwise equal"
-    return False, (f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: "
-                   f"{err:.1e} > {worst['bound']:.0e}")  # fmt: skip
+    return False, (
+        f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: {err:.1e} > {worst['bound']:.0e}"
+    )
 
 
 def certificate_table(results: list[dict[str, Any]], *, deterministic: bool) -> list[str]:
@@ -274,9 +305,14 @@ def certificate_table(results: list[dict[str, Any]], *, deterministic: bool) -> 
         widths.insert(5, 7)
     rows = []
     for r in results:
-        row = [_short(r["model"]), r["variant"], f"{r['max_rel_err_stream_vs_sync']:.1e}",
-               f"{r['max_rel_err_stream_vs_textbook']:.1e}", f"{r['bound']:.0e}",
-               "yes" if r["ok"] else "NO"]  # fmt: skip
+        row = [
+            _short(r["model"]),
+            r["variant"],
+            f"{r['max_rel_err_stream_vs_sync']:.1e}",
+            f"{r['max_rel_err_stream_vs_textbook']:.1e}",
+            f"{r['bound']:.0e}",
+            "yes" if r["ok"] else "NO",
+        ]
         if deterministic:
             row.insert(5, "yes" if r["bitwise_equal_deterministic"] else "NO")
         rows.append(row)

@@ -71,11 +71,29 @@ BWRAP = "bwrap"
 MAX_FILE_BYTES = 256 * 1024 * 1024
 TMPFS_BYTES = 256 * 1024 * 1024
 ETC_ENTRIES = (
-    "alternatives", "bash.bashrc", "ca-certificates", "debian_version", "gitconfig", "hosts",
-    "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "magic", "magic.mime",
-    "mime.types", "nsswitch.conf", "os-release", "protocols", "services", "ssl", "terminfo",
-    "timezone", "tmux.conf",
-)  # fmt: skip
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "debian_version",
+    "gitconfig",
+    "hosts",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "protocols",
+    "services",
+    "ssl",
+    "terminfo",
+    "timezone",
+    "tmux.conf",
+)
 SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 SANDBOX_USER = "sandbox"
 MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's argv and env
@@ -153,8 +171,10 @@ class BwrapSandbox:
             )
         if shutil.which(BWRAP) is None:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-        reap_once("bwrap", lambda: (remove_orphan_workspaces(MARKER_PREFIX),
-                                    cgroup.remove_orphans(MARKER_PREFIX)))  # fmt: skip
+        reap_once(
+            "bwrap",
+            lambda: (remove_orphan_workspaces(MARKER_PREFIX), cgroup.remove_orphans(MARKER_PREFIX)),
+        )
         self.spec = spec
         self.workdir = validate_workdir(spec.workdir)
         self.is_root = os.geteuid() == 0
@@ -333,9 +353,12 @@ class BwrapSandbox:
             raise SandboxError(f"bwrap could not set up sandbox {self.marker}: {output.strip()}")
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return ExecResult(
-            output=output, exit_code=code if finished else None, timed_out=not finished,
-            duration_s=duration, truncated=truncated,
-        )  # fmt: skip
+            output=output,
+            exit_code=code if finished else None,
+            timed_out=not finished,
+            duration_s=duration,
+            truncated=truncated,
+        )
 
     def _start(self, cmd: str, timeout: float, ready_w: int) -> subprocess.Popen[bytes]:
         """Start the command's bwrap; a ``close()`` that came first kills it at once."""
@@ -345,9 +368,12 @@ class BwrapSandbox:
             proc = subprocess.Popen(
                 cgroup.wrap(self.cgroup, self._argv(cmd, timeout, ready_w, filter_fd)),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                close_fds=True, pass_fds=fds,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=fds,
+            )
         except OSError as exc:
             raise SandboxError(f"could not start bwrap for sandbox {self.marker}: {exc}") from exc
         finally:

@@ -23,8 +23,10 @@ ROOT = Path(os.environ.get("THUNDERSYNC_CGROUP_MEMORY", "/sys/fs/cgroup/memory")
 def available() -> bool:
     """True when per-sandbox memory cgroups can be made here."""
     base = ROOT.parent
-    return os.geteuid() == 0 and (base / "memory.limit_in_bytes").is_file() and os.access(
-        base, os.W_OK
+    return (
+        os.geteuid() == 0
+        and (base / "memory.limit_in_bytes").is_file()
+        and os.access(base, os.W_OK)
     )
 
 

@@ -144,5 +144,7 @@ def _run(argv: list[str], what: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxError(f"{what}: {exc}") from exc
     if proc.returncode != 0:
-        raise SandboxError(f"{what}: {' '.join(argv[:2])} exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")  # fmt: skip
+        raise SandboxError(
+            f"{what}: {' '.join(argv[:2])} exited {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout).strip()[-500:]}"
+        )

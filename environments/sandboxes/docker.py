@@ -199,12 +199,22 @@ class DockerSandbox:
             volumes = {self.marker: {"bind": self.workdir, "mode": "rw"}}
         try:
             return self._client.containers.run(
-                image, command=["sleep", "infinity"], name=self.marker, detach=True,
-                network_mode="none", init=True, mem_limit=f"{spec.memory_mb}m",
-                memswap_limit=f"{spec.memory_mb}m", nano_cpus=int(spec.cpus * 1e9),
-                pids_limit=spec.pids, working_dir=self.workdir, environment=dict(spec.env),
-                labels=self._labels(), auto_remove=False, volumes=volumes,
-            )  # fmt: skip
+                image,
+                command=["sleep", "infinity"],
+                name=self.marker,
+                detach=True,
+                network_mode="none",
+                init=True,
+                mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m",
+                nano_cpus=int(spec.cpus * 1e9),
+                pids_limit=spec.pids,
+                working_dir=self.workdir,
+                environment=dict(spec.env),
+                labels=self._labels(),
+                auto_remove=False,
+                volumes=volumes,
+            )
         except Exception as exc:
             hint = ""
             if "no space left" in str(exc).lower():
@@ -215,9 +225,11 @@ class DockerSandbox:
 
     def _labels(self) -> dict[str, str]:
         return {
-            LABEL: "1", f"{LABEL}.sandbox": self.marker, f"{LABEL}.owner_pid": str(os.getpid()),
+            LABEL: "1",
+            f"{LABEL}.sandbox": self.marker,
+            f"{LABEL}.owner_pid": str(os.getpid()),
             f"{LABEL}.host": os.uname().nodename,
-        }  # fmt: skip
+        }
 
     def _find_main_pid(self) -> str:
         """The pid of the container's main program (``sleep``), the child of its init. Right
@@ -335,9 +347,12 @@ class DockerSandbox:
         timed_out = not ended or (code == 137 and duration >= timeout - 0.05)
         output, truncated = capture.text()
         return ExecResult(
-            output=output, exit_code=None if timed_out else code, timed_out=timed_out,
-            duration_s=duration, truncated=truncated,
-        )  # fmt: skip
+            output=output,
+            exit_code=None if timed_out else code,
+            timed_out=timed_out,
+            duration_s=duration,
+            truncated=truncated,
+        )
 
     def _is_running(self) -> bool:
         try:
@@ -363,9 +378,15 @@ class DockerSandbox:
         ]
         try:
             created = self._client.api.exec_create(
-                self._container.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
-                workdir=self.workdir, environment=dict(self.spec.env),
-            )  # fmt: skip
+                self._container.id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                workdir=self.workdir,
+                environment=dict(self.spec.env),
+            )
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
         return created["Id"]

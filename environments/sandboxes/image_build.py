@@ -154,9 +154,15 @@ def build_image(client: Any, context: Path) -> str:
             Path(dockerfile).write_text(rewritten, encoding="utf-8")
         try:
             client.images.build(
-                path=str(context), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True,
-                pull=False, network_mode="none", labels={LABEL: "1"},
-            )  # fmt: skip
+                path=str(context),
+                dockerfile=dockerfile,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode="none",
+                labels={LABEL: "1"},
+            )
         except Exception as exc:
             log = "".join(str(c.get("stream", "")) for c in getattr(exc, "build_log", []) or [])
             raise SandboxError(f"docker build of {context} failed: {exc}\n{log[-2000:]}") from exc

@@ -140,8 +140,9 @@ def patch_reasons(
                 "the task's own version is what runs"
             )
         elif any(path.startswith(folder + "/") for folder in folders):
-            reasons.append(f"{path}: in the task's test folder (modules, fixtures and data "
-                           "its tests load)")  # fmt: skip
+            reasons.append(
+                f"{path}: in the task's test folder (modules, fixtures and data its tests load)"
+            )
     return reasons
 
 
@@ -156,8 +157,9 @@ def git_state_reasons(agent: set[str], fresh: set[str]) -> list[str]:
             scope, _, setting = rest.partition("\t")
             key = setting.split("=", 1)[0]
             if _RISKY_GIT_KEY.fullmatch(key):
-                reasons.append(f"git config ({scope}) {key}: makes git run a program or read "
-                               "files elsewhere")  # fmt: skip
+                reasons.append(
+                    f"git config ({scope}) {key}: makes git run a program or read files elsewhere"
+                )
         else:
             reasons.append(f".git: {entry}")
     return reasons

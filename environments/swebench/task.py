@@ -188,10 +188,15 @@ class SWEBenchTask:
             sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
             chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
             patch = diff_in(
-                sandbox, agent, testbed=TESTBED, base_commit=self.instance.base_commit,
-                scratch=SCRATCH, out=PATCH_FILE, max_bytes=MAX_PATCH_BYTES,
+                sandbox,
+                agent,
+                testbed=TESTBED,
+                base_commit=self.instance.base_commit,
+                scratch=SCRATCH,
+                out=PATCH_FILE,
+                max_bytes=MAX_PATCH_BYTES,
                 chunk_bytes=max(chunk, 1024),
-            )  # fmt: skip
+            )
             text = patch.decode("utf-8", errors="replace")
             base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
             modules = importable_modules(sandbox)

@@ -271,8 +271,9 @@ def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeo
         reward, extra = read_harbor_reward(sandbox, paths)
     except RewardFileMissing as err:
         verifier_failed = result.exit_code != 0
-        return Grade(reward=0.0, infra_failure=not verifier_failed,
-                     details={**details, "error": str(err)})  # fmt: skip
+        return Grade(
+            reward=0.0, infra_failure=not verifier_failed, details={**details, "error": str(err)}
+        )
     except RewardFileError as err:
         return Grade(
             reward=0.0,

@@ -20,10 +20,17 @@ DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 DEFAULT_BUILD_TIMEOUT_S = 600.0
 TOP_LEVEL = frozenset(
     {
-        "version", "schema_version", "source", "task", "metadata", "verifier", "agent",
-        "environment", "solution",
+        "version",
+        "schema_version",
+        "source",
+        "task",
+        "metadata",
+        "verifier",
+        "agent",
+        "environment",
+        "solution",
     }
-)  # fmt: skip
+)
 """Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
 unknown keys inside the known tables only warn, since Harbor keeps adding optional ones."""
 _TABLE_KEYS = {
@@ -33,12 +40,26 @@ _TABLE_KEYS = {
     "solution": frozenset({"env"}),
     "environment": frozenset(
         {
-            "build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
-            "storage_mb", "gpus", "gpu_types", "allow_internet", "env", "workdir", "os",
-            "mcp_servers", "skills_dir", "healthcheck", "network_mode",
+            "build_timeout_sec",
+            "docker_image",
+            "cpus",
+            "memory",
+            "memory_mb",
+            "storage",
+            "storage_mb",
+            "gpus",
+            "gpu_types",
+            "allow_internet",
+            "env",
+            "workdir",
+            "os",
+            "mcp_servers",
+            "skills_dir",
+            "healthcheck",
+            "network_mode",
         }
     ),
-}  # fmt: skip
+}
 _TASK_NAME = re.compile(r"([a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*", re.IGNORECASE)
 
 

@@ -96,9 +96,10 @@ def read_text(
         if len(data) > limit:
             size = os.fstat(handle.fileno()).st_size
             raise TaskFormatError(
-                path, field,
+                path,
+                field,
                 f"expected at most {limit} bytes ({limit // 1024} KiB), got {size} bytes",
-            )  # fmt: skip
+            )
     try:
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as err:

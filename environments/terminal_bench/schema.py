@@ -124,9 +124,10 @@ def read_env(path: Path, field: str, value: object) -> dict[str, str]:
     for key, item in table.items():
         if not ENV_KEY_PATTERN.fullmatch(key):
             raise TaskFormatError(
-                path, f"{field}.{key}",
+                path,
+                f"{field}.{key}",
                 "expected a variable name of letters, digits and '_' not starting with a digit",
-            )  # fmt: skip
+            )
         if not isinstance(item, str) or "\0" in item:
             raise TaskFormatError(
                 path, f"{field}.{key}", f"expected a string without NUL, got {excerpt(item)}"
@@ -185,7 +186,8 @@ def read_instruction(path: Path, field: str, value: object) -> str:
     size = len(text.encode("utf-8"))
     if size > inputs.MAX_INSTRUCTION_BYTES:
         raise TaskFormatError(
-            path, field,
+            path,
+            field,
             f"expected at most {inputs.MAX_INSTRUCTION_BYTES} bytes (64 KiB), got {size} bytes",
-        )  # fmt: skip
+        )
     return text

@@ -39,11 +39,28 @@ from environments import tamper
 from environments.work import WorkTree
 
 UNSET_VARIABLES = (
-    "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONINSPECT",
-    "PYTHONBREAKPOINT", "PYTHONWARNINGS", "LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "ENV", "CDPATH",
-    "GLOBIGNORE", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PERL5OPT", "PERL5LIB", "NODE_OPTIONS",
-    "RUBYOPT", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
-)  # fmt: skip
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONINSPECT",
+    "PYTHONBREAKPOINT",
+    "PYTHONWARNINGS",
+    "LD_PRELOAD",
+    "LD_AUDIT",
+    "BASH_ENV",
+    "ENV",
+    "CDPATH",
+    "GLOBIGNORE",
+    "PYTEST_ADDOPTS",
+    "PYTEST_PLUGINS",
+    "PERL5OPT",
+    "PERL5LIB",
+    "NODE_OPTIONS",
+    "RUBYOPT",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+)
 """Variables that load code or change how interpreters and test runners start."""
 
 

@@ -123,8 +123,11 @@ class TerminalBenchTask:
         modules = tamper.importable_modules(fresh)
         reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
         reasons = sorted([*reasons, *work.link_reasons(workdir, pristine, agent_work)])
-        report = {"strict": context.strict, "tamper_suspected": bool(reasons),
-                  "tamper_reasons": reasons}  # fmt: skip
+        report = {
+            "strict": context.strict,
+            "tamper_suspected": bool(reasons),
+            "tamper_reasons": reasons,
+        }
         if not context.strict:
             grade = self._run_tests(sandbox, pinned=False)
         elif reasons:

@@ -16,12 +16,25 @@ DEFAULT_AGENT_TIMEOUT_S = 360.0
 DEFAULT_TEST_TIMEOUT_S = 60.0
 KNOWN_KEYS = frozenset(
     {
-        "instruction", "descriptions", "author_name", "author_email", "difficulty", "category",
-        "tags", "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec", "test_scripts",
-        "run_tests_in_same_shell", "env_name", "estimated_duration_sec",
-        "expert_time_estimate_min", "junior_time_estimate_min", "disable_asciinema",
+        "instruction",
+        "descriptions",
+        "author_name",
+        "author_email",
+        "difficulty",
+        "category",
+        "tags",
+        "parser_name",
+        "max_agent_timeout_sec",
+        "max_test_timeout_sec",
+        "test_scripts",
+        "run_tests_in_same_shell",
+        "env_name",
+        "estimated_duration_sec",
+        "expert_time_estimate_min",
+        "junior_time_estimate_min",
+        "disable_asciinema",
     }
-)  # fmt: skip
+)
 """Terminal-Bench 1's task.yaml schema; any other key is a typo and an error."""
 
 

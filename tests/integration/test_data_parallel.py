@@ -24,27 +24,43 @@ WORLD_SIZE = 2
 LIMIT_S = 240.0
 
 # name: (objective, learner options, arrival)
-# fmt: off
 CASES = {
     "grpo-seq-mean": (GRPO(), {}, "interleaved"),
     "grpo-token-mean": (GRPO(loss_agg="token-mean"), {}, "interleaved"),
-    "dr-grpo-no-std": (GRPO(loss_agg="seq-mean-token-sum-norm", scale_by_std=False), {},
-                       "interleaved"),
+    "dr-grpo-no-std": (
+        GRPO(loss_agg="seq-mean-token-sum-norm", scale_by_std=False),
+        {},
+        "interleaved",
+    ),
     "grpo-streaming": (GRPO(loss_agg="token-mean"), {"streaming": True}, "shuffled"),
-    "dr-grpo-streaming": (GRPO(scale_by_std=False), {"streaming": True, "early_start": True},
-                          "interleaved"),
-    "dynamic-max-groups-streaming": (GRPO(dynamic_sampling=True, max_groups=3),
-                                     {"streaming": True}, "interleaved"),
+    "dr-grpo-streaming": (
+        GRPO(scale_by_std=False),
+        {"streaming": True, "early_start": True},
+        "interleaved",
+    ),
+    "dynamic-max-groups-streaming": (
+        GRPO(dynamic_sampling=True, max_groups=3),
+        {"streaming": True},
+        "interleaved",
+    ),
     "opd-sync": (OPD(), {}, "interleaved"),
-    "opd-streaming": (OPD(granularity="turn", loss_agg="seq-mean-token-sum-norm"),
-                      {"streaming": True}, "shuffled"),
-    "grpo-deterministic-streaming": (GRPO(), {"deterministic": True, "streaming": True,
-                                              "assign": "alternate"}, "shuffled"),
+    "opd-streaming": (
+        OPD(granularity="turn", loss_agg="seq-mean-token-sum-norm"),
+        {"streaming": True},
+        "shuffled",
+    ),
+    "grpo-deterministic-streaming": (
+        GRPO(),
+        {"deterministic": True, "streaming": True, "assign": "alternate"},
+        "shuffled",
+    ),
     "dr-grpo-deterministic": (GRPO(scale_by_std=False), {"deterministic": True}, "interleaved"),
-    "opd-deterministic": (OPD(granularity="turn"), {"deterministic": True, "streaming": True},
-                          "interleaved"),
+    "opd-deterministic": (
+        OPD(granularity="turn"),
+        {"deterministic": True, "streaming": True},
+        "interleaved",
+    ),
 }
-# fmt: on
 SEED = 4
 
 
@@ -85,25 +101,36 @@ def _rank_main(rank: int, folder: str, model_dir: str, fail_rank: int | None) ->
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=WORLD_SIZE,
+        "gloo",
+        init_method=f"file://{folder}/pg",
+        rank=rank,
+        world_size=WORLD_SIZE,
         timeout=timedelta(seconds=60),
-    )  # fmt: skip
+    )
     try:
-        shape = BatchShape(min_groups=4, max_groups=6, max_group_size=4, max_turns=3,
-                           max_tokens=48, infra_failure_rate=0.1)  # fmt: skip
+        shape = BatchShape(
+            min_groups=4,
+            max_groups=6,
+            max_group_size=4,
+            max_turns=3,
+            max_tokens=48,
+            infra_failure_rate=0.1,
+        )
         results = {}
         for name, (objective, case_options, arrival) in CASES.items():
             options = dict(case_options)
             owner = alternate if options.pop("assign", None) else None
-            events = random_batch(SEED, 512, shape, teacher=isinstance(objective, OPD),
-                                  arrival=arrival)  # fmt: skip
+            events = random_batch(
+                SEED, 512, shape, teacher=isinstance(objective, OPD), arrival=arrival
+            )
             if rank == fail_rank:
                 raise RuntimeError(f"rank {rank} fails on purpose")
             mine = {
-                e.episode_id for e in events
+                e.episode_id
+                for e in events
                 if isinstance(e, ev.EpisodeStarted)
                 and (owner or (lambda g: stable_rank(g, WORLD_SIZE)))(e.group_id) == rank
-            }  # fmt: skip
+            }
             update, metrics = _update(
                 model_dir, DataParallelLearner, objective, options, events, assign=owner
             )
@@ -134,9 +161,10 @@ def _incomplete_then_complete(rank: int, model_dir: str, shape) -> dict:
     events = random_batch(SEED, 512, shape)
     group_of = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
     late = next(
-        e for e in events
+        e
+        for e in events
         if isinstance(e, ev.RewardReady) and stable_rank(group_of[e.episode_id], WORLD_SIZE) == 1
-    )  # fmt: skip
+    )
     model = load_model(model_dir, dtype=torch.float64)
     before = _flat(model)
     learner = DataParallelLearner(model, GRPO(), torch.optim.SGD(model.parameters(), lr=1.0))
@@ -165,9 +193,12 @@ def run_ranks(
     import torch.multiprocessing as mp
 
     context = mp.start_processes(
-        _rank_main, args=(str(folder), str(model_dir), fail_rank), nprocs=WORLD_SIZE, join=False,
+        _rank_main,
+        args=(str(folder), str(model_dir), fail_rank),
+        nprocs=WORLD_SIZE,
+        join=False,
         start_method="spawn",
-    )  # fmt: skip
+    )
     if started is not None:
         started.extend(context.processes)
     deadline = time.monotonic() + LIMIT_S

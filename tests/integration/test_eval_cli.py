@@ -323,23 +323,55 @@ def test_a_device_the_machine_lacks_is_a_clear_error(tiny_model_dirs, monkeypatc
         ("cuda", "'cuda' needs 1 CUDA GPU(s); this machine has 0"),
         ("tpu", "expected cpu, cuda or cuda:N"),
     ):
-        assert main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
-                     "--device", device, "--no-leaderboard"]) == 2  # fmt: skip
+        assert (
+            main(
+                [
+                    "eval",
+                    "--env",
+                    "thundersync/ToySum-v0",
+                    "--checkpoint",
+                    checkpoint,
+                    "--device",
+                    device,
+                    "--no-leaderboard",
+                ]
+            )
+            == 2
+        )
         assert f"--device: {says}" in capsys.readouterr().err
 
 
 @needs_bwrap
 # Sandboxed tools run an attempt per thread; in-process ones (instant steps) all on one thread.
 @pytest.mark.parametrize("env_kwargs", [[], ["--env-kwargs", '{"tools": "python"}']])
-def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(tiny_model_dirs, tmp_path, capsys,
-                                                               env_kwargs):  # fmt: skip
+def test_a_checkpoint_is_evaluated_with_pass_at_k_and_recorded(
+    tiny_model_dirs, tmp_path, capsys, env_kwargs
+):
     from leaderboard.store import Store
 
     out, db = tmp_path / "out", tmp_path / "lb.sqlite"
     checkpoint = str(tiny_model_dirs["qwen3"])
-    code = main(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", checkpoint,
-                 "--tasks", "3", "-k", "2", "--max-new-tokens", "8", "--out", str(out),
-                 "--db", str(db), "--json", *env_kwargs])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--env",
+            "thundersync/ToySum-v0",
+            "--checkpoint",
+            checkpoint,
+            "--tasks",
+            "3",
+            "-k",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--db",
+            str(db),
+            "--json",
+            *env_kwargs,
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["agent"] == "policy" and report["num_attempts"] == 6

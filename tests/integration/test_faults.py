@@ -35,8 +35,21 @@ from tests.conftest import leftover_containers, leftover_sandbox_processes
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
 EXIT_WITHIN_S = 10.0  # the old code waited out the 60 s command
-TINY_IMAGE_TOOLS = ("bash", "sh", "dash", "timeout", "sleep", "cat", "mktemp", "base64", "tar",
-                    "gzip", "rm", "mkdir", "ls")  # fmt: skip
+TINY_IMAGE_TOOLS = (
+    "bash",
+    "sh",
+    "dash",
+    "timeout",
+    "sleep",
+    "cat",
+    "mktemp",
+    "base64",
+    "tar",
+    "gzip",
+    "rm",
+    "mkdir",
+    "ls",
+)
 
 
 def write_slow_task(root: Path, token: str) -> Path:
@@ -72,12 +85,31 @@ def processes_with(text: str) -> list[int]:
 
 
 def start_eval(suite: Path, out: Path, kind: str, env: dict[str, str]) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "thundersync.cli", "eval", "--suite", str(suite), "--agent",
-            "oracle", "--sandbox", kind, "-k", "2", "--out", str(out), "--json"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "thundersync.cli",
+        "eval",
+        "--suite",
+        str(suite),
+        "--agent",
+        "oracle",
+        "--sandbox",
+        kind,
+        "-k",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ]
     return subprocess.Popen(
-        argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(what: str, check, within_s: float) -> None:
@@ -189,9 +221,19 @@ def second_daemon() -> Iterator[Daemon]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
     host = f"unix://{root}/docker.sock"
-    argv = ["dockerd", "--host", host, "--data-root", f"{root}/data", "--exec-root",
-            f"{root}/exec", "--pidfile", f"{root}/docker.pid", "--bridge=none",
-            "--iptables=false"]  # fmt: skip
+    argv = [
+        "dockerd",
+        "--host",
+        host,
+        "--data-root",
+        f"{root}/data",
+        "--exec-root",
+        f"{root}/exec",
+        "--pidfile",
+        f"{root}/docker.pid",
+        "--bridge=none",
+        "--iptables=false",
+    ]
     log = (root / "dockerd.log").open("wb")
     daemon = Daemon(subprocess.Popen(argv, stdout=log, stderr=log), root, host)
     try:

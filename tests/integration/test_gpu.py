@@ -56,8 +56,10 @@ def test_gpu_engine_agrees_with_the_cpu_engine(model_dir):
     ]
     for request in requests(4):
         on_gpu, on_cpu = gpu.generate([request])[0], cpu.generate([request])[0]
-        n = next((i for i, (a, b) in enumerate(zip(on_gpu.token_ids, on_cpu.token_ids))
-                  if a != b), min(len(on_gpu.token_ids), len(on_cpu.token_ids)))  # fmt: skip
+        n = next(
+            (i for i, (a, b) in enumerate(zip(on_gpu.token_ids, on_cpu.token_ids)) if a != b),
+            min(len(on_gpu.token_ids), len(on_cpu.token_ids)),
+        )
         assert n >= 1, "the first sampled token differs"
         diffs = [abs(a - b) for a, b in zip(on_gpu.logprobs[:n], on_cpu.logprobs[:n])]
         assert max(diffs) < 1e-3
@@ -65,9 +67,25 @@ def test_gpu_engine_agrees_with_the_cpu_engine(model_dir):
 
 # --- training on GPUs ---------------------------------------------------------------------
 
-GPU_RUN = ["--steps", "2", "--deterministic", "--seed", "0", "--env-kwargs",
-           '{"tools": "python"}', "--tasks-per-step", "2", "--group-size", "4",
-           "--max-new-tokens", "16", "--lr", "3e-3", "--device", "cuda"]  # fmt: skip
+GPU_RUN = [
+    "--steps",
+    "2",
+    "--deterministic",
+    "--seed",
+    "0",
+    "--env-kwargs",
+    '{"tools": "python"}',
+    "--tasks-per-step",
+    "2",
+    "--group-size",
+    "4",
+    "--max-new-tokens",
+    "16",
+    "--lr",
+    "3e-3",
+    "--device",
+    "cuda",
+]
 
 
 def test_training_on_a_gpu_streams_the_sync_update_bitwise(warm_model, tmp_path):
@@ -87,8 +105,18 @@ def test_training_on_a_gpu_streams_the_sync_update_bitwise(warm_model, tmp_path)
 def test_opd_scores_turns_with_a_teacher_on_the_gpu(warm_model, tmp_path):
     student = noisy_copy(warm_model, tmp_path / "student")
     out = tmp_path / "opd"
-    train(out, "--algo", "opd", "--model", str(student), "--teacher", str(warm_model),
-          "--mode", "streaming", *GPU_RUN)  # fmt: skip
+    train(
+        out,
+        "--algo",
+        "opd",
+        "--model",
+        str(student),
+        "--teacher",
+        str(warm_model),
+        "--mode",
+        "streaming",
+        *GPU_RUN,
+    )
     records = metrics(out)
     assert len(records) == 2 and all(m["teacher_kl"] is not None for m in records)
     spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
@@ -110,8 +138,24 @@ def test_two_gpu_learner_ranks_over_nccl_give_one_learners_weights(warm_model, t
 def test_eval_runs_a_checkpoint_on_the_gpu(model_dir, capsys):
     from thundersync.cli import main
 
-    code = main(["eval", "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
-                 "--checkpoint", str(model_dir), "--device", "cuda", "--tasks", "2",
-                 "--max-new-tokens", "8", "--no-leaderboard", "--json"])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--env",
+            "thundersync/ToySum-v0",
+            "--env-kwargs",
+            '{"tools": "python"}',
+            "--checkpoint",
+            str(model_dir),
+            "--device",
+            "cuda",
+            "--tasks",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--no-leaderboard",
+            "--json",
+        ]
+    )
     assert code == 0
     assert json.loads(capsys.readouterr().out)["num_attempts"] == 2

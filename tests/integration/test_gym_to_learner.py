@@ -58,10 +58,16 @@ def test_toy_episodes_stream_into_the_learner_and_match_sync(tiny_model_dirs):
     bus = ev.EventBus()
     log: list[ev.Event] = []
     learners = [
-        Learner(model, GRPO(), torch.optim.SGD(model.parameters(), lr=0.0), streaming=s,
-                max_grad_norm=None, publish=log.append)
+        Learner(
+            model,
+            GRPO(),
+            torch.optim.SGD(model.parameters(), lr=0.0),
+            streaming=s,
+            max_grad_norm=None,
+            publish=log.append,
+        )
         for s in (True, False)
-    ]  # fmt: skip
+    ]
     bus.subscribe(log.append)
     for learner in learners:
         bus.subscribe(learner.consume)

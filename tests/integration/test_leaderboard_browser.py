@@ -15,16 +15,32 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium-headless-shell")
-                 if Path(p).is_file()), None)  # fmt: skip
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update",
-         "--disable-sync"]  # fmt: skip
+CHROMIUM = next(
+    (
+        p
+        for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium-headless-shell")
+        if Path(p).is_file()
+    ),
+    None,
+)
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "thundersync.cli", *args],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "thundersync.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -40,9 +56,29 @@ def site(tmp_path_factory) -> tuple[Path, Path]:
         pytest.skip("bubblewrap missing")
     root = tmp_path_factory.mktemp("leaderboard")
     db = str(root / "lb.sqlite")
-    cli("compare", "--modes", "sync,streaming", "--seeds", "1", "--steps", "2",
-        "--eval-every", "1", "--eval-tasks", "4", "--tasks-per-step", "2", "--group-size", "2",
-        "--max-new-tokens", "8", "--out", str(root / "compare"), "--db", db)  # fmt: skip
+    cli(
+        "compare",
+        "--modes",
+        "sync,streaming",
+        "--seeds",
+        "1",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-tasks",
+        "4",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(root / "compare"),
+        "--db",
+        db,
+    )
     cli("eval", "--suite", "toy-sum", "--agent", "oracle", "--db", db)
     cli("leaderboard", "--db", db, "--html", str(root / "site"))
     return root / "site", Path(db)

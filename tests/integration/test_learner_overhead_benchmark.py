@@ -11,8 +11,24 @@ import pytest
 from thundersync import cli_output
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learner_overhead.py"
-TINY = ["--hidden", "16", "--layers", "1", "--groups", "1", "--group-size", "2", "--turns", "1",
-        "--tokens", "16", "--repeats", "2", "--threads", "1"]  # fmt: skip
+TINY = [
+    "--hidden",
+    "16",
+    "--layers",
+    "1",
+    "--groups",
+    "1",
+    "--group-size",
+    "2",
+    "--turns",
+    "1",
+    "--tokens",
+    "16",
+    "--repeats",
+    "2",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +52,12 @@ def test_a_tiny_run_shows_progress_and_ends_with_its_verdict(benchmark, monkeypa
 
 @pytest.mark.parametrize(
     "ratios,outcome",
-    [([1.0, 1.04], "met by every pair"), ([1.2, 1.1], "NOT met by any pair"),
-     ([0.9, 1.3, 1.0], "undecided")],
-)  # fmt: skip
+    [
+        ([1.0, 1.04], "met by every pair"),
+        ([1.2, 1.1], "NOT met by any pair"),
+        ([0.9, 1.3, 1.0], "undecided"),
+    ],
+)
 def test_the_verdict_says_when_the_pairs_straddle_the_target(benchmark, ratios, outcome):
     assert benchmark.verdict(ratios).endswith(f"? {outcome}")
 

@@ -22,8 +22,9 @@ def run_block(marker: str, folder: Path) -> str:
     (block,) = [b for b in python_blocks() if marker in b]
     script = folder / "example.py"
     script.write_text(block)
-    done = subprocess.run([sys.executable, str(script)], cwd=folder, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=folder, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

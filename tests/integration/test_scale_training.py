@@ -41,8 +41,18 @@ def single_run(warm_model, tmp_path_factory) -> tuple[Path, list[str]]:
     """One local learner, sync, --deterministic: the run the scaled-out ones must equal. Seed 0
     draws groups whose rewards differ at the first step (seed 3 stopped doing so when the toy
     envs held out a split), so the update is not zero."""
-    args = ["--model", str(warm_model), "--steps", "2", "--deterministic", "--seed", "0",
-            "--tasks-per-step", "3", *SMALL[2:]]  # fmt: skip
+    args = [
+        "--model",
+        str(warm_model),
+        "--steps",
+        "2",
+        "--deterministic",
+        "--seed",
+        "0",
+        "--tasks-per-step",
+        "3",
+        *SMALL[2:],
+    ]
     out = tmp_path_factory.mktemp("single") / "run"
     train(out, "--mode", "sync", *args)
     return out, args
@@ -74,15 +84,26 @@ def test_two_learner_ranks_give_the_single_learners_weights_bitwise(
     assert not list(two.glob(".learner-group-*"))
 
 
-def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(
-    warm_model, tmp_path
-):
+def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(warm_model, tmp_path):
     """On-policy distillation (teacher scores reach the rank that owns the episode) with
     two ranks in streaming mode, against one learner in sync mode; both --deterministic."""
     student = noisy_copy(warm_model, tmp_path / "student")
-    args = ["--algo", "opd", "--model", str(student), "--teacher", str(warm_model),
-            "--steps", "2", "--deterministic", "--seed", "4", "--tasks-per-step", "3",
-            *SMALL[2:]]  # fmt: skip
+    args = [
+        "--algo",
+        "opd",
+        "--model",
+        str(student),
+        "--teacher",
+        str(warm_model),
+        "--steps",
+        "2",
+        "--deterministic",
+        "--seed",
+        "4",
+        "--tasks-per-step",
+        "3",
+        *SMALL[2:],
+    ]
     train(tmp_path / "one", "--mode", "sync", *args)
     train(tmp_path / "two", "--mode", "streaming", "--learner-ranks", "2", *args)
     assert same_weights(tmp_path / "one", tmp_path / "two")
@@ -93,8 +114,16 @@ def test_opd_with_two_learner_ranks_gives_the_single_learners_weights_bitwise(
 
 
 def test_a_killed_learner_rank_stops_the_run_with_a_clear_message(warm_model, tmp_path):
-    proc = start_until_first_checkpoint(tmp_path / "run", "--learner-ranks", "2", "--steps",
-                                        "50", "--model", str(warm_model), *SMALL)  # fmt: skip
+    proc = start_until_first_checkpoint(
+        tmp_path / "run",
+        "--learner-ranks",
+        "2",
+        "--steps",
+        "50",
+        "--model",
+        str(warm_model),
+        *SMALL,
+    )
     # rank 1: spawned before the rollout worker
     family, stderr = kill_worker(proc, lambda f: min(p for p in f if b"spawn_main" in cmdline(p)))
     assert proc.returncode == 1, stderr
@@ -159,8 +188,9 @@ def parent_pid(pid: int) -> int | None:
 @pytest.mark.ray
 @needs_ray
 def test_a_dead_rollout_actor_stops_a_ray_run_with_a_clear_message(warm_model, tmp_path):
-    proc = start_until_first_checkpoint(tmp_path / "run", "--backend", "ray", "--steps", "50",
-                                        "--model", str(warm_model), *SMALL)  # fmt: skip
+    proc = start_until_first_checkpoint(
+        tmp_path / "run", "--backend", "ray", "--steps", "50", "--model", str(warm_model), *SMALL
+    )
 
     def the_rollout_actor(family: set[int]) -> int:
         # the only worker actor; a child it forked for a sandbox command bears its title until

@@ -102,8 +102,11 @@ def test_multi_metric_task_oracle_and_nop(fmt: str) -> None:
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
     if fmt == "harbor":
         assert oracle.details["metrics"] == {
-            "valid_json": 1.0, "total_revenue": 1.0, "revenue_by_region": 1.0, "top_product": 1.0,
-        }  # fmt: skip
+            "valid_json": 1.0,
+            "total_revenue": 1.0,
+            "revenue_by_region": 1.0,
+            "top_product": 1.0,
+        }
 
 
 def test_partial_report_gets_partial_harbor_reward_but_fails_tb1() -> None:
@@ -230,9 +233,17 @@ def test_eval_runs_published_style_tasks_with_an_alias_and_strict_grading(
     suite, alias = str(FIXTURES / "published"), f"ubuntu:24.04={BASE_IMAGE}"
     out = tmp_path / "run"
     report = eval_json(
-        capsys, "--suite", suite, "--agent", "oracle", "--image-alias", alias, "--strict",
-        "--out", str(out),
-    )  # fmt: skip
+        capsys,
+        "--suite",
+        suite,
+        "--agent",
+        "oracle",
+        "--image-alias",
+        alias,
+        "--strict",
+        "--out",
+        str(out),
+    )
     assert (report["mean_reward"], report["num_infra_failures"]) == (1.0, 0), report
     config = json.loads((out / "config.json").read_text())
     assert (config["strict"], config["image_aliases"]) == (True, [alias])

@@ -58,8 +58,18 @@ def test_deterministic_sync_and_streaming_roll_out_the_same_tokens_and_weights(
 
 def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, tmp_path):
     out = tmp_path / "async"
-    train(out, "--mode", "async", "--staleness", "1", "--model", str(warm_model),
-          "--steps", "3", *SMALL)  # fmt: skip
+    train(
+        out,
+        "--mode",
+        "async",
+        "--staleness",
+        "1",
+        "--model",
+        str(warm_model),
+        "--steps",
+        "3",
+        *SMALL,
+    )
     records = metrics(out)
     assert [m["step"] for m in records] == [1, 2, 3]
     for m in records:
@@ -70,8 +80,18 @@ def test_async_trains_on_bounded_stale_tokens_and_reports_clipping(warm_model, t
 
 
 def test_a_killed_run_resumes_to_the_same_weights_and_leaves_nothing_running(warm_model, tmp_path):
-    args = ["--mode", "streaming", "--model", str(warm_model), "--steps", "3",
-            "--deterministic", "--seed", "5", *SMALL]  # fmt: skip
+    args = [
+        "--mode",
+        "streaming",
+        "--model",
+        str(warm_model),
+        "--steps",
+        "3",
+        "--deterministic",
+        "--seed",
+        "5",
+        *SMALL,
+    ]
     train(tmp_path / "whole", *args)
     out = tmp_path / "killed"
     proc = start_until_first_checkpoint(out, *args)
@@ -128,17 +148,40 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_c
 ):
     student = noisy_copy(warm_model, tmp_path / "student")  # it still calls the tools
     out = tmp_path / "opd"
-    train(out, "--algo", "opd", "--mode", "streaming", "--model", str(student),
-          "--teacher", str(warm_model), "--steps", "4", "--objective",
-          '{"granularity": "turn"}', "--env-kwargs", '{"tool_latency_s": 0.3}',
-          "--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "12",
-          "--lr", "1e-3")  # fmt: skip
+    train(
+        out,
+        "--algo",
+        "opd",
+        "--mode",
+        "streaming",
+        "--model",
+        str(student),
+        "--teacher",
+        str(warm_model),
+        "--steps",
+        "4",
+        "--objective",
+        '{"granularity": "turn"}',
+        "--env-kwargs",
+        '{"tool_latency_s": 0.3}',
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "--lr",
+        "1e-3",
+    )
     kl = [m["teacher_kl"] for m in metrics(out)]
     # the trend, not one step: each step draws other tasks, whose KL differs by itself
     assert all(k is not None for k in kl) and sum(kl[-2:]) / 2 < 0.9 * kl[0], kl
     spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
-    tools = {(s["episode_id"], s["turn"]): s for s in spans
-             if s["name"] == "tool" and s["finished"] - s["started"] >= 0.25}  # fmt: skip
+    tools = {
+        (s["episode_id"], s["turn"]): s
+        for s in spans
+        if s["name"] == "tool" and s["finished"] - s["started"] >= 0.25
+    }
 
     def overlaps_its_tool_call(span: dict) -> bool:
         tool = tools.get((span["episode_id"], span["turn"]))
@@ -159,10 +202,25 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_c
 def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--mode",
-         "streaming", "--model", str(warm_model), "--steps", "50", *SMALL],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "thundersync.cli",
+            "train",
+            "--out",
+            str(out),
+            "--mode",
+            "streaming",
+            "--model",
+            str(warm_model),
+            "--steps",
+            "50",
+            *SMALL,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "checkpoints" / "step-000001").is_dir():
@@ -189,12 +247,26 @@ def test_metrics_reach_tensorboard_and_offline_wandb_under_the_same_names(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                        "WANDB_DIR": tmp_path, "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
-                        "WANDB_CACHE_DIR": tmp_path / "wandb-cache"}.items():  # fmt: skip
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": tmp_path,
+        "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
+        "WANDB_CACHE_DIR": tmp_path / "wandb-cache",
+    }.items():
         monkeypatch.setenv(name, str(value))
-    train(out, "--mode", "sync", "--model", str(warm_model), "--steps", "2", "--tensorboard",
-          "--wandb", *SMALL)  # fmt: skip
+    train(
+        out,
+        "--mode",
+        "sync",
+        "--model",
+        str(warm_model),
+        "--steps",
+        "2",
+        "--tensorboard",
+        "--wandb",
+        *SMALL,
+    )
     accumulator = EventAccumulator(str(out / "tensorboard"))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
@@ -211,14 +283,32 @@ def test_without_deterministic_the_first_update_still_matches_sync(warm_gpt2, tm
     The warm GPT-2 solves few tasks, so a step's groups may all be equal (a zero update,
     nothing to compare): the first seed whose sync update is not zero is the one compared."""
     initial = final_weights_of(warm_gpt2)
-    args = ["--model", str(warm_gpt2), "--steps", "1", "--dtype", "float64",
-            "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "0",
-            "--tasks-per-step", "4", "--group-size", "8", "--max-new-tokens", "16"]  # fmt: skip
+    args = [
+        "--model",
+        str(warm_gpt2),
+        "--steps",
+        "1",
+        "--dtype",
+        "float64",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--max-grad-norm",
+        "0",
+        "--tasks-per-step",
+        "4",
+        "--group-size",
+        "8",
+        "--max-new-tokens",
+        "16",
+    ]
 
     def update(out: Path) -> torch.Tensor:
         weights = final_weights(out)
-        return torch.cat([(weights[k].double() - initial[k].double()).reshape(-1)
-                          for k in sorted(weights)])  # fmt: skip
+        return torch.cat(
+            [(weights[k].double() - initial[k].double()).reshape(-1) for k in sorted(weights)]
+        )
 
     for seed in ("11", "12", "13", "14", "15"):
         train(tmp_path / f"sync-{seed}", "--mode", "sync", "--seed", seed, *args)
@@ -239,8 +329,18 @@ def test_a_step_that_would_make_the_weights_non_finite_stops_the_run_cleanly(tmp
     with one line (exit 1), the last good checkpoint stays as it was, and every run file is
     strict JSON."""
     out = tmp_path / "run"
-    tiny = ["--steps", "1", "--tasks-per-step", "2", "--group-size", "2",
-            "--max-new-tokens", "8", "--checkpoint-every", "1"]  # fmt: skip
+    tiny = [
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--checkpoint-every",
+        "1",
+    ]
     train(out, *tiny)
     good = final_weights(out)
     assert all(torch.isfinite(w).all() for w in good.values())
@@ -276,22 +376,42 @@ def test_one_step_numbering_and_progress_lines_through_a_pipe(tmp_path):
     out = tmp_path / "run"
     small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
     proc = subprocess.run(
-        [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), "--steps", "2",
-         *small], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "thundersync.cli",
+            "train",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            *small,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
-    order = ["train: loading the model", "train: starting the rollout worker",
-             "train: workers ready", "train: rolling out step 1/2", "train: step 1/2: ",
-             "train: step 2/2: ", "train: done"]  # fmt: skip
+    order = [
+        "train: loading the model",
+        "train: starting the rollout worker",
+        "train: workers ready",
+        "train: rolling out step 1/2",
+        "train: step 1/2: ",
+        "train: step 2/2: ",
+        "train: done",
+    ]
     found = [next(i for i, line in enumerate(lines) if line.startswith(p)) for p in order]
     assert found == sorted(found), proc.stdout
     assert "solved 0% of 4 episodes (reward >= 1); wall-clock" in proc.stdout
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
-        "step-000001", "step-000002"]  # fmt: skip
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     records = metrics(out)
     assert [(m["step"], m["step_base"], m["learner"]["step"]) for m in records] == [
-        (1, 1, 1), (2, 1, 2)]  # fmt: skip
+        (1, 1, 1),
+        (2, 1, 2),
+    ]
     for key in ("reward_std", "response_tokens_mean", "response_tokens_max"):
         assert key in records[0]
     for key in ("loss", "neg_logprob_mean", "kl_reference", "clip_fraction"):
@@ -299,15 +419,23 @@ def test_one_step_numbering_and_progress_lines_through_a_pipe(tmp_path):
     times = [m["time_s"] for m in records]
 
     def timeline(step: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "thundersync.cli", "timeline", str(out),
-                               "--step", str(step)], capture_output=True, text=True)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "thundersync.cli", "timeline", str(out), "--step", str(step)],
+            capture_output=True,
+            text=True,
+        )
 
     for old in (False, True):
         if old:  # as a run folder written before step_base: steps counted from 0
-            (out / "metrics.jsonl").write_text("".join(
-                json.dumps({**{k: v for k, v in m.items() if k != "step_base"},
-                            "step": m["step"] - 1}) + "\n" for m in records
-            ))  # fmt: skip
+            (out / "metrics.jsonl").write_text(
+                "".join(
+                    json.dumps(
+                        {**{k: v for k, v in m.items() if k != "step_base"}, "step": m["step"] - 1}
+                    )
+                    + "\n"
+                    for m in records
+                )
+            )
         assert [(s, t) for s, t, _ in checkpoints(out)] == [(1, times[0]), (2, times[1])]
         shown = timeline(2)
         assert shown.returncode == 0 and "chart of step 2 in" in shown.stdout, shown.stderr

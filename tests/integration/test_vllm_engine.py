@@ -23,9 +23,11 @@ from thundersync.training.engines.protocol import GenerationRequest, SamplingPar
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM missing: `make test-vllm` installs it in .venv-vllm"),
-]  # fmt: skip
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM missing: `make test-vllm` installs it in .venv-vllm",
+    ),
+]
 
 # Where vLLM and torch.compile write caches and sockets: under the tests' temporary folder
 # (with the hub offline, no usage report and loopback only; subprocesses inherit all of it).
@@ -82,12 +84,15 @@ def hf(model_dir):
     return HFEngine(model_dir)
 
 
-def requests(n: int, *, max_new: int = 12, temperature: float = 1.0,
-             stop: tuple[int, ...] = ()) -> list[GenerationRequest]:  # fmt: skip
+def requests(
+    n: int, *, max_new: int = 12, temperature: float = 1.0, stop: tuple[int, ...] = ()
+) -> list[GenerationRequest]:
     return [
-        GenerationRequest(tuple(range(5, 8 + i)),
-                          SamplingParams(max_new, temperature=temperature, stop_ids=stop),
-                          seed=1000 + i)  # fmt: skip
+        GenerationRequest(
+            tuple(range(5, 8 + i)),
+            SamplingParams(max_new, temperature=temperature, stop_ids=stop),
+            seed=1000 + i,
+        )
         for i in range(n)
     ]
 
@@ -136,8 +141,10 @@ def test_logprobs_are_the_sampling_distributions_and_agree_with_hf(engine, hf, t
     for request, completion in zip(reqs, engine.generate(reqs)):
         expected = teacher_forced_logprobs(hf, request, completion.token_ids)
         gaps += [abs(a - b) for a, b in zip(expected, completion.logprobs)]
-    print(f"T={temperature}: |Δlogprob| vLLM vs HF mean {sum(gaps) / len(gaps):.2e}, "
-          f"max {max(gaps):.2e} over {len(gaps)} tokens")  # fmt: skip
+    print(
+        f"T={temperature}: |Δlogprob| vLLM vs HF mean {sum(gaps) / len(gaps):.2e}, "
+        f"max {max(gaps):.2e} over {len(gaps)} tokens"
+    )
     assert max(gaps) < 1e-5
 
 
@@ -190,28 +197,57 @@ def child_pids() -> set[int]:
     return found
 
 
-def test_train_with_the_vllm_engine_in_sync_and_streaming_mode_and_under_ray(
-    model_dir, tmp_path
-):
+def test_train_with_the_vllm_engine_in_sync_and_streaming_mode_and_under_ray(model_dir, tmp_path):
     """Two deterministic steps each: sync, streaming, and streaming with the engine in a Ray
     actor (``--backend ray``, weights through the object store) roll out the same tokens and
     take the same update (in-process tools, no sandbox)."""
-    common = ["--engine", "vllm", "--model", str(model_dir), "--steps", "2",
-              "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
-              "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
-              "--deterministic", "--seed", "1", "--lr", "1e-2"]  # fmt: skip
+    common = [
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--steps",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--env",
+        "thundersync/ToySum-v0",
+        "--env-kwargs",
+        '{"tools": "python"}',
+        "--deterministic",
+        "--seed",
+        "1",
+        "--lr",
+        "1e-2",
+    ]
     runs = {"sync": ["--mode", "sync"], "streaming": ["--mode", "streaming"]}
     if importlib.util.find_spec("ray") is not None:
         runs["ray"] = ["--mode", "streaming", "--backend", "ray"]
     for name, args in runs.items():
         done = subprocess.run(
-            [sys.executable, "-m", "thundersync.cli", "train", *args,
-             "--out", str(tmp_path / name), *common],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "thundersync.cli",
+                "train",
+                *args,
+                "--out",
+                str(tmp_path / name),
+                *common,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
-        steps = [json.loads(line)["step"]
-                 for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        steps = [
+            json.loads(line)["step"]
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
         assert steps == [1, 2]
     a = final_weights(tmp_path / "sync")
     for name in list(runs)[1:]:
@@ -228,23 +264,57 @@ def test_train_with_vllm_and_with_hf_samples_the_same_greedy_tokens_and_reports_
     actions — every episode's turns, action lengths and rewards — and both report the
     sampler-vs-learner log-prob mismatch, small for both. (On-policy distillation, so that
     every action token is trained and compared: greedy GRPO groups have no spread.)"""
-    common = ["--model", str(model_dir), "--steps", "1", "--tasks-per-step", "2",
-              "--group-size", "2", "--max-new-tokens", "8", "--temperature", "0",
-              "--algo", "opd", "--teacher", str(model_dir),
-              "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}',
-              "--seed", "1", "--mode", "sync"]  # fmt: skip
+    common = [
+        "--model",
+        str(model_dir),
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--algo",
+        "opd",
+        "--teacher",
+        str(model_dir),
+        "--env",
+        "thundersync/ToySum-v0",
+        "--env-kwargs",
+        '{"tools": "python"}',
+        "--seed",
+        "1",
+        "--mode",
+        "sync",
+    ]
     for engine in ("hf", "vllm"):
         done = subprocess.run(
-            [sys.executable, "-m", "thundersync.cli", "train", "--engine", engine,
-             "--out", str(tmp_path / engine), *common],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "thundersync.cli",
+                "train",
+                "--engine",
+                engine,
+                "--out",
+                str(tmp_path / engine),
+                *common,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     assert turns(tmp_path / "hf") == turns(tmp_path / "vllm")
     assert rewards(tmp_path / "hf") == rewards(tmp_path / "vllm")
     for engine in ("hf", "vllm"):
-        (record,) = [json.loads(line) for line in
-                     (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+        (record,) = [
+            json.loads(line)
+            for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()
+        ]
         mismatch = record["learner"]["logprob_mismatch_max"]
         assert mismatch is not None and mismatch < 1e-4, (engine, record["learner"])
 
@@ -252,16 +322,22 @@ def test_train_with_vllm_and_with_hf_samples_the_same_greedy_tokens_and_reports_
 def rewards(out: Path) -> list[tuple]:
     from thundersync.events import read_jsonl
 
-    return sorted((r["episode_id"], r["reward"]) for r in read_jsonl(out / "events.jsonl")
-                  if r["event"] == "RewardReady")  # fmt: skip
+    return sorted(
+        (r["episode_id"], r["reward"])
+        for r in read_jsonl(out / "events.jsonl")
+        if r["event"] == "RewardReady"
+    )
 
 
 def turns(out: Path) -> list[tuple]:
     from thundersync.events import read_jsonl
 
     records = read_jsonl(out / "events.jsonl")
-    return sorted((r["episode_id"], r["turn"], r["action_ids_len"])
-                  for r in records if r["event"] == "TurnCompleted")  # fmt: skip
+    return sorted(
+        (r["episode_id"], r["turn"], r["action_ids_len"])
+        for r in records
+        if r["event"] == "TurnCompleted"
+    )
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:

@@ -22,8 +22,10 @@ SMALL = ["--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16",
 def train(out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -39,8 +41,11 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 def token_events(out: Path) -> list[tuple]:
     """Every sampled action's length and episode, in a canonical order."""
     records = read_jsonl(out / "events.jsonl")
-    turns = [(r["episode_id"], r["turn"], r["action_ids_len"])
-             for r in records if r["event"] == "TurnCompleted"]  # fmt: skip
+    turns = [
+        (r["episode_id"], r["turn"], r["action_ids_len"])
+        for r in records
+        if r["event"] == "TurnCompleted"
+    ]
     return sorted(turns)
 
 
@@ -58,8 +63,10 @@ def start_until_first_checkpoint(out: Path, *args: str) -> subprocess.Popen:
     """A ``train`` run in the background, returned once its first checkpoint is written."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not (out / "checkpoints" / "step-000001").is_dir():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -111,8 +118,9 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
-def kill_worker(proc: subprocess.Popen, pick: Callable[[set[int]], int],
-                signum: int = signal.SIGKILL) -> tuple[set[int], str]:  # fmt: skip
+def kill_worker(
+    proc: subprocess.Popen, pick: Callable[[set[int]], int], signum: int = signal.SIGKILL
+) -> tuple[set[int], str]:
     """Send ``signum`` to one of a running ``train``'s processes (``pick`` chooses it from its
     descendants) and wait for the run to end; returns the run's processes as they were, and
     its stderr."""

@@ -26,8 +26,10 @@ VARIANTS = {
     "early-start": (GRPO(), {"early_start": True}),
     "dr-grpo-early": (GRPO(scale_by_std=False, kl_coef=0.05), {"early_start": True}),
     "lazy-drain": (GRPO(kl_coef=0.05), {"eager": False}),
-    "lazy-early-budget": (GRPO(), {"eager": False, "early_start": True,
-                                   "buffer_budget_bytes": 10**6}),
+    "lazy-early-budget": (
+        GRPO(),
+        {"eager": False, "early_start": True, "buffer_budget_bytes": 10**6},
+    ),
     "opd-lazy": (OPD(granularity="turn"), {"eager": False}),
     "opd-turn": (OPD(granularity="turn"), {}),
     "opd-episode": (OPD(granularity="episode"), {}),
@@ -56,9 +58,13 @@ def models(tiny_model_dirs):
 
 def step_gradient(model, objective, events, reference=None, **kwargs) -> torch.Tensor:
     learner = Learner(
-        model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-        reference=reference, max_grad_norm=None, **kwargs,
-    )  # fmt: skip
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        reference=reference,
+        max_grad_norm=None,
+        **kwargs,
+    )
     for event in events:
         learner.consume(event)
     learner.step()
@@ -115,9 +121,13 @@ def test_streaming_and_sync_match_the_textbook_in_float64(models, seed, name, ar
 
 @pytest.mark.parametrize(
     "arch,dtype",
-    [("qwen3", torch.float64), ("llama", torch.float64), ("gpt2", torch.float32),
-     ("qwen3", torch.float32)],
-)  # fmt: skip
+    [
+        ("qwen3", torch.float64),
+        ("llama", torch.float64),
+        ("gpt2", torch.float32),
+        ("qwen3", torch.float32),
+    ],
+)
 @given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(VARIANTS)))
 def test_float32_and_float32_internal_models_match_within_1e_6(models, arch, dtype, seed, name):
     out, refs = models

@@ -23,9 +23,12 @@ def model(tiny_model_dirs):
 
 def run(model, objective, events, **kwargs) -> tuple[torch.Tensor, Learner, dict]:
     learner = Learner(
-        model, objective, torch.optim.SGD(model.parameters(), lr=0.0), max_grad_norm=None,
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        max_grad_norm=None,
         **kwargs,
-    )  # fmt: skip
+    )
     for event in events:
         learner.consume(event)
     metrics = learner.step()
@@ -40,14 +43,19 @@ def step_grad(model) -> torch.Tensor:
 
 def flat_group(model, reward: float, size: int, seed: int) -> list[ev.Event]:
     """One group whose rewards are all ``reward``."""
-    events = random_batch(seed, model.config.vocab_size, BatchShape(max_groups=1,
-                          max_group_size=size, max_turns=3, max_tokens=48,
-                          infra_failure_rate=0.0))  # fmt: skip
+    events = random_batch(
+        seed,
+        model.config.vocab_size,
+        BatchShape(
+            max_groups=1, max_group_size=size, max_turns=3, max_tokens=48, infra_failure_rate=0.0
+        ),
+    )
     return [
-        ev.RewardReady(episode_id=e.episode_id, reward=reward) if isinstance(e, ev.RewardReady)
+        ev.RewardReady(episode_id=e.episode_id, reward=reward)
+        if isinstance(e, ev.RewardReady)
         else e
         for e in events
-    ]  # fmt: skip
+    ]
 
 
 @given(
@@ -55,7 +63,7 @@ def flat_group(model, reward: float, size: int, seed: int) -> list[ev.Event]:
     seed=st.integers(0, 10**6),
     options=st.sampled_from(
         [{}, {"early_start": True}, {"buffer_budget_bytes": 0}, {"deterministic": True}]
-    ),  # fmt: skip
+    ),
     scale=st.booleans(),
 )
 def test_an_all_equal_group_contributes_exactly_zero(model, reward, seed, options, scale):
@@ -84,9 +92,15 @@ def test_open_group_memory_never_exceeds_the_budget_and_stays_exact(
     numel = sum(p.numel() for p in model.parameters())
     budget = budget_buffers * numel * 8
     grad, learner, metrics = run(
-        model, objective, events, streaming=True, early_start=early_start,
-        buffer_budget_bytes=budget, reference=reference, deterministic=deterministic,
-    )  # fmt: skip
+        model,
+        objective,
+        events,
+        streaming=True,
+        early_start=early_start,
+        buffer_budget_bytes=budget,
+        reference=reference,
+        deterministic=deterministic,
+    )
     assert metrics["peak_buffer_bytes"] <= budget
     book = textbook.gradient(model, objective, events, reference)
     assert float((grad - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
@@ -106,8 +120,15 @@ def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, op
     shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
     events = random_batch(seed, model.config.vocab_size, shape, teacher=opd)
     kwargs = {} if opd else {"early_start": early_start}
-    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-                      streaming=True, eager=False, max_grad_norm=None, **kwargs)  # fmt: skip
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        streaming=True,
+        eager=False,
+        max_grad_norm=None,
+        **kwargs,
+    )
     for i, event in enumerate(events):
         learner.consume(event)
         if i in drains:
@@ -119,8 +140,9 @@ def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, op
 
 def test_an_unlimited_budget_really_holds_groups_open(model):
     """The budget test above must be able to fail: without a budget, buffers are used."""
-    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=2, max_tokens=40,
-                       infra_failure_rate=0.0)  # fmt: skip
+    shape = BatchShape(
+        max_groups=3, max_group_size=4, max_turns=2, max_tokens=40, infra_failure_rate=0.0
+    )
     events = random_batch(11, model.config.vocab_size, shape, arrival="interleaved")
     _, _, metrics = run(model, GRPO(), events, streaming=True, early_start=True)
     assert metrics["peak_buffer_bytes"] >= 2 * metrics["buffer_bytes"]
@@ -130,20 +152,46 @@ token_ids = st.lists(st.integers(0, 2**31 - 1), max_size=20).map(tuple)
 logprobs = st.lists(st.floats(max_value=0.0, allow_nan=False), max_size=20).map(tuple)
 names = st.text(min_size=1, max_size=12)
 any_event = st.one_of(
-    st.builds(ev.EpisodeStarted, episode_id=names, group_id=names, group_size=st.integers(1, 64),
-              task_id=names, prompt_ids=token_ids, policy_version=st.integers(0, 10**6)),
-    st.builds(ev.TurnCompleted, episode_id=names, turn=st.integers(0, 99), action_ids=token_ids,
-              action_logprobs=logprobs, policy_version=st.integers(0, 10**6)),
-    st.builds(ev.ToolFinished, episode_id=names, turn=st.integers(0, 99),
-              observation_ids=token_ids, duration_s=st.floats(0, 1e4),
-              exit_code=st.none() | st.integers(-255, 255), timed_out=st.booleans()),
-    st.builds(ev.EpisodeCompleted, episode_id=names, num_turns=st.integers(1, 99),
-              stop_reason=names),
-    st.builds(ev.RewardReady, episode_id=names, reward=st.floats(-1e6, 1e6),
-              infra_failure=st.booleans(), details=st.dictionaries(names, st.integers())),
-    st.builds(ev.TeacherScored, episode_id=names, turn=st.integers(0, 99),
-              teacher_logprobs=logprobs),
-)  # fmt: skip
+    st.builds(
+        ev.EpisodeStarted,
+        episode_id=names,
+        group_id=names,
+        group_size=st.integers(1, 64),
+        task_id=names,
+        prompt_ids=token_ids,
+        policy_version=st.integers(0, 10**6),
+    ),
+    st.builds(
+        ev.TurnCompleted,
+        episode_id=names,
+        turn=st.integers(0, 99),
+        action_ids=token_ids,
+        action_logprobs=logprobs,
+        policy_version=st.integers(0, 10**6),
+    ),
+    st.builds(
+        ev.ToolFinished,
+        episode_id=names,
+        turn=st.integers(0, 99),
+        observation_ids=token_ids,
+        duration_s=st.floats(0, 1e4),
+        exit_code=st.none() | st.integers(-255, 255),
+        timed_out=st.booleans(),
+    ),
+    st.builds(
+        ev.EpisodeCompleted, episode_id=names, num_turns=st.integers(1, 99), stop_reason=names
+    ),
+    st.builds(
+        ev.RewardReady,
+        episode_id=names,
+        reward=st.floats(-1e6, 1e6),
+        infra_failure=st.booleans(),
+        details=st.dictionaries(names, st.integers()),
+    ),
+    st.builds(
+        ev.TeacherScored, episode_id=names, turn=st.integers(0, 99), teacher_logprobs=logprobs
+    ),
+)
 
 
 @given(event=any_event)
@@ -186,9 +234,16 @@ def test_deterministic_streaming_drained_at_any_points_is_bitwise_sync(
     budget = None if budget_buffers is None else budget_buffers * numel * 8
     sync, _, _ = run(model, objective, events, deterministic=True)
     sync = sync.clone()
-    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-                      streaming=True, deterministic=True, eager=False, max_grad_norm=None,
-                      buffer_budget_bytes=budget)  # fmt: skip
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        streaming=True,
+        deterministic=True,
+        eager=False,
+        max_grad_norm=None,
+        buffer_budget_bytes=budget,
+    )
     for i, event in enumerate(events):
         learner.consume(event)
         if i in drains:

@@ -56,8 +56,9 @@ def behaviour_batch(model, seed: int, version: int) -> list[ev.Event]:
                 min(learner_lp[offset + j] + shift + rng.gauss(0.0, 0.05), 0.0)
                 for j in range(len(e.action_ids))
             )
-            e = dataclasses.replace(e, action_logprobs=logprobs,
-                                    policy_version=version - rng.randint(0, 1))  # fmt: skip
+            e = dataclasses.replace(
+                e, action_logprobs=logprobs, policy_version=version - rng.randint(0, 1)
+            )
         out.append(e)
     return out
 
@@ -79,8 +80,9 @@ def ppo_clip_gradient(model, objective, events, reference=None) -> tuple[torch.T
         if objective.max_groups is not None and num_groups >= objective.max_groups:
             continue
         num_groups += 1
-        chosen += list(zip(groups[gid], textbook.advantages(rewards, objective.scale_by_std,
-                                                            objective.eps)))  # fmt: skip
+        chosen += list(
+            zip(groups[gid], textbook.advantages(rewards, objective.scale_by_std, objective.eps))
+        )
     terms, sizes, clipped = [], [], 0
     for eid, adv in chosen:
         lp = textbook.action_logprobs(model, eps[eid])
@@ -107,8 +109,9 @@ def ppo_clip_gradient(model, objective, events, reference=None) -> tuple[torch.T
         return torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype), 0
     denom = sum(sizes) if objective.loss_agg == "token-mean" else len(sizes)
     grads = torch.autograd.grad(sum(terms) / denom, params, allow_unused=True)
-    flat = torch.cat([(torch.zeros_like(p) if g is None else g).flatten()
-                      for g, p in zip(grads, params)])  # fmt: skip
+    flat = torch.cat(
+        [(torch.zeros_like(p) if g is None else g).flatten() for g, p in zip(grads, params)]
+    )
     return flat, clipped
 
 
@@ -117,9 +120,15 @@ def test_off_policy_step_is_the_textbook_ppo_clip_step(models, seed, name):
     model, reference = models
     objective = VARIANTS[name]
     events = behaviour_batch(model, seed, version=5)
-    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-                      max_staleness=1, policy_version=5, max_grad_norm=None,
-                      reference=reference)  # fmt: skip
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        max_staleness=1,
+        policy_version=5,
+        max_grad_norm=None,
+        reference=reference,
+    )
     for event in events:
         learner.consume(event)
     metrics = learner.step()

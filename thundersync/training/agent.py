@@ -66,8 +66,9 @@ class PolicyAgent:
     def act(self, task: Any, messages: Sequence[Message], *, episode_id: str) -> Action:
         request = self.request(messages, episode_id=episode_id)
         started = now()
-        return self.action(self._generate(request), messages, episode_id=episode_id,
-                           started=started)  # fmt: skip
+        return self.action(
+            self._generate(request), messages, episode_id=episode_id, started=started
+        )
 
     def request(self, messages: Sequence[Message], *, episode_id: str) -> GenerationRequest:
         """``act``'s first half: the engine request for the next action (raises
@@ -88,17 +89,30 @@ class PolicyAgent:
         )
         return GenerationRequest(context, params, request_seed(self.run_seed, episode_id, turn))
 
-    def action(self, completion: Completion, messages: Sequence[Message], *, episode_id: str,
-               started: float, finished: float | None = None) -> Action:  # fmt: skip
+    def action(
+        self,
+        completion: Completion,
+        messages: Sequence[Message],
+        *,
+        episode_id: str,
+        started: float,
+        finished: float | None = None,
+    ) -> Action:
         """``act``'s second half: the ``Action`` of the engine's ``completion`` of ``request``
         (sent at ``started`` and answered at ``finished``, default now, on the events' clock),
         its span recorded."""
         if self._record is not None:
-            self._record(SpanRecorded(
-                name="generate", started=started, finished=finished or now(), worker="agent",
-                episode_id=episode_id, turn=_turn(messages),
-                metrics={"num_tokens": len(completion.token_ids)},
-            ))  # fmt: skip
+            self._record(
+                SpanRecorded(
+                    name="generate",
+                    started=started,
+                    finished=finished or now(),
+                    worker="agent",
+                    episode_id=episode_id,
+                    turn=_turn(messages),
+                    metrics={"num_tokens": len(completion.token_ids)},
+                )
+            )
         return Action(
             text=self.chat.action_text(completion.token_ids),
             token_ids=completion.token_ids,

@@ -66,14 +66,19 @@ class ChatFormat:
         self._cached_content = functools.lru_cache(CACHED_TEXTS)(self._encode_content)
         self._cached_text = functools.lru_cache(CACHED_TEXTS)(self._decode)
         render = tokenizer.apply_chat_template
-        opening = render([{"role": "user", "content": _USER}], tokenize=False,
-                         add_generation_prompt=True)  # fmt: skip
+        opening = render(
+            [{"role": "user", "content": _USER}], tokenize=False, add_generation_prompt=True
+        )
         self._prompt_head, self._prompt_tail = _split(opening, _USER)
         three = render(
-            [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT},
-             {"role": "user", "content": _OBSERVATION}],
-            tokenize=False, add_generation_prompt=True,
-        )  # fmt: skip
+            [
+                {"role": "user", "content": _USER},
+                {"role": "assistant", "content": _ASSISTANT},
+                {"role": "user", "content": _OBSERVATION},
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         between = three[three.index(_ASSISTANT) + len(_ASSISTANT) :]
         head, self._observation_tail = _split(between, _OBSERVATION)
         end_of_turn = _end_of_turn_token(tokenizer, head)
@@ -81,9 +86,13 @@ class ChatFormat:
         self.end_of_turn_id = int(tokenizer.convert_tokens_to_ids(end_of_turn))
         self._templates = {  # the template's four fixed texts, tokenised once
             text: self._encode_template(text)
-            for text in (self._prompt_head, self._prompt_tail, self._observation_head,
-                         self._observation_tail)
-        }  # fmt: skip
+            for text in (
+                self._prompt_head,
+                self._prompt_tail,
+                self._observation_head,
+                self._observation_tail,
+            )
+        }
         stops = {self.end_of_turn_id, tokenizer.eos_token_id}
         self.stop_ids = tuple(sorted(i for i in stops if isinstance(i, int)))
 

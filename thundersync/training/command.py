@@ -39,9 +39,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "checkpoints/step-00000N holds the weights after it.",
     )
     parser.add_argument("--config", default=None, help="JSON or TOML file of config fields")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out from its last checkpoint "
-                             "(its config.json is the base; flags still override)")  # fmt: skip
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint "
+        "(its config.json is the base; flags still override)",
+    )
     add_config_flags(parser)
     parser.set_defaults(func=run_train_command)
 
@@ -57,8 +60,10 @@ def run_train_command(args: argparse.Namespace) -> int:
             out = Path(args.out or base.get("out") or "runs/train")
             saved = out / "config.json"
             if not saved.is_file():
-                raise ValueError(f"--resume: {out} holds no run (no config.json); leave out "
-                                 "--resume to start a new run there")  # fmt: skip
+                raise ValueError(
+                    f"--resume: {out} holds no run (no config.json); leave out "
+                    "--resume to start a new run there"
+                )
             base = {**load_saved_config(saved), **base}
         config = with_model_folders(resolve_config(args, base))
         check_inputs(config)
@@ -104,8 +109,19 @@ def run_train_command(args: argparse.Namespace) -> int:
     return 0
 
 
-WARMSTART_FLAGS = ("env", "num_demos", "steps", "bias_steps", "corrupt_fraction", "hidden_size",
-                   "num_layers", "lr", "seed", "arch", "sandbox")  # fmt: skip
+WARMSTART_FLAGS = (
+    "env",
+    "num_demos",
+    "steps",
+    "bias_steps",
+    "corrupt_fraction",
+    "hidden_size",
+    "num_layers",
+    "lr",
+    "seed",
+    "arch",
+    "sandbox",
+)
 """The WarmStartConfig fields that are flags (their help: the fields' docstrings)."""
 
 
@@ -128,9 +144,13 @@ def add_warmstart_parser(sub: Any) -> None:
 
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
     add_flags(parser, WarmStartConfig, WARMSTART_FLAGS)
-    parser.add_argument("--threads", default=None, metavar="N",
-                        help="torch threads for fine-tuning (it runs alone; default: the "
-                             f"machine's cores, {os.cpu_count() or 1})")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        default=None,
+        metavar="N",
+        help="torch threads for fine-tuning (it runs alone; default: the "
+        f"machine's cores, {os.cpu_count() or 1})",
+    )
     parser.set_defaults(func=_run_warmstart)
 
 
@@ -144,8 +164,11 @@ def _run_warmstart(args: Any) -> int:
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
 
     try:
-        given = {name: parse_flag(WarmStartConfig, name, getattr(args, name))
-                 for name in WARMSTART_FLAGS if getattr(args, name) is not None}  # fmt: skip
+        given = {
+            name: parse_flag(WarmStartConfig, name, getattr(args, name))
+            for name in WARMSTART_FLAGS
+            if getattr(args, name) is not None
+        }
         config = WarmStartConfig(**given)
         threads = os.cpu_count() or 1
         if args.threads is not None:
@@ -169,9 +192,12 @@ def _run_warmstart(args: Any) -> int:
     print(f"warmstart: building {describe(config)}", flush=True)
     with PhaseProgress("demonstrations", config.num_demos) as progress:
         out = warm_start(config, args.out, progress=progress)
-    bias = (f"biased on purpose (--corrupt-fraction {config.corrupt_fraction:g}, "
-            f"--bias-steps {config.bias_steps})" if config.bias_steps and config.corrupt_fraction
-            else "an imitation of the oracle")  # fmt: skip
+    bias = (
+        f"biased on purpose (--corrupt-fraction {config.corrupt_fraction:g}, "
+        f"--bias-steps {config.bias_steps})"
+        if config.bias_steps and config.corrupt_fraction
+        else "an imitation of the oracle"
+    )
     print(f"warmstart: done in {time.monotonic() - started:.0f} s: {out} ({bias})")
     return 0
 

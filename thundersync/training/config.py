@@ -151,34 +151,50 @@ class TrainConfig:
         check_fields(self)  # each field's type and range, as its annotation declares
         checks = [
             (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
-            (self.engine != "vllm" or self.dtype != "float64", "dtype",
-             "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)"),
-            (self.learner_ranks == 1 or self.device in ("cpu", "cuda"), "device",
-             "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)"),
-            (self.backend == "local" or self.device == "cpu"
-             or (self.device == "cuda" and self.learner_ranks == 1), "device",
-             "with backend 'ray', cpu, or cuda with one learner rank (Ray picks the GPUs; "
-             "GPU learner ranks as Ray actors: not yet, use the local backend)"),
-        ]  # fmt: skip
+            (
+                self.engine != "vllm" or self.dtype != "float64",
+                "dtype",
+                "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)",
+            ),
+            (
+                self.learner_ranks == 1 or self.device in ("cpu", "cuda"),
+                "device",
+                "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)",
+            ),
+            (
+                self.backend == "local"
+                or self.device == "cpu"
+                or (self.device == "cuda" and self.learner_ranks == 1),
+                "device",
+                "with backend 'ray', cpu, or cuda with one learner rank (Ray picks the GPUs; "
+                "GPU learner ranks as Ray actors: not yet, use the local backend)",
+            ),
+        ]
         for ok, name, expected in checks:
             if not ok:
-                raise ValueError(f"config field {name!r}: expected {expected}, got "
-                                 f"{getattr(self, name)!r}")  # fmt: skip
+                raise ValueError(
+                    f"config field {name!r}: expected {expected}, got {getattr(self, name)!r}"
+                )
         objective = self.build_objective()
         for name in ("env_kwargs", "objective"):  # (the objective has named a bad keyword)
             where = non_finite(getattr(self, name))
             if where is not None:
-                raise ValueError(f"config field {name!r}: {where} is NaN or infinite (a run's "
-                                 "config.json is strict JSON)")  # fmt: skip
+                raise ValueError(
+                    f"config field {name!r}: {where} is NaN or infinite (a run's "
+                    "config.json is strict JSON)"
+                )
         if self.early_start:
             no_effect = early_start_problem(self)
             if no_effect:
-                raise ValueError(f"config field 'early_start': no effect {no_effect}; "
-                                 "leave out --early-start")  # fmt: skip
+                raise ValueError(
+                    f"config field 'early_start': no effect {no_effect}; leave out --early-start"
+                )
         if self.mode == "async" and (self.algo != "grpo" or objective.tis_cap is not None):
-            raise ValueError("config fields 'mode'/'algo'/'objective': async trains GRPO "
-                             "without tis_cap (its PPO ratio already corrects for the sampler; "
-                             "OPD has no off-policy correction)")  # fmt: skip
+            raise ValueError(
+                "config fields 'mode'/'algo'/'objective': async trains GRPO "
+                "without tis_cap (its PPO ratio already corrects for the sampler; "
+                "OPD has no off-policy correction)"
+            )
 
     def build_objective(self) -> Any:
         """The learner's ``GRPO(**objective)`` or ``OPD(**objective)`` (each keyword typed
@@ -190,8 +206,10 @@ class TrainConfig:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(self.objective) - set(known))
         if unknown:
-            raise ValueError(f"config field 'objective': unknown keyword(s) {unknown} of "
-                             f"{cls.__name__} (algo {self.algo!r}); it takes {known}")  # fmt: skip
+            raise ValueError(
+                f"config field 'objective': unknown keyword(s) {unknown} of "
+                f"{cls.__name__} (algo {self.algo!r}); it takes {known}"
+            )
         try:
             return cls(**self.objective)
         except (TypeError, ValueError) as exc:
@@ -230,20 +248,25 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(f"config field 'engine': {INSTALL_HINT}")
     if config.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise ValueError("config field 'backend': --backend ray needs Ray: "
-                         "pip install 'thundersync[ray]'")  # fmt: skip
+        raise ValueError(
+            "config field 'backend': --backend ray needs Ray: pip install 'thundersync[ray]'"
+        )
     check_device(config)
     cores = usable_cores()
     if config.backend == "local" and config.device == "cpu" and config.learner_ranks > cores:
-        raise ValueError(f"config field 'learner_ranks': {config.learner_ranks} ranks on a "
-                         f"machine with {cores} core(s); at most {cores} (one process each), "
-                         "or --backend ray to place them on a cluster")  # fmt: skip
+        raise ValueError(
+            f"config field 'learner_ranks': {config.learner_ranks} ranks on a "
+            f"machine with {cores} core(s); at most {cores} (one process each), "
+            "or --backend ray to place them on a cluster"
+        )
     for name in ("model", "teacher"):
         folder = getattr(config, name)
         if folder and not (Path(folder) / "config.json").is_file():
-            raise ValueError(f"config field {name!r}: {folder}: not a checkpoint folder "
-                             "(no config.json; thundersync warmstart builds one, or name a "
-                             "Hugging Face model in the local cache: org/name)")  # fmt: skip
+            raise ValueError(
+                f"config field {name!r}: {folder}: not a checkpoint folder "
+                "(no config.json; thundersync warmstart builds one, or name a "
+                "Hugging Face model in the local cache: org/name)"
+            )
     if config.model:
         problem = chat_template_problem(config.model)
         if problem:
@@ -268,8 +291,10 @@ def early_start_problem(config: TrainConfig) -> str | None:
     if config.algo != "grpo":
         return "with --algo opd (its turns' gradients already start at each teacher score)"
     if config.deterministic:
-        return ("with --deterministic (its streaming already starts each trajectory's piece "
-                "when its tokens are known)")  # fmt: skip
+        return (
+            "with --deterministic (its streaming already starts each trajectory's piece "
+            "when its tokens are known)"
+        )
     return None
 
 
@@ -341,8 +366,7 @@ def tokenizer_mismatch(student: Any, teacher_folder: str | Path) -> str | None:
     where = f"{teacher_folder}: the teacher's tokenizer differs from the student's"
     hint = "OPD needs one tokenizer for both (e.g. a teacher warm-started like the student)"
     if len(student) != len(teacher):
-        return (f"{where}: vocabulary of {len(teacher)} tokens, the student's {len(student)}; "
-                f"{hint}")  # fmt: skip
+        return f"{where}: vocabulary of {len(teacher)} tokens, the student's {len(student)}; {hint}"
     s_vocab, t_vocab = student.get_vocab(), teacher.get_vocab()
     moved = sorted(t for t in s_vocab if t_vocab.get(t) != s_vocab[t])
     if moved:
@@ -361,8 +385,10 @@ def tokenizer_mismatch(student: Any, teacher_folder: str | Path) -> str | None:
     except (OSError, ValueError):
         size = None
     if isinstance(size, int) and size < len(student):
-        return (f"{teacher_folder}: the teacher's embedding has {size} rows, fewer than the "
-                f"{len(student)} tokens of the shared tokenizer")  # fmt: skip
+        return (
+            f"{teacher_folder}: the teacher's embedding has {size} rows, fewer than the "
+            f"{len(student)} tokens of the shared tokenizer"
+        )
     return None
 
 
@@ -426,8 +452,9 @@ def check_env_kwargs(config: TrainConfig) -> None:
     except TaskProtocolError as exc:
         raise ValueError(f"config field 'env': {config.env}: {exc}") from exc
     except Exception as exc:
-        raise ValueError(f"config field 'env_kwargs': cannot make {config.env} with "
-                         f"{config.env_kwargs}: {exc}") from exc  # fmt: skip
+        raise ValueError(
+            f"config field 'env_kwargs': cannot make {config.env} with {config.env_kwargs}: {exc}"
+        ) from exc
     finally:
         if env is not None:
             env.close()
@@ -492,8 +519,11 @@ def load_saved_config(path: Path) -> dict[str, Any]:
 def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
     """One ``--field`` per TrainConfig field but ``exclude`` (default: not given, so a file
     can set it); ``resolve_config`` checks the values."""
-    add_flags(parser, TrainConfig, [f.name for f in dataclasses.fields(TrainConfig)
-                                    if f.name not in exclude])  # fmt: skip
+    add_flags(
+        parser,
+        TrainConfig,
+        [f.name for f in dataclasses.fields(TrainConfig) if f.name not in exclude],
+    )
 
 
 def resolve_config(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:

@@ -55,8 +55,9 @@ class InlineEpisodes:
     ``shutdown`` cancels what has not started and waits for the rest to end (after
     ``runner.cancel``, at once)."""
 
-    def __init__(self, runner: EpisodeRunner, batcher: DynamicBatcher, *,
-                 max_concurrency: int) -> None:  # fmt: skip
+    def __init__(
+        self, runner: EpisodeRunner, batcher: DynamicBatcher, *, max_concurrency: int
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.runner = runner
@@ -147,9 +148,13 @@ class InlineEpisodes:
         assert need is not None
         error: BaseException | None = None
         try:
-            action = self.agent.action(completion.result(), need.messages,
-                                       episode_id=need.episode_id, started=job.sent,
-                                       finished=finished)  # fmt: skip
+            action = self.agent.action(
+                completion.result(),
+                need.messages,
+                episode_id=need.episode_id,
+                started=job.sent,
+                finished=finished,
+            )
         except BaseException as exc:  # the engine failed or was closed: the episode's to handle
             action, error = None, exc
         return self._advance(job, action, error)  # thrown outside the handler: no stale context
@@ -172,8 +177,9 @@ class InlineEpisodes:
             except BaseException as exc:  # a full context window, a closed engine
                 action, error = None, exc
                 continue
-            pending.add_done_callback(lambda done, job=job: self._inbox.put(("done", job, done,
-                                                                             now())))  # fmt: skip
+            pending.add_done_callback(
+                lambda done, job=job: self._inbox.put(("done", job, done, now()))
+            )
             return False
 
     def _end(self, job: _Job, trajectory: Any, error: BaseException | None) -> bool:
@@ -202,8 +208,9 @@ class EpisodeThreads:
     def submit(self, **episode_kwargs: Any) -> Future:
         self.batcher.join()
         try:
-            return self.pool.submit(_counted, self.batcher, self.runner.run_episode,
-                                    **episode_kwargs)  # fmt: skip
+            return self.pool.submit(
+                _counted, self.batcher, self.runner.run_episode, **episode_kwargs
+            )
         except BaseException:  # after shutdown: never counted out by its thread
             self.batcher.leave()
             raise
@@ -212,8 +219,12 @@ class EpisodeThreads:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def episode_driver(runner: EpisodeRunner, batcher: DynamicBatcher, make_env: Callable[[], Any],
-                   max_concurrency: int) -> InlineEpisodes | EpisodeThreads:  # fmt: skip
+def episode_driver(
+    runner: EpisodeRunner,
+    batcher: DynamicBatcher,
+    make_env: Callable[[], Any],
+    max_concurrency: int,
+) -> InlineEpisodes | EpisodeThreads:
     """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
     ``EpisodeThreads``. ``make_env`` makes the env to ask (closed, never reset)."""
     env = make_env()

@@ -74,8 +74,9 @@ class BuiltLearner:
     tokenizer: Any
 
 
-def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
-                  loaded: Any = None) -> BuiltLearner:  # fmt: skip
+def build_learner(
+    spec: LearnerSpec, *, rank: int, publish: Any, loaded: Any = None
+) -> BuiltLearner:
     """The model, its optimizer (restored when resuming) and the learner of ``rank``; for a
     data-parallel run, joins the process group first (every rank must call this), after
     calling ``loaded()`` (a rank tells the trainer it got that far)."""
@@ -92,8 +93,7 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
             deterministic_cuda(device)
     model = load_model(spec.model_dir, dtype=dtype).to(device)
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
-    optimizer = optimizer_class(model.parameters(), lr=config.lr,
-                                weight_decay=config.weight_decay)  # fmt: skip
+    optimizer = optimizer_class(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     start_step, version = 0, 0
     if spec.checkpoint is not None:
         state = ckpt.load_state(Path(spec.checkpoint))
@@ -107,12 +107,17 @@ def build_learner(spec: LearnerSpec, *, rank: int, publish: Any,
     if isinstance(objective, GRPO) and objective.kl_coef:
         reference = load_model(spec.initial_model, dtype=dtype).to(device)
     options: dict[str, Any] = dict(
-        streaming=config.mode == "streaming", reference=reference,
-        deterministic=config.deterministic, early_start=config.early_start, eager=False,
+        streaming=config.mode == "streaming",
+        reference=reference,
+        deterministic=config.deterministic,
+        early_start=config.early_start,
+        eager=False,
         max_grad_norm=config.max_grad_norm or None,
         buffer_budget_bytes=config.buffer_budget_bytes or None,
-        micro_batch_size=config.micro_batch_size, policy_version=version, publish=publish,
-    )  # fmt: skip
+        micro_batch_size=config.micro_batch_size,
+        policy_version=version,
+        publish=publish,
+    )
     if config.mode == "async":
         options["max_staleness"] = config.staleness
     if loaded is not None:
@@ -137,10 +142,11 @@ def _join_process_group(spec: LearnerSpec, rank: int) -> None:
     # step's plan gather at once (NCCL alone would wait out its timeout, then abort).
     dist.init_process_group(
         "cpu:gloo,cuda:nccl" if spec.config.device.startswith("cuda") else "gloo",
-        init_method=spec.rendezvous, rank=rank,
+        init_method=spec.rendezvous,
+        rank=rank,
         world_size=spec.config.learner_ranks,
         timeout=timedelta(seconds=spec.config.worker_timeout_s),
-    )  # fmt: skip
+    )
 
 
 def leave_process_group() -> None:
@@ -169,13 +175,20 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
 
     def publish(event: ev.Event) -> None:
         if isinstance(event, ev.GradientComputed):
-            spans.append(ev.SpanRecorded(
-                name="backward", started=event.started, finished=event.finished,
-                worker=f"learner-{rank}", episode_id=event.episode_id, turn=event.turn,
-            ))  # fmt: skip
+            spans.append(
+                ev.SpanRecorded(
+                    name="backward",
+                    started=event.started,
+                    finished=event.finished,
+                    worker=f"learner-{rank}",
+                    episode_id=event.episode_id,
+                    turn=event.turn,
+                )
+            )
 
-    built = build_learner(spec, rank=rank, publish=publish,
-                          loaded=lambda: output.put(RankReady(rank)))  # fmt: skip
+    built = build_learner(
+        spec, rank=rank, publish=publish, loaded=lambda: output.put(RankReady(rank))
+    )
     learner, current = built.learner, built.start_step
     later: dict[int, list[ev.Event]] = {}
     try:

@@ -27,8 +27,9 @@ def step_number(record: dict[str, Any]) -> int:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """A run's ``metrics.jsonl``, every record's ``step`` counted from 1 (old runs' too)."""
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()]  # fmt: skip
+    records = [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
     return [{**r, "step": step_number(r), "step_base": STEP_BASE} for r in records]
 
 
@@ -47,8 +48,9 @@ class MetricsLogger:
         if wandb:
             import wandb as wandb_module
 
-            self._wandb = wandb_module.init(mode="offline", dir=str(folder), config=config,
-                                            project="thundersync")  # fmt: skip
+            self._wandb = wandb_module.init(
+                mode="offline", dir=str(folder), config=config, project="thundersync"
+            )
 
     def log(self, metrics: dict[str, Any]) -> None:
         line = dumps_nulled(metrics)
@@ -165,7 +167,7 @@ class BatchTracker:
             "reward_mean": mean,
             "reward_std": (
                 math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
-            ),  # fmt: skip
+            ),
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
             "num_episodes": len(self.episode_ids),
             "num_infra_failures": len(self.rewards) - len(scored),
@@ -176,5 +178,5 @@ class BatchTracker:
             "response_tokens_max": max(lengths, default=None),
             "teacher_kl": (
                 self.teacher_gap[0] / self.teacher_gap[1] if self.teacher_gap[1] else None
-            ),  # fmt: skip
+            ),
         }

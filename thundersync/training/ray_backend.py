@@ -90,8 +90,9 @@ class ObjectStoreWeights:
 class RayBackend:
     """Workers as Ray actors (see the module docstring); ``LocalBackend``'s methods."""
 
-    def __init__(self, *, cpus_needed: int, gpus_needed: float, gpu_for_rollout: bool,
-                 log: Path) -> None:  # fmt: skip
+    def __init__(
+        self, *, cpus_needed: int, gpus_needed: float, gpu_for_rollout: bool, log: Path
+    ) -> None:
         for key, value in _loopback_env().items():
             os.environ.setdefault(key, value)
         import ray
@@ -106,8 +107,9 @@ class RayBackend:
             from thundersync.training.ray_head import start_private_head
 
             gpus = torch.cuda.device_count() if gpu_for_rollout or gpus_needed else 0
-            self._head = start_private_head(num_cpus=max(cpus_needed, os.cpu_count() or 1),
-                                            num_gpus=gpus, log=log)  # fmt: skip
+            self._head = start_private_head(
+                num_cpus=max(cpus_needed, os.cpu_count() or 1), num_gpus=gpus, log=log
+            )
             address = self._head.address
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
@@ -121,8 +123,10 @@ class RayBackend:
         for kind, needed in (("CPU", cpus_needed), ("GPU", gpus_needed)):
             if have.get(kind, 0) < needed:  # Ray would wait for them forever
                 self.close()
-                raise BackendError(f"the Ray cluster at {address} has {have.get(kind, 0):g} "
-                                   f"{kind}s; this run's workers ask for {needed}")  # fmt: skip
+                raise BackendError(
+                    f"the Ray cluster at {address} has {have.get(kind, 0):g} "
+                    f"{kind}s; this run's workers ask for {needed}"
+                )
         self.gpu_for_rollout = gpu_for_rollout and have.get("GPU", 0) >= 1
         self._actors: list[Any] = []
 
@@ -131,14 +135,27 @@ class RayBackend:
 
         return Queue(actor_options={"num_cpus": 0})
 
-    def spawn(self, name: str, target: Callable[..., None], *args: Any, num_threads: int,
-              output: Any, num_gpus: float = 0) -> RayWorker:  # fmt: skip
+    def spawn(
+        self,
+        name: str,
+        target: Callable[..., None],
+        *args: Any,
+        num_threads: int,
+        output: Any,
+        num_gpus: float = 0,
+    ) -> RayWorker:
         import ray
 
-        actor = ray.remote(_WorkerActor).options(
-            name=f"thundersync-{name}-{os.getpid()}", num_cpus=num_threads, num_gpus=num_gpus,
-            max_restarts=0,
-        ).remote()  # fmt: skip
+        actor = (
+            ray.remote(_WorkerActor)
+            .options(
+                name=f"thundersync-{name}-{os.getpid()}",
+                num_cpus=num_threads,
+                num_gpus=num_gpus,
+                max_restarts=0,
+            )
+            .remote()
+        )
         self._actors.append(actor)
         done = actor.run.remote(name, target, args, num_threads, output, ev.clock_epoch())
         return RayWorker(f"thundersync-{name}", actor, done)
@@ -179,8 +196,15 @@ class RayBackend:
 class _WorkerActor:
     """The body of every worker actor: ``run`` blocks for the worker's whole life."""
 
-    def run(self, name: str, target: Callable[..., None], args: tuple, num_threads: int,
-            output: Any, epoch: float) -> int:  # fmt: skip
+    def run(
+        self,
+        name: str,
+        target: Callable[..., None],
+        args: tuple,
+        num_threads: int,
+        output: Any,
+        epoch: float,
+    ) -> int:
         try:
             run_target(name, target, args, num_threads, output, epoch)
         except SystemExit as exc:  # run_target reported the crash on ``output`` first
@@ -215,6 +239,8 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise BackendError(f"no Ray head answers at RAY_ADDRESS={address} ({exc}); start one "
-                           "with `ray start --head`, or unset RAY_ADDRESS for a private "
-                           "one") from exc  # fmt: skip
+        raise BackendError(
+            f"no Ray head answers at RAY_ADDRESS={address} ({exc}); start one "
+            "with `ray start --head`, or unset RAY_ADDRESS for a private "
+            "one"
+        ) from exc

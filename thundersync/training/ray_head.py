@@ -31,8 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-                "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _READY = "thundersync-ray-head: ready"
 _START_TIMEOUT_S = 120.0
@@ -63,12 +66,23 @@ def start_private_head(*, num_cpus: int, num_gpus: int, log: Path) -> PrivateHea
     with socket.socket() as probe:  # a free loopback port for the head's GCS
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "thundersync.training.ray_head", "--port", str(port),
-               "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus),
-               "--parent", str(os.getpid())]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "thundersync.training.ray_head",
+        "--port",
+        str(port),
+        "--num-cpus",
+        str(num_cpus),
+        "--num-gpus",
+        str(num_gpus),
+        "--parent",
+        str(os.getpid()),
+    ]
     with log.open("ab") as sink:
-        guard = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=sink,
-                                 env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
+        guard = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=sink, env={**os.environ, **LOOPBACK_ENV}
+        )
     head = PrivateHead(f"127.0.0.1:{port}", guard)
     assert guard.stdout is not None
     line = guard.stdout.readline().decode(errors="replace").strip()  # EOF if the guard died
@@ -101,11 +115,29 @@ def main() -> None:
             return
         ray = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
         started = subprocess.run(
-            [ray, "start", "--head", "--port", str(args.port), "--node-ip-address", "127.0.0.1",
-             "--num-cpus", str(args.num_cpus), "--num-gpus", str(args.num_gpus),
-             "--temp-dir", temp, "--include-dashboard", "false", "--disable-usage-stats"],
-            stdout=sys.stderr, stderr=sys.stderr, timeout=_START_TIMEOUT_S, check=False,
-        )  # fmt: skip
+            [
+                ray,
+                "start",
+                "--head",
+                "--port",
+                str(args.port),
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                str(args.num_cpus),
+                "--num-gpus",
+                str(args.num_gpus),
+                "--temp-dir",
+                temp,
+                "--include-dashboard",
+                "false",
+                "--disable-usage-stats",
+            ],
+            stdout=sys.stderr,
+            stderr=sys.stderr,
+            timeout=_START_TIMEOUT_S,
+            check=False,
+        )
         if started.returncode != 0 or stopping:
             return
         print(_READY, flush=True)

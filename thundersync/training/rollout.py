@@ -79,15 +79,17 @@ def build_engine(spec: RolloutSpec) -> Any:
     if spec.engine == "vllm":
         from thundersync.training.engines.vllm import VLLMEngine
 
-        return VLLMEngine(spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic,
-                          seed=spec.seed)  # fmt: skip
+        return VLLMEngine(
+            spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic, seed=spec.seed
+        )
     from thundersync.models import deterministic_cuda
     from thundersync.training.engines.hf import HFEngine
 
     if spec.deterministic:
         deterministic_cuda(spec.device)
-    return HFEngine(spec.model_dir, dtype=dtype, device=spec.device,
-                    batch_invariant=spec.deterministic)  # fmt: skip
+    return HFEngine(
+        spec.model_dir, dtype=dtype, device=spec.device, batch_invariant=spec.deterministic
+    )
 
 
 def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:
@@ -107,20 +109,32 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     engine = build_engine(spec)
 
     def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
-        output.put(ev.SpanRecorded(
-            name="engine", started=started, finished=finished, worker="engine",
-            metrics={"batch_size": len(requests),
-                     "num_tokens": sum(len(c.token_ids) for c in completions)},
-        ))  # fmt: skip
+        output.put(
+            ev.SpanRecorded(
+                name="engine",
+                started=started,
+                finished=finished,
+                worker="engine",
+                metrics={
+                    "batch_size": len(requests),
+                    "num_tokens": sum(len(c.token_ids) for c in completions),
+                },
+            )
+        )
 
-    batcher = DynamicBatcher(engine, window_s=spec.batch_window_s,
-                             max_batch_size=spec.max_concurrency, on_batch=on_batch)  # fmt: skip
+    batcher = DynamicBatcher(
+        engine, window_s=spec.batch_window_s, max_batch_size=spec.max_concurrency, on_batch=on_batch
+    )
     agent = PolicyAgent(
-        batcher.generate, ChatFormat(load_tokenizer(spec.model_dir)),
-        policy_version=lambda: engine.policy_version, run_seed=spec.seed,
-        max_new_tokens=spec.max_new_tokens, max_context=engine.max_context,
-        temperature=spec.temperature, record=output.put,
-    )  # fmt: skip
+        batcher.generate,
+        ChatFormat(load_tokenizer(spec.model_dir)),
+        policy_version=lambda: engine.policy_version,
+        run_seed=spec.seed,
+        max_new_tokens=spec.max_new_tokens,
+        max_context=engine.max_context,
+        temperature=spec.temperature,
+        record=output.put,
+    )
 
     def sink(event: ev.Event) -> None:
         output.put(event)
@@ -180,10 +194,15 @@ def _start(episodes: Any, source: Any, spec: RolloutSpec, plan: RolloutPlan) -> 
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
-            futures.append(episodes.submit(
-                task=task, group_id=group_id, group_size=plan.group_size,
-                seed=derive_seed(spec.seed, episode_id), episode_id=episode_id,
-            ))  # fmt: skip
+            futures.append(
+                episodes.submit(
+                    task=task,
+                    group_id=group_id,
+                    group_size=plan.group_size,
+                    seed=derive_seed(spec.seed, episode_id),
+                    episode_id=episode_id,
+                )
+            )
     return futures
 
 

@@ -26,10 +26,14 @@ class _Episode:
 
     def trajectory(self, upto: int) -> Trajectory:
         turns = tuple(
-            Turn(self.actions[k].action_ids, self.actions[k].action_logprobs,
-                 self.actions[k].policy_version, self.observations.get(k, ()))
+            Turn(
+                self.actions[k].action_ids,
+                self.actions[k].action_logprobs,
+                self.actions[k].policy_version,
+                self.observations.get(k, ()),
+            )
             for k in range(upto + 1)
-        )  # fmt: skip
+        )
         s = self.started
         return Trajectory(s.episode_id, s.group_id, s.group_size, s.task_id, s.prompt_ids, turns)
 
@@ -37,8 +41,9 @@ class _Episode:
         return k in self.actions and all(j in self.observations for j in range(k))
 
 
-def teacher_main(model_dir: str, dtype: str, device: str, deterministic: bool, inbox: Any,
-                 output: Any) -> None:  # fmt: skip
+def teacher_main(
+    model_dir: str, dtype: str, device: str, deterministic: bool, inbox: Any, output: Any
+) -> None:
     """The worker's entry point: score until a ``None`` arrives on ``inbox``."""
     import torch
 
@@ -86,5 +91,13 @@ def _score(teacher: Any, episode: _Episode, output: Any) -> None:
     logprobs = teacher.score_turn(episode.trajectory(k), k, episode.cache)
     eid = episode.started.episode_id
     output.put(ev.TeacherScored(episode_id=eid, turn=k, teacher_logprobs=logprobs))
-    output.put(ev.SpanRecorded(name="teacher", started=started, finished=ev.now(),
-                               worker="teacher", episode_id=eid, turn=k))  # fmt: skip
+    output.put(
+        ev.SpanRecorded(
+            name="teacher",
+            started=started,
+            finished=ev.now(),
+            worker="teacher",
+            episode_id=eid,
+            turn=k,
+        )
+    )

@@ -105,17 +105,30 @@ class Trainer:
         # absolute: workers (Ray actors) need not share the trainer's working directory
         self.initial_model = os.path.abspath(config.model or self._tiny_model())
         self.model_dir = os.path.abspath(found[-1]) if found else self.initial_model
-        self.progress.phase(f"loading the model {self.model_dir} into the learner "
-                            f"({config.device}, {config.dtype})")  # fmt: skip
-        spec = LearnerSpec(config, self.model_dir, self.initial_model,
-                           str(found[-1]) if found else None,
-                           self.backend.rendezvous(self.out))  # fmt: skip
+        self.progress.phase(
+            f"loading the model {self.model_dir} into the learner ({config.device}, {config.dtype})"
+        )
+        spec = LearnerSpec(
+            config,
+            self.model_dir,
+            self.initial_model,
+            str(found[-1]) if found else None,
+            self.backend.rendezvous(self.out),
+        )
         for rank in range(1, config.learner_ranks):
             self._rank_inboxes.append(self.backend.queue())
-            self._procs.append(self.backend.spawn(
-                f"learner-{rank}", rank_main, spec, rank, self._rank_inboxes[-1], self.inbox,
-                num_threads=config.learner_threads, output=self.inbox,
-            ))  # fmt: skip
+            self._procs.append(
+                self.backend.spawn(
+                    f"learner-{rank}",
+                    rank_main,
+                    spec,
+                    rank,
+                    self._rank_inboxes[-1],
+                    self.inbox,
+                    num_threads=config.learner_threads,
+                    output=self.inbox,
+                )
+            )
         self._await_ranks_loaded()
         built = build_learner(spec, rank=0, publish=self._on_learner_event)
         self.model, self.optimizer, self.learner = built.model, built.optimizer, built.learner
@@ -149,8 +162,14 @@ class Trainer:
         self._optimizer_started = ev.now()
 
     def _optimizer_post_hook(self, *args: Any) -> None:
-        self._span(ev.SpanRecorded(name="optimizer", started=self._optimizer_started,
-                                   finished=ev.now(), worker="learner"))  # fmt: skip
+        self._span(
+            ev.SpanRecorded(
+                name="optimizer",
+                started=self._optimizer_started,
+                finished=ev.now(),
+                worker="learner",
+            )
+        )
 
     def _tiny_model(self) -> Path:
         from thundersync.models import build_tiny_model
@@ -194,24 +213,50 @@ class Trainer:
             "each loads its model first"
         )
         spec = RolloutSpec(
-            env=c.env, env_kwargs=dict(c.env_kwargs), sandbox=c.sandbox,
-            model_dir=self.model_dir, dtype=c.dtype, seed=c.seed,
-            deterministic=c.deterministic, max_new_tokens=c.max_new_tokens,
-            temperature=c.temperature, max_concurrency=concurrency,
-            batch_window_s=c.batch_window_s, engine=c.engine, device=c.device,
-        )  # fmt: skip
-        self._procs.append(self.backend.spawn(
-            "rollout", rollout_main, spec, self.control, self.inbox, self.teacher_inbox,
-            self.weights, num_threads=c.rollout_threads, output=self.inbox,
-            num_gpus=1 if self.backend.gpu_for_rollout else gpu_asks(c)[0],
-        ))  # fmt: skip
+            env=c.env,
+            env_kwargs=dict(c.env_kwargs),
+            sandbox=c.sandbox,
+            model_dir=self.model_dir,
+            dtype=c.dtype,
+            seed=c.seed,
+            deterministic=c.deterministic,
+            max_new_tokens=c.max_new_tokens,
+            temperature=c.temperature,
+            max_concurrency=concurrency,
+            batch_window_s=c.batch_window_s,
+            engine=c.engine,
+            device=c.device,
+        )
+        self._procs.append(
+            self.backend.spawn(
+                "rollout",
+                rollout_main,
+                spec,
+                self.control,
+                self.inbox,
+                self.teacher_inbox,
+                self.weights,
+                num_threads=c.rollout_threads,
+                output=self.inbox,
+                num_gpus=1 if self.backend.gpu_for_rollout else gpu_asks(c)[0],
+            )
+        )
         if self.teacher_inbox is not None:
-            self._procs.append(self.backend.spawn(
-                "teacher", teacher_main, os.path.abspath(c.teacher), c.dtype, c.device,
-                c.deterministic,
-                self.teacher_inbox, self.inbox, num_threads=1, output=self.inbox,
-                num_gpus=gpu_asks(c)[1],
-            ))  # fmt: skip
+            self._procs.append(
+                self.backend.spawn(
+                    "teacher",
+                    teacher_main,
+                    os.path.abspath(c.teacher),
+                    c.dtype,
+                    c.device,
+                    c.deterministic,
+                    self.teacher_inbox,
+                    self.inbox,
+                    num_threads=1,
+                    output=self.inbox,
+                    num_gpus=gpu_asks(c)[1],
+                )
+            )
         self.publish_weights()
         self.engine_version = -1
         while self.engine_version < self.learner.policy_version:  # workers loaded and ready
@@ -230,11 +275,14 @@ class Trainer:
         ids = frozenset(
             f"s{step}-g{g}-e{e}" for g in range(c.tasks_per_step) for e in range(c.group_size)
         )
-        self.batches[step] = BatchTracker(step, ids, needs_teacher=c.algo == "opd",
-                                          submitted_at=ev.now())  # fmt: skip
+        self.batches[step] = BatchTracker(
+            step, ids, needs_teacher=c.algo == "opd", submitted_at=ev.now()
+        )
         self.control.put(("run", RolloutPlan(step, c.tasks_per_step, c.group_size)))
-        what = (f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
-                f"{c.group_size} episodes, graded in the {c.sandbox} sandbox")  # fmt: skip
+        what = (
+            f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
+            f"{c.group_size} episodes, graded in the {c.sandbox} sandbox"
+        )
         if step == self.start_step:
             self.progress.phase(what)  # the first batch: tell what the wait is for
         else:
@@ -272,8 +320,9 @@ class Trainer:
     def _check_workers(self) -> None:
         for proc in self._procs:
             if proc.exitcode is not None:
-                raise WorkerError(f"{proc.name} exited with code {proc.exitcode}; "
-                                  "continue the run with --resume")  # fmt: skip
+                raise WorkerError(
+                    f"{proc.name} exited with code {proc.exitcode}; continue the run with --resume"
+                )
 
     def _route(self, item: Any) -> None:
         if isinstance(item, WorkerFailed):
@@ -288,8 +337,14 @@ class Trainer:
         if isinstance(item, ev.WeightsSynced):
             self.engine_version = item.policy_version
             m = item.metrics
-            self._span(ev.SpanRecorded(name="weight_sync", started=m["started"],
-                                       finished=m["finished"], worker="engine"))  # fmt: skip
+            self._span(
+                ev.SpanRecorded(
+                    name="weight_sync",
+                    started=m["started"],
+                    finished=m["finished"],
+                    worker="engine",
+                )
+            )
             return
         eid = getattr(item, "episode_id", "")
         tracker = self.batches.get(step_of(eid))
@@ -305,17 +360,28 @@ class Trainer:
     def _derived_spans(self, event: ev.Event) -> None:
         """Tool calls and grading as spans (from the events that bound them)."""
         if isinstance(event, ev.ToolFinished):
-            self._span(ev.SpanRecorded(
-                name="tool", started=event.t - event.duration_s, finished=event.t,
-                worker="sandbox", episode_id=event.episode_id, turn=event.turn,
-            ))  # fmt: skip
+            self._span(
+                ev.SpanRecorded(
+                    name="tool",
+                    started=event.t - event.duration_s,
+                    finished=event.t,
+                    worker="sandbox",
+                    episode_id=event.episode_id,
+                    turn=event.turn,
+                )
+            )
         elif isinstance(event, ev.EpisodeCompleted):
             self._completed[event.episode_id] = event.t
         elif isinstance(event, ev.RewardReady) and event.episode_id in self._completed:
-            self._span(ev.SpanRecorded(
-                name="grading", started=self._completed.pop(event.episode_id),
-                finished=event.t, worker="sandbox", episode_id=event.episode_id,
-            ))  # fmt: skip
+            self._span(
+                ev.SpanRecorded(
+                    name="grading",
+                    started=self._completed.pop(event.episode_id),
+                    finished=event.t,
+                    worker="sandbox",
+                    episode_id=event.episode_id,
+                )
+            )
 
     def _span(self, span: ev.SpanRecorded) -> None:
         record = ev.summarize(span)
@@ -329,10 +395,16 @@ class Trainer:
     def _on_learner_event(self, event: ev.Event) -> None:
         self.events_log(event)
         if isinstance(event, ev.GradientComputed):
-            self._span(ev.SpanRecorded(
-                name="backward", started=event.started, finished=event.finished,
-                worker="learner", episode_id=event.episode_id, turn=event.turn,
-            ))  # fmt: skip
+            self._span(
+                ev.SpanRecorded(
+                    name="backward",
+                    started=event.started,
+                    finished=event.finished,
+                    worker="learner",
+                    episode_id=event.episode_id,
+                    turn=event.turn,
+                )
+            )
 
     # --- the step ----------------------------------------------------------------------------
 
@@ -340,8 +412,11 @@ class Trainer:
         started = ev.now()
         payload = self.weights.publish(list(self.model.parameters()), self.learner.policy_version)
         self.control.put(("weights", *payload))
-        self._span(ev.SpanRecorded(name="weight_publish", started=started, finished=ev.now(),
-                                   worker="learner"))  # fmt: skip
+        self._span(
+            ev.SpanRecorded(
+                name="weight_publish", started=started, finished=ev.now(), worker="learner"
+            )
+        )
 
     def finish_step(self, step: int) -> dict[str, Any]:
         """``learner.step()``, weights to the engine, checkpoint, metrics; returns them."""
@@ -361,13 +436,16 @@ class Trainer:
             )
             raise NonFiniteParameterError(
                 f"{exc}; nothing of this step was saved, published or logged ({then})"
-            ) from exc  # fmt: skip
+            ) from exc
         except RuntimeError as exc:
             if not self._rank_inboxes or isinstance(exc, ThunderSyncError):
                 raise
             self._raise_rank_failure(exc)  # a collective failed: a rank died in the step
-        self._span(ev.SpanRecorded(name="step", started=started, finished=ev.now(),
-                                   worker="learner", step=step + 1))  # fmt: skip
+        self._span(
+            ev.SpanRecorded(
+                name="step", started=started, finished=ev.now(), worker="learner", step=step + 1
+            )
+        )
         self.publish_weights()
         if self._rank_inboxes:
             learned = {**learned, "ranks": self._rank_metrics(step)}
@@ -402,19 +480,25 @@ class Trainer:
                 continue
             if isinstance(item, WorkerFailed):
                 raise _failed(item) from exc
-        raise WorkerError(f"a learner rank failed during the step ({exc}); continue the run "
-                          "with --resume") from exc  # fmt: skip
+        raise WorkerError(
+            f"a learner rank failed during the step ({exc}); continue the run with --resume"
+        ) from exc
 
     def save_checkpoint(self, completed_steps: int) -> Path:
         started = ev.now()
         path = ckpt.save_checkpoint(
-            self.out / "checkpoints", self.model, self.tokenizer, self.optimizer,
-            completed_steps=completed_steps, policy_version=self.learner.policy_version,
+            self.out / "checkpoints",
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            completed_steps=completed_steps,
+            policy_version=self.learner.policy_version,
             keep=self.config.keep_checkpoints,
-        )  # fmt: skip
+        )
         self.events_log(ev.CheckpointSaved(step=completed_steps, path=str(path)))
-        self._span(ev.SpanRecorded(name="checkpoint", started=started, finished=ev.now(),
-                                   worker="learner"))  # fmt: skip
+        self._span(
+            ev.SpanRecorded(name="checkpoint", started=started, finished=ev.now(), worker="learner")
+        )
         return path
 
     def _step_metrics(self, step: int, tracker: BatchTracker, learned: dict) -> dict[str, Any]:
@@ -439,7 +523,7 @@ class Trainer:
             "learner_idle_fraction": max(0.0, 1.0 - busy / step_time) if step_time else None,
             "engine_idle_fraction": (
                 max(0.0, 1.0 - window.get("engine", 0.0) / step_time) if step_time else None
-            ),  # fmt: skip
+            ),
         }
 
     # --- shutdown ----------------------------------------------------------------------------
@@ -498,8 +582,12 @@ def make_backend(config: TrainConfig) -> Any:
         + ((config.learner_ranks - 1) * config.learner_threads)
     )
     log = Path(config.out) / "ray.log"
-    return RayBackend(cpus_needed=cpus, gpus_needed=sum(gpu_asks(config)),
-                      gpu_for_rollout=config.engine == "vllm", log=log)  # fmt: skip
+    return RayBackend(
+        cpus_needed=cpus,
+        gpus_needed=sum(gpu_asks(config)),
+        gpu_for_rollout=config.engine == "vllm",
+        log=log,
+    )
 
 
 def _failed(item: WorkerFailed) -> WorkerError:

@@ -78,8 +78,10 @@ class WarmStartConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # types and ranges, as the annotations declare
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"config field 'hidden_size': expected a multiple of num_heads "
-                             f"({self.num_heads}), got {self.hidden_size}")  # fmt: skip
+            raise ValueError(
+                f"config field 'hidden_size': expected a multiple of num_heads "
+                f"({self.num_heads}), got {self.hidden_size}"
+            )
 
 
 Demo = list[tuple[str, str]]
@@ -94,9 +96,15 @@ def _no_progress(phase: str, done: int, total: int) -> None:
     pass
 
 
-def collect_demos(config: WarmStartConfig, *, corrupt_fraction: float, first: int = 0,
-                  num_threads: int = 8, progress: Progress = _no_progress,
-                  phase: str = "demonstrations") -> list[Demo]:  # fmt: skip
+def collect_demos(
+    config: WarmStartConfig,
+    *,
+    corrupt_fraction: float,
+    first: int = 0,
+    num_threads: int = 8,
+    progress: Progress = _no_progress,
+    phase: str = "demonstrations",
+) -> list[Demo]:
     """Play ``num_demos`` drawn tasks' reference solutions (``corrupt_fraction`` of them
     corrupted) in a real env; a function of the config's seed only (threads just overlap
     sandboxes)."""
@@ -147,10 +155,17 @@ def _redraw_numbers(command: str, rng: random.Random) -> str:
     return re.sub(r"\d+", lambda m: str(rng.randint(0, 10 ** len(m.group()) - 1)), command)
 
 
-MODEL_FILES = frozenset({
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-})  # fmt: skip
+MODEL_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    }
+)
 """What a warm model folder holds: an --out holding only these (a previous warm start) is
 replaced; one holding anything else is refused."""
 
@@ -164,16 +179,20 @@ def out_problem(out_dir: str | Path) -> str | None:
     others = sorted(p.name for p in out.iterdir() if p.name not in MODEL_FILES)
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        return (f"{out} exists and holds what a warm model does not ({shown}); choose "
-                "another folder or remove it")  # fmt: skip
+        return (
+            f"{out} exists and holds what a warm model does not ({shown}); choose "
+            "another folder or remove it"
+        )
     return None
 
 
 def describe(config: WarmStartConfig) -> str:
     """What the warm model is, in a sentence or two (printed by the command)."""
-    made = (f"a tiny {config.arch} model (hidden {config.hidden_size}, {config.num_layers} "
-            f"layers) and tokenizer for {config.env}, fine-tuned for {config.steps} steps on "
-            f"{config.num_demos} oracle demonstrations")  # fmt: skip
+    made = (
+        f"a tiny {config.arch} model (hidden {config.hidden_size}, {config.num_layers} "
+        f"layers) and tokenizer for {config.env}, fine-tuned for {config.steps} steps on "
+        f"{config.num_demos} oracle demonstrations"
+    )
     if not config.bias_steps or not config.corrupt_fraction:
         return made + "; an imitation of the oracle (no bias phase)"
     return (
@@ -184,8 +203,9 @@ def describe(config: WarmStartConfig) -> str:
     )
 
 
-def warm_start(config: WarmStartConfig, out_dir: str | Path,
-               progress: Progress = _no_progress) -> Path:  # fmt: skip
+def warm_start(
+    config: WarmStartConfig, out_dir: str | Path, progress: Progress = _no_progress
+) -> Path:
     """Build the tokenizer and model, fine-tune on the demonstrations, save to ``out_dir``.
 
     The model is built in a temporary folder beside ``out_dir`` and renamed to it at the end,
@@ -215,22 +235,43 @@ def _build(config: WarmStartConfig, folder: Path, progress: Progress) -> None:
     demos = collect_demos(config, corrupt_fraction=0.0, progress=progress)
     mixture = []
     if config.bias_steps:
-        mixture = collect_demos(config, corrupt_fraction=config.corrupt_fraction,
-                                first=config.num_demos, progress=progress,
-                                phase="biased demonstrations")  # fmt: skip
+        mixture = collect_demos(
+            config,
+            corrupt_fraction=config.corrupt_fraction,
+            first=config.num_demos,
+            progress=progress,
+            phase="biased demonstrations",
+        )
     texts = [text for demo in demos + mixture for _, text in demo]
     build_tiny_model(
-        folder, config.arch, hidden_size=config.hidden_size, num_layers=config.num_layers,
-        vocab_size=config.vocab_size, seed=config.seed, texts=texts,
-        num_heads=config.num_heads, max_positions=config.max_positions,
-    )  # fmt: skip
+        folder,
+        config.arch,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        vocab_size=config.vocab_size,
+        seed=config.seed,
+        texts=texts,
+        num_heads=config.num_heads,
+        max_positions=config.max_positions,
+    )
     model, tokenizer = load_model(folder), load_tokenizer(folder)
-    _fine_tune(model, _examples(demos, tokenizer, config), config.steps, config.lr, config.seed,
-               progress=_phase(progress, "fine-tuning"))  # fmt: skip
+    _fine_tune(
+        model,
+        _examples(demos, tokenizer, config),
+        config.steps,
+        config.lr,
+        config.seed,
+        progress=_phase(progress, "fine-tuning"),
+    )
     if config.bias_steps:
-        _fine_tune(model, _examples(mixture, tokenizer, config), config.bias_steps,
-                   config.lr / 3, config.seed + 1,
-                   progress=_phase(progress, "bias fine-tuning"))  # fmt: skip
+        _fine_tune(
+            model,
+            _examples(mixture, tokenizer, config),
+            config.bias_steps,
+            config.lr / 3,
+            config.seed + 1,
+            progress=_phase(progress, "bias fine-tuning"),
+        )
     model.save_pretrained(folder)
 
 
@@ -277,9 +318,15 @@ def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
     return ids, is_action
 
 
-def _fine_tune(model: Any, examples: list[tuple[list[int], list[bool]]], steps: int,
-               lr: float, seed: int, batch_size: int = 16,
-               progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+def _fine_tune(
+    model: Any,
+    examples: list[tuple[list[int], list[bool]]],
+    steps: int,
+    lr: float,
+    seed: int,
+    batch_size: int = 16,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Cross-entropy on the action tokens only (the rest is context the policy is given)."""
     import torch
 

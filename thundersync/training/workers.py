@@ -49,8 +49,7 @@ class WorkerFailed:
     error: str
 
 
-def spawn(name: str, target: Callable[..., None], *args: Any, num_threads: int,
-          output: Any) -> Any:  # fmt: skip
+def spawn(name: str, target: Callable[..., None], *args: Any, num_threads: int, output: Any) -> Any:
     """Start ``target(*args)`` in a new process named ``name``; crashes go to ``output``."""
     process = CONTEXT.Process(
         target=_bootstrap,
@@ -87,8 +86,15 @@ class LocalBackend:
     def queue(self) -> Any:
         return CONTEXT.Queue()
 
-    def spawn(self, name: str, target: Callable[..., None], *args: Any, num_threads: int,
-              output: Any, num_gpus: float = 0) -> Any:  # fmt: skip
+    def spawn(
+        self,
+        name: str,
+        target: Callable[..., None],
+        *args: Any,
+        num_threads: int,
+        output: Any,
+        num_gpus: float = 0,
+    ) -> Any:
         return spawn(name, target, *args, num_threads=num_threads, output=output)
 
     def stop(self, worker: Any, *, timeout_s: float) -> None:
@@ -113,16 +119,24 @@ class LocalBackend:
             self._rendezvous.unlink(missing_ok=True)
 
 
-def _bootstrap(name: str, target: Callable[..., None], args: tuple, num_threads: int,
-               output: Any, parent_pid: int, epoch: float) -> None:  # fmt: skip
+def _bootstrap(
+    name: str,
+    target: Callable[..., None],
+    args: tuple,
+    num_threads: int,
+    output: Any,
+    parent_pid: int,
+    epoch: float,
+) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, _unwind)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     run_target(name, target, args, num_threads, output, epoch)
 
 
-def run_target(name: str, target: Callable[..., None], args: tuple, num_threads: int,
-               output: Any, epoch: float) -> None:  # fmt: skip
+def run_target(
+    name: str, target: Callable[..., None], args: tuple, num_threads: int, output: Any, epoch: float
+) -> None:
     """A worker's body, on either backend: torch threads, the run clock, crashes reported."""
     import torch
 

@@ -35,8 +35,9 @@ def test_text_space_is_gymnasiums_printable_text_space_with_its_own_rng():
 
     space, text = UnicodeText(40, seed=3), spaces.Text(40, min_length=0, charset=string.printable)
     assert space == text and space.character_list == text.character_list
-    assert {k: v for k, v in vars(space).items() if k not in ("_np_random", "sample_max_length")} \
-        == {k: v for k, v in vars(text).items() if k != "_np_random"}  # fmt: skip
+    assert {
+        k: v for k, v in vars(space).items() if k not in ("_np_random", "sample_max_length")
+    } == {k: v for k, v in vars(text).items() if k != "_np_random"}
     other = UnicodeText(40, seed=3)
     assert space.np_random is not other.np_random
     assert [space.sample() for _ in range(3)] == [other.sample() for _ in range(3)]

@@ -283,8 +283,12 @@ class FullContextAgent:
 def test_a_full_context_truncates_the_episode_and_still_grades_it():
     result, events, maker, task = run_one(FullContextAgent())
     assert names(events) == [
-        "EpisodeStarted", "TurnCompleted", "ToolFinished", "EpisodeCompleted", "RewardReady"
-    ]  # fmt: skip
+        "EpisodeStarted",
+        "TurnCompleted",
+        "ToolFinished",
+        "EpisodeCompleted",
+        "RewardReady",
+    ]
     assert events[-2].stop_reason == "length" and events[-2].num_turns == 1
     assert result.reward == 1.0 and not result.infra_failure and result.stop_reason == "length"
     assert len(task.grade_started) == 1 and maker.num_open == 0
@@ -399,8 +403,9 @@ def test_an_env_whose_sandbox_cannot_be_removed_is_an_infra_failure_not_a_crash(
 
 
 def test_cancel_on_signals_turns_sigint_into_a_cancel_and_restores_the_handler():
-    runner = EpisodeRunner(lambda: ShellEnv([FileTask()], sandbox=SandboxMaker()), NopAgent(),
-                           lambda e: None)  # fmt: skip
+    runner = EpisodeRunner(
+        lambda: ShellEnv([FileTask()], sandbox=SandboxMaker()), NopAgent(), lambda e: None
+    )
     before = signal.getsignal(signal.SIGINT)
     with runner.cancel_on_signals() as received:
         os.kill(os.getpid(), signal.SIGINT)
@@ -425,4 +430,3 @@ def test_an_episode_generator_closed_early_closes_its_env_and_publishes_no_rewar
     steps.close()
     assert maker.num_open == 0
     assert "RewardReady" not in names(events)
-

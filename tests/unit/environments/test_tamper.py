@@ -46,10 +46,21 @@ def test_test_infrastructure_is_flagged(path):
 
 @pytest.mark.parametrize(
     "path",
-    ["src/calc.py", "tests_helper.py", "README.md", "setup.cfg", "pyproject.toml",
-     "docs/conf.py", "pytest_notes.txt", "my_unittest_helpers.py", "gitignore",
-     "pkg-1.0.dist-info/METADATA", "docs/profile", "src/py.typed"],
-)  # fmt: skip
+    [
+        "src/calc.py",
+        "tests_helper.py",
+        "README.md",
+        "setup.cfg",
+        "pyproject.toml",
+        "docs/conf.py",
+        "pytest_notes.txt",
+        "my_unittest_helpers.py",
+        "gitignore",
+        "pkg-1.0.dist-info/METADATA",
+        "docs/profile",
+        "src/py.typed",
+    ],
+)
 def test_ordinary_files_are_not_flagged(path):
     assert path_findings([path]) == []
 
@@ -138,26 +149,44 @@ def test_only_new_modules_shadow():
 @pytest.mark.parametrize(
     ("patch", "old_text", "flagged"),
     [
-        (edit("setup.cfg", 5, ["addopts = -q"], ["addopts = -p evil"], ["[tool:pytest]"]),
-         None, True),
+        (
+            edit("setup.cfg", 5, ["addopts = -q"], ["addopts = -p evil"], ["[tool:pytest]"]),
+            None,
+            True,
+        ),
         (edit("setup.cfg", 9, ["addopts = -q"], ["addopts = -p evil"], []), None, True),
-        (edit("setup.cfg", 9, ["addopts = -q"], ["addopts = -p evil"], []),
-         "[tool:pytest]\n" + "x = 1\n" * 8 + "addopts = -q\n", True),
-        (edit("setup.cfg", 9, ["  six"], ["  appdirs"], []),
-         "[tool:pytest]\nx = 1\n[options]\n" + "x = 1\n" * 5 + "  six\n", False),
+        (
+            edit("setup.cfg", 9, ["addopts = -q"], ["addopts = -p evil"], []),
+            "[tool:pytest]\n" + "x = 1\n" * 8 + "addopts = -q\n",
+            True,
+        ),
+        (
+            edit("setup.cfg", 9, ["  six"], ["  appdirs"], []),
+            "[tool:pytest]\nx = 1\n[options]\n" + "x = 1\n" * 5 + "  six\n",
+            False,
+        ),
         (edit("setup.cfg", 2, [], ["[dummy]"], ["[tool:pytest]"]), None, True),
-        (edit("setup.cfg", 2, [], ["  pytest11 = evil = evil"], ["[options.entry_points]"]),
-         None, True),
+        (
+            edit("setup.cfg", 2, [], ["  pytest11 = evil = evil"], ["[options.entry_points]"]),
+            None,
+            True,
+        ),
         (edit("setup.py", 7, [], ['    entry_points={"pytest11": ["e = e"]},'], []), None, True),
         (edit("setup.py", 7, ["    version='1'"], ["    version='2'"], []), None, False),
-        (edit("pyproject.toml", 1, [], ['tool.pytest.ini_options.addopts = "-p e"'], []),
-         None, True),
-        (edit("pyproject.toml", 1, ['version = "1"'], ['version = "2"'], ["[project]"]),
-         None, False),
+        (
+            edit("pyproject.toml", 1, [], ['tool.pytest.ini_options.addopts = "-p e"'], []),
+            None,
+            True,
+        ),
+        (
+            edit("pyproject.toml", 1, ['version = "1"'], ['version = "2"'], ["[project]"]),
+            None,
+            False,
+        ),
         (new_file("tox.ini", "[tox]\nenvlist = py\n[pytest]\naddopts = -p evil"), None, True),
         (new_file("tox.ini", "[tox]\nenvlist = py"), None, False),
     ],
-)  # fmt: skip
+)
 def test_mixed_configs_are_judged_hunk_by_hunk(patch, old_text, flagged):
     findings = tamper.patch_findings(patch, old_text=lambda path: old_text)
     assert bool(findings) is flagged, findings
@@ -214,9 +243,7 @@ def test_shadowing_spares_what_existed_and_names_only_the_listed_modules() -> No
     listed = tamper.parse_module_listing("numpy\nnot a name\n../evil\ntest\n")
     assert "numpy" in listed and "argparse" in listed and "test" not in listed
     assert "../evil" not in listed and "not a name" not in listed
-    assert [f.path for f in tamper.shadowing_findings(["numpy.py"], modules=listed)] == [
-        "numpy.py"
-    ]
+    assert [f.path for f in tamper.shadowing_findings(["numpy.py"], modules=listed)] == ["numpy.py"]
     assert tamper.shadowing_findings(["numpy.py"]) == []  # not installed: shadows nothing
     existed = {"argparse.py"}.__contains__
     assert tamper.shadowing_findings(["argparse.py"], existed=existed) == []

@@ -137,8 +137,11 @@ def test_a_method_matching_no_version_names_both_signatures():
 
 
 def test_a_declared_version_this_thundersync_does_not_serve_is_refused():
-    with pytest.raises(TaskProtocolError, match=r"declares protocol_version 3; this "
-                       r"ThunderSync serves Task protocol 1\.\.2"):  # fmt: skip
+    with pytest.raises(
+        TaskProtocolError,
+        match=r"declares protocol_version 3; this "
+        r"ThunderSync serves Task protocol 1\.\.2",
+    ):
         ShellEnv([_Declared()])
 
 
@@ -148,8 +151,11 @@ class _DeclaredOne(_Declared):
 
 
 def test_a_declared_version_is_checked_against_its_own_signatures():
-    with pytest.raises(TaskProtocolError, match=r"sandbox_spec\(self, kind\) does not match "
-                       r"Task protocol 1: expected sandbox_spec\(self\)$"):  # fmt: skip
+    with pytest.raises(
+        TaskProtocolError,
+        match=r"sandbox_spec\(self, kind\) does not match "
+        r"Task protocol 1: expected sandbox_spec\(self\)$",
+    ):
         as_current(_DeclaredOne())
 
 
@@ -208,8 +214,12 @@ def test_a_suite_is_its_own_split():
 def test_task_sources_make_no_env(monkeypatch):
     made = []
     monkeypatch.setattr(ShellEnv, "__init__", lambda *a, **k: made.append(a))
-    for env_id in ("thundersync/ToySum-v0", "thundersync/ToyChain-v0",
-                   "thundersync/SWEBench-v0", "thundersync/TerminalBench-v0"):  # fmt: skip
+    for env_id in (
+        "thundersync/ToySum-v0",
+        "thundersync/ToyChain-v0",
+        "thundersync/SWEBench-v0",
+        "thundersync/TerminalBench-v0",
+    ):
         task_source(env_id, sandbox="bwrap").draw(np.random.default_rng(0), TRAIN)
     assert made == []
 

@@ -117,8 +117,16 @@ def test_in_process_tools_answer_as_the_sandbox_scripts_do():
     from environments.actions import format_action
     from environments.toy import ToySumEnv
 
-    commands = ["lookup {key}", "lookup nokey", "lookup ../x", "calc 3+4", "calc 12-5*2",
-                "calc 1/2", "calc", "answer {total}"]  # fmt: skip
+    commands = [
+        "lookup {key}",
+        "lookup nokey",
+        "lookup ../x",
+        "calc 3+4",
+        "calc 12-5*2",
+        "calc 1/2",
+        "calc",
+        "answer {total}",
+    ]
     outcomes = {}
     for tools in ("sandbox", "python"):
         env = ToySumEnv(tools=tools)

@@ -55,8 +55,9 @@ def test_the_report_counts_attempts_and_infra_failed_attempts():
     assert report["num_attempts"] == 6 and report["num_infra_failed_attempts"] == 3
     assert report["mean_reward"] == 0.75
     assert summary(report) == (
-        0, "eval: mean reward 0.750 over 2/3 tasks; 3/6 attempts infra-failed"
-    )  # fmt: skip
+        0,
+        "eval: mean reward 0.750 over 2/3 tasks; 3/6 attempts infra-failed",
+    )
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -180,10 +181,20 @@ def test_an_attempt_says_why_strict_grading_scored_it_zero():
 
 def test_with_k_above_one_the_summary_and_table_show_pass_at_k(canned, capsys):
     # a: 2 of 3 attempts pass; b: none of 3 -> pass@1 = (2/3 + 0)/2, pass@3 = (1 + 0)/2
-    canned([[result("a", 1.0, False, "a0"), result("a", 0.0, False, "a1"),
-             result("a", 1.0, False, "a2")],
-            [result("b", 0.0, False, "b0"), result("b", 0.0, False, "b1"),
-             result("b", 0.0, False, "b2")]])  # fmt: skip
+    canned(
+        [
+            [
+                result("a", 1.0, False, "a0"),
+                result("a", 0.0, False, "a1"),
+                result("a", 1.0, False, "a2"),
+            ],
+            [
+                result("b", 0.0, False, "b0"),
+                result("b", 0.0, False, "b1"),
+                result("b", 0.0, False, "b2"),
+            ],
+        ]
+    )
     assert main(["eval", "--suite", "toy-sum", "-k", "3", "--no-leaderboard"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "eval: mean reward 0.333 over 2/2 tasks; 0/6 attempts infra-failed"

@@ -25,9 +25,17 @@ ROOT = Path(__file__).resolve().parents[3]
 def good_store(path: Path) -> Path:
     with Store(path) as store:
         for i in range(40):  # a few pages, so that half of the file is a damaged database
-            store.append(Entry(kind="eval", suite="toy-sum", suite_version="v", subject=f"a{i}",
-                               metrics={"mean_reward": 1.0}, config={"pad": "x" * 300},
-                               machine={"host": "h"}))  # fmt: skip
+            store.append(
+                Entry(
+                    kind="eval",
+                    suite="toy-sum",
+                    suite_version="v",
+                    subject=f"a{i}",
+                    metrics={"mean_reward": 1.0},
+                    config={"pad": "x" * 300},
+                    machine={"host": "h"},
+                )
+            )
     return path
 
 
@@ -139,10 +147,18 @@ def test_a_read_only_db_is_refused_by_eval_before_any_work_and_read_by_leaderboa
     try:
         refused = subprocess.run(
             as_unprivileged([*cli, *EVAL, "--db", str(path), "--sandbox", "docker"]),
-            capture_output=True, text=True, timeout=120, env={**env, "DOCKER_HOST": "unix:///nonexistent"},
-        )  # fmt: skip
-        shown = subprocess.run(as_unprivileged([*cli, "leaderboard", "--db", str(path)]),
-                               capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "DOCKER_HOST": "unix:///nonexistent"},
+        )
+        shown = subprocess.run(
+            as_unprivileged([*cli, "leaderboard", "--db", str(path)]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         tmp_path.chmod(0o755)
     assert refused.returncode == 2, refused.stderr

@@ -11,8 +11,9 @@ from harness.curves import Point
 def legends(monkeypatch, runs, tmp_path, *, by_step: bool) -> tuple[list[str], str]:
     figures = []
     real = plots._pyplot()
-    monkeypatch.setattr(plots, "_pyplot", lambda: SimpleNamespace(
-        subplots=real.subplots, close=figures.append))  # fmt: skip
+    monkeypatch.setattr(
+        plots, "_pyplot", lambda: SimpleNamespace(subplots=real.subplots, close=figures.append)
+    )
     plots._accuracy_plot(runs, tmp_path / "p.png", by_step=by_step, target=0.6)
     ax = figures[0].axes[0]
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -26,8 +27,9 @@ def run(mode: str, seed: int) -> SimpleNamespace:
 
 
 def test_one_seed_is_not_called_a_median(monkeypatch, tmp_path):
-    texts, title = legends(monkeypatch, [run("sync", 0), run("streaming", 0)], tmp_path,
-                           by_step=False)  # fmt: skip
+    texts, title = legends(
+        monkeypatch, [run("sync", 0), run("streaming", 0)], tmp_path, by_step=False
+    )
     assert texts == ["sync (1 seed)", "streaming (1 seed)", "target 0.6"]
     assert "median" not in title
     texts, title = legends(monkeypatch, [run("sync", 0), run("sync", 1)], tmp_path, by_step=False)

@@ -16,8 +16,9 @@ from harness.simulate import (
 
 
 def workload(ready, b=1.0, o=0.0, opt=0.5, sync=0.25, micro=8) -> Workload:
-    return Workload("w", (tuple(ready),), b, o, optimizer_s=opt, sync_s=sync,
-                    micro_batch_size=micro)  # fmt: skip
+    return Workload(
+        "w", (tuple(ready),), b, o, optimizer_s=opt, sync_s=sync, micro_batch_size=micro
+    )
 
 
 def test_sync_waits_for_the_slowest_then_learns_everything():

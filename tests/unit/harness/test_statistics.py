@@ -48,8 +48,9 @@ def test_time_to_target_and_accuracy_at_budget_read_the_checkpoints():
 
 
 def test_the_bound_is_the_critical_path_of_rewards_and_learner_work():
-    window = StepWindow(0, 100.0, 110.0, (101.0, 102.0, 109.0),
-                        {"optimizer": 0.5, "weight_publish": 0.25})  # fmt: skip
+    window = StepWindow(
+        0, 100.0, 110.0, (101.0, 102.0, 109.0), {"optimizer": 0.5, "weight_publish": 0.25}
+    )
     # max(1 + 3b, 2 + 2b, 9 + b) with b = 1 is 10; plus 0.75 of optimizer and sync
     assert bound(window, 1.0) == pytest.approx(10.75)
     # learner-bound: with b = 4 the first reward's chain dominates: 1 + 12
@@ -63,11 +64,15 @@ def test_step_windows_read_a_run_folder(tmp_path, numbering):
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({**numbering, "submitted_at": 1.0, "finished_at": 5.0}) + "\n"
     )
-    events = [{"event": "RewardReady", "t": 3.0, "episode_id": "s0-g0-e0"},
-              {"event": "RewardReady", "t": 9.0, "episode_id": "v-g0-e0"}]  # fmt: skip
+    events = [
+        {"event": "RewardReady", "t": 3.0, "episode_id": "s0-g0-e0"},
+        {"event": "RewardReady", "t": 9.0, "episode_id": "v-g0-e0"},
+    ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    spans = [{"name": "optimizer", "started": 4.0, "finished": 4.5, "worker": "learner"},
-             {"name": "engine", "started": 1.0, "finished": 2.0, "worker": "engine"}]  # fmt: skip
+    spans = [
+        {"name": "optimizer", "started": 4.0, "finished": 4.5, "worker": "learner"},
+        {"name": "engine", "started": 1.0, "finished": 2.0, "worker": "engine"},
+    ]
     (tmp_path / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
     (window,) = step_windows(tmp_path)
     assert window.reward_times == (3.0,) and window.durations == {"optimizer": 0.5}
@@ -78,12 +83,21 @@ def test_the_compare_verdict_names_every_mode_and_fits_80_columns():
     from harness.compare_report import verdict
 
     def mode(time_s, speedup, accuracy):
-        return {"time_to_target_s": {"median": time_s}, "speedup_vs_sync": {"median": speedup},
-                "accuracy_at_budget": {"median": accuracy}}  # fmt: skip
+        return {
+            "time_to_target_s": {"median": time_s},
+            "speedup_vs_sync": {"median": speedup},
+            "accuracy_at_budget": {"median": accuracy},
+        }
 
-    results = {"target": 0.6, "budget_s": 41.2, "modes": {
-        "sync": mode(21.0, 1.0, 0.61), "async-k1": mode(None, 0.14, 0.42),
-        "streaming": mode(14.3, 1.58, 0.58)}}  # fmt: skip
+    results = {
+        "target": 0.6,
+        "budget_s": 41.2,
+        "modes": {
+            "sync": mode(21.0, 1.0, 0.61),
+            "async-k1": mode(None, 0.14, 0.42),
+            "streaming": mode(14.3, 1.58, 0.58),
+        },
+    }
     lines = verdict(results).splitlines()
     assert lines == [
         "compare: time to 0.6: sync 21 s, async-k1 never, streaming 14 s (1.58x)",

@@ -21,20 +21,37 @@ MACHINE = {"host": "test"}
 
 def eval_entry(subject: str, reward: float, suite: str = "toy-sum") -> Entry:
     metrics = {"mean_reward": reward, "pass@1": reward, "k": 1, "num_tasks": 8}
-    return Entry(kind="eval", suite=suite, suite_version=suite_version(["a", "b"]),
-                 subject=subject, metrics=metrics, config={"agent": subject},
-                 machine=MACHINE)  # fmt: skip
+    return Entry(
+        kind="eval",
+        suite=suite,
+        suite_version=suite_version(["a", "b"]),
+        subject=subject,
+        metrics=metrics,
+        config={"agent": subject},
+        machine=MACHINE,
+    )
 
 
 def compare_entry(plot) -> Entry:
     stat = {"median": 12.5, "ci": [10.0, None], "per_seed": [10.0, 12.5, None]}
-    modes = {"sync": {"time_to_target_s": stat, "accuracy_at_budget": stat,
-                      "speedup_vs_sync": stat},
-             "streaming": {"time_to_target_s": stat, "accuracy_at_budget": stat,
-                           "speedup_vs_sync": stat}}  # fmt: skip
-    return Entry(kind="compare", suite="thundersync/ToySum-v0", suite_version="v",
-                 subject="sync,streaming", metrics={"modes": modes}, config={},
-                 artifacts={"plots": [str(plot)]}, machine=MACHINE)  # fmt: skip
+    modes = {
+        "sync": {"time_to_target_s": stat, "accuracy_at_budget": stat, "speedup_vs_sync": stat},
+        "streaming": {
+            "time_to_target_s": stat,
+            "accuracy_at_budget": stat,
+            "speedup_vs_sync": stat,
+        },
+    }
+    return Entry(
+        kind="compare",
+        suite="thundersync/ToySum-v0",
+        suite_version="v",
+        subject="sync,streaming",
+        metrics={"modes": modes},
+        config={},
+        artifacts={"plots": [str(plot)]},
+        machine=MACHINE,
+    )
 
 
 def test_rows_are_appended_filtered_and_never_changed(tmp_path):
@@ -111,18 +128,26 @@ def test_an_unknown_sort_key_is_refused_with_the_valid_ones(tmp_path, capsys):
 
 def test_rows_show_strict_the_run_of_a_checkpoint_and_the_comparison_settings(tmp_path):
     entry = eval_entry("step-000004", 0.5)
-    entry = Entry(**{**{f: getattr(entry, f) for f in entry.__dataclass_fields__},
-                     "checkpoint": "runs/compare/runs/streaming-seed0/checkpoints/step-000004",
-                     "metrics": {**entry.metrics, "strict": True}})  # fmt: skip
+    entry = Entry(
+        **{
+            **{f: getattr(entry, f) for f in entry.__dataclass_fields__},
+            "checkpoint": "runs/compare/runs/streaming-seed0/checkpoints/step-000004",
+            "metrics": {**entry.metrics, "strict": True},
+        }
+    )
     (row,) = eval_rows([entry])
     assert row[2] == "streaming-seed0/step-000004" and row[8] == "yes"
     (old,) = eval_rows([eval_entry("oracle", 1.0)])  # a row from before: no strict recorded
     assert old[2] == "oracle" and old[8] == "-"
     plot = tmp_path / "p.png"
     compare = compare_entry(plot)
-    compare = Entry(**{**{f: getattr(compare, f) for f in compare.__dataclass_fields__},
-                       "metrics": {**compare.metrics, "target": 0.6, "budget_s": 40.0},
-                       "config": {"train": {"steps": 12}}})  # fmt: skip
+    compare = Entry(
+        **{
+            **{f: getattr(compare, f) for f in compare.__dataclass_fields__},
+            "metrics": {**compare.metrics, "target": 0.6, "budget_s": 40.0},
+            "config": {"train": {"steps": 12}},
+        }
+    )
     rows = compare_rows([compare])
     assert [r[7:10] for r in rows] == [["12", "0.60", "40.0"]] * 2
 
@@ -131,10 +156,21 @@ def test_time_to_target_sorts_the_fastest_first_and_never_last():
     def stat(median):
         return {"median": median, "ci": [median, median], "per_seed": [median]}
 
-    modes = {"sync": {"time_to_target_s": stat(20.0)}, "async": {"time_to_target_s": stat(None)},
-             "streaming": {"time_to_target_s": stat(13.0)}}  # fmt: skip
-    entry = Entry(kind="compare", suite="e", suite_version="v", subject="s",
-                  metrics={"modes": modes}, config={})  # fmt: skip
+    modes = {
+        "sync": {"time_to_target_s": stat(20.0)},
+        "async": {"time_to_target_s": stat(None)},
+        "streaming": {"time_to_target_s": stat(13.0)},
+    }
+    entry = Entry(
+        kind="compare",
+        suite="e",
+        suite_version="v",
+        subject="s",
+        metrics={"modes": modes},
+        config={},
+    )
     assert [r[2] for r in compare_rows([entry], "time_to_target_s")] == [
-        "streaming", "sync", "async"
-    ]  # fmt: skip
+        "streaming",
+        "sync",
+        "async",
+    ]

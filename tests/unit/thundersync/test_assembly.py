@@ -13,13 +13,20 @@ from thundersync.models import load_model
 
 
 def start(eid: str, gid: str = "g", size: int = 2, prompt=(5, 6)) -> ev.EpisodeStarted:
-    return ev.EpisodeStarted(episode_id=eid, group_id=gid, group_size=size, task_id="t",
-                             prompt_ids=prompt, policy_version=0)  # fmt: skip
+    return ev.EpisodeStarted(
+        episode_id=eid,
+        group_id=gid,
+        group_size=size,
+        task_id="t",
+        prompt_ids=prompt,
+        policy_version=0,
+    )
 
 
 def turn(eid: str, k: int) -> ev.TurnCompleted:
-    return ev.TurnCompleted(episode_id=eid, turn=k, action_ids=(7, 8), action_logprobs=(-1.0,) * 2,
-                            policy_version=0)  # fmt: skip
+    return ev.TurnCompleted(
+        episode_id=eid, turn=k, action_ids=(7, 8), action_logprobs=(-1.0,) * 2, policy_version=0
+    )
 
 
 def test_every_member_of_a_group_must_agree_on_its_size():
@@ -77,17 +84,17 @@ def test_an_infra_failure_before_the_first_action_is_consumed_and_excluded(
     tiny_model_dirs, objective
 ):
     model = load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
-    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-                      streaming=True)  # fmt: skip
+    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0), streaming=True)
     for event in [
-        start("ok", size=2), turn("ok", 0),
+        start("ok", size=2),
+        turn("ok", 0),
         ev.TeacherScored(episode_id="ok", turn=0, teacher_logprobs=(-0.5, -0.5)),
         ev.EpisodeCompleted(episode_id="ok", num_turns=1, stop_reason="submitted"),
         ev.RewardReady(episode_id="ok", reward=1.0),
         start("dead", size=2),
         ev.EpisodeCompleted(episode_id="dead", num_turns=0, stop_reason="error"),
         ev.RewardReady(episode_id="dead", reward=0.0, infra_failure=True),
-    ]:  # fmt: skip
+    ]:
         learner.consume(event)
     metrics = learner.step()
     assert metrics["num_tokens"] == 2
@@ -95,14 +102,19 @@ def test_an_infra_failure_before_the_first_action_is_consumed_and_excluded(
 
 def test_deterministic_streaming_frees_a_dropped_groups_pieces(tiny_model_dirs):
     model = load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
-    learner = Learner(model, GRPO(dynamic_sampling=True),
-                      torch.optim.SGD(model.parameters(), lr=0.0), streaming=True,
-                      deterministic=True)  # fmt: skip
+    learner = Learner(
+        model,
+        GRPO(dynamic_sampling=True),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        streaming=True,
+        deterministic=True,
+    )
     for eid in ("e0", "e1"):
         for event in [
-            start(eid), turn(eid, 0),
+            start(eid),
+            turn(eid, 0),
             ev.EpisodeCompleted(episode_id=eid, num_turns=1, stop_reason="x"),
             ev.RewardReady(episode_id=eid, reward=1.0),
-        ]:  # fmt: skip
+        ]:
             learner.consume(event)
     assert learner.pool.bytes_in_use == 0

@@ -39,11 +39,13 @@ def test_help_names_the_defaults_users_rely_on(capsys):
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--agent", "policy"], "--agent policy needs --checkpoint"),
-     (["--checkpoint", "some/dir"], "some/dir: no such folder"),
-     (["--checkpoint", "some/dir", "--agent", "nop"], "runs the policy agent, not --agent nop")],
+    [
+        (["--agent", "policy"], "--agent policy needs --checkpoint"),
+        (["--checkpoint", "some/dir"], "some/dir: no such folder"),
+        (["--checkpoint", "some/dir", "--agent", "nop"], "runs the policy agent, not --agent nop"),
+    ],
     ids=["policy-without-checkpoint", "checkpoint-not-a-model", "checkpoint-with-nop"],
-)  # fmt: skip
+)
 def test_eval_refuses_a_policy_it_cannot_run(argv, message, capsys):
     assert main(["eval", "--suite", "toy-sum", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -51,15 +53,17 @@ def test_eval_refuses_a_policy_it_cannot_run(argv, message, capsys):
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["-k", "0"], "-k: input should be greater than or equal to 1"),
-     (["-k", "1.5"], "-k: input should be a valid integer"),
-     (["--tasks", "0"], "--tasks: input should be greater than or equal to 1"),
-     (["--concurrency", "0"], "--concurrency: input should be greater than or equal to 1"),
-     (["--seed", "-1"], "--seed: input should be greater than or equal to 0"),
-     (["--max-new-tokens", "0"], "--max-new-tokens: input should be greater than or equal to 1"),
-     (["--temperature", "nan"], "--temperature: input should be a finite number"),
-     (["--temperature", "-1"], "--temperature: input should be greater than or equal to 0")],
-)  # fmt: skip
+    [
+        (["-k", "0"], "-k: input should be greater than or equal to 1"),
+        (["-k", "1.5"], "-k: input should be a valid integer"),
+        (["--tasks", "0"], "--tasks: input should be greater than or equal to 1"),
+        (["--concurrency", "0"], "--concurrency: input should be greater than or equal to 1"),
+        (["--seed", "-1"], "--seed: input should be greater than or equal to 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: input should be greater than or equal to 1"),
+        (["--temperature", "nan"], "--temperature: input should be a finite number"),
+        (["--temperature", "-1"], "--temperature: input should be greater than or equal to 0"),
+    ],
+)
 def test_eval_numbers_are_checked_as_training_checks_them(argv, message, capsys):
     assert main(["eval", "--suite", "toy-sum", "--agent", "nop", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -69,9 +69,16 @@ def test_aliases_count_towards_the_depth_where_they_are_used():
         (documents.load_yaml, "[" * DEEP + "]" * DEEP),
         (documents.load_yaml, "".join(f"{' ' * i}a:\n" for i in range(DEEP)) + " " * DEEP + "1\n"),
     ],
-    ids=["json-arrays", "json-objects", "toml-arrays", "toml-tables", "toml-dotted-keys",
-         "yaml-flow", "yaml-block"],
-)  # fmt: skip
+    ids=[
+        "json-arrays",
+        "json-objects",
+        "toml-arrays",
+        "toml-tables",
+        "toml-dotted-keys",
+        "yaml-flow",
+        "yaml-block",
+    ],
+)
 def test_nesting_10000_deep_is_a_one_line_error(loader, text):
     with pytest.raises(DocumentError, match=f"nested more than {documents.MAX_DEPTH} levels") as e:
         loader(text, "in.doc")

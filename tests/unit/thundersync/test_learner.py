@@ -21,8 +21,9 @@ from thundersync import events as ev
 from thundersync.models import load_model
 from thundersync.rollouts import BatchShape, random_batch
 
-SHAPE = BatchShape(max_groups=2, max_group_size=3, max_turns=2, max_tokens=32,
-                   infra_failure_rate=0.0)  # fmt: skip
+SHAPE = BatchShape(
+    max_groups=2, max_group_size=3, max_turns=2, max_tokens=32, infra_failure_rate=0.0
+)
 
 
 @pytest.fixture
@@ -56,9 +57,12 @@ def test_streaming_refuses_a_stale_token(model):
     for e in events[: events.index(stale)]:
         lrn.consume(e)
     bad = ev.TurnCompleted(
-        episode_id=stale.episode_id, turn=stale.turn, action_ids=stale.action_ids,
-        action_logprobs=stale.action_logprobs, policy_version=stale.policy_version - 1,
-    )  # fmt: skip
+        episode_id=stale.episode_id,
+        turn=stale.turn,
+        action_ids=stale.action_ids,
+        action_logprobs=stale.action_logprobs,
+        policy_version=stale.policy_version - 1,
+    )
     with pytest.raises(StaleTokenError, match="version -1.*version 0"):
         lrn.consume(bad)
 
@@ -129,8 +133,15 @@ def test_contradictory_events_are_rejected(model):
     with pytest.raises(EventOrderError, match="already started"):
         lrn.consume(start)
     with pytest.raises(InvalidEventError, match="2 action_ids but 1 action_logprobs"):
-        lrn.consume(ev.TurnCompleted(episode_id=start.episode_id, turn=0, action_ids=(5, 6),
-                                     action_logprobs=(-1.0,), policy_version=0))  # fmt: skip
+        lrn.consume(
+            ev.TurnCompleted(
+                episode_id=start.episode_id,
+                turn=0,
+                action_ids=(5, 6),
+                action_logprobs=(-1.0,),
+                policy_version=0,
+            )
+        )
 
 
 def test_kl_without_a_reference_model_is_a_clear_error(model):
@@ -171,17 +182,25 @@ def test_infra_failures_are_excluded_not_scored_zero(model, options):
     failed = next(e for e in events if isinstance(e, ev.RewardReady))
     flagged = [
         ev.RewardReady(episode_id=e.episode_id, reward=0.0, infra_failure=True)
-        if e is failed else e for e in events
-    ]  # fmt: skip
+        if e is failed
+        else e
+        for e in events
+    ]
     without = [e for e in events if getattr(e, "episode_id", None) != failed.episode_id]
     groups = {e.group_id: e.group_size for e in without if isinstance(e, ev.EpisodeStarted)}
     without = [
-        ev.EpisodeStarted(episode_id=e.episode_id, group_id=e.group_id,
-                          group_size=groups[e.group_id] - (e.group_id == _group(events, failed)),
-                          task_id=e.task_id, prompt_ids=e.prompt_ids, policy_version=0)
-        if isinstance(e, ev.EpisodeStarted) else e
+        ev.EpisodeStarted(
+            episode_id=e.episode_id,
+            group_id=e.group_id,
+            group_size=groups[e.group_id] - (e.group_id == _group(events, failed)),
+            task_id=e.task_id,
+            prompt_ids=e.prompt_ids,
+            policy_version=0,
+        )
+        if isinstance(e, ev.EpisodeStarted)
+        else e
         for e in without
-    ]  # fmt: skip
+    ]
     grads = []
     for batch in (flagged, without):
         lrn = learner(model, max_grad_norm=None, **options)
@@ -225,16 +244,22 @@ NON_FINITE = {
 @pytest.mark.parametrize("objective,options", NON_FINITE.values(), ids=NON_FINITE.keys())
 def test_a_non_finite_gradient_steps_nothing_and_the_next_batch_steps(model, objective, options):
     teacher = isinstance(objective, OPD)
-    first, second = (random_batch(11 + v, model.config.vocab_size, SHAPE, teacher=teacher,
-                                  policy_version=v) for v in (0, 1))  # fmt: skip
+    first, second = (
+        random_batch(11 + v, model.config.vocab_size, SHAPE, teacher=teacher, policy_version=v)
+        for v in (0, 1)
+    )
     lrn = Learner(model, objective, torch.optim.Adam(model.parameters(), lr=1e-3), **options)
     for e in first:
         lrn.consume(e)
     lrn.step()  # the optimizer now has state, and every parameter a .grad
     params = [p.detach().clone() for p in model.parameters()]
     grads = [p.grad.clone() for p in model.parameters()]
-    state = {k: v.clone() for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
-             if torch.is_tensor(v)}  # fmt: skip
+    state = {
+        k: v.clone()
+        for p in model.parameters()
+        for k, v in lrn.optimizer.state[p].items()
+        if torch.is_tensor(v)
+    }
     state_before = [v.clone() for v in state.values()]
     poisoned = next(iter(model.parameters()))
     hook = poisoned.register_hook(lambda g: torch.full_like(g, float("nan")))
@@ -247,8 +272,12 @@ def test_a_non_finite_gradient_steps_nothing_and_the_next_batch_steps(model, obj
         hook.remove()
     assert all(torch.equal(a, p) for a, p in zip(params, model.parameters()))
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
-    after = {k: v for p in model.parameters() for k, v in lrn.optimizer.state[p].items()
-             if torch.is_tensor(v)}  # fmt: skip
+    after = {
+        k: v
+        for p in model.parameters()
+        for k, v in lrn.optimizer.state[p].items()
+        if torch.is_tensor(v)
+    }
     assert all(torch.equal(a, b) for a, b in zip(state_before, after.values()))
     assert (lrn.policy_version, lrn.num_steps) == (1, 1)
     for e in second:  # the dropped batch's episodes are new to the learner
@@ -320,8 +349,14 @@ def test_a_step_that_makes_a_parameter_non_finite_stops_the_learner(model, strea
 
     replica = copy.deepcopy(model).float()  # the update overflows float32
     published: list = []
-    lrn = Learner(replica, GRPO(), torch.optim.AdamW(replica.parameters(), lr=1e308),
-                  streaming=streaming, max_grad_norm=None, publish=published.append)  # fmt: skip
+    lrn = Learner(
+        replica,
+        GRPO(),
+        torch.optim.AdamW(replica.parameters(), lr=1e308),
+        streaming=streaming,
+        max_grad_norm=None,
+        publish=published.append,
+    )
     for e in random_batch(5, model.config.vocab_size, SHAPE):
         lrn.consume(e)
     with pytest.raises(NonFiniteParameterError, match="step 1: .*non-finite.*policy_version st"):

@@ -15,8 +15,14 @@ from thundersync import events as ev
 from thundersync.models import load_model
 from thundersync.rollouts import BatchShape, random_batch
 
-SHAPE = BatchShape(max_groups=2, min_group_size=2, max_group_size=3, max_turns=3,
-                   max_tokens=40, infra_failure_rate=0.0)  # fmt: skip
+SHAPE = BatchShape(
+    max_groups=2,
+    min_group_size=2,
+    max_group_size=3,
+    max_turns=3,
+    max_tokens=40,
+    infra_failure_rate=0.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +39,12 @@ def distinct_rewards(events: list[ev.Event]) -> list[ev.Event]:
         if isinstance(e, ev.EpisodeStarted):
             rank[e.episode_id] = size.get(e.group_id, 0)
             size[e.group_id] = rank[e.episode_id] + 1
-    return [dataclasses.replace(e, reward=2.0 ** rank[e.episode_id])
-            if isinstance(e, ev.RewardReady) else e for e in events]  # fmt: skip
+    return [
+        dataclasses.replace(e, reward=2.0 ** rank[e.episode_id])
+        if isinstance(e, ev.RewardReady)
+        else e
+        for e in events
+    ]
 
 
 CASES = {
@@ -92,8 +102,13 @@ def test_loss_entropy_estimate_and_reference_kl_equal_an_independent_computation
         with torch.no_grad():
             for i, p in enumerate(reference.parameters()):
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
-    learner = Learner(model, objective, torch.optim.SGD(model.parameters(), lr=0.0),
-                      reference=reference, **options)  # fmt: skip
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        reference=reference,
+        **options,
+    )
     for e in events:
         learner.consume(e)
     metrics = learner.step()
@@ -116,10 +131,17 @@ def test_the_staleness_histogram_counts_action_tokens_by_versions_behind(model):
     events = random_batch(2, model.config.vocab_size, SHAPE, policy_version=3)
     turns = [e for e in events if isinstance(e, ev.TurnCompleted)]
     relabelled = {id(e): 3 + i % 3 for i, e in enumerate(turns)}  # versions 3, 4, 5
-    events = [dataclasses.replace(e, policy_version=relabelled[id(e)]) if id(e) in relabelled
-              else e for e in events]  # fmt: skip
-    learner = Learner(model, GRPO(), torch.optim.SGD(model.parameters(), lr=0.0),
-                      max_staleness=2, policy_version=5)  # fmt: skip
+    events = [
+        dataclasses.replace(e, policy_version=relabelled[id(e)]) if id(e) in relabelled else e
+        for e in events
+    ]
+    learner = Learner(
+        model,
+        GRPO(),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        max_staleness=2,
+        policy_version=5,
+    )
     for e in events:
         learner.consume(e)
     metrics = learner.step()

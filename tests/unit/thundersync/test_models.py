@@ -24,8 +24,9 @@ def test_tokenizer_round_trips_any_text_and_has_a_chat_template(tiny_model_dirs)
     text = "ls -la /tmp && echo 'héllo wörld' ✓ \t\n"
     ids = tok(text)["input_ids"]
     assert ids and tok.decode(ids) == text
-    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}],
-                                     add_generation_prompt=True, tokenize=False)  # fmt: skip
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
     assert tok.padding_side == "left" and tok.pad_token == "<|pad|>"
 

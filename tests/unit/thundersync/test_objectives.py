@@ -56,9 +56,12 @@ def test_clip_coefficient_matches_torch():
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"loss_agg": "mean"}, "loss_agg"), ({"kl_estimator": "k2"}, "kl_estimator"),
-     ({"max_groups": 2}, "max_groups")],
-)  # fmt: skip
+    [
+        ({"loss_agg": "mean"}, "loss_agg"),
+        ({"kl_estimator": "k2"}, "kl_estimator"),
+        ({"max_groups": 2}, "max_groups"),
+    ],
+)
 def test_bad_grpo_configs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         GRPO(**kwargs)
@@ -71,16 +74,18 @@ def test_bad_opd_granularity_is_rejected():
 
 @pytest.mark.parametrize(
     "cls, keywords, says",
-    [(GRPO, {"kl_coef": float("nan")}, "GRPO keyword 'kl_coef': input should be a finite"),
-     (GRPO, {"kl_coef": -1.0}, "GRPO keyword 'kl_coef': input should be greater than or equal"),
-     (GRPO, {"clip_high": float("inf")}, "GRPO keyword 'clip_high': input should be a finite"),
-     (GRPO, {"eps": -1.0}, "GRPO keyword 'eps'"),
-     (GRPO, {"tis_cap": -2.0}, "GRPO keyword 'tis_cap'"),
-     (GRPO, {"max_tokens": True}, "GRPO keyword 'max_tokens': input should be a valid integer"),
-     (GRPO, {"dynamic_sampling": 1}, "GRPO keyword 'dynamic_sampling': input should be a valid"),
-     (OPD, {"max_tokens": 0}, "OPD keyword 'max_tokens'"),
-     (OPD, {"granularity": "step"}, "OPD keyword 'granularity'")],
-)  # fmt: skip
+    [
+        (GRPO, {"kl_coef": float("nan")}, "GRPO keyword 'kl_coef': input should be a finite"),
+        (GRPO, {"kl_coef": -1.0}, "GRPO keyword 'kl_coef': input should be greater than or equal"),
+        (GRPO, {"clip_high": float("inf")}, "GRPO keyword 'clip_high': input should be a finite"),
+        (GRPO, {"eps": -1.0}, "GRPO keyword 'eps'"),
+        (GRPO, {"tis_cap": -2.0}, "GRPO keyword 'tis_cap'"),
+        (GRPO, {"max_tokens": True}, "GRPO keyword 'max_tokens': input should be a valid integer"),
+        (GRPO, {"dynamic_sampling": 1}, "GRPO keyword 'dynamic_sampling': input should be a valid"),
+        (OPD, {"max_tokens": 0}, "OPD keyword 'max_tokens'"),
+        (OPD, {"granularity": "step"}, "OPD keyword 'granularity'"),
+    ],
+)
 def test_every_keyword_is_typed_and_ranged(cls, keywords, says):
     with pytest.raises(ValueError, match=rf"^{says}"):
         cls(**keywords)

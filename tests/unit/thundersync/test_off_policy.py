@@ -13,8 +13,14 @@ from thundersync import events as ev
 from thundersync.models import load_model
 from thundersync.rollouts import BatchShape, random_batch
 
-SHAPE = BatchShape(max_groups=2, max_group_size=3, max_turns=2, max_tokens=32,
-                   infra_failure_rate=0.0, reward_values=(0.0, 1.0))  # fmt: skip
+SHAPE = BatchShape(
+    max_groups=2,
+    max_group_size=3,
+    max_turns=2,
+    max_tokens=32,
+    infra_failure_rate=0.0,
+    reward_values=(0.0, 1.0),
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +29,13 @@ def model(tiny_model_dirs):
 
 
 def make(model, objective=None, **kwargs) -> Learner:
-    return Learner(model, objective or GRPO(), torch.optim.SGD(model.parameters(), lr=0.0),
-                   max_grad_norm=None, **kwargs)  # fmt: skip
+    return Learner(
+        model,
+        objective or GRPO(),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        max_grad_norm=None,
+        **kwargs,
+    )
 
 
 def gradient(model, events, objective=None, **kwargs) -> tuple[torch.Tensor, dict]:
@@ -56,10 +67,12 @@ def test_tokens_one_version_behind_are_accepted_two_behind_refused(model):
 
 @pytest.mark.parametrize(
     "objective,options,says",
-    [(GRPO(), {"streaming": True}, "zero-staleness"),
-     (OPD(), {}, "OPD"),
-     (GRPO(tis_cap=2.0), {}, "tis_cap")],
-)  # fmt: skip
+    [
+        (GRPO(), {"streaming": True}, "zero-staleness"),
+        (OPD(), {}, "OPD"),
+        (GRPO(tis_cap=2.0), {}, "tis_cap"),
+    ],
+)
 def test_combinations_where_staleness_cannot_act_are_refused(model, objective, options, says):
     with pytest.raises(ValueError, match=says):
         make(model, objective, max_staleness=1, **options)

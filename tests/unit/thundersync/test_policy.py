@@ -17,14 +17,26 @@ def policy(request, tiny_model_dirs):
 
 def trajectory(obs0=(40, 41, 42)) -> Trajectory:
     return Trajectory(
-        episode_id="e0", group_id="g0", group_size=1, task_id="t", prompt_ids=(10, 11, 12),
+        episode_id="e0",
+        group_id="g0",
+        group_size=1,
+        task_id="t",
+        prompt_ids=(10, 11, 12),
         turns=(
-            Turn(action_ids=(20, 21), action_logprobs=(-1.0, -1.0), policy_version=0,
-                 observation_ids=obs0),
-            Turn(action_ids=(30, 31, 32), action_logprobs=(-1.0,) * 3, policy_version=0,
-                 observation_ids=(50,)),
+            Turn(
+                action_ids=(20, 21),
+                action_logprobs=(-1.0, -1.0),
+                policy_version=0,
+                observation_ids=obs0,
+            ),
+            Turn(
+                action_ids=(30, 31, 32),
+                action_logprobs=(-1.0,) * 3,
+                policy_version=0,
+                observation_ids=(50,),
+            ),
         ),
-    )  # fmt: skip
+    )
 
 
 def manual_logprobs(model, ids: list[int], positions: list[int]) -> torch.Tensor:
@@ -82,7 +94,13 @@ def test_teacher_scoring_passes_the_cache_by_the_models_own_name(policy):
 
 
 def test_an_empty_prompt_is_rejected_with_the_episode_named(policy):
-    traj = Trajectory(episode_id="e9", group_id="g", group_size=1, task_id="t", prompt_ids=(),
-                      turns=(Turn(action_ids=(5,), action_logprobs=(-1.0,), policy_version=0),))
+    traj = Trajectory(
+        episode_id="e9",
+        group_id="g",
+        group_size=1,
+        task_id="t",
+        prompt_ids=(),
+        turns=(Turn(action_ids=(5,), action_logprobs=(-1.0,), policy_version=0),),
+    )
     with pytest.raises(ValueError, match="e9.*empty prompt_ids"):
         policy.action_logprobs(traj)

@@ -26,14 +26,27 @@ def vocab(model) -> int:
     return model.get_input_embeddings().num_embeddings
 
 
-def episode(eid: str, reward: float, *, teacher: bool = False, prompt=(5, 6, 7),
-            actions=((8, 9), (11, 12, 13)), observations=((10,),),
-            group_size: int = 2) -> list[ev.Event]:  # fmt: skip
+def episode(
+    eid: str,
+    reward: float,
+    *,
+    teacher: bool = False,
+    prompt=(5, 6, 7),
+    actions=((8, 9), (11, 12, 13)),
+    observations=((10,),),
+    group_size: int = 2,
+) -> list[ev.Event]:
     """One episode of group g0 in causal order."""
-    out: list[ev.Event] = [ev.EpisodeStarted(
-        episode_id=eid, group_id="g0", group_size=group_size, task_id="t", prompt_ids=prompt,
-        policy_version=0,
-    )]  # fmt: skip
+    out: list[ev.Event] = [
+        ev.EpisodeStarted(
+            episode_id=eid,
+            group_id="g0",
+            group_size=group_size,
+            task_id="t",
+            prompt_ids=prompt,
+            policy_version=0,
+        )
+    ]
     for k, action in enumerate(actions):
         out.append(
             ev.TurnCompleted(
@@ -45,8 +58,9 @@ def episode(eid: str, reward: float, *, teacher: bool = False, prompt=(5, 6, 7),
             )
         )
         if teacher:
-            out.append(ev.TeacherScored(episode_id=eid, turn=k,
-                                        teacher_logprobs=(-0.5,) * len(action)))  # fmt: skip
+            out.append(
+                ev.TeacherScored(episode_id=eid, turn=k, teacher_logprobs=(-0.5,) * len(action))
+            )
         if k < len(observations):
             out.append(
                 ev.ToolFinished(
@@ -68,8 +82,13 @@ def batch(teacher: bool = False) -> list[ev.Event]:
 
 
 def make(model, objective=None, **kwargs) -> Learner:
-    return Learner(model, objective or GRPO(), torch.optim.SGD(model.parameters(), lr=0.0),
-                   max_grad_norm=None, **kwargs)  # fmt: skip
+    return Learner(
+        model,
+        objective or GRPO(),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        max_grad_norm=None,
+        **kwargs,
+    )
 
 
 def step_grad(learner: Learner, model) -> torch.Tensor:
@@ -148,14 +167,18 @@ def test_an_out_of_vocab_id_does_not_wedge_the_learner(model, streaming):
     """The refused turn never reaches a backward pass; ending its episode as an infra failure
     lets the rest of the batch step, with the gradient of a batch where it failed."""
     events = [
-        e for eid, reward in (("e0", 0.0), ("e1", 1.0), ("e2", 1.0), ("e3", 0.0))
+        e
+        for eid, reward in (("e0", 0.0), ("e1", 1.0), ("e2", 1.0), ("e3", 0.0))
         for e in episode(eid, reward, group_size=4)
-    ]  # fmt: skip
+    ]
     turn = first(events, ev.TurnCompleted, "e2")
     bad = dataclasses.replace(turn, action_ids=(vocab(model), 9))
-    failed = [ev.RewardReady(episode_id="e2", reward=0.0, infra_failure=True)
-              if isinstance(e, ev.RewardReady) and e.episode_id == "e2" else e
-              for e in events]  # fmt: skip
+    failed = [
+        ev.RewardReady(episode_id="e2", reward=0.0, infra_failure=True)
+        if isinstance(e, ev.RewardReady) and e.episode_id == "e2"
+        else e
+        for e in events
+    ]
     learner = make(model, streaming=streaming)
     for e in failed:
         if e is turn:
@@ -180,8 +203,9 @@ def test_a_refused_start_leaves_no_trace(model):
 def test_a_context_longer_than_the_model_takes_is_refused(model):
     limit = model.config.n_positions
     learner = make(model, streaming=True)
-    events = episode("e0", 0.0, prompt=(5,) * (limit - 3), actions=((8, 9), (11, 12, 13)),
-                     observations=((10,),))  # fmt: skip
+    events = episode(
+        "e0", 0.0, prompt=(5,) * (limit - 3), actions=((8, 9), (11, 12, 13)), observations=((10,),)
+    )
     start, turn0, tool0, turn1 = events[:4]
     for e in (start, turn0, tool0):  # limit - 1 tokens of context so far: fits
         learner.consume(e)
@@ -193,8 +217,9 @@ def test_the_last_observation_is_not_context(model):
     limit = model.config.n_positions
     learner = make(model, streaming=True)
     long_tail = (10,) * 50
-    events = episode("e0", 0.0, prompt=(5,) * (limit - 2), actions=((8, 9),),
-                     observations=(long_tail,))  # fmt: skip
+    events = episode(
+        "e0", 0.0, prompt=(5,) * (limit - 2), actions=((8, 9),), observations=(long_tail,)
+    )
     for e in events:  # the 50-token observation after the only action is never context
         learner.consume(e)
     for e in episode("e1", 1.0):
@@ -205,8 +230,9 @@ def test_the_last_observation_is_not_context(model):
 def test_an_observation_becomes_context_when_a_later_turn_arrives(model):
     limit = model.config.n_positions
     learner = make(model)
-    events = episode("e0", 0.0, prompt=(5,) * (limit - 10), actions=((8, 9), (11,)),
-                     observations=((10,) * 20,))  # fmt: skip
+    events = episode(
+        "e0", 0.0, prompt=(5,) * (limit - 10), actions=((8, 9), (11,)), observations=((10,) * 20,)
+    )
     start, turn0, tool0, turn1, done = events[:5]
     for e in (start, turn0, tool0):  # observation 0 may still be the last: accepted
         learner.consume(e)
@@ -280,10 +306,18 @@ def test_a_teacher_score_below_any_softmax_is_refused_naming_episode_turn_and_va
 
 @pytest.mark.parametrize("reward", [Fraction(1), Decimal("1"), 1, Fraction(10**6)])
 def test_an_int_fraction_or_decimal_reward_trains_as_its_float(model, reward):
-    events = [dataclasses.replace(e, reward=reward) if isinstance(e, ev.RewardReady)
-              and e.episode_id == "e1" else e for e in batch()]  # fmt: skip
-    as_float = [dataclasses.replace(e, reward=float(reward)) if isinstance(e, ev.RewardReady)
-                and e.episode_id == "e1" else e for e in batch()]  # fmt: skip
+    events = [
+        dataclasses.replace(e, reward=reward)
+        if isinstance(e, ev.RewardReady) and e.episode_id == "e1"
+        else e
+        for e in batch()
+    ]
+    as_float = [
+        dataclasses.replace(e, reward=float(reward))
+        if isinstance(e, ev.RewardReady) and e.episode_id == "e1"
+        else e
+        for e in batch()
+    ]
     assert torch.equal(clean_gradient(model, events), clean_gradient(model, as_float))
 
 
@@ -291,8 +325,12 @@ def test_an_int_fraction_or_decimal_reward_trains_as_its_float(model, reward):
 def test_a_sampler_logprob_at_the_floor_gives_finite_metrics(model, streaming):
     """−745 is accepted (a softmax in double can give it), and k3 = exp(d) − d − 1 then
     overflows: the metric is None, never inf or NaN."""
-    events = [dataclasses.replace(e, action_logprobs=(-745.0,) * len(e.action_ids))
-              if isinstance(e, ev.TurnCompleted) else e for e in batch()]  # fmt: skip
+    events = [
+        dataclasses.replace(e, action_logprobs=(-745.0,) * len(e.action_ids))
+        if isinstance(e, ev.TurnCompleted)
+        else e
+        for e in batch()
+    ]
     learner = make(model, streaming=streaming)
     for e in events:
         learner.consume(e)

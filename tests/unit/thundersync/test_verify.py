@@ -47,32 +47,41 @@ def test_certificate_holds_for_every_variant(gpt2, tiny_model_dirs):
         for p in reference.parameters():
             p.mul_(1.01)
     for variant in variants("all"):
-        result = certify(gpt2, variant, trials=1, seed=3, deterministic=True, shape=SMALL,
-                         reference=reference)  # fmt: skip
+        result = certify(
+            gpt2, variant, trials=1, seed=3, deterministic=True, shape=SMALL, reference=reference
+        )
         assert result["ok"], result
         assert result["max_rel_err_stream_vs_textbook"] <= 1e-12
 
 
 def test_a_broken_streaming_fold_is_caught(gpt2, monkeypatch):
     monkeypatch.setattr(streaming, "group_stats", wrong_mean(streaming.group_stats))
-    result = certify(gpt2, variants("grpo")[0], trials=2, seed=0, deterministic=False,
-                     shape=SMALL)  # fmt: skip
+    result = certify(gpt2, variants("grpo")[0], trials=2, seed=0, deterministic=False, shape=SMALL)
     assert not result["ok"]
     assert result["max_rel_err_stream_vs_sync"] > 1e-6
 
 
 def test_a_broken_deterministic_fold_is_caught(gpt2, monkeypatch):
     monkeypatch.setattr(canonical, "group_stats", wrong_mean(canonical.group_stats))
-    result = certify(gpt2, variants("grpo")[0], trials=2, seed=0, deterministic=True,
-                     shape=SMALL)  # fmt: skip
+    result = certify(gpt2, variants("grpo")[0], trials=2, seed=0, deterministic=True, shape=SMALL)
     # deterministic sync and streaming share the reduction: the textbook still catches it
     assert not result["ok"]
 
 
 def test_the_cli_exits_nonzero_on_a_violation(tiny_model_dirs, monkeypatch, capsys):
     monkeypatch.setattr(streaming, "group_stats", wrong_mean(streaming.group_stats))
-    code = main(["verify", "--algo", "grpo", "--trials", "1", "--json",
-                 "--model", str(tiny_model_dirs["gpt2"])])  # fmt: skip
+    code = main(
+        [
+            "verify",
+            "--algo",
+            "grpo",
+            "--trials",
+            "1",
+            "--json",
+            "--model",
+            str(tiny_model_dirs["gpt2"]),
+        ]
+    )
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert code == 1 and report["ok"] is False
@@ -105,8 +114,12 @@ def bad_checkpoints(tmp_path):
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    return {"missing": tmp_path / "nowhere", "empty": empty, "garbage": garbage,
-            "no-weights": no_weights}  # fmt: skip
+    return {
+        "missing": tmp_path / "nowhere",
+        "empty": empty,
+        "garbage": garbage,
+        "no-weights": no_weights,
+    }
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "garbage", "no-weights"])
@@ -121,15 +134,31 @@ def test_a_bad_model_is_a_one_line_error_with_exit_2(kind, tmp_path, capsys):
 def test_a_bad_model_prints_no_traceback_in_a_fresh_process(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "thundersync.cli", "verify", "--model", str(tmp_path / "nowhere")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and out.stderr.startswith("verify: error: --model ")
 
 
 def test_the_verdict_is_the_last_line_and_fits_80_columns_in_a_pipe(tiny_model_dirs, capsys):
-    assert main(["verify", "--algo", "opd", "--trials", "1", "--deterministic",
-                 "--model", str(tiny_model_dirs["gpt2"])]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "verify",
+                "--algo",
+                "opd",
+                "--trials",
+                "1",
+                "--deterministic",
+                "--model",
+                str(tiny_model_dirs["gpt2"]),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("verify: OK: 3 checks (1 model x 3 variants), worst ")
     assert lines[-1].endswith(" <= 1e-12, bitwise")
@@ -140,8 +169,10 @@ def test_the_verdict_is_the_last_line_and_fits_80_columns_in_a_pipe(tiny_model_d
 
 def test_a_violation_is_the_last_line_on_stdout(tiny_model_dirs, monkeypatch, capsys):
     monkeypatch.setattr(streaming, "group_stats", wrong_mean(streaming.group_stats))
-    assert main(["verify", "--algo", "grpo", "--trials", "1",
-                 "--model", str(tiny_model_dirs["gpt2"])]) == 1  # fmt: skip
+    assert (
+        main(["verify", "--algo", "grpo", "--trials", "1", "--model", str(tiny_model_dirs["gpt2"])])
+        == 1
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("verify: VIOLATION: ") and " > 1e-12" in lines[-1]
     assert len(lines[-1]) <= 80
@@ -149,8 +180,10 @@ def test_a_violation_is_the_last_line_on_stdout(tiny_model_dirs, monkeypatch, ca
 
 def test_progress_lines_appear_in_a_pipe(tiny_model_dirs, monkeypatch, capsys):
     monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
-    assert main(["verify", "--algo", "opd", "--trials", "1",
-                 "--model", str(tiny_model_dirs["gpt2"])]) == 0  # fmt: skip
+    assert (
+        main(["verify", "--algo", "opd", "--trials", "1", "--model", str(tiny_model_dirs["gpt2"])])
+        == 0
+    )
     progress = [line for line in capsys.readouterr().err.splitlines() if "/3 checks, " in line]
     assert progress and all(line.startswith("verify: ") for line in progress)
 
@@ -181,10 +214,21 @@ def test_bounds_follow_the_models_arithmetic(tiny_model_dirs):
 @pytest.mark.slow
 def test_verify_json_reports_every_objective_within_bounds():
     out = subprocess.run(
-        [sys.executable, "-m", "thundersync.cli", "verify", "--json", "--trials", "1",
-         "--deterministic"],
-        capture_output=True, text=True, timeout=1800, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "thundersync.cli",
+            "verify",
+            "--json",
+            "--trials",
+            "1",
+            "--deterministic",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["ok"] is True

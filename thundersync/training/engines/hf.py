@@ -50,9 +50,10 @@ class HFEngine:
         self.pad_id = int(pad) if pad is not None else 0
         # transformers renamed past_key_values to cache (5.x); accept either.
         self._cache_kw = (
-            "cache" if "cache" in inspect.signature(self.model.forward).parameters
+            "cache"
+            if "cache" in inspect.signature(self.model.forward).parameters
             else "past_key_values"
-        )  # fmt: skip
+        )
 
     # --- weights -----------------------------------------------------------------------------
 
@@ -74,8 +75,12 @@ class HFEngine:
     # --- generation --------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        return generate_checked(requests, self._generate, max_context=self.max_context,
-                                batch_invariant=self.batch_invariant)  # fmt: skip
+        return generate_checked(
+            requests,
+            self._generate,
+            max_context=self.max_context,
+            batch_invariant=self.batch_invariant,
+        )
 
     @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:
@@ -110,13 +115,16 @@ class HFEngine:
             mask_BL = torch.cat([mask_BL, ones_B1], dim=1)
             # Only live rows advance: a finished row's padding must not walk its position past
             # the model's window (GPT-2's position table ends there).
-            positions_B = positions_B + torch.tensor(live, dtype=positions_B.dtype,
-                                                     device=self.device)  # fmt: skip
+            positions_B = positions_B + torch.tensor(
+                live, dtype=positions_B.dtype, device=self.device
+            )
             out = self.model(
-                input_ids=next_B[:, None], attention_mask=mask_BL,
-                position_ids=positions_B[:, None], use_cache=True,
+                input_ids=next_B[:, None],
+                attention_mask=mask_BL,
+                position_ids=positions_B[:, None],
+                use_cache=True,
                 **{self._cache_kw: _cache_of(out)},
-            )  # fmt: skip
+            )
         return [
             Completion(tuple(t), tuple(lp), reason, self.policy_version)
             for t, lp, reason in zip(tokens, logprobs, reasons)

@@ -78,9 +78,12 @@ class Engine(Protocol):
 
 
 def generate_checked(
-    requests: Sequence[GenerationRequest], generate_batch: Callable[[list], list[Completion]],
-    *, max_context: int, batch_invariant: bool,
-) -> list[Completion]:  # fmt: skip
+    requests: Sequence[GenerationRequest],
+    generate_batch: Callable[[list], list[Completion]],
+    *,
+    max_context: int,
+    batch_invariant: bool,
+) -> list[Completion]:
     """What every engine's ``generate`` does around its own batched sampling: check each
     request, then sample them together or, batch-invariant, each alone."""
     for request in requests:

@@ -111,10 +111,16 @@ class VLLMEngine:
         window = _position_limit(folder)
         self.max_context = min(max_context or window, window)
         kwargs: dict[str, Any] = dict(
-            model=str(folder), dtype=DTYPES[dtype], seed=seed, max_model_len=self.max_context,
-            max_num_seqs=max_num_seqs, enforce_eager=True, enable_prefix_caching=False,
-            logprobs_mode="processed_logprobs", generation_config="vllm",
-        )  # fmt: skip
+            model=str(folder),
+            dtype=DTYPES[dtype],
+            seed=seed,
+            max_model_len=self.max_context,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+        )
         self.llm: Any = vllm.LLM(**kwargs)
 
     # --- weights -----------------------------------------------------------------------------
@@ -152,18 +158,27 @@ class VLLMEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         if self.llm is None:
             raise RuntimeError("generate: the engine is closed")
-        return generate_checked(requests, self._generate, max_context=self.max_context,
-                                batch_invariant=self.batch_invariant)  # fmt: skip
+        return generate_checked(
+            requests,
+            self._generate,
+            max_context=self.max_context,
+            batch_invariant=self.batch_invariant,
+        )
 
     def _generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         vllm = self._vllm
         prompts = [vllm.TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         params = [
             vllm.SamplingParams(
-                n=1, temperature=r.params.temperature, max_tokens=r.params.max_new_tokens,
-                seed=r.seed, logprobs=0, detokenize=False, ignore_eos=True,
+                n=1,
+                temperature=r.params.temperature,
+                max_tokens=r.params.max_new_tokens,
+                seed=r.seed,
+                logprobs=0,
+                detokenize=False,
+                ignore_eos=True,
                 stop_token_ids=list(r.params.stop_ids),
-            )  # fmt: skip
+            )
             for r in requests
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

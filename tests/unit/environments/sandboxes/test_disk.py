@@ -41,8 +41,10 @@ def test_filling_the_workspace_fails_with_enospc_and_leaves_a_neighbour_alone(
         make_sandbox(SandboxSpec(disk_mb=DISK_MB), kind) as neighbour,
     ):
         half = disk_mb // 2 + 16  # two files: each stays under the per-file limit
-        fill = (f"head -c {half}M /dev/zero > junk; head -c {half}M /dev/zero > junk2; "
-                "echo rc=$?; cat junk junk2 | wc -c")  # fmt: skip
+        fill = (
+            f"head -c {half}M /dev/zero > junk; head -c {half}M /dev/zero > junk2; "
+            "echo rc=$?; cat junk junk2 | wc -c"
+        )
         filled = full.execute(fill, 60)
         assert "No space left on device" in filled.output and "rc=1" in filled.output
         assert int(filled.output.split()[-1]) <= disk_mb * 2**20

@@ -50,11 +50,17 @@ def test_containers_of_dead_owners_are_removed_and_live_ones_kept():
     made = []
     try:
         for owner in (dead_pid(), os.getpid()):
-            made.append(client.containers.create(
-                BASE_IMAGE, ["sleep", "1"], network_mode="none",
-                labels={"thundersync-orphan-test": "1",
-                        "thundersync-orphan-test.owner_pid": str(owner)},
-            ))  # fmt: skip
+            made.append(
+                client.containers.create(
+                    BASE_IMAGE,
+                    ["sleep", "1"],
+                    network_mode="none",
+                    labels={
+                        "thundersync-orphan-test": "1",
+                        "thundersync-orphan-test.owner_pid": str(owner),
+                    },
+                )
+            )
         removed = remove_orphan_containers(client, "thundersync-orphan-test")
         assert removed == [made[0].name]
         names = [c.name for c in client.containers.list(all=True)]
@@ -87,4 +93,3 @@ def test_sigterm_to_the_cli_unwinds_so_sandboxes_are_closed():
         if proc.poll() is None:
             proc.kill()
     assert "closed" in out and proc.returncode == 128 + signal.SIGTERM
-

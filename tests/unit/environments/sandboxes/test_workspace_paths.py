@@ -86,5 +86,10 @@ def test_archive_folder_leaves_out_the_excluded_children_only(tmp_path: Path) ->
     archive_folder(work, "testbed", tmp_path / "part.tar", exclude=(".git",))
     with tarfile.open(tmp_path / "part.tar") as archive:
         names = sorted(m.name for m in archive)
-    assert names == ["testbed", "testbed/a.py", "testbed/sub", "testbed/sub/.git",
-                     "testbed/sub/.git/keep"]  # fmt: skip
+    assert names == [
+        "testbed",
+        "testbed/a.py",
+        "testbed/sub",
+        "testbed/sub/.git",
+        "testbed/sub/.git/keep",
+    ]

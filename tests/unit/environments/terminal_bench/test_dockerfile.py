@@ -54,9 +54,18 @@ def test_copy_workdir_env_and_run_are_reproducible(tmp_path: Path) -> None:
         (f"FROM {BASE_IMAGE}\nWORKDIR /\n", "root folder"),
         (f"FROM {BASE_IMAGE}\nWORKDIR /usr/src/app\n", "system folder"),
     ],
-    ids=["add", "user", "arg", "multi-stage", "copy-outside", "copy-from",
-         "run-exec-form", "workdir-root", "workdir-system-folder"],
-)  # fmt: skip
+    ids=[
+        "add",
+        "user",
+        "arg",
+        "multi-stage",
+        "copy-outside",
+        "copy-from",
+        "run-exec-form",
+        "workdir-root",
+        "workdir-system-folder",
+    ],
+)
 def test_build_steps_need_docker(tmp_path: Path, text: str, reason: str) -> None:
     plan = plan_for(tmp_path, text, {"f.txt": "f"})
     assert plan.build_step is not None and reason in plan.build_step

@@ -20,14 +20,21 @@ def tokenizer(tiny_model_dirs):
 def test_incremental_ids_decode_to_the_template_rendering(tokenizer):
     chat = ChatFormat(tokenizer)
     action = tokenizer("```bash\nlookup red\n```", add_special_tokens=False)["input_ids"]
-    ids = (chat.prompt_ids("Add red and blue.") + tuple(action) + (chat.end_of_turn_id,)
-           + chat.observation_ids("17\n"))  # fmt: skip
+    ids = (
+        chat.prompt_ids("Add red and blue.")
+        + tuple(action)
+        + (chat.end_of_turn_id,)
+        + chat.observation_ids("17\n")
+    )
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Add red and blue."},
-         {"role": "assistant", "content": "```bash\nlookup red\n```"},
-         {"role": "user", "content": "17\n"}],
-        tokenize=False, add_generation_prompt=True,
-    )  # fmt: skip
+        [
+            {"role": "user", "content": "Add red and blue."},
+            {"role": "assistant", "content": "```bash\nlookup red\n```"},
+            {"role": "user", "content": "17\n"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert tokenizer.decode(list(ids)) == rendered
     assert chat.stop_ids == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
@@ -60,15 +67,24 @@ class RecordingGenerate:
 
 
 def agent(tokenizer, generate, max_context=64):
-    return PolicyAgent(generate, ChatFormat(tokenizer), policy_version=lambda: 7, run_seed=11,
-                       max_new_tokens=16, max_context=max_context)  # fmt: skip
+    return PolicyAgent(
+        generate,
+        ChatFormat(tokenizer),
+        policy_version=lambda: 7,
+        run_seed=11,
+        max_new_tokens=16,
+        max_context=max_context,
+    )
 
 
 def test_the_agent_samples_from_the_recorded_ids_with_a_per_turn_seed(tokenizer):
     generate = RecordingGenerate()
     a = agent(tokenizer, generate)
-    messages = [Message("user", "hi", (1, 2)), Message("assistant", "x", (9,)),
-                Message("user", "o", (5,))]  # fmt: skip
+    messages = [
+        Message("user", "hi", (1, 2)),
+        Message("assistant", "x", (9,)),
+        Message("user", "o", (5,)),
+    ]
     action = a.act(None, messages, episode_id="s0-g0-e1")
     request = generate.requests[0]
     assert request.prompt_ids == (1, 2, 9, 5)
@@ -137,14 +153,21 @@ def test_a_repeated_action_is_decoded_once_and_a_long_one_each_time(tokenizer, m
     chat = ChatFormat(tokenizer)
     decoded: list[tuple[int, ...]] = []
     decode = tokenizer.decode
-    monkeypatch.setattr(tokenizer, "decode", lambda ids, **kw: decoded.append(tuple(ids))
-                        or decode(ids, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        tokenizer, "decode", lambda ids, **kw: decoded.append(tuple(ids)) or decode(ids, **kw)
+    )
     action = tuple(tokenizer("answer 7", add_special_tokens=False)["input_ids"])
     long = action * (chat_module.CACHED_ACTION_IDS // len(action) + 1)
     first = [chat.action_text(action), chat.action_text(long)]
     again = [chat.action_text(list(action)), chat.action_text(long)]
-    assert again == first == [decode(list(action), skip_special_tokens=True),
-                              decode(list(long), skip_special_tokens=True)]  # fmt: skip
+    assert (
+        again
+        == first
+        == [
+            decode(list(action), skip_special_tokens=True),
+            decode(list(long), skip_special_tokens=True),
+        ]
+    )
     assert decoded == [action, long, long]
 
 
@@ -153,10 +176,20 @@ def test_act_is_request_then_action(tokenizer):
     # act exactly, so that an episode samples the same tokens whoever drives it.
     generate = RecordingGenerate()
     spans = []
-    a = PolicyAgent(generate, ChatFormat(tokenizer), policy_version=lambda: 7, run_seed=11,
-                    max_new_tokens=16, max_context=64, record=spans.append)  # fmt: skip
-    messages = [Message("user", "hi", (1, 2)), Message("assistant", "x", (9,)),
-                Message("user", "o", (5,))]  # fmt: skip
+    a = PolicyAgent(
+        generate,
+        ChatFormat(tokenizer),
+        policy_version=lambda: 7,
+        run_seed=11,
+        max_new_tokens=16,
+        max_context=64,
+        record=spans.append,
+    )
+    messages = [
+        Message("user", "hi", (1, 2)),
+        Message("assistant", "x", (9,)),
+        Message("user", "o", (5,)),
+    ]
     whole = a.act(None, messages, episode_id="e3")
     request = a.request(messages, episode_id="e3")
     halves = a.action(generate(request), messages, episode_id="e3", started=0.0)

@@ -58,19 +58,42 @@ def test_an_opd_teacher_with_another_vocabulary_is_refused_before_workers(
     models, tmp_path, capsys, no_worker
 ):
     # the default student (no --model): the tiny model's 512-token tokenizer
-    line = refused(["train", "--algo", "opd", "--teacher", str(models["teacher"]),
-                    "--out", str(tmp_path / "run")], capsys)  # fmt: skip
+    line = refused(
+        [
+            "train",
+            "--algo",
+            "opd",
+            "--teacher",
+            str(models["teacher"]),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capsys,
+    )
     assert line.startswith("train: error: config field 'teacher':"), line
     assert "vocabulary of 400 tokens, the student's 512" in line and str(models["teacher"]) in line
-    line = refused(["train", "--algo", "opd", "--teacher", str(models["teacher"]), "--model",
-                    str(models["student"]), "--out", str(tmp_path / "run")], capsys)  # fmt: skip
+    line = refused(
+        [
+            "train",
+            "--algo",
+            "opd",
+            "--teacher",
+            str(models["teacher"]),
+            "--model",
+            str(models["student"]),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capsys,
+    )
     assert "vocabulary of 400 tokens, the student's 512" in line
 
 
 def test_an_opd_teacher_with_the_same_vocabulary_but_other_ids_is_refused(models, tmp_path):
     other = build_shuffled(models["student"], tmp_path / "shuffled")
-    config = TrainConfig(algo="opd", teacher=str(other), model=str(models["student"]),
-                         out=str(tmp_path / "run"))  # fmt: skip
+    config = TrainConfig(
+        algo="opd", teacher=str(other), model=str(models["student"]), out=str(tmp_path / "run")
+    )
     with pytest.raises(ValueError, match=r"2 of 512 tokens have other ids"):
         check_inputs(config)
 
@@ -89,8 +112,14 @@ def build_shuffled(student: Path, folder: Path) -> Path:
 
 def test_a_teacher_sharing_the_students_tokenizer_passes(models, tmp_path):
     check_inputs(TrainConfig(algo="opd", teacher=str(models["student"]), out=str(tmp_path / "a")))
-    check_inputs(TrainConfig(algo="opd", teacher=str(models["student"]),
-                             model=str(models["student"]), out=str(tmp_path / "b")))  # fmt: skip
+    check_inputs(
+        TrainConfig(
+            algo="opd",
+            teacher=str(models["student"]),
+            model=str(models["student"]),
+            out=str(tmp_path / "b"),
+        )
+    )
 
 
 def test_a_model_without_a_chat_template_says_how_to_add_one(models, tmp_path, capsys, no_worker):
@@ -102,11 +131,13 @@ def test_a_model_without_a_chat_template_says_how_to_add_one(models, tmp_path, c
 
 @pytest.mark.parametrize(
     "argv, says",
-    [(["--mode", "sync"], "with --mode sync"),
-     (["--mode", "async"], "with --mode async"),
-     (["--algo", "opd", "--teacher", "t"], "with --algo opd"),
-     (["--deterministic"], "with --deterministic")],
-)  # fmt: skip
+    [
+        (["--mode", "sync"], "with --mode sync"),
+        (["--mode", "async"], "with --mode async"),
+        (["--algo", "opd", "--teacher", "t"], "with --algo opd"),
+        (["--deterministic"], "with --deterministic"),
+    ],
+)
 def test_early_start_where_it_does_nothing_is_refused(argv, says, tmp_path, capsys, no_worker):
     line = refused(["train", "--early-start", *argv, "--out", str(tmp_path / "r")], capsys)
     assert line.startswith("train: error: config field 'early_start': no effect " + says), line

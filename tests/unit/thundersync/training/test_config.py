@@ -39,17 +39,29 @@ def refused(argv: list[str], capsys) -> str:
 
 
 HOSTILE = [
-    ("lr", math.nan, "finite"), ("lr", -1.0, "greater than 0"), ("lr", 0, "greater than 0"),
-    ("lr", math.inf, "finite"), ("max_grad_norm", -1.0, "greater than or equal to 0"),
-    ("micro_batch_size", 0, ">= 1"), ("learner_threads", 0, ">= 1"),
-    ("max_concurrency", -1, ">= 0"), ("steps", 1e400, "valid integer"),
-    ("steps", 2.5, "valid integer"), ("staleness", 1.0, "valid integer"),
-    ("tasks_per_step", True, "valid integer"), ("temperature", math.nan, "finite"),
-    ("temperature", -0.5, "greater than or equal to 0"), ("weight_decay", math.inf, "finite"),
-    ("batch_window_s", math.nan, "finite"), ("worker_timeout_s", math.inf, "finite"),
-    ("keep_checkpoints", 0, ">= 1"), ("seed", -1, ">= 0"), ("dtype", "float16", "float32"),
-    ("mode", "fast", "'sync', 'async' or 'streaming'"), ("device", "gpu", "cpu, cuda or cuda:N"),
-]  # fmt: skip
+    ("lr", math.nan, "finite"),
+    ("lr", -1.0, "greater than 0"),
+    ("lr", 0, "greater than 0"),
+    ("lr", math.inf, "finite"),
+    ("max_grad_norm", -1.0, "greater than or equal to 0"),
+    ("micro_batch_size", 0, ">= 1"),
+    ("learner_threads", 0, ">= 1"),
+    ("max_concurrency", -1, ">= 0"),
+    ("steps", 1e400, "valid integer"),
+    ("steps", 2.5, "valid integer"),
+    ("staleness", 1.0, "valid integer"),
+    ("tasks_per_step", True, "valid integer"),
+    ("temperature", math.nan, "finite"),
+    ("temperature", -0.5, "greater than or equal to 0"),
+    ("weight_decay", math.inf, "finite"),
+    ("batch_window_s", math.nan, "finite"),
+    ("worker_timeout_s", math.inf, "finite"),
+    ("keep_checkpoints", 0, ">= 1"),
+    ("seed", -1, ">= 0"),
+    ("dtype", "float16", "float32"),
+    ("mode", "fast", "'sync', 'async' or 'streaming'"),
+    ("device", "gpu", "cpu, cuda or cuda:N"),
+]
 IDS = [f"{name}={value!r}" for name, value, _ in HOSTILE]
 
 
@@ -108,19 +120,23 @@ def test_keep_checkpoints_is_its_own_problem():
         TrainConfig(keep_checkpoints=0)
 
 
-@pytest.mark.parametrize(("objective", "says"), [
-    ({"clip_eps": 0.2}, r"unknown keyword\(s\) \['clip_eps'\] of GRPO"),
-    ({"kl_coef": -0.1}, "GRPO keyword 'kl_coef': input should be greater than or equal to 0"),
-    ({"kl_coef": math.inf}, "GRPO keyword 'kl_coef': input should be a finite number"),
-    ({"clip_low": 1.0}, "GRPO keyword 'clip_low': input should be less than 1"),
-    ({"clip_high": math.nan}, "GRPO keyword 'clip_high': input should be a finite number"),
-    ({"eps": -1e-6}, "GRPO keyword 'eps'"), ({"tis_cap": 0.0}, "GRPO keyword 'tis_cap'"),
-    ({"max_tokens": 0}, "GRPO keyword 'max_tokens'"),
-    ({"max_tokens": 10.5}, "GRPO keyword 'max_tokens': input should be a valid integer"),
-    ({"scale_by_std": "no"}, "GRPO keyword 'scale_by_std': input should be a valid boolean"),
-    ({"dynamic_sampling": True, "max_groups": 0}, "GRPO keyword 'max_groups'"),
-    ({"kl_estimator": "k2"}, "GRPO keyword 'kl_estimator'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("objective", "says"),
+    [
+        ({"clip_eps": 0.2}, r"unknown keyword\(s\) \['clip_eps'\] of GRPO"),
+        ({"kl_coef": -0.1}, "GRPO keyword 'kl_coef': input should be greater than or equal to 0"),
+        ({"kl_coef": math.inf}, "GRPO keyword 'kl_coef': input should be a finite number"),
+        ({"clip_low": 1.0}, "GRPO keyword 'clip_low': input should be less than 1"),
+        ({"clip_high": math.nan}, "GRPO keyword 'clip_high': input should be a finite number"),
+        ({"eps": -1e-6}, "GRPO keyword 'eps'"),
+        ({"tis_cap": 0.0}, "GRPO keyword 'tis_cap'"),
+        ({"max_tokens": 0}, "GRPO keyword 'max_tokens'"),
+        ({"max_tokens": 10.5}, "GRPO keyword 'max_tokens': input should be a valid integer"),
+        ({"scale_by_std": "no"}, "GRPO keyword 'scale_by_std': input should be a valid boolean"),
+        ({"dynamic_sampling": True, "max_groups": 0}, "GRPO keyword 'max_groups'"),
+        ({"kl_estimator": "k2"}, "GRPO keyword 'kl_estimator'"),
+    ],
+)
 def test_each_objective_keyword_is_typed_and_ranged(objective, says):
     with pytest.raises(ValueError, match=rf"^config field 'objective': .*{says}"):
         TrainConfig(objective=objective)
@@ -148,8 +164,7 @@ def test_learner_ranks_are_at_most_the_cores_unless_ray_places_them(monkeypatch,
 def test_a_run_folder_that_cannot_be_written_is_refused(where, tmp_path, capsys, no_worker):
     file = tmp_path / "taken"
     file.write_text("")
-    out = {"file": file, "proc": Path("/proc/thundersync-run"),
-           "under-a-file": file / "run"}[where]  # fmt: skip
+    out = {"file": file, "proc": Path("/proc/thundersync-run"), "under-a-file": file / "run"}[where]
     line = refused(["train", "--out", str(out), "--steps", "1"], capsys)
     assert line.startswith(f"train: error: config field 'out': {out}:"), line
 

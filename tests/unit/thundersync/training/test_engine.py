@@ -80,8 +80,9 @@ def test_loaded_weights_change_the_output_and_the_version(engine_dir):
 
 def test_request_seeds_are_a_function_of_seed_episode_and_turn():
     assert request_seed(0, "s1-g0-e0", 2) == request_seed(0, "s1-g0-e0", 2)
-    seeds = {request_seed(s, e, t) for s in (0, 1) for e in ("s0-g0-e0", "s0-g0-e1")
-             for t in (0, 1)}  # fmt: skip
+    seeds = {
+        request_seed(s, e, t) for s in (0, 1) for e in ("s0-g0-e0", "s0-g0-e1") for t in (0, 1)
+    }
     assert len(seeds) == 8
 
 

@@ -49,11 +49,17 @@ class ScriptedEngine:
         return [self._complete(r.seed) for r in requests]
 
     def _complete(self, seed: int) -> Completion:
-        text = [format_action("lookup red"), format_action("calc 2+3"), "no block here",
-                format_action("answer 5"), format_action("submit")][seed % 5]  # fmt: skip
+        text = [
+            format_action("lookup red"),
+            format_action("calc 2+3"),
+            "no block here",
+            format_action("answer 5"),
+            format_action("submit"),
+        ][seed % 5]
         ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + (self.stop_id,)
-        return Completion(ids, tuple(-0.01 * (i + 1) for i in range(len(ids))), "stop",
-                          self.policy_version)  # fmt: skip
+        return Completion(
+            ids, tuple(-0.01 * (i + 1) for i in range(len(ids))), "stop", self.policy_version
+        )
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +70,19 @@ def tokenizer(tiny_model_dirs):
 class Rig:
     """An engine, batcher, agent and runner over ToySum with in-process tools."""
 
-    def __init__(self, tokenizer, *, max_context: int = 4096, fail: bool = False,
-                 sink=None, **env_kwargs) -> None:  # fmt: skip
+    def __init__(
+        self, tokenizer, *, max_context: int = 4096, fail: bool = False, sink=None, **env_kwargs
+    ) -> None:
         self.engine = ScriptedEngine(tokenizer, fail=fail)
         self.batcher = DynamicBatcher(self.engine, max_batch_size=64)
-        self.agent = PolicyAgent(self.batcher.generate, ChatFormat(tokenizer),
-                                 policy_version=lambda: 3, run_seed=5, max_new_tokens=64,
-                                 max_context=max_context)  # fmt: skip
+        self.agent = PolicyAgent(
+            self.batcher.generate,
+            ChatFormat(tokenizer),
+            policy_version=lambda: 3,
+            run_seed=5,
+            max_new_tokens=64,
+            max_context=max_context,
+        )
         self.events: list[ev.Event] = []
         self.threads: set[str] = set()
 
@@ -88,9 +100,15 @@ class Rig:
         tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(num)]
         futures = []
         for i, task in enumerate(tasks):
-            futures.append(driver.submit(task=task, group_id=f"g{i % 2}", group_size=2,
-                                         seed=derive_seed(1, f"e{i}"),
-                                         episode_id=f"e{i}"))  # fmt: skip
+            futures.append(
+                driver.submit(
+                    task=task,
+                    group_id=f"g{i % 2}",
+                    group_size=2,
+                    seed=derive_seed(1, f"e{i}"),
+                    episode_id=f"e{i}",
+                )
+            )
         return [f.result(timeout=60) for f in futures]
 
     def close(self) -> None:
@@ -114,8 +132,9 @@ def per_episode(events: list[ev.Event]) -> dict[str, list]:
     """Each episode's events in order, without their timestamps."""
     out: dict[str, list] = {}
     for event in events:
-        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)
-                  if f.name != "t"}  # fmt: skip
+        fields = {
+            f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "t"
+        }
         out.setdefault(event.episode_id, []).append((type(event).__name__, fields))
     return out
 
@@ -201,8 +220,7 @@ def test_a_full_context_window_ends_the_episode_as_truncation(tokenizer):
     trajectories = played["inline"]
     assert trajectories == played["threads"]
     assert {t.stop_reason for t in trajectories} <= {"length", "submitted"}
-    assert any(t.stop_reason == "length" and t.turns and not t.infra_failure
-               for t in trajectories)  # fmt: skip
+    assert any(t.stop_reason == "length" and t.turns and not t.infra_failure for t in trajectories)
 
 
 def test_a_dead_engine_is_each_episodes_infra_failure(tokenizer):
@@ -214,7 +232,10 @@ def test_a_dead_engine_is_each_episodes_infra_failure(tokenizer):
     assert all(t.infra_failure and "engine died" in t.details["error"] for t in trajectories)
     assert rig.batcher._requesters == 0
     assert [name for name, _ in per_episode(rig.events)["e0"]] == [
-        "EpisodeStarted", "EpisodeCompleted", "RewardReady"]  # fmt: skip
+        "EpisodeStarted",
+        "EpisodeCompleted",
+        "RewardReady",
+    ]
 
 
 def test_a_broken_sink_escapes_through_the_episodes_future(tokenizer):
@@ -246,8 +267,9 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
     rng = np.random.default_rng(0)
     futures = []
     for i in range(5):
-        futures.append(driver.submit(task=ToySumEnv(tools="python").draw_task(rng),
-                                     episode_id=f"e{i}"))  # fmt: skip
+        futures.append(
+            driver.submit(task=ToySumEnv(tools="python").draw_task(rng), episode_id=f"e{i}")
+        )
     dropped = threading.Semaphore(0)
     for future in futures[2:]:
         future.add_done_callback(lambda _: dropped.release())
@@ -271,14 +293,18 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
     rig.close()
 
 
-@pytest.mark.parametrize(("kwargs", "instant"), [
-    ({"tools": "python"}, True),
-    ({"tools": "python", "tool_latency_s": 0.01}, False),
-    ({"tools": "python", "grade_latency_s": 0.01}, False),
-    ({"sandbox": "bwrap"}, False),
-])  # fmt: skip
-def test_the_worker_runs_episodes_inline_only_where_steps_answer_at_once(tokenizer, kwargs,
-                                                                         instant):  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "instant"),
+    [
+        ({"tools": "python"}, True),
+        ({"tools": "python", "tool_latency_s": 0.01}, False),
+        ({"tools": "python", "grade_latency_s": 0.01}, False),
+        ({"sandbox": "bwrap"}, False),
+    ],
+)
+def test_the_worker_runs_episodes_inline_only_where_steps_answer_at_once(
+    tokenizer, kwargs, instant
+):
     import gymnasium
 
     env = gymnasium.make(ENV, **kwargs)

@@ -51,17 +51,24 @@ def run_checkpoints(argv: list[str], saved: dict[str, dict]) -> None:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     for completed in range(done + 1, config.steps + 1):
         if completed % config.checkpoint_every == 0 or completed == config.steps:
-            save_checkpoint(folder, StubModel(), StubTokenizer(), optimizer,
-                            completed_steps=completed, policy_version=completed,
-                            keep=config.keep_checkpoints)  # fmt: skip
+            save_checkpoint(
+                folder,
+                StubModel(),
+                StubTokenizer(),
+                optimizer,
+                completed_steps=completed,
+                policy_version=completed,
+                keep=config.keep_checkpoints,
+            )
 
 
 def test_the_readme_keeps_every_checkpoint_it_evaluates(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     commands = readme_commands()
     trains = [c[1:] for c in commands if c[0] == "train"]
-    evaluated = [c[c.index("--checkpoint") + 1] for c in commands
-                 if c[0] == "eval" and "--checkpoint" in c]  # fmt: skip
+    evaluated = [
+        c[c.index("--checkpoint") + 1] for c in commands if c[0] == "eval" and "--checkpoint" in c
+    ]
     assert any("--resume" in t for t in trains) and evaluated  # the sequence is still there
     saved: dict[str, dict] = {}
     for argv in trains:

@@ -45,16 +45,23 @@ def test_every_field_is_a_flag_and_flags_override_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "values, field",
-    [({"mode": "fast"}, "mode"), ({"staleness": 0}, "staleness"), ({"algo": "opd"}, "teacher"),
-     ({"engine": "sglang"}, "engine"), ({"engine": "vllm", "dtype": "float64"}, "dtype"),
-     ({"steps": -1}, "steps"),
-     ({"objective": {"bogus": 1}}, "objective"), ({"objective": {"loss_agg": "x"}}, "objective"),
-     ({"mode": "async", "algo": "opd", "teacher": "t"}, "async"),
-     ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async"),
-     ({"device": "gpu"}, "device"), ({"device": "cuda:1", "learner_ranks": 2}, "device"),
-     ({"device": "cuda:0", "backend": "ray"}, "device"),
-     ({"device": "cuda", "backend": "ray", "learner_ranks": 2}, "device")],
-)  # fmt: skip
+    [
+        ({"mode": "fast"}, "mode"),
+        ({"staleness": 0}, "staleness"),
+        ({"algo": "opd"}, "teacher"),
+        ({"engine": "sglang"}, "engine"),
+        ({"engine": "vllm", "dtype": "float64"}, "dtype"),
+        ({"steps": -1}, "steps"),
+        ({"objective": {"bogus": 1}}, "objective"),
+        ({"objective": {"loss_agg": "x"}}, "objective"),
+        ({"mode": "async", "algo": "opd", "teacher": "t"}, "async"),
+        ({"mode": "async", "objective": {"tis_cap": 2.0}}, "async"),
+        ({"device": "gpu"}, "device"),
+        ({"device": "cuda:1", "learner_ranks": 2}, "device"),
+        ({"device": "cuda:0", "backend": "ray"}, "device"),
+        ({"device": "cuda", "backend": "ray", "learner_ranks": 2}, "device"),
+    ],
+)
 def test_a_bad_config_names_the_field(values, field):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**values)
@@ -70,10 +77,13 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     check_inputs(TrainConfig())  # the defaults: a registered env and a tiny model built later
 
 
-@pytest.mark.parametrize(("env_kwargs", "says"), [
-    ({"tools": "pyth"}, "tools: expected 'sandbox' or 'python'"),
-    ({"colour": 1}, r"unknown keyword\(s\) \['colour'\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env_kwargs", "says"),
+    [
+        ({"tools": "pyth"}, "tools: expected 'sandbox' or 'python'"),
+        ({"colour": 1}, r"unknown keyword\(s\) \['colour'\]"),
+    ],
+)
 def test_env_kwargs_the_env_refuses_are_named_before_any_worker_starts(env_kwargs, says):
     from thundersync.training.config import check_inputs
 
@@ -126,8 +136,9 @@ def test_checkpoints_are_complete_pruned_and_restorable(tiny_model_dirs, tmp_pat
     folder = tmp_path / "checkpoints"
     (folder / ".tmp-step-000009-1").mkdir(parents=True)  # a killed save
     for steps in (1, 2, 3):
-        ckpt.save_checkpoint(folder, model, tokenizer, optimizer, completed_steps=steps,
-                             policy_version=steps, keep=2)  # fmt: skip
+        ckpt.save_checkpoint(
+            folder, model, tokenizer, optimizer, completed_steps=steps, policy_version=steps, keep=2
+        )
     assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-000002", "step-000003"]
     ckpt.remove_temporaries(folder)
     assert not list(folder.glob(".tmp-*"))
@@ -140,11 +151,26 @@ def test_checkpoints_are_complete_pruned_and_restorable(tiny_model_dirs, tmp_pat
 
 
 def episode_events(eid: str, reward: float, turns: int, *, infra: bool = False) -> list:
-    out: list = [ev.EpisodeStarted(episode_id=eid, group_id="g", group_size=2, task_id="t",
-                                   prompt_ids=(1,), policy_version=0)]  # fmt: skip
+    out: list = [
+        ev.EpisodeStarted(
+            episode_id=eid,
+            group_id="g",
+            group_size=2,
+            task_id="t",
+            prompt_ids=(1,),
+            policy_version=0,
+        )
+    ]
     for k in range(turns):
-        out.append(ev.TurnCompleted(episode_id=eid, turn=k, action_ids=(2, 3),
-                                    action_logprobs=(-1.0, -2.0), policy_version=0))  # fmt: skip
+        out.append(
+            ev.TurnCompleted(
+                episode_id=eid,
+                turn=k,
+                action_ids=(2, 3),
+                action_logprobs=(-1.0, -2.0),
+                policy_version=0,
+            )
+        )
     out.append(ev.EpisodeCompleted(episode_id=eid, num_turns=turns, stop_reason="submitted"))
     out.append(ev.RewardReady(episode_id=eid, reward=reward, infra_failure=infra))
     return out

@@ -11,17 +11,22 @@ from thundersync.training.warmstart import WarmStartConfig
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--lr", "nan"], "--lr: input should be a finite number"),
-     (["--lr", "0"], "--lr: input should be greater than 0"),
-     (["--corrupt-fraction", "1.5"], "--corrupt-fraction: input should be less than or equal to 1"),
-     (["--steps", "0"], "--steps: input should be greater than or equal to 1"),
-     (["--num-demos", "1e400"], "--num-demos: input should be a valid integer"),
-     (["--bias-steps", "-1"], "--bias-steps: input should be greater than or equal to 0"),
-     (["--hidden-size", "0"], "--hidden-size: input should be greater than or equal to 1"),
-     (["--hidden-size", "63"], "'hidden_size': expected a multiple of num_heads"),
-     (["--threads", "0"], "--threads: expected an int >= 1"),
-     (["--seed", "-2"], "--seed: input should be greater than or equal to 0")],
-)  # fmt: skip
+    [
+        (["--lr", "nan"], "--lr: input should be a finite number"),
+        (["--lr", "0"], "--lr: input should be greater than 0"),
+        (
+            ["--corrupt-fraction", "1.5"],
+            "--corrupt-fraction: input should be less than or equal to 1",
+        ),
+        (["--steps", "0"], "--steps: input should be greater than or equal to 1"),
+        (["--num-demos", "1e400"], "--num-demos: input should be a valid integer"),
+        (["--bias-steps", "-1"], "--bias-steps: input should be greater than or equal to 0"),
+        (["--hidden-size", "0"], "--hidden-size: input should be greater than or equal to 1"),
+        (["--hidden-size", "63"], "'hidden_size': expected a multiple of num_heads"),
+        (["--threads", "0"], "--threads: expected an int >= 1"),
+        (["--seed", "-2"], "--seed: input should be greater than or equal to 0"),
+    ],
+)
 def test_a_hostile_warmstart_flag_is_one_line(argv, message, capsys, monkeypatch, tmp_path):
     def refuse(*args, **kwargs):
         raise AssertionError("the warm start ran on bad input")
@@ -43,8 +48,12 @@ def test_the_help_comes_from_the_field_docstrings(capsys):
 
 # --- the model is written atomically, says what it is, and reports progress ----------------
 
-DEMO = [("user", "What is alpha + beta?"), ("assistant", "```bash\nlookup alpha\n```"),
-        ("user", "17"), ("assistant", "```bash\necho THUNDERSYNC_SUBMIT 42\n```")]  # fmt: skip
+DEMO = [
+    ("user", "What is alpha + beta?"),
+    ("assistant", "```bash\nlookup alpha\n```"),
+    ("user", "17"),
+    ("assistant", "```bash\necho THUNDERSYNC_SUBMIT 42\n```"),
+]
 TINY = ["--num-demos", "4", "--steps", "2", "--bias-steps", "1", "--hidden-size", "16"]
 
 
@@ -53,8 +62,15 @@ def canned_demos(monkeypatch):
     """Demonstrations without a sandbox: each phase's progress is reported as a real one's."""
     import thundersync.training.warmstart as warmstart
 
-    def collect(config, *, corrupt_fraction, first=0, progress=warmstart._no_progress,
-                phase="demonstrations", **kwargs):  # fmt: skip
+    def collect(
+        config,
+        *,
+        corrupt_fraction,
+        first=0,
+        progress=warmstart._no_progress,
+        phase="demonstrations",
+        **kwargs,
+    ):
         for i in range(config.num_demos):
             progress(phase, i + 1, config.num_demos)
         return [list(DEMO) for _ in range(config.num_demos)]
