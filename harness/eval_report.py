@@ -21,7 +21,8 @@ def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
     (tasks whose every attempt failed that way); ``num_attempts``,
     ``num_infra_failed_attempts`` and ``num_invalid_rewards`` (attempts); per task
     ``task_id``, ``reward``, ``num_scored``, ``num_passed``, ``infra_failure`` and the
-    attempts. An attempt passes when its reward is 1 (the task fully solved)."""
+    attempts; ``engine`` is the policy's (None for an agent without one). An attempt passes
+    when its reward is 1 (the task fully solved)."""
     rows = []
     for group in groups:
         scored = [_score(result) for result in group if not result.infra_failure]
@@ -42,6 +43,7 @@ def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
         "suite": config.suite,
         "agent": config.agent,
         "checkpoint": config.checkpoint,
+        "engine": config.engine if config.agent == "policy" else None,
         "sandbox": config.sandbox,
         "strict": config.strict,
         "k": config.k,
@@ -135,7 +137,8 @@ def report_table(report: dict) -> list[str]:
         failure = ("yes: " + errors[0].splitlines()[0]) if errors else "no"
         passed = [f"{row['num_passed']}/{row['num_scored']}"] if several else []
         rows.append([row["task_id"], reward, *passed, failure])
-    title = f"{report['suite']} · agent {report['agent']} · {report['sandbox']}"
+    engine = f" ({report['engine']})" if report.get("engine") else ""
+    title = f"{report['suite']} · agent {report['agent']}{engine} · {report['sandbox']}"
     widths = [28, 6, 6, 35] if several else [28, 6, 42]
     lines = [fit(title), *plain_table(header, rows, widths)]
     passing = pass_at_k_line(report)

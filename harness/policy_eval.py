@@ -35,25 +35,32 @@ class PolicyEvaluator:
         temperature: float = 1.0,
         concurrency: int = 32,
         device: str = "cpu",
+        engine: str = "hf",
+        dtype: str = "float32",
     ) -> None:
         from thundersync.models import load_tokenizer
         from thundersync.training.agent import PolicyAgent
         from thundersync.training.chat import ChatFormat
+        from thundersync.training.engines import build_engine
         from thundersync.training.engines.batcher import DynamicBatcher
-        from thundersync.training.engines.hf import HFEngine
 
         self.checkpoint = Path(checkpoint)
-        self.engine = HFEngine(self.checkpoint, device=device)
-        self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
-        self.agent = PolicyAgent(
-            self.batcher.generate,
-            ChatFormat(load_tokenizer(self.checkpoint)),
-            policy_version=lambda: self.engine.policy_version,
-            run_seed=seed,
-            max_new_tokens=max_new_tokens,
-            max_context=self.engine.max_context,
-            temperature=temperature,
-        )
+        self.engine = build_engine(engine, self.checkpoint, dtype=dtype, device=device, seed=seed)
+        self.batcher = None
+        try:  # a failure past this point must not leave the engine (vLLM: its memory) behind
+            self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
+            self.agent = PolicyAgent(
+                self.batcher.generate,
+                ChatFormat(load_tokenizer(self.checkpoint)),
+                policy_version=lambda: self.engine.policy_version,
+                run_seed=seed,
+                max_new_tokens=max_new_tokens,
+                max_context=self.engine.max_context,
+                temperature=temperature,
+            )
+        except BaseException:
+            self.close()
+            raise
         self.concurrency = concurrency
 
     def load(self, checkpoint: str | Path) -> None:
@@ -90,8 +97,12 @@ class PolicyEvaluator:
         )
 
     def close(self) -> None:
-        self.batcher.close()
-        self.engine.close()
+        """Stop the batcher's thread, then release the engine (safe to call twice)."""
+        try:
+            if self.batcher is not None:
+                self.batcher.close()
+        finally:
+            self.engine.close()
 
     def __enter__(self) -> PolicyEvaluator:
         return self

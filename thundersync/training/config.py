@@ -45,6 +45,8 @@ MODES: tuple[str, ...] = typing.get_args(Mode)
 ALGOS: tuple[str, ...] = typing.get_args(Algo)
 ENGINES: tuple[str, ...] = typing.get_args(Engine)
 DTYPES: tuple[str, ...] = typing.get_args(Dtype)
+VLLM_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+"""The dtypes engine vllm takes (vLLM has no float64; the learner no float16)."""
 MAX_CONFIG_BYTES = 1024 * 1024
 """A config file (or a run's config.json) is at most 1 MiB: a few dozen fields."""
 
@@ -152,7 +154,7 @@ class TrainConfig:
         checks = [
             (self.algo != "opd" or self.teacher, "teacher", "a checkpoint folder for opd"),
             (
-                self.engine != "vllm" or self.dtype != "float64",
+                self.engine != "vllm" or self.dtype in VLLM_DTYPES,
                 "dtype",
                 "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)",
             ),
@@ -242,11 +244,9 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
 
     require_env(config.env, option="config field 'env':")
     check_env_kwargs(config)
-    if config.engine == "vllm":
-        from thundersync.training.engines.vllm import INSTALL_HINT
-
-        if importlib.util.find_spec("vllm") is None:
-            raise ValueError(f"config field 'engine': {INSTALL_HINT}")
+    problem = engine_problem(config.engine)
+    if problem:
+        raise ValueError(f"config field 'engine': {problem}")
     if config.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError(
             "config field 'backend': --backend ray needs Ray: pip install 'thundersync[ray]'"
@@ -278,6 +278,16 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
     problem = folder_problem(config.out)
     if problem:
         raise ValueError(f"config field 'out': {problem}")
+
+
+def engine_problem(engine: str) -> str | None:
+    """Why the rollout engine ``engine`` cannot run here (vLLM not installed: how to get it),
+    or None. ``train --engine`` and ``eval --engine`` share it."""
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        from thundersync.training.engines.vllm import INSTALL_HINT
+
+        return INSTALL_HINT
+    return None
 
 
 def early_start_problem(config: TrainConfig) -> str | None:

@@ -73,22 +73,15 @@ def derive_seed(*parts: object) -> int:
 
 def build_engine(spec: RolloutSpec) -> Any:
     """The rollout engine ``spec.engine`` names, on the checkpoint ``spec.model_dir``."""
-    import torch
+    from thundersync.training.engines import build_engine as build
 
-    dtype = getattr(torch, spec.dtype)
-    if spec.engine == "vllm":
-        from thundersync.training.engines.vllm import VLLMEngine
-
-        return VLLMEngine(
-            spec.model_dir, dtype=dtype, batch_invariant=spec.deterministic, seed=spec.seed
-        )
-    from thundersync.models import deterministic_cuda
-    from thundersync.training.engines.hf import HFEngine
-
-    if spec.deterministic:
-        deterministic_cuda(spec.device)
-    return HFEngine(
-        spec.model_dir, dtype=dtype, device=spec.device, batch_invariant=spec.deterministic
+    return build(
+        spec.engine,
+        spec.model_dir,
+        dtype=spec.dtype,
+        device=spec.device,
+        deterministic=spec.deterministic,
+        seed=spec.seed,
     )
 
 
