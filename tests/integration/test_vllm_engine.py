@@ -1,6 +1,7 @@
 """``VLLMEngine`` against the protocol and against ``HFEngine`` on the same tiny model: stop ids
 and limits, tokens independent of the batch, log-probs of the sampling distribution, in-place
-weight loads, a clean close, and ``thundersync train --engine vllm`` end to end.
+weight loads, a clean close, and ``thundersync train --engine vllm`` and ``thundersync eval
+--engine vllm`` end to end.
 
 Needs vLLM (``make test-vllm`` runs these in .venv-vllm); skipped without it. The model has
 head_dim 32, which vLLM's CPU attention supports (16 is not)."""
@@ -317,6 +318,66 @@ def test_train_with_vllm_and_with_hf_samples_the_same_greedy_tokens_and_reports_
         ]
         mismatch = record["learner"]["logprob_mismatch_max"]
         assert mismatch is not None and mismatch < 1e-4, (engine, record["learner"])
+
+
+def test_eval_with_vllm_and_with_hf_takes_the_same_greedy_actions_records_and_leaks_nothing(
+    model_dir, tmp_path
+):
+    """``thundersync eval --checkpoint --engine vllm`` (no oracle: the policy alone) writes its
+    report and a leaderboard row naming the engine, and, greedy, takes the same actions as
+    ``--engine hf`` — every attempt's turns, action lengths, conversation and reward (as
+    ``train`` does above). Each run is its own session: once it exits, no process of it is
+    left (the engine was closed on the way out)."""
+    from leaderboard.store import Store
+
+    common = ["--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tools": "python"}']
+    common += ["--checkpoint", str(model_dir), "--tasks", "3", "-k", "2", "--seed", "1"]
+    common += ["--max-new-tokens", "8", "--temperature", "0", "--db", str(tmp_path / "db")]
+    for engine in ("hf", "vllm"):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "thundersync.cli", "eval", "--engine", engine, *common]
+            + ["--out", str(tmp_path / engine)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        output, _ = child.communicate(timeout=600)
+        assert child.returncode == 0, output
+        assert f"agent policy ({engine})" in output, output
+        # vLLM's own start-up line: the run did generate with vLLM, not with transformers
+        assert ("Initializing a V1 LLM engine" in output) == (engine == "vllm"), output
+        assert session_pids(child.pid) == set(), f"eval --engine {engine} left a process behind"
+    reports = {e: json.loads((tmp_path / e / "results.json").read_text()) for e in ("hf", "vllm")}
+    assert reports["vllm"]["engine"] == "vllm" and reports["vllm"]["num_attempts"] == 6
+    assert turns(tmp_path / "hf") == turns(tmp_path / "vllm")
+    assert all(length > 0 for *_, length in turns(tmp_path / "vllm"))
+    assert rewards(tmp_path / "hf") == rewards(tmp_path / "vllm")
+    assert attempts(tmp_path / "hf") == attempts(tmp_path / "vllm")
+    with Store(tmp_path / "db", read_only=True) as store:
+        rows = store.entries(kind="eval")
+    assert [row.config["engine"] for row in rows] == ["hf", "vllm"]
+    assert rows[0].metrics == rows[1].metrics
+
+
+def session_pids(session: int) -> set[int]:
+    """Live processes of the session ``session`` (whose leader was that process)."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.add(int(name))
+    return found
+
+
+def attempts(out: Path) -> list[tuple]:
+    records = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    return sorted((r["episode_id"], r["reward"], r["conversation"]) for r in records)
 
 
 def rewards(out: Path) -> list[tuple]:
