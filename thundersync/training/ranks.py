@@ -52,11 +52,14 @@ class Ranks:
     forwarded, a step announced, their ``RankStepped`` reports gathered. With one rank: none,
     and every method does nothing."""
 
-    def __init__(self, pool: WorkerPool, spec: LearnerSpec) -> None:
-        self.world_size = spec.config.learner_ranks
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
         self._inboxes: list[Any] = []
         self._stepped: dict[int, dict[int, RankStepped]] = {}
         self._ready: set[int] = set()
+
+    def start(self, pool: WorkerPool, spec: LearnerSpec) -> None:
+        """Start ranks 1 … N−1 in ``pool`` (``stop`` reaches every one started)."""
         for rank in range(1, self.world_size):
             self._inboxes.append(pool.queue())
             pool.spawn(

@@ -57,6 +57,7 @@ class Trainer:
             keep=config.keep_checkpoints,
         )
         self.batches: dict[int, BatchTracker] = {}
+        self.ranks = Ranks(config.learner_ranks)
         self.backend = make_backend(config)
         try:  # each part, once made, is closed by ``close`` (which checks what was made)
             self.pool = WorkerPool(self.backend, timeout_s=config.worker_timeout_s)
@@ -90,7 +91,7 @@ class Trainer:
             str(found) if found else None,
             self.backend.rendezvous(self.out),
         )
-        self.ranks = Ranks(self.pool, spec)
+        self.ranks.start(self.pool, spec)
         self.ranks.await_loaded(self.pool)
         built = build_learner(spec, rank=0, publish=self._on_learner_event)
         self.model, self.optimizer, self._learner = built.model, built.optimizer, built.learner
@@ -283,8 +284,7 @@ class Trainer:
         self.control.put(("stop",))
         if getattr(self, "teacher_inbox", None) is not None:
             self.teacher_inbox.put(None)
-        if hasattr(self, "ranks"):
-            self.ranks.stop()
+        self.ranks.stop()
         self.pool.close()
         if hasattr(self, "telemetry"):
             self.telemetry.close()
