@@ -11,13 +11,8 @@ from harness.eval import output_problem
 from thundersync.cli_output import HelpFormatter
 from thundersync.declared import add_flags, parse_flag
 from thundersync.strict_json import dumps_refusing
-from thundersync.training.config import (
-    add_config_flags,
-    check_inputs,
-    load_config_file,
-    resolve_config,
-    with_model_folders,
-)
+from thundersync.training.checks import check_inputs, with_model_folders
+from thundersync.training.config import add_config_flags, load_config_file, resolve_config
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
 _NUMBERS = (

@@ -47,14 +47,8 @@ from thundersync.declared import (
     parse_flag,
 )
 from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
-from thundersync.training.config import (
-    VLLM_DTYPES,
-    Dtype,
-    Engine,
-    device_problem,
-    engine_problem,
-    json_object,
-)
+from thundersync.training.checks import device_problem, engine_problem
+from thundersync.training.config import VLLM_DTYPES, Dtype, Engine, json_object
 from thundersync.types import Trajectory
 
 PREREQUISITE_TIMEOUT_S = 30.0
@@ -303,7 +297,7 @@ def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str
     must be a folder or creatable as one, and with ``leaderboard`` the store ``db`` (None:
     the default one) must open, have a schema this code reads, and take a write."""
     from leaderboard.store import Store, StoreError
-    from thundersync.training.config import folder_problem
+    from thundersync.training.checks import folder_problem
 
     problem = folder_problem(out) if out is not None else None
     if problem is not None:
@@ -322,7 +316,7 @@ def checkpoint_problem(checkpoint: str | Path) -> str | None:
     of its checkpoints, a folder without config.json, a tokenizer without a chat template."""
     import re
 
-    from thundersync.training.config import chat_template_problem
+    from thundersync.training.checks import chat_template_problem
 
     folder = Path(checkpoint)
     kept = _kept_checkpoints(folder)

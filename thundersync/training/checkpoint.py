@@ -160,3 +160,47 @@ def remove_temporaries(folder: Path) -> None:
         for p in folder.iterdir():
             if p.name.startswith(f".tmp-{_PREFIX}"):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+class Checkpoints:
+    """A run's ``checkpoints/`` folder: where a resumed run starts, when a step is saved
+    (every ``every`` steps and after the last), and what to do after a failed step."""
+
+    def __init__(self, folder: Path, *, every: int, last_step: int, keep: int) -> None:
+        self.folder, self.every, self.last_step, self.keep = folder, every, last_step, keep
+
+    def start(self, *, resume: bool) -> Path | None:
+        """The checkpoint a run starts from (the newest when resuming, else None), once a
+        killed run's half-written ones are removed."""
+        remove_temporaries(self.folder)
+        found = list_checkpoints(self.folder) if resume else []
+        return found[-1] if found else None
+
+    def is_due(self, completed_steps: int) -> bool:
+        return completed_steps % self.every == 0 or completed_steps == self.last_step
+
+    def save(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        optimizer: torch.optim.Optimizer,
+        *,
+        completed_steps: int,
+        policy_version: int,
+    ) -> Path:
+        return save_checkpoint(
+            self.folder,
+            model,
+            tokenizer,
+            optimizer,
+            completed_steps=completed_steps,
+            policy_version=policy_version,
+            keep=self.keep,
+        )
+
+    def after_failed_step(self) -> str:
+        """What a user does after a step that would have made the parameters non-finite."""
+        found = list_checkpoints(self.folder)
+        if found:
+            return f"the last good checkpoint is {found[-1]}: lower --lr and continue with --resume"
+        return "no checkpoint yet: lower --lr and start again"

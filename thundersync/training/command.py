@@ -12,14 +12,13 @@ from typing import Any
 from thundersync.cli_output import HelpFormatter, Progress
 from thundersync.declared import check_values
 from thundersync.strict_json import dumps_refusing
+from thundersync.training.checks import check_inputs, with_model_folders
 from thundersync.training.config import (
     TrainConfig,
     add_config_flags,
-    check_inputs,
     load_config_file,
     load_saved_config,
     resolve_config,
-    with_model_folders,
 )
 
 
@@ -75,9 +74,11 @@ def run_train_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
+    # after the checks: the run's modules import torch and transformers (seconds), which a
+    # refused config need not wait for
     from thundersync.errors import ThunderSyncError
-    from thundersync.training.modes import mode_runner
-    from thundersync.training.trainer import Trainer, WorkerError
+    from thundersync.training.trainer import Trainer
+    from thundersync.training.worker_pool import WorkerError
     from thundersync.training.workers import BackendError
 
     # Ctrl-C stops the run cleanly even where SIGINT was inherited ignored (a job started in
@@ -90,7 +91,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         ):
             if trainer.start_step:
                 progress.say(f"resuming after step {trainer.start_step} from {trainer.model_dir}")
-            history = mode_runner(config.mode)(trainer)
+            history = trainer.mode.run(trainer)
     except (WorkerError, BackendError, ThunderSyncError) as exc:
         # ThunderSyncError: a step that would make the parameters (or the gradient)
         # non-finite stops the run; its checkpoints hold only finite parameters.
@@ -160,7 +161,7 @@ def _run_warmstart(args: Any) -> int:
     import torch
 
     from thundersync.declared import PositiveInt, parse_flag
-    from thundersync.training.config import folder_problem
+    from thundersync.training.checks import folder_problem
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
 
     try:

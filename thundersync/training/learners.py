@@ -1,34 +1,35 @@
 """The run's learner: one ``Learner``, or rank 0 of ``learner_ranks`` data-parallel ranks.
 
 With ``--learner-ranks N`` (N > 1) the trainer is rank 0 and ranks 1 … N−1 are workers
-(``rank_main``) that each hold a replica of the model and a ``DataParallelLearner``
-(docs/design.md §5). The trainer forwards every episode event to the rank that owns the
-episode's group (``stable_rank``) and keeps its own; each rank computes its groups' gradient
-work as the events arrive (streaming) or at the step (sync, async), and the step is one small
-gather plus one all-reduce, so every rank ends the step with the same parameters and only
-rank 0 publishes weights and writes checkpoints. The processes meet through a file in the run
+(``thundersync.training.ranks``) that each hold a replica of the model and a
+``DataParallelLearner`` (docs/design.md §5). The processes meet through a file in the run
 folder (``file://``) and exchange tensors over loopback only (gloo on ``lo``), or with NCCL
 when each rank has its own GPU (``--device cuda``: rank r on cuda:r); Ray actors meet over
 TCP at the driver's node (``thundersync.training.ray_backend``).
 
-Every rank is built here, the same way, from the same checkpoint, optimizer state and options,
-so the step is the single learner's (``--deterministic``: bitwise).
+Every rank is built here, the same way, from the same checkpoint, optimizer state and options
+(the mode's among them), so the step is the single learner's (``--deterministic``: bitwise).
 """
 
 from __future__ import annotations
 
 import os
-import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from thundersync import events as ev
+from thundersync.data_parallel import DataParallelLearner
+from thundersync.learner import Learner
+from thundersync.models import deterministic_cuda, load_model, load_tokenizer
+from thundersync.objectives import GRPO
 from thundersync.training import checkpoint as ckpt
-from thundersync.training.config import TrainConfig, rank_device
+from thundersync.training.config import TrainConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,43 +48,25 @@ class LearnerSpec:
     ranks, ``tcp://`` at the driver's node for Ray actors."""
 
 
-@dataclass(frozen=True, slots=True)
-class RankReady:
-    """Rank ``rank`` loaded its replica and is about to join the process group."""
-
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class RankStepped:
-    """Rank ``rank`` took step ``step``: its own metrics and its backward spans of the step
-    (sent together, so that rank 0 counts them in the step they belong to)."""
-
-    rank: int
-    step: int
-    metrics: dict[str, Any]
-    spans: list[ev.SpanRecorded]
-
-
 @dataclass(slots=True)
 class BuiltLearner:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    learner: Any
+    learner: Learner
     start_step: int
     tokenizer: Any
 
 
 def build_learner(
-    spec: LearnerSpec, *, rank: int, publish: Any, loaded: Any = None
+    spec: LearnerSpec,
+    *,
+    rank: int,
+    publish: Callable[[ev.Event], None],
+    loaded: Callable[[], None] | None = None,
 ) -> BuiltLearner:
     """The model, its optimizer (restored when resuming) and the learner of ``rank``; for a
     data-parallel run, joins the process group first (every rank must call this), after
     calling ``loaded()`` (a rank tells the trainer it got that far)."""
-    from thundersync.learner import Learner
-    from thundersync.models import deterministic_cuda, load_model, load_tokenizer
-    from thundersync.objectives import GRPO
-
     config = spec.config
     dtype = getattr(torch, config.dtype)
     device = torch.device(rank_device(config.device, rank))
@@ -107,7 +90,7 @@ def build_learner(
     if isinstance(objective, GRPO) and objective.kl_coef:
         reference = load_model(spec.initial_model, dtype=dtype).to(device)
     options: dict[str, Any] = dict(
-        streaming=config.mode == "streaming",
+        **config.training_mode().learner_options(),
         reference=reference,
         deterministic=config.deterministic,
         early_start=config.early_start,
@@ -118,23 +101,17 @@ def build_learner(
         policy_version=version,
         publish=publish,
     )
-    if config.mode == "async":
-        options["max_staleness"] = config.staleness
     if loaded is not None:
         loaded()
     if config.learner_ranks > 1:
-        from thundersync.data_parallel import DataParallelLearner
-
         _join_process_group(spec, rank)
-        learner: Any = DataParallelLearner(model, objective, optimizer, **options)
+        learner: Learner = DataParallelLearner(model, objective, optimizer, **options)
     else:
         learner = Learner(model, objective, optimizer, **options)
     return BuiltLearner(model, optimizer, learner, start_step, load_tokenizer(spec.model_dir))
 
 
 def _join_process_group(spec: LearnerSpec, rank: int) -> None:
-    import torch.distributed as dist
-
     if spec.rendezvous.startswith(("file://", "tcp://127.")):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks on one machine: loopback only
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -150,83 +127,11 @@ def _join_process_group(spec: LearnerSpec, rank: int) -> None:
 
 
 def leave_process_group() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
-def owner_of(episode_id: str, world_size: int) -> int:
-    """The rank that trains ``episode_id``'s group (ids are ``{group}-e{sample}``)."""
-    from thundersync.data_parallel import stable_rank
-
-    return stable_rank(episode_id.rsplit("-e", 1)[0], world_size)
-
-
-def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
-    """Rank ``rank`` ≥ 1 (a worker process): consume the events the trainer forwards, step
-    when told, until ``None`` arrives.
-
-    Messages: ``("event", event)`` — an event of one of this rank's episodes;
-    ``("step", n)`` — every event of batch n was sent: take the step with the others.
-    Events of later batches (async) wait until the batches before them are stepped."""
-
-    spans: list[ev.SpanRecorded] = []
-
-    def publish(event: ev.Event) -> None:
-        if isinstance(event, ev.GradientComputed):
-            spans.append(
-                ev.SpanRecorded(
-                    name="backward",
-                    started=event.started,
-                    finished=event.finished,
-                    worker=f"learner-{rank}",
-                    episode_id=event.episode_id,
-                    turn=event.turn,
-                )
-            )
-
-    built = build_learner(
-        spec, rank=rank, publish=publish, loaded=lambda: output.put(RankReady(rank))
-    )
-    learner, current = built.learner, built.start_step
-    later: dict[int, list[ev.Event]] = {}
-    try:
-        while True:
-            for message in _waiting(inbox):
-                if message is None:
-                    return
-                if message[0] == "step":
-                    metrics = learner.step()
-                    output.put(RankStepped(rank, message[1], metrics, list(spans)))
-                    spans.clear()
-                    current = message[1] + 1
-                    for event in later.pop(current, []):
-                        learner.consume(event)
-                    continue
-                event = message[1]
-                step = step_of(event.episode_id)
-                if step == current:
-                    learner.consume(event)
-                else:
-                    later.setdefault(step, []).append(event)
-            if spec.config.mode == "streaming":
-                learner.drain()  # what arrived, as one micro-batch (docs/design.md §4)
-    finally:
-        leave_process_group()
-
-
-def _waiting(inbox: Any) -> list[Any]:
-    """The next message (blocking) and every one queued behind it."""
-    messages = [inbox.get()]
-    while messages[-1] is not None:
-        try:
-            messages.append(inbox.get_nowait())
-        except queue.Empty:
-            break
-    return messages
-
-
-def step_of(episode_id: str) -> int:
-    head = episode_id.split("-", 1)[0]
-    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else -1
+def rank_device(device: str, rank: int) -> str:
+    """The device of learner rank ``rank`` for the run's ``device``: ``cuda`` spreads the
+    ranks over cuda:0, cuda:1, ... (NCCL needs one GPU per rank)."""
+    return f"cuda:{rank}" if device == "cuda" else device

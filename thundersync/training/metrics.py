@@ -97,6 +97,12 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # --- one batch ---------------------------------------------------------------------------------
 
 
+def step_of(episode_id: str) -> int:
+    """The batch an episode id (``s<step>-g<group>-e<sample>``) belongs to; -1 if none."""
+    head = episode_id.split("-", 1)[0]
+    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else -1
+
+
 @dataclass(slots=True)
 class BatchTracker:
     """What arrived for one rollout batch; complete when every episode has its reward (and,

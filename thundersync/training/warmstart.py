@@ -16,7 +16,6 @@ are drawn fresh each time, so guessing rarely pays).
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from thundersync.declared import (
     Text,
     check_fields,
 )
+from thundersync.training.demonstrations import Demo, Progress, collect_demos, no_progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,77 +84,6 @@ class WarmStartConfig:
             )
 
 
-Demo = list[tuple[str, str]]
-"""(role, text) messages: the instruction, then alternating actions and observations."""
-
-
-Progress = Callable[[str, int, int], None]
-"""``progress(phase, done, total)``: called as each demonstration and fine-tuning step ends."""
-
-
-def _no_progress(phase: str, done: int, total: int) -> None:
-    pass
-
-
-def collect_demos(
-    config: WarmStartConfig,
-    *,
-    corrupt_fraction: float,
-    first: int = 0,
-    num_threads: int = 8,
-    progress: Progress = _no_progress,
-    phase: str = "demonstrations",
-) -> list[Demo]:
-    """Play ``num_demos`` drawn tasks' reference solutions (``corrupt_fraction`` of them
-    corrupted) in a real env; a function of the config's seed only (threads just overlap
-    sandboxes)."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    indices = range(first, first + config.num_demos)
-    with ThreadPoolExecutor(num_threads) as pool:
-        futures = [pool.submit(_demo, config, i, corrupt_fraction) for i in indices]
-        for done, _ in enumerate(as_completed(futures), 1):
-            progress(phase, done, len(futures))
-        return [f.result() for f in futures]
-
-
-def _demo(config: WarmStartConfig, index: int, corrupt_fraction: float) -> Demo:
-    import gymnasium
-    import numpy as np
-
-    import environments  # noqa: F401  (registers the built-in envs)
-    from environments.actions import format_action
-    from environments.agents import SUBMIT_ACTION
-    from environments.registry import task_source
-    from environments.tasks import TRAIN
-
-    rng = random.Random(f"{config.seed}/{index}")
-    kwargs = {"sandbox": config.sandbox, **(config.env_kwargs or {})}
-    task = task_source(config.env, **kwargs).draw(
-        np.random.default_rng([config.seed, index]), TRAIN
-    )
-    env = gymnasium.make(config.env, **kwargs)  # made for the task
-    try:
-        commands = list(task.reference_solution())
-        if rng.random() < corrupt_fraction and commands:
-            commands = [_redraw_numbers(commands[-1], rng)]
-        observation, _ = env.reset(seed=index, options={"task": task})
-        demo: Demo = [("user", observation)]
-        for action in [format_action(c) for c in commands] + [SUBMIT_ACTION]:
-            observation, _, terminated, truncated, _ = env.step(action)
-            demo.append(("assistant", action))
-            if terminated or truncated:
-                break
-            demo.append(("user", observation))
-        return demo
-    finally:
-        env.close()
-
-
-def _redraw_numbers(command: str, rng: random.Random) -> str:
-    return re.sub(r"\d+", lambda m: str(rng.randint(0, 10 ** len(m.group()) - 1)), command)
-
-
 MODEL_FILES = frozenset(
     {
         "config.json",
@@ -204,7 +133,7 @@ def describe(config: WarmStartConfig) -> str:
 
 
 def warm_start(
-    config: WarmStartConfig, out_dir: str | Path, progress: Progress = _no_progress
+    config: WarmStartConfig, out_dir: str | Path, progress: Progress = no_progress
 ) -> Path:
     """Build the tokenizer and model, fine-tune on the demonstrations, save to ``out_dir``.
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.multiprocessing as mp
 
 from thundersync.training.engines.protocol import Engine
-from thundersync.training.workers import CONTEXT
+
+CONTEXT = mp.get_context("spawn")
+"""The workers' start method (``workers.CONTEXT`` is the same object): the lock and the
+version must be made by the context that starts the rollout worker."""
 
 
 class SharedWeights:

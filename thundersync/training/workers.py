@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from thundersync import events as ev
+from thundersync.training.weights import SharedWeights
 
 CONTEXT = mp.get_context("spawn")
 _PR_SET_PDEATHSIG = 1
@@ -100,9 +102,7 @@ class LocalBackend:
     def stop(self, worker: Any, *, timeout_s: float) -> None:
         stop(worker, timeout_s=timeout_s)
 
-    def weights(self, params: Any) -> Any:
-        from thundersync.training.weights import SharedWeights
-
+    def weights(self, params: Any) -> SharedWeights:
         return SharedWeights(params)
 
     def rendezvous(self, folder: Path) -> str:
@@ -138,8 +138,6 @@ def run_target(
     name: str, target: Callable[..., None], args: tuple, num_threads: int, output: Any, epoch: float
 ) -> None:
     """A worker's body, on either backend: torch threads, the run clock, crashes reported."""
-    import torch
-
     torch.set_num_threads(max(1, num_threads))
     ev.set_clock_epoch(epoch)
     try:

@@ -15,7 +15,8 @@ import pytest
 from huggingface_hub import constants
 
 from thundersync.models import model_folder
-from thundersync.training.config import TrainConfig, with_model_folders
+from thundersync.training.checks import with_model_folders
+from thundersync.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 REVISION = "0123456789abcdef0123456789abcdef01234567"

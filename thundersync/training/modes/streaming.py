@@ -8,27 +8,51 @@ and folds them exactly (docs/design.md §3). When the last reward arrives only t
 fold, one optimizer step, weights to the engine, next batch. The update equals sync's.
 
 The loop drains what has queued and computes it as one micro-batch rather than one backward
-per event: measured, 0.97–0.99 of the bound T* instead of 0.88–0.95 (docs/design.md §4).
+per event, which keeps the learner's share of the step near the bound T* (docs/design.md §4
+has the measurements). Data-parallel ranks do the same with the events forwarded to them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from thundersync import events as ev
+from thundersync.training.modes.protocol import EventLearner, Run
 
 
-def run(trainer: Any) -> list[dict[str, Any]]:
-    learner = trainer.learner
-    for step in trainer.steps():
-        trainer.submit(step)
-        batch = trainer.batches[step]
-        while True:
-            # --- take everything that has arrived (blocking until something does) ---
-            trainer.poll()
-            for event in batch.take():
-                learner.consume(event)  # refuses a token of another policy version
-            # --- compute the work it unblocked, batched, while rollout goes on ---
-            learner.drain()
-            if batch.complete and not batch.events:
-                break
-        trainer.finish_step(step)
-    return trainer.history
+@dataclass(frozen=True, slots=True)
+class StreamingMode:
+    """One batch in flight, learned from while it rolls out."""
+
+    name: ClassVar[str] = "streaming"
+    batches_in_flight: ClassVar[int] = 1
+    starts_backward_before_step: ClassVar[bool] = True
+
+    def learner_options(self) -> dict[str, Any]:
+        # the learner starts each piece of work when its inputs are fixed, and refuses a
+        # token of another policy version (zero staleness)
+        return {"streaming": True}
+
+    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
+        return None
+
+    def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:
+        for event in events:
+            learner.consume(event)
+        learner.drain()  # the work they unblocked, as one micro-batch
+
+    def run(self, run: Run) -> list[dict[str, Any]]:
+        history = []
+        for step in run.steps():
+            run.submit(step)
+            while True:
+                # --- take everything that has arrived (blocking until something does) ---
+                arrived = run.arrivals(step)
+                # --- compute the work it unblocked, batched, while rollout goes on ---
+                self.learn(run.learner, arrived.events)
+                if arrived.is_complete:
+                    break
+            history.append(run.finish_step(step))
+        return history

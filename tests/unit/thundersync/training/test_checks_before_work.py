@@ -12,7 +12,8 @@ import pytest
 
 from harness.compare import mode_config
 from thundersync.cli import main
-from thundersync.training.config import TrainConfig, check_inputs
+from thundersync.training.checks import check_inputs
+from thundersync.training.config import TrainConfig
 
 
 @pytest.fixture

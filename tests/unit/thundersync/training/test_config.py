@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from thundersync.cli import main
+from thundersync.training import checks
 from thundersync.training import config as config_module
-from thundersync.training.config import TrainConfig, check_inputs
+from thundersync.training.checks import check_inputs
+from thundersync.training.config import TrainConfig
 
 
 @pytest.fixture
@@ -150,13 +152,13 @@ def test_nan_never_reaches_config_json(capsys, no_worker):
 
 
 def test_learner_ranks_are_at_most_the_cores_unless_ray_places_them(monkeypatch, tmp_path):
-    monkeypatch.setattr(config_module, "usable_cores", lambda: 2)
+    monkeypatch.setattr(checks, "usable_cores", lambda: 2)
     out = str(tmp_path / "run")
     check_inputs(TrainConfig(learner_ranks=2, out=out))
     with pytest.raises(ValueError, match=r"'learner_ranks': 1000 ranks on a machine with 2 core"):
         check_inputs(TrainConfig(learner_ranks=1000, out=out))
-    monkeypatch.setattr(config_module.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(config_module, "check_env_kwargs", lambda config: None)
+    monkeypatch.setattr(checks.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(checks, "check_env_kwargs", lambda config: None)
     check_inputs(TrainConfig(learner_ranks=1000, backend="ray", out=out))  # the cluster decides
 
 

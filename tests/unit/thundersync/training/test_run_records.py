@@ -68,7 +68,7 @@ def test_a_bad_config_names_the_field(values, field):
 
 
 def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_path):
-    from thundersync.training.config import check_inputs
+    from thundersync.training.checks import check_inputs
 
     with pytest.raises(ValueError, match=r"'env'.*'nope/X-v0'.*thundersync/ToySum-v0"):
         check_inputs(TrainConfig(env="nope/X-v0"))
@@ -85,14 +85,15 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     ],
 )
 def test_env_kwargs_the_env_refuses_are_named_before_any_worker_starts(env_kwargs, says):
-    from thundersync.training.config import check_inputs
+    from thundersync.training.checks import check_inputs
 
     with pytest.raises(ValueError, match=rf"'env_kwargs'.*ToySum-v0.*{says}"):
         check_inputs(TrainConfig(env_kwargs=env_kwargs))
 
 
 def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
-    from thundersync.training.config import check_inputs, rank_device
+    from thundersync.training.checks import check_inputs
+    from thundersync.training.learners import rank_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -112,7 +113,7 @@ def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_the_vllm_engine_without_vllm_says_how_to_install_it():
-    from thundersync.training.config import check_inputs
+    from thundersync.training.checks import check_inputs
 
     with pytest.raises(ValueError, match=r"'engine'.*make test-vllm"):
         check_inputs(TrainConfig(engine="vllm"))

@@ -67,7 +67,7 @@ def canned_demos(monkeypatch):
         *,
         corrupt_fraction,
         first=0,
-        progress=warmstart._no_progress,
+        progress=warmstart.no_progress,
         phase="demonstrations",
         **kwargs,
     ):

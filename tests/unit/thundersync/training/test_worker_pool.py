@@ -1,0 +1,74 @@
+"""The run's one receive loop: every item routed in order, a worker's crash report or exit
+raised as a WorkerError (its own traceback preferred), silence bounded by one timeout."""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from thundersync.training import worker_pool
+from thundersync.training.worker_pool import WorkerError, WorkerPool
+from thundersync.training.workers import WorkerFailed
+
+
+@dataclass
+class FakeWorker:
+    name: str
+    exitcode: int | None = None
+
+
+class FakeBackend:
+    """Queues in this process; ``spawn`` records a worker instead of starting one."""
+
+    def __init__(self) -> None:
+        self.workers: list[FakeWorker] = []
+
+    def queue(self) -> queue.Queue:
+        return queue.Queue()
+
+    def spawn(self, name: str, target: Any, *args: Any, num_threads: int, output: Any) -> Any:
+        self.workers.append(FakeWorker(name))
+        return self.workers[-1]
+
+
+@pytest.fixture
+def pool(monkeypatch) -> WorkerPool:
+    monkeypatch.setattr(worker_pool, "POLL_S", 0.01)
+    made = WorkerPool(FakeBackend(), timeout_s=0.05)
+    made.spawn("rollout", print, num_threads=1)
+    return made
+
+
+def test_everything_waiting_is_routed_in_order(pool):
+    for item in ("a", "b", "c"):
+        pool.inbox.put(item)
+    routed: list[str] = []
+    pool.receive(routed.append)
+    assert routed == ["a", "b", "c"]
+
+
+def test_a_crash_report_stops_the_run_after_what_came_before_it(pool):
+    pool.inbox.put("a")
+    pool.inbox.put(WorkerFailed("rollout", "Traceback: boom"))
+    routed: list[str] = []
+    with pytest.raises(WorkerError, match=r"the rollout worker failed:\nTraceback: boom"):
+        pool.receive(routed.append)
+    assert routed == ["a"]
+
+
+def test_silence_is_an_error_unless_the_caller_gave_its_own_timeout(pool):
+    with pytest.raises(WorkerError, match=r"no event from any worker for 0.05 s"):
+        pool.receive(print)
+    pool.receive(print, timeout_s=0.02)  # returns: the caller waits for something else
+
+
+def test_an_exited_worker_is_named_by_its_own_report_when_it_sent_one(pool):
+    pool.backend.workers[0].exitcode = 1
+    with pytest.raises(WorkerError, match=r"rollout exited with code 1; continue the run"):
+        pool.receive(print)
+    pool.inbox.put(WorkerFailed("rollout", "Traceback: the real cause"))
+    with pytest.raises(WorkerError, match=r"the real cause"):
+        pool.check()

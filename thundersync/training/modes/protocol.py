@@ -1,0 +1,92 @@
+"""The seam between a training mode and the run it drives: the typed protocols a mode's loop
+calls (docs/design.md §4). ``thundersync.training.trainer.Trainer`` implements ``Run``; the
+mode objects (``sync``, ``async_``, ``streaming``) implement ``Mode``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from thundersync import events as ev
+
+
+class EventLearner(Protocol):
+    """What a mode asks of a learner (``thundersync.Learner`` and ``DataParallelLearner``)."""
+
+    def consume(self, event: ev.Event) -> None: ...
+
+    def drain(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """A batch's events that arrived since the last look, and whether the batch is complete
+    (every episode rewarded and, for OPD, every turn scored) with these taken."""
+
+    events: list[ev.Event]
+    is_complete: bool
+
+
+class Run(Protocol):
+    """The run a mode drives: rollout batches go out, events come back, steps are taken."""
+
+    @property
+    def learner(self) -> EventLearner: ...
+
+    def steps(self) -> range:
+        """The steps left to run (a resumed run starts after its last checkpoint)."""
+        ...
+
+    def submit(self, step: int) -> None:
+        """Start rolling out batch ``step`` with whatever weights the engine has by then."""
+        ...
+
+    def wait_batch(self, step: int) -> list[ev.Event]:
+        """Block until batch ``step`` is complete; its events not taken yet."""
+        ...
+
+    def arrivals(self, step: int) -> Arrivals:
+        """Block until something arrives; batch ``step``'s events not taken yet."""
+        ...
+
+    def finish_step(self, step: int) -> dict[str, Any]:
+        """The optimizer step, new weights to the engine, checkpoint, metrics (returned)."""
+        ...
+
+
+class Mode(Protocol):
+    """Everything that differs between the training modes; nothing outside the mode objects
+    asks which mode runs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Rollout batches submitted and not yet stepped, at most (sizes the engine's
+        concurrency)."""
+        ...
+
+    @property
+    def starts_backward_before_step(self) -> bool:
+        """Whether gradient work starts while the batch still rolls out (what ``early_start``
+        moves earlier)."""
+        ...
+
+    def learner_options(self) -> dict[str, Any]:
+        """The mode's keyword arguments of ``Learner(...)`` (every learner rank's too)."""
+        ...
+
+    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
+        """Why this mode cannot train ``algo`` with ``tis_cap`` (a config error), or None."""
+        ...
+
+    def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:
+        """Hand ``events`` that arrived to ``learner``: the main run and every data-parallel
+        rank call this for the events of the step they are in."""
+        ...
+
+    def run(self, run: Run) -> list[dict[str, Any]]:
+        """The loop over the run's steps; returns each step's metrics."""
+        ...

@@ -1,0 +1,203 @@
+"""The run's worker processes behind one inbox: started on a backend, received from through one
+loop with one timeout policy, stopped by their own ids (docs/design.md §5).
+
+Every worker (rollout, OPD teacher, learner ranks 1 … N−1) sends what it has — events, spans,
+rank reports, its crash report — to the inbox. ``receive`` is the only place the run waits on
+it: it blocks for the first item, checks every ``POLL_S`` of silence that no worker has exited
+(a crashed worker is reported with its own traceback when it sent one), and gives up after the
+run's ``worker_timeout_s`` of silence from every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from thundersync.training.config import TrainConfig
+from thundersync.training.rollout import RolloutSpec, rollout_main
+from thundersync.training.teacher import teacher_main
+from thundersync.training.workers import LocalBackend, WorkerFailed
+
+POLL_S = 1.0
+"""How often a silent wait checks that every worker is still alive."""
+STOP_POLLS, STOP_POLL_S = 60, 0.5
+"""A worker told to stop gets this long (while the inbox is drained) before it is killed."""
+SHARED_GPU = 0.5
+"""What the HF engine and the OPD teacher each ask Ray for with ``--device cuda``: one GPU
+holds both (and the trainer's learner on a one-GPU machine)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process crashed, died, or went silent: the run stops (``--resume`` continues
+    it from its last checkpoint)."""
+
+
+def gpu_asks(config: TrainConfig) -> tuple[float, float]:
+    """The GPUs the rollout and the teacher workers ask Ray for: half a GPU each with
+    ``--device cuda`` (vLLM on a GPU: a whole one), none on the CPU."""
+    if config.device == "cpu":
+        return 0.0, 0.0
+    rollout = 1.0 if config.engine == "vllm" else SHARED_GPU
+    return rollout, SHARED_GPU if config.algo == "opd" else 0.0
+
+
+def make_backend(config: TrainConfig) -> Any:
+    """Where the run's workers go: local processes, or Ray actors (``--backend ray``)."""
+    if config.backend == "local":
+        return LocalBackend()
+    from thundersync.training.ray_backend import RayBackend  # the optional ray extra
+
+    cpus = (
+        config.rollout_threads
+        + (config.algo == "opd")
+        + ((config.learner_ranks - 1) * config.learner_threads)
+    )
+    return RayBackend(
+        cpus_needed=cpus,
+        gpus_needed=sum(gpu_asks(config)),
+        gpu_for_rollout=config.engine == "vllm",
+        log=Path(config.out) / "ray.log",
+    )
+
+
+def start_rollout(
+    pool: WorkerPool,
+    c: TrainConfig,
+    *,
+    model_dir: str,
+    batches_in_flight: int,
+    control: Any,
+    teacher_inbox: Any,
+    weights: Any,
+) -> None:
+    """Start the rollout worker (engine, episodes, sandboxes, graders) and, with an inbox for
+    it, the OPD teacher; both load their models first."""
+    spec = RolloutSpec(
+        env=c.env,
+        env_kwargs=dict(c.env_kwargs),
+        sandbox=c.sandbox,
+        model_dir=model_dir,
+        dtype=c.dtype,
+        seed=c.seed,
+        deterministic=c.deterministic,
+        max_new_tokens=c.max_new_tokens,
+        temperature=c.temperature,
+        max_concurrency=c.max_concurrency or c.tasks_per_step * c.group_size * batches_in_flight,
+        batch_window_s=c.batch_window_s,
+        engine=c.engine,
+        device=c.device,
+    )
+    rollout_gpus = 1 if pool.backend.gpu_for_rollout else gpu_asks(c)[0]
+    pool.spawn(
+        "rollout",
+        rollout_main,
+        spec,
+        control,
+        pool.inbox,
+        teacher_inbox,
+        weights,
+        num_threads=c.rollout_threads,
+        num_gpus=rollout_gpus,
+    )
+    if teacher_inbox is not None:
+        pool.spawn(
+            "teacher",
+            teacher_main,
+            os.path.abspath(c.teacher or ""),
+            c.dtype,
+            c.device,
+            c.deterministic,
+            teacher_inbox,
+            pool.inbox,
+            num_threads=1,
+            num_gpus=gpu_asks(c)[1],
+        )
+
+
+class WorkerPool:
+    """See the module docstring. ``backend`` is a ``LocalBackend`` or a ``RayBackend``."""
+
+    def __init__(self, backend: Any, *, timeout_s: float) -> None:
+        self.backend, self.timeout_s = backend, timeout_s
+        self.inbox = backend.queue()
+        self._procs: list[Any] = []
+
+    def queue(self) -> Any:
+        """A new queue to a worker, on the pool's backend."""
+        return self.backend.queue()
+
+    def spawn(
+        self, name: str, target: Callable[..., None], *args: Any, num_threads: int, **place: Any
+    ) -> None:
+        """Start ``target(*args)`` as worker ``name``; its crash report goes to the inbox.
+        ``place``: what the backend places it by (``num_gpus``)."""
+        self._procs.append(
+            self.backend.spawn(
+                name, target, *args, num_threads=num_threads, output=self.inbox, **place
+            )
+        )
+
+    def receive(self, route: Callable[[Any], None], *, timeout_s: float | None = None) -> None:
+        """``route`` every item waiting in the inbox, blocking for the first; a worker's crash
+        report, its exit or ``worker_timeout_s`` of silence raise WorkerError. With
+        ``timeout_s``, silence that long returns instead."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        waited = 0.0
+        while True:
+            try:
+                item = self.inbox.get(timeout=min(POLL_S, limit))
+                break
+            except queue.Empty:
+                waited += min(POLL_S, limit)
+                self.check()
+                if waited >= limit:
+                    if timeout_s is not None:
+                        return
+                    raise WorkerError(f"no event from any worker for {limit:g} s") from None
+        while True:
+            if isinstance(item, WorkerFailed):
+                raise failed(item)
+            route(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def check(self) -> None:
+        """WorkerError if a worker has exited (with its crash report when it sent one)."""
+        for proc in self._procs:
+            if proc.exitcode is not None:
+                for item in self._discard_inbox():
+                    if isinstance(item, WorkerFailed):
+                        raise failed(item)
+                raise WorkerError(
+                    f"{proc.name} exited with code {proc.exitcode}; continue the run with --resume"
+                )
+
+    def close(self) -> None:
+        """Wait for every worker (told to stop before) while draining the inbox, so none
+        blocks on a full pipe; stop a worker that does not exit by its own id."""
+        for proc in self._procs:
+            for _ in range(STOP_POLLS):
+                proc.join(STOP_POLL_S)
+                if not proc.is_alive():
+                    break
+                self._discard_inbox()
+            self.backend.stop(proc, timeout_s=1.0)
+        self._discard_inbox()
+        self.backend.close()
+
+    def _discard_inbox(self) -> list[Any]:
+        items = []
+        while True:
+            try:
+                items.append(self.inbox.get_nowait())
+            except (queue.Empty, OSError, ValueError):
+                return items
+
+
+def failed(item: WorkerFailed) -> WorkerError:
+    return WorkerError(f"the {item.worker} worker failed:\n{item.error}")
