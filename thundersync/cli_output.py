@@ -48,6 +48,7 @@ class Progress:
         self._bar_task: Any = None
 
     def __enter__(self) -> Progress:
+        started()
         self._started = self._last_line = time.monotonic()
         if _is_terminal(self.stream):
             from rich.console import Console
@@ -136,6 +137,54 @@ class Progress:
                 silent = time.monotonic() - self._last_line >= PIPE_INTERVAL_S
             if silent:
                 self.say(self._status())
+
+
+class Startup:
+    """A command's start-up through a pipe: until the command's first progress line
+    (``Progress`` or ``started()``), a line ``<label>: starting, <seconds> s (...)`` every
+    ``PIPE_INTERVAL_S`` seconds. Importing torch and the envs and checking the inputs take
+    2-3 s on an idle 2-core machine, but tens of seconds on a loaded one, and a pipe would
+    show nothing all that time. A command done sooner prints nothing more; on a terminal
+    nothing is printed at all. (``with Startup("train"): ...``)"""
+
+    def __init__(self, label: str, *, stream: IO[str] | None = None):
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Startup:
+        self._started = time.monotonic()
+        _STARTING.append(self)
+        if not _is_terminal(self.stream):
+            self._thread = threading.Thread(target=self._tick, name="startup", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self._thread is not None:
+            self._thread.join()
+        _STARTING.remove(self)
+
+    def _tick(self) -> None:
+        while not self.done.wait(PIPE_INTERVAL_S):
+            elapsed = time.monotonic() - self._started
+            print(
+                f"{self.label}: starting, {elapsed:.0f} s (loading libraries, checking inputs)",
+                file=self.stream,
+                flush=True,
+            )
+
+
+_STARTING: list[Startup] = []
+"""The ``Startup`` notices running (one per ``main`` call: normally none or one)."""
+
+
+def started() -> None:
+    """The command has said what it is doing: the start-up lines stop."""
+    for startup in list(_STARTING):
+        startup.done.set()
 
 
 def _is_terminal(stream: IO[str]) -> bool:

@@ -159,6 +159,7 @@ def _run_warmstart(args: Any) -> int:
 
     import torch
 
+    from thundersync.cli_output import started
     from thundersync.declared import PositiveInt, parse_flag
     from thundersync.training.config import folder_problem
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
@@ -190,6 +191,7 @@ def _run_warmstart(args: Any) -> int:
     torch.set_num_threads(threads)
     started = time.monotonic()
     print(f"warmstart: building {describe(config)}", flush=True)
+    started()
     with PhaseProgress("demonstrations", config.num_demos) as progress:
         out = warm_start(config, args.out, progress=progress)
     bias = (
@@ -219,7 +221,7 @@ class PhaseProgress:
     def _open(self, phase: str, total: int) -> Any:
         from thundersync.cli_output import Progress
 
-        unit = "steps" if "fine-tuning" in phase else "episodes"
+        unit = "steps" if "fine-tuning" in phase else "episodes" if "demo" in phase else "built"
         return Progress(f"warmstart: {phase}", total, unit, stream=self.stream).__enter__()
 
     def __call__(self, phase: str, done: int, total: int) -> None:

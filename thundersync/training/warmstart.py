@@ -92,6 +92,11 @@ Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: called as each demonstration and fine-tuning step ends."""
 
 
+BUILD_PHASE = "tokenizer and model"
+"""The phase between the demonstrations and fine-tuning: training the tokenizer, building the
+model."""
+
+
 def _no_progress(phase: str, done: int, total: int) -> None:
     pass
 
@@ -243,6 +248,7 @@ def _build(config: WarmStartConfig, folder: Path, progress: Progress) -> None:
             phase="biased demonstrations",
         )
     texts = [text for demo in demos + mixture for _, text in demo]
+    progress(BUILD_PHASE, 0, 1)  # training the tokenizer takes a while: name it
     build_tiny_model(
         folder,
         config.arch,
@@ -335,7 +341,7 @@ def _fine_tune(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     for step in range(steps):
-        if progress is not None and step:
+        if progress is not None:  # at 0 too: the phase is named before its first step ends
             progress(step, steps)
         batch = rng.sample(examples, min(batch_size, len(examples)))
         length = max(len(ids) for ids, _ in batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 import time
 
 import pytest
@@ -50,6 +51,51 @@ def test_progress_stops_printing_once_closed(monkeypatch):
     before = stream.getvalue()
     time.sleep(0.1)
     assert stream.getvalue() == before
+
+
+class Pipe(io.StringIO):
+    """A stream that is not a terminal and sets ``seen`` once ``wanted`` lines were written."""
+
+    def __init__(self, wanted: int):
+        super().__init__()
+        self.wanted, self.seen = wanted, threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if self.getvalue().count("\n") >= self.wanted:
+            self.seen.set()
+        return written
+
+
+def test_startup_says_it_is_starting_in_a_pipe_until_the_command_starts(monkeypatch):
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    pipe = Pipe(wanted=2)
+    with cli_output.Startup("train", stream=pipe):
+        assert pipe.seen.wait(10), pipe.getvalue()  # two lines while imports would run
+        with Progress("train", 2, "steps", stream=io.StringIO()):  # the first progress line
+            pass
+        quiet = pipe.getvalue()
+        pipe.wanted, pipe.seen = 10**9, threading.Event()
+        assert not pipe.seen.wait(0.1)
+    assert pipe.getvalue() == quiet  # nothing once the command said what it does
+    assert quiet.splitlines()[0].startswith("train: starting, 0 s (loading libraries")
+
+
+def test_startup_prints_nothing_on_a_terminal_or_for_a_quick_command(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    terminal = Terminal()
+    with cli_output.Startup("eval", stream=terminal) as startup:
+        assert not startup.done.wait(0.1)
+    assert terminal.getvalue() == ""
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 60.0)
+    pipe = io.StringIO()
+    with cli_output.Startup("eval", stream=pipe):
+        pass
+    assert pipe.getvalue() == "" and cli_output._STARTING == []
 
 
 def test_fit_cuts_to_80_columns_and_says_so():
