@@ -159,7 +159,7 @@ def _run_warmstart(args: Any) -> int:
 
     import torch
 
-    from thundersync.cli_output import started
+    from thundersync.cli_output import started as first_line_out
     from thundersync.declared import PositiveInt, parse_flag
     from thundersync.training.config import folder_problem
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
@@ -191,7 +191,7 @@ def _run_warmstart(args: Any) -> int:
     torch.set_num_threads(threads)
     started = time.monotonic()
     print(f"warmstart: building {describe(config)}", flush=True)
-    started()
+    first_line_out()
     with PhaseProgress("demonstrations", config.num_demos) as progress:
         out = warm_start(config, args.out, progress=progress)
     bias = (
