@@ -59,7 +59,7 @@ def commands(text: str) -> list[list[str]]:
 
 def named_outputs(text: str) -> list[str]:
     """The files and folders the section's prose says the commands write (``runs/...``)."""
-    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
     return sorted({p.rstrip("/") for p in re.findall(r"`(runs/[^`\s]+)`", prose)})
 
 
