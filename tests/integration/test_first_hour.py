@@ -32,7 +32,8 @@ SMALL = {
     "train": ["--tasks-per-step", "2", "--group-size", "2", "--env-kwargs", TINY_WORKLOAD],
     "eval": ["--tasks", "4"],
     "compare": [
-        *("--seeds", "1", "--steps", "2", "--tasks-per-step", "2", "--group-size", "2"),
+        *("--modes", "sync,streaming", "--seeds", "1", "--steps", "2"),
+        *("--tasks-per-step", "2", "--group-size", "2"),
         *("--eval-every", "2", "--eval-tasks", "4", "--env-kwargs", TINY_WORKLOAD),
     ],
 }
