@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -176,6 +177,19 @@ class Startup:
                 flush=True,
             )
 
+
+def without_startup_lines(text: str) -> str:
+    """``text`` (a command's stderr) without the lines ``Startup`` printed, which come and go
+    with the machine's load: what a check of the command's own messages compares."""
+    return "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not STARTUP_LINE.fullmatch(line.rstrip("\n"))
+    )
+
+
+STARTUP_LINE = re.compile(r"\S+: starting, \d+ s \(loading libraries, checking inputs\)")
+"""What ``Startup`` prints."""
 
 _STARTING: list[Startup] = []
 """The ``Startup`` notices running (one per ``main`` call: normally none or one)."""

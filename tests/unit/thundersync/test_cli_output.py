@@ -117,3 +117,13 @@ def test_strict_json_turns_non_finite_numbers_into_null_with_a_reason(bad):
     assert data["ratios"] == [1.0, None] and data["ratios_invalid"].startswith("[1] ")
     assert data["nested"] == [{"x": None, "x_invalid": f"non-finite value {bad!r}"}]
     assert data["ok"] == 1.5 and "ok_invalid" not in data
+
+
+def test_without_startup_lines_drops_only_the_startup_notice(monkeypatch):
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    pipe = Pipe(wanted=1)
+    with cli_output.Startup("eval", stream=pipe):
+        assert pipe.seen.wait(10)
+    text = pipe.getvalue() + "eval: error: --db: x: starting, 5 s is not a schema\n"
+    kept = cli_output.without_startup_lines(text)
+    assert kept == "eval: error: --db: x: starting, 5 s is not a schema\n", text
