@@ -108,19 +108,6 @@ def test_the_commands_parse_and_name_their_outputs():
     assert "runs/first-hour/compare/results.json" in named_outputs(text)
 
 
-def test_commands_reads_continued_lines_and_refuses_other_programs():
-    text = "```bash\nthundersync train --steps 2 \\\n    --out 'a b'   # note\n```\n"
-    assert commands(text) == [["train", "--steps", "2", "--out", "a b"]]
-    with pytest.raises(AssertionError, match="not a thundersync command"):
-        commands("```bash\npython -m thundersync.cli envs\n```\n")
-
-
-def test_run_piped_measures_the_longest_silence(tmp_path):
-    code, out, silence, tail = run_piped(["--version"], tmp_path)
-    assert code == 0 and "thundersync" in out, out
-    assert 0 <= silence < SILENCE_S and 0 <= tail < SILENCE_S, (silence, tail, out)
-
-
 @pytest.mark.slow
 def test_the_first_hour_section_runs_as_written_at_a_small_scale(tmp_path):
     text = section(README.read_text())
