@@ -35,8 +35,19 @@ class Progress:
     is how a user tells slow from stuck). Every method may be called from any thread.
     """
 
-    def __init__(self, label: str, total: int, unit: str, *, stream: IO[str] | None = None):
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str,
+        *,
+        stream: IO[str] | None = None,
+        quiet_since: float | None = None,
+    ):
         self.label, self.total, self.unit = label, total, unit
+        self.quiet_since = quiet_since
+        """``time.monotonic()`` of the command's last line before this progress began (the
+        first periodic line comes ``PIPE_INTERVAL_S`` after it; None: after ``__enter__``)."""
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self.what = ""
@@ -49,8 +60,11 @@ class Progress:
         self._bar_task: Any = None
 
     def __enter__(self) -> Progress:
-        started()
+        before = started()
         self._started = self._last_line = time.monotonic()
+        for since in (before, self.quiet_since):
+            if since is not None:
+                self._last_line = min(self._last_line, since)
         if _is_terminal(self.stream):
             from rich.console import Console
             from rich.progress import (
@@ -122,6 +136,12 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._bar_task, description=what)
 
+    @property
+    def last_line_at(self) -> float:
+        """``time.monotonic()`` of this progress's last line (or of its start)."""
+        with self._lock:
+            return self._last_line
+
     def line(self) -> str:
         return f"{self.label}: {self._status()}"
 
@@ -155,7 +175,7 @@ class Startup:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Startup:
-        self._started = time.monotonic()
+        self._started = self.last_line_at = time.monotonic()
         _STARTING.append(self)
         if not _is_terminal(self.stream):
             self._thread = threading.Thread(target=self._tick, name="startup", daemon=True)
@@ -176,6 +196,7 @@ class Startup:
                 file=self.stream,
                 flush=True,
             )
+            self.last_line_at = time.monotonic()
 
 
 def without_startup_lines(text: str) -> str:
@@ -195,10 +216,14 @@ _STARTING: list[Startup] = []
 """The ``Startup`` notices running (one per ``main`` call: normally none or one)."""
 
 
-def started() -> None:
-    """The command has said what it is doing: the start-up lines stop."""
-    for startup in list(_STARTING):
+def started() -> float | None:
+    """The command has said what it is doing: the start-up lines stop. Returns when the
+    start-up began or last printed (None when none was running), so that the command's
+    next periodic line keeps the interval."""
+    running = [startup for startup in _STARTING if not startup.done.is_set()]
+    for startup in running:
         startup.done.set()
+    return min((s.last_line_at for s in running), default=None)
 
 
 def _is_terminal(stream: IO[str]) -> bool:

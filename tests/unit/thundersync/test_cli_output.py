@@ -127,3 +127,27 @@ def test_without_startup_lines_drops_only_the_startup_notice(monkeypatch):
     text = pipe.getvalue() + "eval: error: --db: x: starting, 5 s is not a schema\n"
     kept = cli_output.without_startup_lines(text)
     assert kept == "eval: error: --db: x: starting, 5 s is not a schema\n", text
+
+
+def test_a_progress_that_begins_late_keeps_the_interval_since_the_last_line(monkeypatch):
+    """A command whose progress begins 4.6 s after its start-up line must not wait another
+    full interval (9.6 s of silence was measured): the first periodic line is due
+    ``PIPE_INTERVAL_S`` after the last line printed before it, not after it began."""
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 5.0)
+    pipe = Pipe(wanted=1)
+    with Progress("eval", 4, "attempts", stream=pipe, quiet_since=time.monotonic() - 10):
+        assert pipe.seen.wait(4), "no line although the command was quiet for 10 s"
+    assert pipe.getvalue().startswith("eval: 0/4 attempts, ")
+    with cli_output.Startup("eval", stream=io.StringIO()) as startup:
+        assert cli_output.started() == startup.last_line_at
+        assert cli_output.started() is None  # once: later progress counts from its own start
+
+
+def test_each_warmstart_phase_keeps_the_interval_of_the_one_before():
+    from thundersync.training.command import PhaseProgress
+
+    with PhaseProgress("demonstrations", 4, stream=io.StringIO()) as progress:
+        before = progress._bar
+        progress("fine-tuning", 0, 2)
+        assert progress._bar is not before
+        assert progress._bar.quiet_since == before.last_line_at
