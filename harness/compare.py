@@ -252,8 +252,11 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
                 runs.append(Run(name, seed, folder))
                 progress.advance()
     initial, task_ids = evaluate_runs(runs, config)
-    results = summarize(runs, config, initial)
-    write_outputs(results, runs, config)
+    with Progress("compare", 1, "outputs") as progress:  # plotting takes seconds, not silently
+        progress.phase(f"writing {out / 'results.json'} and the plots")
+        results = summarize(runs, config, initial)
+        write_outputs(results, runs, config)
+        progress.advance()
     if config.leaderboard:
         record(results, config, task_ids)
     return results

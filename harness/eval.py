@@ -341,6 +341,8 @@ def checkpoint_problem(checkpoint: str | Path) -> str | None:
             return f"no such checkpoint ({why}); {folder.parent} holds " + (
                 ", ".join(kept) if kept else "none"
             )
+    if not folder.exists():
+        return "no such folder"
     return "not a model folder (no config.json)"
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
-from thundersync.cli_output import HelpFormatter
+from thundersync.cli_output import HelpFormatter, Startup
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
@@ -147,13 +148,18 @@ def exit_on_sigterm() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    exit_on_sigterm()
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:  # Ctrl-C outside a run that handles it: no traceback
-        print("thundersync: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((w for w in words if not w.startswith("-")), "thundersync")
+    # A process's own command line (argv None) says, through a pipe, that it is starting;
+    # a caller in the same process (argv given) has started long ago.
+    with Startup(command) if argv is None else contextlib.nullcontext():
+        args = build_parser().parse_args(words)
+        exit_on_sigterm()
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:  # Ctrl-C outside a run that handles it: no traceback
+            print("thundersync: interrupted", file=sys.stderr)
+            return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

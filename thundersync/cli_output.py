@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -34,8 +35,19 @@ class Progress:
     is how a user tells slow from stuck). Every method may be called from any thread.
     """
 
-    def __init__(self, label: str, total: int, unit: str, *, stream: IO[str] | None = None):
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str,
+        *,
+        stream: IO[str] | None = None,
+        quiet_since: float | None = None,
+    ):
         self.label, self.total, self.unit = label, total, unit
+        self.quiet_since = quiet_since
+        """``time.monotonic()`` of the command's last line before this progress began (the
+        first periodic line comes ``PIPE_INTERVAL_S`` after it; None: after ``__enter__``)."""
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self.what = ""
@@ -48,7 +60,11 @@ class Progress:
         self._bar_task: Any = None
 
     def __enter__(self) -> Progress:
+        before = started()
         self._started = self._last_line = time.monotonic()
+        for since in (before, self.quiet_since):
+            if since is not None:
+                self._last_line = min(self._last_line, since)
         if _is_terminal(self.stream):
             from rich.console import Console
             from rich.progress import (
@@ -120,6 +136,12 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._bar_task, description=what)
 
+    @property
+    def last_line_at(self) -> float:
+        """``time.monotonic()`` of this progress's last line (or of its start)."""
+        with self._lock:
+            return self._last_line
+
     def line(self) -> str:
         return f"{self.label}: {self._status()}"
 
@@ -136,6 +158,72 @@ class Progress:
                 silent = time.monotonic() - self._last_line >= PIPE_INTERVAL_S
             if silent:
                 self.say(self._status())
+
+
+class Startup:
+    """A command's start-up through a pipe: until the command's first progress line
+    (``Progress`` or ``started()``), a line ``<label>: starting, <seconds> s (...)`` every
+    ``PIPE_INTERVAL_S`` seconds. Importing torch and the envs and checking the inputs take
+    2-3 s on an idle 2-core machine, but tens of seconds on a loaded one, and a pipe would
+    show nothing all that time. A command done sooner prints nothing more; on a terminal
+    nothing is printed at all. (``with Startup("train"): ...``)"""
+
+    def __init__(self, label: str, *, stream: IO[str] | None = None):
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Startup:
+        self._started = self.last_line_at = time.monotonic()
+        _STARTING.append(self)
+        if not _is_terminal(self.stream):
+            self._thread = threading.Thread(target=self._tick, name="startup", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self._thread is not None:
+            self._thread.join()
+        _STARTING.remove(self)
+
+    def _tick(self) -> None:
+        while not self.done.wait(PIPE_INTERVAL_S):
+            elapsed = time.monotonic() - self._started
+            print(
+                f"{self.label}: starting, {elapsed:.0f} s (loading libraries, checking inputs)",
+                file=self.stream,
+                flush=True,
+            )
+            self.last_line_at = time.monotonic()
+
+
+def without_startup_lines(text: str) -> str:
+    """``text`` (a command's stderr) without the lines ``Startup`` printed, which come and go
+    with the machine's load: what a check of the command's own messages compares."""
+    return "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not STARTUP_LINE.fullmatch(line.rstrip("\n"))
+    )
+
+
+STARTUP_LINE = re.compile(r"\S+: starting, \d+ s \(loading libraries, checking inputs\)")
+"""What ``Startup`` prints."""
+
+_STARTING: list[Startup] = []
+"""The ``Startup`` notices running (one per ``main`` call: normally none or one)."""
+
+
+def started() -> float | None:
+    """The command has said what it is doing: the start-up lines stop. Returns when the
+    start-up began or last printed (None when none was running), so that the command's
+    next periodic line keeps the interval."""
+    running = [startup for startup in _STARTING if not startup.done.is_set()]
+    for startup in running:
+        startup.done.set()
+    return min((s.last_line_at for s in running), default=None)
 
 
 def _is_terminal(stream: IO[str]) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from thundersync.cli import main
+from thundersync.cli_output import without_startup_lines
 from thundersync.events import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,7 +279,7 @@ def test_a_plugin_written_for_task_protocol_1_scores_as_before():
 def test_a_plugin_matching_no_task_protocol_is_refused_in_one_line():
     done = _eval_plugin(V1_PLUGIN_DIR, "--env", "oldlab/Broken-v0", "--agent", "oracle")
     assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
+    lines = without_startup_lines(done.stderr).strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert (
         "--env oldlab/Broken-v0: task 'broken' (oldlab.envs.Broken): grade(self) does not "

@@ -46,3 +46,34 @@ def test_the_env_example_registers_an_env_that_an_oracle_solves(tmp_path):
         pytest.skip("bubblewrap missing: apt-get install bubblewrap")
     out = run_block("CountLinesEnv", tmp_path)
     assert out.split() == ["1.0", "True", "submitted"], out
+
+
+FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+"""A fenced block (its fences start a line; an inline ``` ```bash ``` is not one)."""
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCED.sub("", path.read_text())
+    return {anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
+def test_the_readme_links_lead_somewhere():
+    """Every relative link of the README names a file that exists and, after ``#``, a heading
+    of that file (the README's own when the link is only an anchor)."""
+    text = FENCED.sub("", README.read_text())
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert any(link.startswith("docs/measurements.md") for link in links), links
+    broken = []
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, fragment = link.partition("#")
+        path = README.parent / target if target else README
+        if not path.exists() or (fragment and fragment not in anchors(path)):
+            broken.append(link)
+    assert not broken, broken

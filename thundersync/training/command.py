@@ -160,6 +160,7 @@ def _run_warmstart(args: Any) -> int:
 
     import torch
 
+    from thundersync.cli_output import started as first_line_out
     from thundersync.declared import PositiveInt, parse_flag
     from thundersync.training.checks import folder_problem
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
@@ -191,6 +192,7 @@ def _run_warmstart(args: Any) -> int:
     torch.set_num_threads(threads)
     started = time.monotonic()
     print(f"warmstart: building {describe(config)}", flush=True)
+    first_line_out()
     with PhaseProgress("demonstrations", config.num_demos) as progress:
         out = warm_start(config, args.out, progress=progress)
     bias = (
@@ -217,17 +219,20 @@ class PhaseProgress:
         self._lock = threading.Lock()
         self._phase, self._bar = phase, self._open(phase, total)
 
-    def _open(self, phase: str, total: int) -> Any:
+    def _open(self, phase: str, total: int, quiet_since: float | None = None) -> Any:
         from thundersync.cli_output import Progress
 
-        unit = "steps" if "fine-tuning" in phase else "episodes"
-        return Progress(f"warmstart: {phase}", total, unit, stream=self.stream).__enter__()
+        unit = "steps" if "fine-tuning" in phase else "episodes" if "demo" in phase else "built"
+        return Progress(
+            f"warmstart: {phase}", total, unit, stream=self.stream, quiet_since=quiet_since
+        ).__enter__()
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         with self._lock:
-            if phase != self._phase:
+            if phase != self._phase:  # the next phase's lines keep the interval
                 self._bar.__exit__(None, None, None)
-                self._phase, self._bar = phase, self._open(phase, total)
+                quiet_since = self._bar.last_line_at
+                self._phase, self._bar = phase, self._open(phase, total, quiet_since)
             if done > self._bar.done:
                 self._bar.advance(done - self._bar.done)
 

@@ -84,6 +84,11 @@ class WarmStartConfig:
             )
 
 
+BUILD_PHASE = "tokenizer and model"
+"""The phase between the demonstrations and fine-tuning: training the tokenizer, building the
+model."""
+
+
 MODEL_FILES = frozenset(
     {
         "config.json",
@@ -172,6 +177,7 @@ def _build(config: WarmStartConfig, folder: Path, progress: Progress) -> None:
             phase="biased demonstrations",
         )
     texts = [text for demo in demos + mixture for _, text in demo]
+    progress(BUILD_PHASE, 0, 1)  # training the tokenizer takes a while: name it
     build_tiny_model(
         folder,
         config.arch,
@@ -264,7 +270,7 @@ def _fine_tune(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     for step in range(steps):
-        if progress is not None and step:
+        if progress is not None:  # at 0 too: the phase is named before its first step ends
             progress(step, steps)
         batch = rng.sample(examples, min(batch_size, len(examples)))
         length = max(len(ids) for ids, _ in batch)

@@ -37,3 +37,45 @@ def test_a_hostile_compare_flag_is_one_line(argv, message, capsys, no_run, tmp_p
     code = main(["compare", "--out", str(tmp_path / "c"), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_writing_the_results_and_plots_is_not_silent_in_a_pipe(monkeypatch, tmp_path):
+    """After the evaluations, the summary and the plots take seconds (matplotlib; tens of
+    seconds on a loaded machine): a pipe is told what runs then, not left silent."""
+    import sys
+    import threading
+
+    import harness.compare as compare
+    import harness.compare_report as report
+    from thundersync import cli_output
+    from thundersync.training.config import TrainConfig
+
+    class Pipe:
+        def __init__(self):
+            self.text, self.seen = "", threading.Event()
+
+        def write(self, text):
+            self.text += text
+            if "still writing" in self.text:
+                self.seen.set()
+
+        def flush(self):
+            pass
+
+    pipe = Pipe()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(compare, "train_run", lambda *args: None)
+    monkeypatch.setattr(compare, "evaluate_runs", lambda runs, config: (0.0, []))
+    monkeypatch.setattr(report, "summarize", lambda runs, config, initial: {})
+
+    def plot(results, runs, config):  # as slow as plotting on a loaded machine
+        assert pipe.seen.wait(10), pipe.text
+
+    monkeypatch.setattr(report, "write_outputs", plot)
+    out = str(tmp_path / "cmp")
+    train = TrainConfig(model=str(tmp_path))
+    compare.run_compare(
+        compare.CompareConfig(train=train, modes=("sync",), seeds=1, out=out, leaderboard=False)
+    )
+    assert f"compare: writing {tmp_path / 'cmp' / 'results.json'} and the plots" in pipe.text

@@ -55,3 +55,14 @@ def test_a_checkpoint_without_a_chat_template_says_how_to_add_one(
     line = refused(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", str(bare)], capsys)
     assert f"--checkpoint {bare}: its tokenizer has no chat template" in line
     assert "chat_template.jinja" in line
+
+
+def test_a_checkpoint_that_does_not_exist_says_so(tmp_path, capsys):
+    """A typo in the run's name: not "no config.json", which suggests a broken model folder."""
+    missing = tmp_path / "runs" / "nothere" / "checkpoints" / "step-000020"
+    line = refused(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", str(missing)], capsys)
+    assert line == f"eval: error: --checkpoint {missing}: no such folder", line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = refused(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", str(empty)], capsys)
+    assert line.endswith("not a model folder (no config.json)"), line

@@ -18,6 +18,7 @@ import harness.compare_command
 import harness.eval
 from leaderboard.store import Entry, Store
 from thundersync.cli import main
+from thundersync.cli_output import without_startup_lines
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -162,7 +163,7 @@ def test_a_read_only_db_is_refused_by_eval_before_any_work_and_read_by_leaderboa
     finally:
         tmp_path.chmod(0o755)
     assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.strip().splitlines() == [
+    assert without_startup_lines(refused.stderr).strip().splitlines() == [
         f"eval: error: --db: {path}: cannot write to the leaderboard: attempt to write a "
         "readonly database"
     ]

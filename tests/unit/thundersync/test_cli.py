@@ -89,3 +89,16 @@ def test_every_subcommand_describes_itself_in_its_help():
     assert missing == [] and {"warmstart", "leaderboard", "simulate", "timeline"} <= set(
         sub.choices
     )
+
+
+def test_python_dash_m_thundersync_runs_the_command_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "thundersync", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("thundersync "), done.stderr

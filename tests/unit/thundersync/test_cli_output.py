@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 import time
 
 import pytest
@@ -52,6 +53,51 @@ def test_progress_stops_printing_once_closed(monkeypatch):
     assert stream.getvalue() == before
 
 
+class Pipe(io.StringIO):
+    """A stream that is not a terminal and sets ``seen`` once ``wanted`` lines were written."""
+
+    def __init__(self, wanted: int):
+        super().__init__()
+        self.wanted, self.seen = wanted, threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if self.getvalue().count("\n") >= self.wanted:
+            self.seen.set()
+        return written
+
+
+def test_startup_says_it_is_starting_in_a_pipe_until_the_command_starts(monkeypatch):
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    pipe = Pipe(wanted=2)
+    with cli_output.Startup("train", stream=pipe):
+        assert pipe.seen.wait(10), pipe.getvalue()  # two lines while imports would run
+        with Progress("train", 2, "steps", stream=io.StringIO()):  # the first progress line
+            pass
+        quiet = pipe.getvalue()
+        pipe.wanted, pipe.seen = 10**9, threading.Event()
+        assert not pipe.seen.wait(0.1)
+    assert pipe.getvalue() == quiet  # nothing once the command said what it does
+    assert quiet.splitlines()[0].startswith("train: starting, 0 s (loading libraries")
+
+
+def test_startup_prints_nothing_on_a_terminal_or_for_a_quick_command(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    terminal = Terminal()
+    with cli_output.Startup("eval", stream=terminal) as startup:
+        assert not startup.done.wait(0.1)
+    assert terminal.getvalue() == ""
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 60.0)
+    pipe = io.StringIO()
+    with cli_output.Startup("eval", stream=pipe):
+        pass
+    assert pipe.getvalue() == "" and cli_output._STARTING == []
+
+
 def test_fit_cuts_to_80_columns_and_says_so():
     assert fit("a" * 80) == "a" * 80
     cut = fit("b" * 81)
@@ -71,3 +117,37 @@ def test_strict_json_turns_non_finite_numbers_into_null_with_a_reason(bad):
     assert data["ratios"] == [1.0, None] and data["ratios_invalid"].startswith("[1] ")
     assert data["nested"] == [{"x": None, "x_invalid": f"non-finite value {bad!r}"}]
     assert data["ok"] == 1.5 and "ok_invalid" not in data
+
+
+def test_without_startup_lines_drops_only_the_startup_notice(monkeypatch):
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.01)
+    pipe = Pipe(wanted=1)
+    with cli_output.Startup("eval", stream=pipe):
+        assert pipe.seen.wait(10)
+    text = pipe.getvalue() + "eval: error: --db: x: starting, 5 s is not a schema\n"
+    kept = cli_output.without_startup_lines(text)
+    assert kept == "eval: error: --db: x: starting, 5 s is not a schema\n", text
+
+
+def test_a_progress_that_begins_late_keeps_the_interval_since_the_last_line(monkeypatch):
+    """A command whose progress begins 4.6 s after its start-up line must not wait another
+    full interval (9.6 s of silence was measured): the first periodic line is due
+    ``PIPE_INTERVAL_S`` after the last line printed before it, not after it began."""
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 5.0)
+    pipe = Pipe(wanted=1)
+    with Progress("eval", 4, "attempts", stream=pipe, quiet_since=time.monotonic() - 10):
+        assert pipe.seen.wait(4), "no line although the command was quiet for 10 s"
+    assert pipe.getvalue().startswith("eval: 0/4 attempts, ")
+    with cli_output.Startup("eval", stream=io.StringIO()) as startup:
+        assert cli_output.started() == startup.last_line_at
+        assert cli_output.started() is None  # once: later progress counts from its own start
+
+
+def test_each_warmstart_phase_keeps_the_interval_of_the_one_before():
+    from thundersync.training.command import PhaseProgress
+
+    with PhaseProgress("demonstrations", 4, stream=io.StringIO()) as progress:
+        before = progress._bar
+        progress("fine-tuning", 0, 2)
+        assert progress._bar is not before
+        assert progress._bar.quiet_since == before.last_line_at

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
+from thundersync.cli_output import without_startup_lines
 from thundersync.models import model_folder
 from thundersync.training.checks import with_model_folders
 from thundersync.training.config import TrainConfig
@@ -100,7 +101,7 @@ def test_eval_takes_a_hub_id_as_its_checkpoint_offline(hub_cache):
 def test_train_with_an_uncached_hub_id_is_one_line_and_exit_2(hub_cache, tmp_path):
     done = _cli(hub_cache, "train", "--model", "nobody/not-cached", "--out", str(tmp_path / "r"))
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+    assert without_startup_lines(done.stderr).strip().splitlines() == [
         "train: error: config field 'model': nobody/not-cached: no such folder, and no model "
         f"nobody/not-cached in the local Hugging Face cache ({hub_cache / 'hub'}); download it "
         "first with `hf download nobody/not-cached` (or `huggingface-cli download "

@@ -12,6 +12,7 @@ import torch
 
 from thundersync import canonical, cli_output, streaming
 from thundersync.cli import main
+from thundersync.cli_output import without_startup_lines
 from thundersync.learner import Learner
 from thundersync.models import load_model
 from thundersync.rollouts import BatchShape, random_batch
@@ -140,7 +141,8 @@ def test_a_bad_model_prints_no_traceback_in_a_fresh_process(tmp_path):
         check=False,
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and out.stderr.startswith("verify: error: --model ")
+    err = without_startup_lines(out.stderr)
+    assert "Traceback" not in err and err.startswith("verify: error: --model ")
 
 
 def test_the_verdict_is_the_last_line_and_fits_80_columns_in_a_pipe(tiny_model_dirs, capsys):

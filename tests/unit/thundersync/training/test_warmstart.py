@@ -137,3 +137,25 @@ def test_progress_reports_each_phase_in_a_pipe(monkeypatch):
         pipe.wanted = "warmstart: fine-tuning: 3/600 steps"
         progress("fine-tuning", 3, 600)
         assert pipe.seen.wait(10), pipe.text  # a line while fine-tuning runs, not after
+
+
+def test_every_phase_is_named_before_its_work_starts(canned_demos, tmp_path):
+    """Between the last demonstration and the first fine-tuning step the tokenizer is trained
+    and the model built (tens of seconds on a loaded machine): the progress names that phase,
+    and each fine-tuning phase from its step 0, so a pipe never repeats a finished phase."""
+    import thundersync.training.warmstart as warmstart
+
+    calls = []
+    config = WarmStartConfig(num_demos=4, steps=2, bias_steps=1, hidden_size=16)
+    warmstart.warm_start(config, tmp_path / "warm", progress=lambda *c: calls.append(c))
+    phases = [phase for phase, _, _ in calls]
+    first = {phase: calls[phases.index(phase)] for phase in phases}
+    assert list(first) == [
+        "demonstrations",
+        "biased demonstrations",
+        warmstart.BUILD_PHASE,
+        "fine-tuning",
+        "bias fine-tuning",
+    ]
+    assert first["fine-tuning"] == ("fine-tuning", 0, 2)
+    assert first["bias fine-tuning"] == ("bias fine-tuning", 0, 1)
