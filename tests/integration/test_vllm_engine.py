@@ -185,7 +185,11 @@ def test_loaded_weights_change_the_output_to_hfs_with_the_same_weights_and_close
 
 def child_pids() -> set[int]:
     """Live child processes of this process."""
-    found = set()
+    return {pid for pid, fields in live_processes() if int(fields[1]) == os.getpid()}
+
+
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every live process."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -193,9 +197,8 @@ def child_pids() -> set[int]:
             fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.add(int(name))
-    return found
+        if fields[0] != "Z":
+            yield int(name), fields
 
 
 def test_train_with_the_vllm_engine_in_sync_and_streaming_mode_and_under_ray(model_dir, tmp_path):
@@ -362,17 +365,7 @@ def test_eval_with_vllm_and_with_hf_takes_the_same_greedy_actions_records_and_le
 
 def session_pids(session: int) -> set[int]:
     """Live processes of the session ``session`` (whose leader was that process)."""
-    found = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.add(int(name))
-    return found
+    return {pid for pid, fields in live_processes() if int(fields[3]) == session}
 
 
 def attempts(out: Path) -> list[tuple]:

@@ -19,6 +19,7 @@ from thundersync import events as ev
 from thundersync.data_parallel import stable_rank
 from thundersync.training.learners import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.metrics import step_of
+from thundersync.training.telemetry import backward_span
 
 if TYPE_CHECKING:  # a rank's process need not import the rollout worker's modules
     from thundersync.training.worker_pool import WorkerPool
@@ -127,16 +128,7 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
 
     def publish(event: ev.Event) -> None:
         if isinstance(event, ev.GradientComputed):
-            spans.append(
-                ev.SpanRecorded(
-                    name="backward",
-                    started=event.started,
-                    finished=event.finished,
-                    worker=f"learner-{rank}",
-                    episode_id=event.episode_id,
-                    turn=event.turn,
-                )
-            )
+            spans.append(backward_span(event, f"learner-{rank}"))
 
     mode = spec.config.training_mode()
     built = build_learner(

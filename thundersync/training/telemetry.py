@@ -88,16 +88,7 @@ class Telemetry:
         """An event the learner (rank 0) publishes: its backward pieces are spans too."""
         self.events_log(event)
         if isinstance(event, ev.GradientComputed):
-            self.span(
-                ev.SpanRecorded(
-                    name="backward",
-                    started=event.started,
-                    finished=event.finished,
-                    worker="learner",
-                    episode_id=event.episode_id,
-                    turn=event.turn,
-                )
-            )
+            self.span(backward_span(event, "learner"))
 
     def span(self, span: ev.SpanRecorded) -> None:
         record = ev.summarize(span)
@@ -183,4 +174,16 @@ def progress_line(m: dict[str, Any], total: int) -> str:
         f"wall-clock {m['step_time_s']:.2f} s (engine busy {b.get('engine', 0):.2f}, "
         f"learner {b.get('backward', 0) + b.get('step', 0):.2f}; per episode: tools "
         f"{b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f})"
+    )
+
+
+def backward_span(event: ev.GradientComputed, worker: str) -> ev.SpanRecorded:
+    """The span of one backward piece a learner (``worker``) computed."""
+    return ev.SpanRecorded(
+        name="backward",
+        started=event.started,
+        finished=event.finished,
+        worker=worker,
+        episode_id=event.episode_id,
+        turn=event.turn,
     )
