@@ -69,6 +69,8 @@ class EpisodeDriver:
         self._queued: set[asyncio.Task[None]] = set()  # submitted, waiting for a slot
         self._tasks: set[asyncio.Task[None]] = set()  # submitted, not ended
         self._lock = threading.Lock()  # submit vs shutdown
+        self._arrivals: list[tuple[asyncio.Future[Any], Future[Any]]] = []
+        self._arrivals_lock = threading.Lock()
         self._shut = False
         self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
         self._thread.start()
@@ -162,13 +164,45 @@ class EpisodeDriver:
                 return action, None
             request = self.agent.request(need.messages, episode_id=need.episode_id)
             sent = now()
-            completion = await asyncio.wrap_future(self.batcher.submit(request))
+            completion = await self._arrival(self.batcher.submit(request))
             action = self.agent.action(
                 completion, need.messages, episode_id=need.episode_id, started=sent
             )
             return action, None
         except Exception as exc:
             return None, exc
+
+    def _arrival(self, pending: Future[Any]) -> asyncio.Future[Any]:
+        """``pending`` (a batcher's future) as an awaitable on the loop. A batch's completions
+        arrive together: the loop is woken once for them all, not once per episode (what
+        ``asyncio.wrap_future`` would do, each wake-up handing the interpreter to the loop's
+        thread while the engine's still has completions to hand out)."""
+        arrived = self._loop.create_future()
+        pending.add_done_callback(lambda done: self._arrive(arrived, done))
+        return arrived
+
+    def _arrive(self, arrived: asyncio.Future[Any], done: Future[Any]) -> None:
+        """On the engine's thread: queue ``done`` for the loop; wake it if none was queued."""
+        with self._arrivals_lock:
+            self._arrivals.append((arrived, done))
+            if len(self._arrivals) > 1:  # a delivery is already on its way
+                return
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._arrivals_lock:
+            arrivals, self._arrivals = self._arrivals, []
+        for arrived, done in arrivals:
+            if arrived.cancelled():
+                continue
+            if done.cancelled():
+                arrived.cancel()
+                continue
+            error = done.exception()
+            if error is not None:
+                arrived.set_exception(error)
+            else:
+                arrived.set_result(done.result())
 
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the pool; awaited to its end even if this task is cancelled, since
