@@ -193,10 +193,10 @@ def agent_loop_overhead(
         sent.clear()
         num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()
-        futures = [
-            driver.submit(task=task, episode_id=f"e{index}", seed=derive_seed(seed, f"e{index}"))
+        futures = driver.submit_all(
+            {"task": task, "episode_id": f"e{index}", "seed": derive_seed(seed, f"e{index}")}
             for index, task in enumerate(tasks)
-        ]
+        )
         for future in futures:
             future.result()
         return {

@@ -117,16 +117,16 @@ def run_attempts(
     width = max(1, min(concurrency, len(jobs)))
     driver = EpisodeDriver(runner, batcher, max_concurrency=width)
     try:
-        futures = [
-            driver.submit(
-                task=tasks[t],
-                group_id=f"{EVAL_PREFIX}-g{t}",
-                group_size=k,
-                episode_id=f"{EVAL_PREFIX}-g{t}-e{s}",
-                seed=t * 1000 + s,
-            )
+        futures = driver.submit_all(
+            {
+                "task": tasks[t],
+                "group_id": f"{EVAL_PREFIX}-g{t}",
+                "group_size": k,
+                "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}",
+                "seed": t * 1000 + s,
+            }
             for t, s in jobs
-        ]
+        )
         results = [future.result() for future in futures]
     finally:
         driver.shutdown()

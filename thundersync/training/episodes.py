@@ -9,8 +9,10 @@ is parked per episode. An env call that may block (making a sandbox, a sandboxed
 grader) runs on a bounded pool of threads. An env that declares that its steps answer at once
 (``environments.core.INSTANT_STEPS``, carried by ``ActionNeeded.instant_steps``) is stepped on
 the loop itself: a thread hop per turn costs the interpreter changing hands twice, which is
-most of what the engine would wait for between two batches (docs/design.md §5). The first call
-of an episode (making its env) runs on a thread, since nothing is known of the env before.
+most of what the engine would wait for between two batches (docs/design.md §5). An episode's
+first call (making and resetting its env) runs where the previous episode's env said its steps
+run: a runner's envs all come from one ``make_env``, and resets that hop to threads all at once
+reach the batcher staggered, splitting the first batch.
 An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
 Without a batcher (agents that need no engine: the oracle, scripted agents) each action is the
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -71,20 +73,31 @@ class EpisodeDriver:
         self._lock = threading.Lock()  # submit vs shutdown
         self._arrivals: list[tuple[asyncio.Future[Any], Future[Any]]] = []
         self._arrivals_lock = threading.Lock()
+        self._waking = False  # a delivery of the arrivals is scheduled on the loop
         self._shut = False
+        self._instant_start = False  # the last env made declared instant steps
         self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
         self._thread.start()
+        if batcher is not None:
+            batcher.add_settle_hook(self._wake)
 
     def submit(self, **episode_kwargs: Any) -> Future[Trajectory]:
         """Queue ``runner.episode(**episode_kwargs)``; the future of its ``Trajectory``."""
-        future: Future[Trajectory] = Future()
+        return self.submit_all([episode_kwargs])[0]
+
+    def submit_all(self, jobs: Iterable[Mapping[str, Any]]) -> list[Future[Trajectory]]:
+        """``submit`` each of ``jobs`` (an episode's keyword arguments), all counted by the
+        batcher before any starts: the first batch then waits for every one of them instead of
+        closing on the few that started first."""
+        started = [(dict(kwargs), Future()) for kwargs in jobs]
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot run episodes after shutdown")
             if self.batcher is not None:
-                self.batcher.join()
-            self._loop.call_soon_threadsafe(self._start, episode_kwargs, future)
-        return future
+                for _ in started:
+                    self.batcher.join()
+            self._loop.call_soon_threadsafe(self._start, started)
+        return [future for _, future in started]
 
     def shutdown(self) -> None:
         with self._lock:
@@ -96,16 +109,19 @@ class EpisodeDriver:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
+            if self.batcher is not None:
+                self.batcher.remove_settle_hook(self._wake)
             self._loop.close()
             self._threads.shutdown(wait=True)
 
     # --- the loop's thread -------------------------------------------------------------------
 
-    def _start(self, kwargs: dict[str, Any], future: Future[Trajectory]) -> None:
-        task = self._loop.create_task(self._episode(kwargs, future))
-        self._queued.add(task)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _start(self, started: list[tuple[dict[str, Any], Future[Trajectory]]]) -> None:
+        for kwargs, future in started:
+            task = self._loop.create_task(self._episode(kwargs, future))
+            self._queued.add(task)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _drain(self) -> None:
         for task in self._queued:
@@ -134,7 +150,7 @@ class EpisodeDriver:
     async def _play(self, kwargs: dict[str, Any]) -> Trajectory:
         """Run one episode to its end; its env is closed on every path out."""
         steps = self.runner.episode(**kwargs)
-        instant = False  # nothing is known of the env until the first call has made it
+        instant = self._instant_start
         action: Action | None = None
         error: Exception | None = None
         try:
@@ -143,7 +159,7 @@ class EpisodeDriver:
                 need = call() if instant else await self._in_thread(call)
                 if not isinstance(need, ActionNeeded):
                     return need
-                instant = need.instant_steps
+                instant = self._instant_start = need.instant_steps
                 action, error = await self._act(need)
         finally:
             # A no-op once the episode returned; else (a sink error, a bug) it closes the env.
@@ -174,35 +190,35 @@ class EpisodeDriver:
 
     def _arrival(self, pending: Future[Any]) -> asyncio.Future[Any]:
         """``pending`` (a batcher's future) as an awaitable on the loop. A batch's completions
-        arrive together: the loop is woken once for them all, not once per episode (what
-        ``asyncio.wrap_future`` would do, each wake-up handing the interpreter to the loop's
-        thread while the engine's still has completions to hand out)."""
+        arrive together: they are queued as the engine's thread settles them, and the loop is
+        woken once, when the whole batch is settled (``DynamicBatcher.add_settle_hook``), not
+        once per episode as with ``asyncio.wrap_future``, where each wake-up hands the
+        interpreter to the loop's thread while the engine's still has futures to settle."""
         arrived = self._loop.create_future()
         pending.add_done_callback(lambda done: self._arrive(arrived, done))
         return arrived
 
     def _arrive(self, arrived: asyncio.Future[Any], done: Future[Any]) -> None:
-        """On the engine's thread: queue ``done`` for the loop; wake it if none was queued."""
+        if threading.get_ident() == self._thread.ident:  # settled before it was awaited
+            _settle(arrived, done)
+            return
         with self._arrivals_lock:
             self._arrivals.append((arrived, done))
-            if len(self._arrivals) > 1:  # a delivery is already on its way
+
+    def _wake(self) -> None:
+        """The batcher's settle hook (the engine's thread): deliver what arrived, if any."""
+        with self._arrivals_lock:
+            if not self._arrivals or self._waking:
                 return
+            self._waking = True
         self._loop.call_soon_threadsafe(self._deliver)
 
     def _deliver(self) -> None:
         with self._arrivals_lock:
             arrivals, self._arrivals = self._arrivals, []
+            self._waking = False
         for arrived, done in arrivals:
-            if arrived.cancelled():
-                continue
-            if done.cancelled():
-                arrived.cancel()
-                continue
-            error = done.exception()
-            if error is not None:
-                arrived.set_exception(error)
-            else:
-                arrived.set_result(done.result())
+            _settle(arrived, done)
 
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the pool; awaited to its end even if this task is cancelled, since
@@ -214,6 +230,18 @@ class EpisodeDriver:
             with contextlib.suppress(BaseException):
                 await running
             raise
+
+
+def _settle(arrived: asyncio.Future[Any], done: Future[Any]) -> None:
+    """Give the loop's ``arrived`` the outcome of the settled ``done``."""
+    if arrived.cancelled():
+        return
+    if done.cancelled():
+        arrived.cancel()
+    elif (error := done.exception()) is not None:
+        arrived.set_exception(error)
+    else:
+        arrived.set_result(done.result())
 
 
 def _advance(

@@ -183,21 +183,21 @@ def _start(episodes: Any, source: Any, spec: RolloutSpec, plan: RolloutPlan) -> 
         source.draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]), TRAIN)
         for g in range(plan.num_tasks)
     ]
-    futures = []
+    jobs = []
     for g, task in enumerate(tasks):
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
-            futures.append(
-                episodes.submit(
-                    task=task,
-                    group_id=group_id,
-                    group_size=plan.group_size,
-                    seed=derive_seed(spec.seed, episode_id),
-                    episode_id=episode_id,
-                )
+            jobs.append(
+                {
+                    "task": task,
+                    "group_id": group_id,
+                    "group_size": plan.group_size,
+                    "seed": derive_seed(spec.seed, episode_id),
+                    "episode_id": episode_id,
+                }
             )
-    return futures
+    return episodes.submit_all(jobs)
 
 
 def _raise(future: Future) -> bool:

@@ -81,10 +81,11 @@ class Rig:
         fail: bool = False,
         sink=None,
         make_env=None,
+        window_s: float = 0.005,
         **env_kwargs,
     ) -> None:
         self.engine = ScriptedEngine(tokenizer, fail=fail)
-        self.batcher = DynamicBatcher(self.engine, max_batch_size=64)
+        self.batcher = DynamicBatcher(self.engine, window_s=window_s, max_batch_size=64)
         self.agent = PolicyAgent(
             self.batcher.generate,
             ChatFormat(tokenizer),
@@ -163,12 +164,15 @@ def test_the_driver_plays_exactly_what_run_episode_plays(tokenizer, kwargs, inst
     assert gym.make(ENV, **kwargs).metadata.get(INSTANT_STEPS, False) is instant
     played = {}
     for name in ("reference", "driver"):
-        rig = Rig(tokenizer, **kwargs)
+        # The driver's batches close only once every live episode has asked (an endless
+        # window); the reference's at once (a window of 0: nobody else is counted).
+        rig = Rig(tokenizer, window_s=0.0 if name == "reference" else 60.0, **kwargs)
         if name == "reference":
             trajectories = rig.reference(8)
         else:
             driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=8)
-            trajectories = rig.play(driver, 8)
+            futures = driver.submit_all(rig.jobs(8))
+            trajectories = [f.result(timeout=60) for f in futures]
             driver.shutdown()
         rig.close()
         played[name] = (trajectories, per_episode(rig.events), rig.threads, rig.engine.batches)
@@ -176,7 +180,10 @@ def test_the_driver_plays_exactly_what_run_episode_plays(tokenizer, kwargs, inst
     assert driven[0] == reference[0] and driven[1] == reference[1]
     assert len({len(t.turns) for t in driven[0]}) > 1
     assert not any(t.infra_failure for t in driven[0])
-    assert max(reference[3]) == 1 and max(driven[3]) > 1  # the driver batched episodes' turns
+    # Every live episode's turn in one batch, the first batch holding every episode submitted.
+    turns = [len(t.turns) for t in reference[0]]
+    assert driven[3] == [sum(n > i for n in turns) for i in range(max(turns))]
+    assert reference[3] == [1] * sum(turns)
     # An env that declares instant steps is stepped on the loop's thread; any other on a
     # thread of the pool, so that a blocking step holds no other episode.
     stepped = driven[2]["TurnCompleted"] | driven[2]["RewardReady"]
