@@ -72,7 +72,8 @@ class DynamicBatcher:
 
     def add_settle_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` on the engine thread each time a batch's futures are all settled
-        (completions or errors; also when ``close`` fails the waiting ones), so that a consumer
+        (completions or errors; also when ``close`` fails the waiting ones) and ``on_batch`` has
+        observed it (a batch is recorded before its episodes move on), so that a consumer
         waiting on many of them, an event loop, is woken once per batch: a wake-up per future
         hands it the interpreter while the engine thread still has futures to settle."""
         self._settle_hooks.append(hook)
@@ -161,9 +162,9 @@ class DynamicBatcher:
         finished = now()
         for (_, _, future), completion in zip(batch, completions):
             future.set_result(completion)
-        self._settled()
         if self.on_batch is not None:
             self.on_batch(started, finished, requests, completions)
+        self._settled()
 
     def _run(self, future: Future, fn: Callable[[Engine], Any]) -> None:
         try:
