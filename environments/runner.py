@@ -72,7 +72,7 @@ class ActionNeeded:
     episode_id: str
     instant_steps: bool = False
     """The env declares that its steps answer at once (``environments.core.INSTANT_STEPS``):
-    a driver may send the action on its own thread instead of one that may block."""
+    a driver may advance the episode on its own thread, as no step waits on anything."""
 
 
 EpisodeSteps = Generator[ActionNeeded, Action, Trajectory]
