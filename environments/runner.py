@@ -25,10 +25,11 @@ carries the corrective observation's ids, which are part of the trajectory.
 
 ``run_episode`` is ``drive(runner.episode(...), agent)``: an episode is a generator that yields
 an ``ActionNeeded`` wherever the agent's next action is due and is sent the ``Action`` (or
-thrown what ``act`` raised). A driver may advance many such generators on one thread, asking
-the policy for their actions in batches (``thundersync.training.episodes``); every env call
-then runs on that thread, so this suits envs whose steps answer at once
-(``environments.core.INSTANT_STEPS``).
+thrown what ``act`` raised). A driver may advance many such generators as coroutines on one
+loop, asking the policy for their actions in batches (``thundersync.training.episodes``); each
+``ActionNeeded`` says whether the env declared that its steps answer at once
+(``environments.core.INSTANT_STEPS``), so the driver knows whether sending the action may
+block.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 
 from environments.agents import Action, Agent, ContextExhausted, Message
+from environments.core import INSTANT_STEPS
 from environments.tasks import TRAIN, Grade, Task, TaskSource
 from thundersync.events import (
     EpisodeCompleted,
@@ -68,6 +70,9 @@ class ActionNeeded:
     task: Task
     messages: Sequence[Message]
     episode_id: str
+    instant_steps: bool = False
+    """The env declares that its steps answer at once (``environments.core.INSTANT_STEPS``):
+    a driver may advance the episode on its own thread, as no step waits on anything."""
 
 
 EpisodeSteps = Generator[ActionNeeded, Action, Trajectory]
@@ -382,11 +387,12 @@ class EpisodeRunner:
                 0.0, infra_failure=True, details={"error": info.get("error")}
             )
         messages = [Message("user", observation, episode.prompt_ids)]
+        instant = bool(env.metadata.get(INSTANT_STEPS))
         while True:
             if self._stopping.is_set():
                 raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
             try:
-                action = yield ActionNeeded(task, messages, episode.episode_id)
+                action = yield ActionNeeded(task, messages, episode.episode_id, instant)
             except ContextExhausted as exc:
                 if not episode.turns:  # nothing to train on: the prompt alone fills the window
                     return StopReason.LENGTH, Grade(0.0, True, {"error": str(exc)})

@@ -552,7 +552,6 @@ def _run(
                     config.k,
                     concurrency=config.concurrency,
                     batcher=batcher,
-                    make_env=make_env,
                 )
             if out is not None:
                 transcripts.write(out / "attempts.jsonl", groups)

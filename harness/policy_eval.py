@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +91,7 @@ class PolicyEvaluator:
         from environments.runner import EpisodeRunner
 
         runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
-        return run_attempts(
-            runner, tasks, k, concurrency=self.concurrency, batcher=self.batcher, make_env=make_env
-        )
+        return run_attempts(runner, tasks, k, concurrency=self.concurrency, batcher=self.batcher)
 
     def close(self) -> None:
         """Stop the batcher's thread, then release the engine (safe to call twice)."""
@@ -118,39 +115,32 @@ def run_attempts(
     *,
     concurrency: int,
     batcher: Any = None,
-    make_env: Callable[[], Any] | None = None,
 ) -> list[list[Trajectory]]:
     """``k`` attempts per task, up to ``concurrency`` at once; per task, in order. Attempt s of
     task t is episode ``v-g{t}-e{s}`` with reset seed ``1000 t + s`` (and the policy's
-    sampling seeded by that id), whoever runs it. With the policy's ``batcher``, attempts run
-    as training's do (``rollout.episode_driver``: on one thread where ``make_env``'s steps
-    answer at once) and each batch closes once every live attempt has asked; without (agents
-    that need no engine), a thread each."""
+    sampling seeded by that id), whoever runs it. Attempts run as training's do
+    (``EpisodeDriver``): with the policy's ``batcher``, each batch closes once every live
+    attempt has asked; without (agents that need no engine), each action is the agent's
+    ``act`` on a thread."""
+    from thundersync.training.episodes import EpisodeDriver
+
     jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
-
-    def attempt(job: tuple[int, int]) -> dict[str, Any]:
-        t, s = job
-        return {
-            "task": tasks[t],
-            "group_id": f"{EVAL_PREFIX}-g{t}",
-            "group_size": k,
-            "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}",
-            "seed": t * 1000 + s,
-        }
-
     width = max(1, min(concurrency, len(jobs)))
-    if batcher is None:
-        with ThreadPoolExecutor(width) as pool:
-            results = list(pool.map(lambda job: runner.run_episode(**attempt(job)), jobs))
-    else:
-        from thundersync.training.episodes import episode_driver
-
-        driver = episode_driver(runner, batcher, make_env or runner.make_env, width)
-        try:
-            futures = [driver.submit(**attempt(job)) for job in jobs]
-            results = [future.result() for future in futures]
-        finally:
-            driver.shutdown()
+    driver = EpisodeDriver(runner, batcher, max_concurrency=width)
+    try:
+        futures = driver.submit_all(
+            {
+                "task": tasks[t],
+                "group_id": f"{EVAL_PREFIX}-g{t}",
+                "group_size": k,
+                "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}",
+                "seed": t * 1000 + s,
+            }
+            for t, s in jobs
+        )
+        results = [future.result() for future in futures]
+    finally:
+        driver.shutdown()
     return [results[t * k : (t + 1) * k] for t in range(len(tasks))]
 
 

@@ -1,244 +1,259 @@
-"""How the rollout worker and evaluation drive episodes: on one thread (``InlineEpisodes``)
-for envs whose steps answer at once, else a thread each (``EpisodeThreads``);
-``episode_driver`` picks.
+"""``EpisodeDriver``: how the rollout worker, evaluation and the benchmark play episodes, as
+coroutines on one asyncio loop.
 
-The rollout worker runs each episode on a thread of its own, which is what envs whose tools
-and graders block (a sandboxed command, a test suite) need. With in-process tools that answer at
-once (``environments.core.INSTANT_STEPS``) a turn is a fraction of a millisecond of Python
-between two engine batches, and on threads each turn also costs the interpreter changing hands
-between them, a wake-up of about 0.1 ms on a small VM: the engine then waits on the loop about
-twice as long as the loop's Python takes (``benchmarks/training_modes.py``, docs/design.md §5).
+Each episode is the runner's generator (``EpisodeRunner.episode``: the same events, failures
+and cancellation as ``run_episode``) advanced by a coroutine. An action awaits the engine's
+batched completion (``PolicyAgent.request``, the ``DynamicBatcher``'s future, then
+``PolicyAgent.action``), so every live episode's request waits in the same batch and no thread
+is parked per episode. An env call that may block (making a sandbox, a sandboxed command, a
+grader) runs on a bounded pool of threads. An env that declares that its steps answer at once
+(``environments.core.INSTANT_STEPS``, carried by ``ActionNeeded.instant_steps``) is stepped on
+the loop itself: a thread hop per turn costs the interpreter changing hands twice, which is
+most of what the engine would wait for between two batches (docs/design.md §5). An episode's
+first call (making and resetting its env) runs where the previous episode's env said its steps
+run: a runner's envs all come from one ``make_env``, and resets that hop to threads all at once
+reach the batcher staggered, splitting the first batch.
+An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
-``InlineEpisodes`` runs the same episodes (``EpisodeRunner.episode``: the same events, failures
-and cancellation as ``run_episode``) as generators on one thread: each parked where its
-action is due, its engine request submitted to the ``DynamicBatcher`` without waiting; when a
-batch's completions arrive, every episode of it is resumed in turn, runs its tool and reward
-inline, and parks again at its next request. The interpreter changes hands twice per batch
-instead of once per episode and turn. Every env call runs on the driver's thread, so a slow
-one delays every episode: only for envs that declare ``INSTANT_STEPS``.
+Without a batcher (agents that need no engine: the oracle, scripted agents) each action is the
+agent's ``act``, on the pool of threads, since an agent may block.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import queue
 import threading
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from environments.core import INSTANT_STEPS
+from environments.agents import Action
 from environments.runner import ActionNeeded, EpisodeRunner, EpisodeSteps
 from thundersync.events import now
-from thundersync.training.agent import PolicyAgent
 from thundersync.training.engines.batcher import DynamicBatcher
+from thundersync.types import Trajectory
 
 
-@dataclass(slots=True)
-class _Job:
-    kwargs: dict[str, Any]
-    future: Future = field(default_factory=Future)
-    steps: EpisodeSteps | None = None
-    need: ActionNeeded | None = None
-    sent: float = 0.0
+class EpisodeDriver:
+    """Plays ``runner``'s episodes on one asyncio loop (a thread of its own), at most
+    ``max_concurrency`` at once, their actions sampled through ``batcher`` (``runner.agent`` is
+    then a ``PolicyAgent``, or wraps one: ``request`` and ``action``) or, without one, by
+    ``runner.agent.act``.
 
-
-class InlineEpisodes:
-    """Runs ``runner``'s episodes on one thread over ``batcher``, at most ``max_concurrency``
-    at once; ``runner.agent`` is a ``PolicyAgent`` whose requests this submits to ``batcher``
-    itself (``request``, then ``action`` on the completion). ``submit`` is a thread pool's, its
-    future the episode's ``Trajectory`` (or the ``SinkError`` that escaped it). The batcher
-    counts each episode from its ``submit`` until it ends (``join``/``leave``), so that a batch
-    holding every live episode's request runs at once.
-    ``shutdown`` cancels what has not started and waits for the rest to end (after
-    ``runner.cancel``, at once)."""
+    ``submit`` (any thread) queues an episode and returns the future of its ``Trajectory``; an
+    episode's failure is its trajectory's (an infrastructure failure, as ``run_episode``
+    records it), and only what the runner lets escape (a ``SinkError``, arguments it does not
+    take) is the future's exception. The batcher counts each episode from its ``submit`` until
+    it ends (``join``/``leave``), so that a batch holding every live episode's request runs at
+    once. Cancelling a future before its episode starts drops it; a live episode plays on (end
+    it with ``runner.cancel``). ``shutdown`` drops the queued episodes, waits for the live ones
+    to end (at once after ``runner.cancel``), then stops the loop and its threads.
+    """
 
     def __init__(
-        self, runner: EpisodeRunner, batcher: DynamicBatcher, *, max_concurrency: int
+        self,
+        runner: EpisodeRunner,
+        batcher: DynamicBatcher | None = None,
+        *,
+        max_concurrency: int,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.runner = runner
-        self.agent: PolicyAgent = runner.agent  # type: ignore[assignment]
+        self.agent: Any = runner.agent
         self.batcher = batcher
         self.max_concurrency = max_concurrency
-        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._jobs: dict[int, _Job] = {}  # submitted and not ended (the driver's failsafe)
-        self._lock = threading.Lock()  # submit vs shutdown and the failsafe
+        # One thread per live episode at most: an episode runs one env call or action at a time.
+        self._threads = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
+        self._loop = asyncio.new_event_loop()
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._queued: set[asyncio.Task[None]] = set()  # submitted, waiting for a slot
+        self._tasks: set[asyncio.Task[None]] = set()  # submitted, not ended
+        self._lock = threading.Lock()  # submit vs shutdown
+        self._arrivals: list[tuple[asyncio.Future[Any], Future[Any]]] = []
+        self._arrivals_lock = threading.Lock()
+        self._waking = False  # a delivery of the arrivals is scheduled on the loop
         self._shut = False
-        self._thread = threading.Thread(target=self._run, name="episodes", daemon=True)
+        self._instant_start = False  # the last env made declared instant steps
+        self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
         self._thread.start()
+        if batcher is not None:
+            batcher.add_settle_hook(self._wake)
 
-    def submit(self, **episode_kwargs: Any) -> Future:
+    def submit(self, **episode_kwargs: Any) -> Future[Trajectory]:
         """Queue ``runner.episode(**episode_kwargs)``; the future of its ``Trajectory``."""
-        job = _Job(episode_kwargs)
+        return self.submit_all([episode_kwargs])[0]
+
+    def submit_all(self, jobs: Iterable[Mapping[str, Any]]) -> list[Future[Trajectory]]:
+        """``submit`` each of ``jobs`` (an episode's keyword arguments), all counted by the
+        batcher before any starts: the first batch then waits for every one of them instead of
+        closing on the few that started first."""
+        started = [(dict(kwargs), Future()) for kwargs in jobs]
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot run episodes after shutdown")
-            self.batcher.join()
-            self._jobs[id(job)] = job
-            self._inbox.put(("start", job))
-        return job.future
+            if self.batcher is not None:
+                for _ in started:
+                    self.batcher.join()
+            self._loop.call_soon_threadsafe(self._start, started)
+        return [future for _, future in started]
 
     def shutdown(self) -> None:
         with self._lock:
+            if self._shut:
+                return
             self._shut = True
-            self._inbox.put(("stop",))
-        self._thread.join()
-
-    # --- the driver's thread -----------------------------------------------------------------
-
-    def _run(self) -> None:
         try:
-            self._loop()
-        except BaseException as exc:  # a bug here must not leave an episode's caller waiting
-            with self._lock:
-                self._shut = True
-                jobs, self._jobs = list(self._jobs.values()), {}
-            for job in jobs:
-                if job.steps is not None:
-                    with contextlib.suppress(BaseException):
-                        job.steps.close()  # closes its env
-                self.batcher.leave()
-                if not job.future.done():
-                    job.future.set_exception(RuntimeError(f"the episode driver failed: {exc!r}"))
-            raise
+            asyncio.run_coroutine_threadsafe(self._drain(), self._loop).result()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            if self.batcher is not None:
+                self.batcher.remove_settle_hook(self._wake)
+            self._loop.close()
+            self._threads.shutdown(wait=True)
 
-    def _loop(self) -> None:
-        queued: deque[_Job] = deque()
-        live = 0
-        stopping = False
-        while not (stopping and live == 0):
-            items = [self._inbox.get()]
-            while True:  # a batch's completions arrive together: resume them all in one go
+    # --- the loop's thread -------------------------------------------------------------------
+
+    def _start(self, started: list[tuple[dict[str, Any], Future[Trajectory]]]) -> None:
+        for kwargs, future in started:
+            task = self._loop.create_task(self._episode(kwargs, future))
+            self._queued.add(task)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        for task in self._queued:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _episode(self, kwargs: dict[str, Any], future: Future[Trajectory]) -> None:
+        task = asyncio.current_task()
+        try:
+            async with self._slots:
+                self._queued.discard(task)  # type: ignore[arg-type]
+                if not future.set_running_or_notify_cancel():  # cancelled while queued
+                    return
                 try:
-                    items.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            for kind, *payload in items:
-                if kind == "start":
-                    queued.append(payload[0])
-                elif kind == "done":
-                    live -= self._resume(*payload)
+                    trajectory = await self._play(kwargs)
+                except Exception as exc:  # a sink error, bad arguments: the caller's to see
+                    future.set_exception(exc)
                 else:
-                    stopping = True
-            if stopping:
-                for job in queued:
-                    job.future.cancel()
-                    self._forget(job)
-                queued.clear()
-            while queued and live < self.max_concurrency:
-                job = queued.popleft()
-                if not job.future.set_running_or_notify_cancel():
-                    self._forget(job)
-                    continue
-                try:
-                    job.steps = self.runner.episode(**job.kwargs)
-                except Exception as exc:  # arguments the runner does not take
-                    self._end(job, None, exc)
-                    continue
-                live += 1 - self._advance(job, None, None)
+                    future.set_result(trajectory)
+        except asyncio.CancelledError:  # shutdown while queued: never started
+            future.cancel()
+        finally:
+            if self.batcher is not None:
+                self.batcher.leave()
 
-    def _resume(self, job: _Job, completion: Future, finished: float) -> bool:
-        """Resume ``job`` with its engine's answer (arrived at ``finished``); whether the
-        episode ended."""
-        need = job.need
-        assert need is not None
-        error: BaseException | None = None
+    async def _play(self, kwargs: dict[str, Any]) -> Trajectory:
+        """Run one episode to its end; its env is closed on every path out."""
+        steps = self.runner.episode(**kwargs)
+        instant = self._instant_start
+        action: Action | None = None
+        error: Exception | None = None
         try:
+            while True:
+                call = _advance(steps, action, error)
+                need = call() if instant else await self._in_thread(call)
+                if not isinstance(need, ActionNeeded):
+                    return need
+                instant = self._instant_start = need.instant_steps
+                action, error = await self._act(need)
+        finally:
+            # A no-op once the episode returned; else (a sink error, a bug) it closes the env.
+            if instant:
+                steps.close()
+            else:
+                await self._in_thread(steps.close)
+
+    async def _act(self, need: ActionNeeded) -> tuple[Action | None, Exception | None]:
+        """The agent's action for ``need``, or what producing it raised (thrown into the
+        episode where ``act`` would have raised it: a full context window, a dead engine)."""
+        try:
+            if self.batcher is None:
+                act = self.agent.act
+                action = await self._in_thread(
+                    lambda: act(need.task, need.messages, episode_id=need.episode_id)
+                )
+                return action, None
+            request = self.agent.request(need.messages, episode_id=need.episode_id)
+            sent = now()
+            completion = await self._arrival(self.batcher.submit(request))
             action = self.agent.action(
-                completion.result(),
-                need.messages,
-                episode_id=need.episode_id,
-                started=job.sent,
-                finished=finished,
+                completion, need.messages, episode_id=need.episode_id, started=sent
             )
-        except BaseException as exc:  # the engine failed or was closed: the episode's to handle
-            action, error = None, exc
-        return self._advance(job, action, error)  # thrown outside the handler: no stale context
+            return action, None
+        except Exception as exc:
+            return None, exc
 
-    def _advance(self, job: _Job, action: Any, error: BaseException | None) -> bool:
-        """Run the episode to its next action (submitted to the engine) or its end; whether it
-        ended."""
-        assert job.steps is not None
-        while True:
-            try:
-                job.need = job.steps.throw(error) if error is not None else job.steps.send(action)
-            except StopIteration as stop:
-                return self._end(job, stop.value, None)
-            except BaseException as exc:  # a sink error: it stops the run, as on a thread
-                return self._end(job, None, exc)
-            try:
-                request = self.agent.request(job.need.messages, episode_id=job.need.episode_id)
-                job.sent = now()
-                pending = self.batcher.submit(request)
-            except BaseException as exc:  # a full context window, a closed engine
-                action, error = None, exc
-                continue
-            pending.add_done_callback(
-                lambda done, job=job: self._inbox.put(("done", job, done, now()))
-            )
-            return False
+    def _arrival(self, pending: Future[Any]) -> asyncio.Future[Any]:
+        """``pending`` (a batcher's future) as an awaitable on the loop. A batch's completions
+        arrive together: they are queued as the engine's thread settles them, and the loop is
+        woken once, when the whole batch is settled (``DynamicBatcher.add_settle_hook``), not
+        once per episode as with ``asyncio.wrap_future``, where each wake-up hands the
+        interpreter to the loop's thread while the engine's still has futures to settle."""
+        arrived = self._loop.create_future()
+        pending.add_done_callback(lambda done: self._arrive(arrived, done))
+        return arrived
 
-    def _end(self, job: _Job, trajectory: Any, error: BaseException | None) -> bool:
-        self._forget(job)
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(trajectory)
-        return True
+    def _arrive(self, arrived: asyncio.Future[Any], done: Future[Any]) -> None:
+        if threading.get_ident() == self._thread.ident:  # settled before it was awaited
+            _settle(arrived, done)
+            return
+        with self._arrivals_lock:
+            self._arrivals.append((arrived, done))
 
-    def _forget(self, job: _Job) -> None:
-        """``job`` ended or never started: uncount it."""
-        with self._lock:
-            self._jobs.pop(id(job), None)
-        self.batcher.leave()
+    def _wake(self) -> None:
+        """The batcher's settle hook (the engine's thread): deliver what arrived, if any."""
+        with self._arrivals_lock:
+            if not self._arrivals or self._waking:
+                return
+            self._waking = True
+        self._loop.call_soon_threadsafe(self._deliver)
 
+    def _deliver(self) -> None:
+        with self._arrivals_lock:
+            arrivals, self._arrivals = self._arrivals, []
+            self._waking = False
+        for arrived, done in arrivals:
+            _settle(arrived, done)
 
-class EpisodeThreads:
-    """Each episode on a thread of its own (envs whose tools or graders block); ``submit`` and
-    ``shutdown`` as ``InlineEpisodes``'s."""
-
-    def __init__(self, runner: Any, batcher: Any, max_concurrency: int) -> None:
-        self.runner, self.batcher = runner, batcher
-        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
-
-    def submit(self, **episode_kwargs: Any) -> Future:
-        self.batcher.join()
+    async def _in_thread(self, call: Callable[[], Any]) -> Any:
+        """``call()`` on the pool; awaited to its end even if this task is cancelled, since
+        the episode's generator must not be touched while a thread runs it."""
+        running = self._loop.run_in_executor(self._threads, call)
         try:
-            return self.pool.submit(
-                _counted, self.batcher, self.runner.run_episode, **episode_kwargs
-            )
-        except BaseException:  # after shutdown: never counted out by its thread
-            self.batcher.leave()
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await running
             raise
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+
+def _settle(arrived: asyncio.Future[Any], done: Future[Any]) -> None:
+    """Give the loop's ``arrived`` the outcome of the settled ``done``."""
+    if arrived.cancelled():
+        return
+    if done.cancelled():
+        arrived.cancel()
+    elif (error := done.exception()) is not None:
+        arrived.set_exception(error)
+    else:
+        arrived.set_result(done.result())
 
 
-def episode_driver(
-    runner: EpisodeRunner,
-    batcher: DynamicBatcher,
-    make_env: Callable[[], Any],
-    max_concurrency: int,
-) -> InlineEpisodes | EpisodeThreads:
-    """``InlineEpisodes`` (one thread) for an env that declares ``INSTANT_STEPS``, else
-    ``EpisodeThreads``. ``make_env`` makes the env to ask (closed, never reset)."""
-    env = make_env()
-    try:
-        instant = bool(env.metadata.get(INSTANT_STEPS))
-    finally:
-        env.close()
-    if instant:
-        return InlineEpisodes(runner, batcher, max_concurrency=max_concurrency)
-    return EpisodeThreads(runner, batcher, max_concurrency)
+def _advance(
+    steps: EpisodeSteps, action: Action | None, error: Exception | None
+) -> Callable[[], ActionNeeded | Trajectory]:
+    """The call that runs the episode to its next action (an ``ActionNeeded``) or its end (the
+    ``Trajectory``; a ``StopIteration`` cannot cross a future)."""
 
+    def call() -> ActionNeeded | Trajectory:
+        try:
+            return steps.throw(error) if error is not None else steps.send(action)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            return stop.value
 
-def _counted(batcher: Any, play: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return play(*args, **kwargs)
-    finally:
-        batcher.leave()
+    return call

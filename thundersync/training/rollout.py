@@ -5,9 +5,9 @@ It receives commands on its control queue, in order:
 - ``("weights", *payload)``: copy the latest published weights into the engine (between two
   generation batches; ``payload`` is what the backend's ``weights.publish`` returned) and
   report ``WeightsSynced``;
-- ``("run", plan)``: start the plan's episodes (B tasks × G samples), each on a thread of its
-  own, or all on one thread when the env's steps answer at once (``episode_driver``); they
-  share one ``DynamicBatcher``, so requests that wait together are generated together;
+- ``("run", plan)``: start the plan's episodes (B tasks × G samples), coroutines on one
+  asyncio loop (``EpisodeDriver``); they share one ``DynamicBatcher``, so requests that wait
+  together are generated together;
 - ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
@@ -87,8 +87,6 @@ def build_engine(spec: RolloutSpec) -> Any:
 
 def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:
     """The worker's entry point (runs in its own process; see ``workers.spawn``)."""
-    import gymnasium
-
     import environments  # noqa: F401  (registers the built-in envs and plugins)
     from environments.registry import episode_envs, load_plugins, task_source
     from environments.runner import EpisodeRunner
@@ -96,7 +94,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     from thundersync.training.agent import PolicyAgent
     from thundersync.training.chat import ChatFormat
     from thundersync.training.engines.batcher import DynamicBatcher
-    from thundersync.training.episodes import episode_driver
+    from thundersync.training.episodes import EpisodeDriver
 
     load_plugins()
     engine = build_engine(spec)
@@ -135,16 +133,12 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
             teacher.put(event)
 
     env_kwargs = {"sandbox": spec.sandbox, **spec.env_kwargs}
-
-    def make_env() -> Any:  # the env asked for its metadata (never reset): no checker to spare
-        return gymnasium.make(spec.env, **env_kwargs)
-
     tasks = task_source(spec.env, **env_kwargs)
     runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink, tasks=tasks)
     episodes: Any = None
     running: list[Future] = []
     try:
-        episodes = episode_driver(runner, batcher, make_env, spec.max_concurrency)
+        episodes = EpisodeDriver(runner, batcher, max_concurrency=spec.max_concurrency)
         while True:
             command = control.get()
             running = [f for f in running if not f.done() or _raise(f)]
@@ -182,21 +176,21 @@ def _start(episodes: Any, source: Any, spec: RolloutSpec, plan: RolloutPlan) -> 
         source.draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]), TRAIN)
         for g in range(plan.num_tasks)
     ]
-    futures = []
+    jobs = []
     for g, task in enumerate(tasks):
         group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
         for e in range(plan.group_size):
             episode_id = f"{group_id}-e{e}"
-            futures.append(
-                episodes.submit(
-                    task=task,
-                    group_id=group_id,
-                    group_size=plan.group_size,
-                    seed=derive_seed(spec.seed, episode_id),
-                    episode_id=episode_id,
-                )
+            jobs.append(
+                {
+                    "task": task,
+                    "group_id": group_id,
+                    "group_size": plan.group_size,
+                    "seed": derive_seed(spec.seed, episode_id),
+                    "episode_id": episode_id,
+                }
             )
-    return futures
+    return episodes.submit_all(jobs)
 
 
 def _raise(future: Future) -> bool:

@@ -32,7 +32,8 @@ class DynamicBatcher:
     closes as soon as every counted caller has a request in it, instead of waiting out the
     window for nobody. ``call(fn)`` runs ``fn(engine)`` on the engine thread between batches
     (weight loads: no batch ever sees half-loaded weights). ``on_batch(started, finished,
-    requests, completions)`` observes every batch."""
+    requests, completions)`` observes every batch; ``add_settle_hook`` wakes a consumer of many
+    futures once per batch."""
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class DynamicBatcher:
         self._requesters_lock = threading.Lock()
         self._closed = threading.Event()
         self._error: BaseException | None = None
+        self._settle_hooks: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -67,6 +69,21 @@ class DynamicBatcher:
         with self._requesters_lock:
             self._requesters -= 1
         self._inbox.put(("wake", None, Future()))  # a gathering batch may be complete now
+
+    def add_settle_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` on the engine thread each time a batch's futures are all settled
+        (completions or errors; also when ``close`` fails the waiting ones) and ``on_batch`` has
+        observed it (a batch is recorded before its episodes move on), so that a consumer
+        waiting on many of them, an event loop, is woken once per batch: a wake-up per future
+        hands it the interpreter while the engine thread still has futures to settle."""
+        self._settle_hooks.append(hook)
+
+    def remove_settle_hook(self, hook: Callable[[], None]) -> None:
+        self._settle_hooks.remove(hook)
+
+    def _settled(self) -> None:
+        for hook in list(self._settle_hooks):
+            hook()
 
     def _batch_target(self) -> int:
         requesters = self._requesters
@@ -138,6 +155,7 @@ class DynamicBatcher:
             self._error = exc
             for _, _, future in batch:
                 future.set_exception(EngineClosedError(f"the engine failed: {exc!r}"))
+            self._settled()
             if not isinstance(exc, Exception):
                 raise
             return
@@ -146,6 +164,7 @@ class DynamicBatcher:
             future.set_result(completion)
         if self.on_batch is not None:
             self.on_batch(started, finished, requests, completions)
+        self._settled()
 
     def _run(self, future: Future, fn: Callable[[Engine], Any]) -> None:
         try:
@@ -158,6 +177,7 @@ class DynamicBatcher:
             try:
                 _, _, future = self._inbox.get_nowait()
             except queue.Empty:
+                self._settled()
                 return
             if not future.done():
                 future.set_exception(error)

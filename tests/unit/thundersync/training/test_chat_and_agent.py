@@ -172,7 +172,7 @@ def test_a_repeated_action_is_decoded_once_and_a_long_one_each_time(tokenizer, m
 
 
 def test_act_is_request_then_action(tokenizer):
-    # Drivers that batch requests themselves (InlineEpisodes) call the two halves: they must be
+    # Drivers that batch requests themselves (EpisodeDriver) call the two halves: they must be
     # act exactly, so that an episode samples the same tokens whoever drives it.
     generate = RecordingGenerate()
     spans = []

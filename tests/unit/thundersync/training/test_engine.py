@@ -176,6 +176,32 @@ def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
     broken.close()
 
 
+def test_a_settle_hook_runs_once_per_batch_after_every_future_of_it_is_settled():
+    """What wakes the episode driver's loop once per batch: by the time the hook runs, every
+    future of its batch holds its completion, or its error when the engine died."""
+    for fail in (False, True):
+        batcher = DynamicBatcher(SlowEngine(fail=fail), window_s=60.0, max_batch_size=8)
+        futures: list = []
+        seen: list = []
+        ran = threading.Event()
+
+        def hook(futures=futures, seen=seen, ran=ran) -> None:
+            seen.append([f.done() for f in futures])
+            ran.set()
+
+        batcher.add_settle_hook(hook)
+        for _ in range(4):
+            batcher.join()
+        futures += [batcher.submit(r) for r in requests(3)]
+        batcher.leave()  # every live requester has asked: the batch of three runs now
+        assert ran.wait(20)
+        assert seen == [[True, True, True]]
+        assert all((f.exception() is not None) is fail for f in futures)
+        batcher.remove_settle_hook(hook)
+        batcher.close()
+        assert len(seen) == 1
+
+
 def test_a_request_near_the_window_shares_a_batch_with_a_longer_one(tiny_model_dirs):
     """Finished rows stop advancing their positions: a GPT-2 (absolute positions) batch with
     one request ending at the window and one generating longer does not overflow."""

@@ -1,6 +1,7 @@
-"""InlineEpisodes plays the same episodes as a thread per episode (EpisodeThreads), on one
-thread, and fails, cancels and bounds concurrency the same way; the rollout worker picks it for
-envs whose steps answer at once."""
+"""EpisodeDriver plays, as coroutines on one asyncio loop, exactly the episodes ``run_episode``
+plays one at a time; bounds concurrency; keeps one episode's failure that episode's; drops
+queued episodes and ends live ones on cancel and shutdown, leaving no thread behind; and a
+step that blocks delays only its own episode."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import dataclasses
 import threading
 from concurrent.futures import CancelledError
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 import environments  # noqa: F401  (registers thundersync/ToySum-v0)
 from environments.actions import format_action
+from environments.agents import OracleAgent
 from environments.core import INSTANT_STEPS
 from environments.registry import episode_envs
 from environments.runner import EpisodeRunner, SinkError
@@ -23,7 +26,7 @@ from thundersync.training.agent import PolicyAgent
 from thundersync.training.chat import ChatFormat
 from thundersync.training.engines.batcher import DynamicBatcher
 from thundersync.training.engines.protocol import Completion
-from thundersync.training.episodes import EpisodeThreads, InlineEpisodes, episode_driver
+from thundersync.training.episodes import EpisodeDriver
 from thundersync.training.rollout import derive_seed
 
 ENV = "thundersync/ToySum-v0"
@@ -68,13 +71,21 @@ def tokenizer(tiny_model_dirs):
 
 
 class Rig:
-    """An engine, batcher, agent and runner over ToySum with in-process tools."""
+    """An engine, batcher, agent and runner over ToySum (in-process tools unless told)."""
 
     def __init__(
-        self, tokenizer, *, max_context: int = 4096, fail: bool = False, sink=None, **env_kwargs
+        self,
+        tokenizer,
+        *,
+        max_context: int = 4096,
+        fail: bool = False,
+        sink=None,
+        make_env=None,
+        window_s: float = 0.005,
+        **env_kwargs,
     ) -> None:
         self.engine = ScriptedEngine(tokenizer, fail=fail)
-        self.batcher = DynamicBatcher(self.engine, max_batch_size=64)
+        self.batcher = DynamicBatcher(self.engine, window_s=window_s, max_batch_size=64)
         self.agent = PolicyAgent(
             self.batcher.generate,
             ChatFormat(tokenizer),
@@ -84,32 +95,38 @@ class Rig:
             max_context=max_context,
         )
         self.events: list[ev.Event] = []
-        self.threads: set[str] = set()
+        self.threads: dict[str, set[str]] = {}  # event type -> the threads that published it
 
         def record(event: ev.Event) -> None:
-            self.threads.add(threading.current_thread().name)
+            name = type(event).__name__
+            self.threads.setdefault(name, set()).add(threading.current_thread().name)
             self.events.append(event)
             if sink is not None:
                 sink(event)
 
         kwargs = {"tools": "python", **env_kwargs}
-        self.runner = EpisodeRunner(episode_envs(ENV, **kwargs), self.agent, record)
+        self.runner = EpisodeRunner(make_env or episode_envs(ENV, **kwargs), self.agent, record)
 
-    def play(self, driver, num: int) -> list:
+    def jobs(self, num: int) -> list[dict]:
         rng = np.random.default_rng(0)
-        tasks = [ToySumEnv(tools="python").draw_task(rng) for _ in range(num)]
-        futures = []
-        for i, task in enumerate(tasks):
-            futures.append(
-                driver.submit(
-                    task=task,
-                    group_id=f"g{i % 2}",
-                    group_size=2,
-                    seed=derive_seed(1, f"e{i}"),
-                    episode_id=f"e{i}",
-                )
-            )
+        return [
+            {
+                "task": ToySumEnv(tools="python").draw_task(rng),
+                "group_id": f"g{i % 2}",
+                "group_size": 2,
+                "seed": derive_seed(1, f"e{i}"),
+                "episode_id": f"e{i}",
+            }
+            for i in range(num)
+        ]
+
+    def play(self, driver: EpisodeDriver, num: int) -> list:
+        futures = [driver.submit(**job) for job in self.jobs(num)]
         return [f.result(timeout=60) for f in futures]
+
+    def reference(self, num: int) -> list:
+        """The same episodes, one after another on this thread (``run_episode``)."""
+        return [self.runner.run_episode(**job) for job in self.jobs(num)]
 
     def close(self) -> None:
         self.batcher.close()
@@ -139,26 +156,52 @@ def per_episode(events: list[ev.Event]) -> dict[str, list]:
     return out
 
 
-def test_inline_plays_exactly_what_threads_play_on_one_thread(tokenizer):
-    results = {}
-    for name in ("threads", "inline"):
-        rig = Rig(tokenizer)
-        if name == "threads":
-            driver = EpisodeThreads(rig.runner, rig.batcher, 8)
+@pytest.mark.parametrize(
+    ("kwargs", "instant"),
+    [({"tools": "python"}, True), ({"tools": "python", "tool_latency_s": 0.001}, False)],
+)
+def test_the_driver_plays_exactly_what_run_episode_plays(tokenizer, kwargs, instant):
+    assert gym.make(ENV, **kwargs).metadata.get(INSTANT_STEPS, False) is instant
+    played = {}
+    for name in ("reference", "driver"):
+        # The driver's batches close only once every live episode has asked (an endless
+        # window); the reference's at once (a window of 0: nobody else is counted).
+        rig = Rig(tokenizer, window_s=0.0 if name == "reference" else 60.0, **kwargs)
+        if name == "reference":
+            trajectories = rig.reference(8)
         else:
-            driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=8)
-        trajectories = rig.play(driver, 8)
-        driver.shutdown()
+            driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=8)
+            futures = driver.submit_all(rig.jobs(8))
+            trajectories = [f.result(timeout=60) for f in futures]
+            driver.shutdown()
         rig.close()
-        results[name] = (trajectories, per_episode(rig.events), rig.threads, rig.engine.batches)
-    threads, inline = results["threads"], results["inline"]
-    assert inline[0] == threads[0]
-    assert inline[1] == threads[1]
-    lengths = {len(t.turns) for t in inline[0]}
-    assert len(lengths) > 1 and not any(t.infra_failure for t in inline[0])
-    assert inline[2] == {"episodes"}  # every env call and event on the driver's thread
-    assert len(threads[2]) > 1
-    assert sum(inline[3]) == sum(len(t.turns) for t in inline[0])
+        played[name] = (trajectories, per_episode(rig.events), rig.threads, rig.engine.batches)
+    reference, driven = played["reference"], played["driver"]
+    assert driven[0] == reference[0] and driven[1] == reference[1]
+    assert len({len(t.turns) for t in driven[0]}) > 1
+    assert not any(t.infra_failure for t in driven[0])
+    # Every live episode's turn in one batch, the first batch holding every episode submitted.
+    turns = [len(t.turns) for t in reference[0]]
+    assert driven[3] == [sum(n > i for n in turns) for i in range(max(turns))]
+    assert reference[3] == [1] * sum(turns)
+    # An env that declares instant steps is stepped on the loop's thread; any other on a
+    # thread of the pool, so that a blocking step holds no other episode.
+    stepped = driven[2]["TurnCompleted"] | driven[2]["RewardReady"]
+    if instant:
+        assert stepped == {"episodes"}
+    else:
+        assert stepped and all(name.startswith("episode_") for name in stepped)
+
+
+def test_an_agent_without_an_engine_acts_on_the_pool(tokenizer):
+    rig = Rig(tokenizer)
+    rig.runner.agent = OracleAgent()
+    reference = rig.reference(4)
+    driver = EpisodeDriver(rig.runner, max_concurrency=2)
+    assert rig.play(driver, 4) == reference
+    driver.shutdown()
+    rig.close()
+    assert all(t.reward == 1.0 for t in reference)
 
 
 def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenizer):
@@ -173,18 +216,8 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
 
     rig = Rig(tokenizer, sink=count)
     gate = hold_engine(rig)  # every episode is queued before any can end
-    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=3)
-    rng = np.random.default_rng(0)
-    futures = [
-        driver.submit(
-            task=ToySumEnv(tools="python").draw_task(rng),
-            group_id="g",
-            group_size=2,
-            seed=i,
-            episode_id=f"e{i}",
-        )
-        for i in range(10)
-    ]
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=3)
+    futures = [driver.submit(**job) for job in rig.jobs(10)]
     gate.set()
     trajectories = [f.result(timeout=60) for f in futures]
     driver.shutdown()
@@ -194,7 +227,7 @@ def test_concurrency_is_bounded_and_queued_episodes_start_as_others_end(tokenize
 
 def test_a_bad_submission_fails_its_own_future_and_a_shut_driver_takes_no_more(tokenizer):
     rig = Rig(tokenizer)
-    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=2)
     bad = driver.submit(task=None, colour="red")
     assert len(rig.play(driver, 3)) == 3
     with pytest.raises(TypeError, match="colour"):
@@ -207,25 +240,20 @@ def test_a_bad_submission_fails_its_own_future_and_a_shut_driver_takes_no_more(t
 
 
 def test_a_full_context_window_ends_the_episode_as_truncation(tokenizer):
-    played = {}
-    for name in ("threads", "inline"):
-        rig = Rig(tokenizer, max_context=120)
-        if name == "threads":
-            driver = EpisodeThreads(rig.runner, rig.batcher, 4)
-        else:
-            driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
-        played[name] = rig.play(driver, 4)
-        driver.shutdown()
-        rig.close()
-    trajectories = played["inline"]
-    assert trajectories == played["threads"]
+    rig = Rig(tokenizer, max_context=120)
+    reference = rig.reference(4)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
+    trajectories = rig.play(driver, 4)
+    driver.shutdown()
+    rig.close()
+    assert trajectories == reference
     assert {t.stop_reason for t in trajectories} <= {"length", "submitted"}
     assert any(t.stop_reason == "length" and t.turns and not t.infra_failure for t in trajectories)
 
 
 def test_a_dead_engine_is_each_episodes_infra_failure(tokenizer):
     rig = Rig(tokenizer, fail=True)
-    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
     trajectories = rig.play(driver, 4)
     driver.shutdown()
     rig.close()
@@ -238,21 +266,59 @@ def test_a_dead_engine_is_each_episodes_infra_failure(tokenizer):
     ]
 
 
-def test_a_broken_sink_escapes_through_the_episodes_future(tokenizer):
+def test_one_episodes_broken_sink_fails_that_episode_only_and_closes_its_env(tokenizer):
     def broken(event: ev.Event) -> None:
-        if isinstance(event, ev.TurnCompleted):
+        if isinstance(event, ev.TurnCompleted) and event.episode_id == "e1":
             raise OSError("queue closed")
 
-    rig = Rig(tokenizer, sink=broken)
-    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=4)
+    closed: list[int] = []
+
+    class Counted(gym.Wrapper):
+        def close(self):
+            closed.append(1)
+            return super().close()
+
+    make = episode_envs(ENV, tools="python", tool_latency_s=0.001)
+    rig = Rig(tokenizer, sink=broken, make_env=lambda: Counted(make()))
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
+    futures = [driver.submit(**job) for job in rig.jobs(4)]
     with pytest.raises(SinkError, match="queue closed"):
-        rig.play(driver, 2)
+        futures[1].result(timeout=60)
+    others = [futures[i].result(timeout=60) for i in (0, 2, 3)]
     driver.shutdown()
+    assert not any(t.infra_failure for t in others) and len(closed) == 4
     assert rig.batcher._requesters == 0
     rig.close()
 
 
-def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer):
+def test_a_blocking_step_holds_only_its_own_episode(tokenizer):
+    release, blocked = threading.Event(), threading.Event()
+    made = [0]
+    make = episode_envs(ENV, tools="python", tool_latency_s=0.001)
+
+    class Blocking(gym.Wrapper):
+        def step(self, action):
+            blocked.set()
+            assert release.wait(60), "the test never released the step"
+            return super().step(action)
+
+    def make_env():
+        made[0] += 1
+        return Blocking(make()) if made[0] == 1 else make()
+
+    rig = Rig(tokenizer, make_env=make_env)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
+    futures = [driver.submit(**job) for job in rig.jobs(4)]
+    assert blocked.wait(30)
+    others = [f.result(timeout=60) for f in futures[1:]]  # while the first one's step waits
+    assert not futures[0].done() and not any(t.infra_failure for t in others)
+    release.set()
+    assert not futures[0].result(timeout=60).infra_failure
+    driver.shutdown()
+    rig.close()
+
+
+def test_cancel_then_shutdown_ends_live_episodes_drops_queued_ones_and_leaks_no_thread(tokenizer):
     started, two_started = [], threading.Event()
 
     def count(event: ev.Event) -> None:
@@ -261,57 +327,32 @@ def test_cancel_then_shutdown_ends_live_episodes_and_drops_queued_ones(tokenizer
             if len(started) == 2:
                 two_started.set()
 
-    rig = Rig(tokenizer, sink=count)
+    rig = Rig(tokenizer, sink=count, tool_latency_s=0.001)
     gate = hold_engine(rig)  # no episode ends until the run is cancelled and shut
-    driver = InlineEpisodes(rig.runner, rig.batcher, max_concurrency=2)
-    rng = np.random.default_rng(0)
-    futures = []
-    for i in range(5):
-        futures.append(
-            driver.submit(task=ToySumEnv(tools="python").draw_task(rng), episode_id=f"e{i}")
-        )
+    before = set(threading.enumerate())
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=2)
+    futures = [driver.submit(**job) for job in rig.jobs(6)]
+    assert futures[-1].cancel()  # a caller may drop an episode before it starts
     dropped = threading.Semaphore(0)
-    for future in futures[2:]:
+    for future in futures[2:5]:
         future.add_done_callback(lambda _: dropped.release())
-    # Two episodes are live, waiting on the held engine, so the other three stay queued (the
+    # Two episodes are live, waiting on the held engine, so the others stay queued (the
     # driver starts no third while two are live, and neither can end before the gate opens).
     assert two_started.wait(30)
     rig.runner.cancel("stopping")
     stopper = threading.Thread(target=driver.shutdown)
     stopper.start()
-    for _ in futures[2:]:  # the queued ones are dropped while the live ones still wait
+    for _ in futures[2:5]:  # the queued ones are dropped while the live ones still wait
         assert dropped.acquire(timeout=30)
-    assert started == ["e0", "e1"] and all(f.cancelled() for f in futures[2:])
+    assert sorted(started) == ["e0", "e1"] and all(f.cancelled() for f in futures[2:])
+    assert not any(f.done() for f in futures[:2])
     gate.set()
     stopper.join(30)
     assert not stopper.is_alive()
-    live = [f.result(timeout=1) for f in futures if not f.cancelled()]
-    assert len(live) == 2 and all(t.details.get("cancelled") == "stopping" for t in live)
+    live = [f.result(timeout=1) for f in futures[:2]]
+    assert all(t.infra_failure and t.details.get("cancelled") == "stopping" for t in live)
     with pytest.raises(CancelledError):
         futures[-1].result(timeout=1)
     assert rig.batcher._requesters == 0
-    rig.close()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "instant"),
-    [
-        ({"tools": "python"}, True),
-        ({"tools": "python", "tool_latency_s": 0.01}, False),
-        ({"tools": "python", "grade_latency_s": 0.01}, False),
-        ({"sandbox": "bwrap"}, False),
-    ],
-)
-def test_the_worker_runs_episodes_inline_only_where_steps_answer_at_once(
-    tokenizer, kwargs, instant
-):
-    import gymnasium
-
-    env = gymnasium.make(ENV, **kwargs)
-    assert env.metadata.get(INSTANT_STEPS, False) is instant
-    env.close()
-    rig = Rig(tokenizer)
-    driver = episode_driver(rig.runner, rig.batcher, lambda: gymnasium.make(ENV, **kwargs), 4)
-    assert isinstance(driver, InlineEpisodes if instant else EpisodeThreads)
-    driver.shutdown()
+    assert set(threading.enumerate()) - before == set()
     rig.close()
