@@ -2,8 +2,9 @@
 or on held-out tasks of a registered env, with per-task rewards and pass@k.
 
 Every task runs ``k`` times through ``EpisodeRunner`` (so the run produces the same events as
-training does; ``--out`` keeps them in ``events.jsonl``, each attempt's conversation and grade
-in ``attempts.jsonl``). Attempts are named and seeded per task and sample, so the same
+training does; ``--out`` keeps them in ``events.jsonl``, in full — token ids and log-probs — in
+``trajectories.jsonl`` (what ``thundersync export`` reads), each attempt's conversation and
+grade in ``attempts.jsonl``). Attempts are named and seeded per task and sample, so the same
 checkpoint, tasks and seed give the same episodes here and in ``thundersync compare``. A task's
 reward is the mean over its attempts that did not hit an infrastructure failure; a task whose
 every attempt failed that way has reward None and is left out of the suite's mean (the report
@@ -232,7 +233,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         "--out",
         default=None,
         metavar="DIR",
-        help="folder for config.json, events.jsonl, attempts.jsonl and "
+        help="folder for config.json, events.jsonl, trajectories.jsonl, attempts.jsonl and "
         "results.json (default: write nothing)",
     )
     parser.add_argument(
@@ -531,12 +532,13 @@ def _run(
 
     reset_clock()
     bus = EventBus()
-    sink = None
+    sinks: list[JsonlSink] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "events.jsonl").unlink(missing_ok=True)
-        sink = JsonlSink(out / "events.jsonl")
-        bus.subscribe(sink)
+        for name, lossless in (("events.jsonl", False), ("trajectories.jsonl", True)):
+            (out / name).unlink(missing_ok=True)  # token ids in full: the ATIF export's source
+            sinks.append(JsonlSink(out / name, lossless=lossless))
+            bus.subscribe(sinks[-1])
     try:
         with (
             _agent(config) as (agent, batcher),
@@ -557,7 +559,7 @@ def _run(
                 transcripts.write(out / "attempts.jsonl", groups)
             return groups, (received[0] if received else None)
     finally:
-        if sink is not None:
+        for sink in sinks:
             sink.close()
 
 

@@ -70,6 +70,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     from harness.simulate import add_simulate_parser
     from harness.timeline import add_timeline_parser
     from leaderboard.command import add_leaderboard_parser
+    from thundersync.interop.export import add_export_parser
     from thundersync.training.command import add_train_parser, add_warmstart_parser
 
     add_eval_parser(sub)
@@ -79,6 +80,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     add_leaderboard_parser(sub)
     add_simulate_parser(sub)
     add_timeline_parser(sub)
+    add_export_parser(sub)
 
 
 def _add_envs(sub: argparse._SubParsersAction) -> None:
@@ -127,6 +129,13 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     )
     verify.add_argument(
         "--seed", type=int, default=0, metavar="N", help="seed of the random batches"
+    )
+    verify.add_argument(
+        "--trajectories",
+        default=None,
+        metavar="DIR",
+        help="certify on these ATIF trajectories (one batch, e.g. from thundersync export) "
+        "instead of random batches; needs token ids and log-probs (default: random batches)",
     )
     verify.add_argument(
         "--json",

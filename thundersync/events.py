@@ -285,16 +285,18 @@ class EventBus:
 
 class JsonlSink:
     """Appends ``summarize(event)`` as one strict JSON line per event (a non-finite number is
-    null, a ``Fraction`` or ``Decimal`` reward a float); flushes every line."""
+    null, a ``Fraction`` or ``Decimal`` reward a float); flushes every line. ``lossless``:
+    ``to_dict(event)`` instead, token ids and log-probs in full (``trajectories.jsonl``)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, lossless: bool = False) -> None:
         self.path = Path(path)
+        self._record = to_dict if lossless else summarize
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        line = dumps_nulled(summarize(event))  # strict JSON: a non-finite number is null
+        line = dumps_nulled(self._record(event))  # strict JSON: a non-finite number is null
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()

@@ -21,12 +21,14 @@ import argparse
 import math
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from thundersync.cli_output import WIDTH, Progress, fit, plain_table, print_verdict, strict_json
+from thundersync.errors import ThunderSyncError
 from thundersync.learner import Learner
 from thundersync.objectives import GRPO, OPD, Objective
 from thundersync.rollouts import BatchShape, random_batch
@@ -132,8 +134,13 @@ def certify(
     deterministic: bool,
     reference=None,
     shape: BatchShape | None = None,
+    batches: Sequence[Sequence[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run ``trials`` (>= 1) random batches of one variant; returns the errors and the verdict."""
+    """Run ``trials`` (>= 1) random batches of one variant, or the given ``batches`` of events
+    (a user's trajectories; ``trials`` is then their number); returns the errors and the
+    verdict."""
+    if batches is not None:
+        trials = len(batches)
     if trials < 1:
         raise ValueError(f"trials must be >= 1 (zero batches would certify nothing), got {trials}")
     bound, why = bound_for(model)
@@ -144,7 +151,12 @@ def certify(
     teacher = isinstance(variant.objective, OPD)
     for trial in range(trials):
         arrival = ("interleaved", "shuffled")[trial % 2]
-        events = random_batch(seed * 1000 + trial, vocab, shape, teacher=teacher, arrival=arrival)
+        if batches is not None:
+            events = list(batches[trial])
+        else:
+            events = random_batch(
+                seed * 1000 + trial, vocab, shape, teacher=teacher, arrival=arrival
+            )
         sync = learner_gradient(
             model, variant, events, streaming=False, deterministic=False, reference=reference
         )
@@ -217,25 +229,45 @@ def _load_pair(label: str, path: str, args: argparse.Namespace) -> tuple:
 
 def run_verify_command(args: argparse.Namespace) -> int:
     """Run the certificate: 0 when every check holds, 1 on a violation, 2 on bad input."""
-    if args.trials < 1:
+    batches = None
+    if getattr(args, "trajectories", None):
+        from thundersync.interop.atif import AtifError
+
+        try:
+            batches, note = trajectory_batches(args.trajectories)
+        except AtifError as exc:
+            return _error(f"--trajectories {args.trajectories}: {exc}")
+    elif args.trials < 1:
         return _error(f"--trials must be >= 1, got {args.trials}: zero batches certify nothing")
     torch.manual_seed(args.seed)
     try:
         models = _models(args)
     except ModelLoadError as exc:
         return _error(str(exc))
-    todo = [(label, m, r, v) for label, m, r in models for v in variants(args.algo)]
+    chosen = variants(args.algo)
+    if batches is not None:
+        try:
+            chosen = trajectory_variants(batches, chosen, args.algo, models)
+        except ValueError as exc:
+            return _error(f"--trajectories {args.trajectories}: {exc}")
+        print(fit(note), file=sys.stderr)
+    todo = [(label, m, r, v) for label, m, r in models for v in chosen]
     results = []
     with Progress("verify", len(todo), "checks") as progress:
         for label, model, reference, variant in todo:
-            result = certify(
-                model,
-                variant,
-                trials=args.trials,
-                seed=args.seed,
-                deterministic=args.deterministic,
-                reference=reference,
-            )
+            try:
+                result = certify(
+                    model,
+                    variant,
+                    trials=args.trials,
+                    seed=args.seed,
+                    deterministic=args.deterministic,
+                    reference=reference,
+                    batches=batches,
+                )
+            except ThunderSyncError as exc:  # only a user's batch can be refused
+                first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                return _error(f"--trajectories {args.trajectories}: {variant.name}: {first}")
             results.append({"model": label, **result})
             progress.advance()
     ok, line = verdict(results, num_models=len(models), deterministic=args.deterministic)
@@ -248,6 +280,66 @@ def run_verify_command(args: argparse.Namespace) -> int:
             print(fit(f"{_short(label)}: bound {bound:.0e} ({why})"))
     print_verdict(line, to_stderr=args.json)
     return 0 if ok else 1
+
+
+def trajectory_batches(folder: str) -> tuple[list[list[Any]], str]:
+    """A user's ATIF trajectories as certificate batches, and a line saying what they are.
+
+    One batch per policy version that started episodes (a training step's batch); every
+    token's version is relabelled to the fresh learner's 0, because the certificate compares
+    two ways of computing one step on the same tokens and the version only gates staleness.
+    """
+    import dataclasses
+
+    from thundersync.events import EpisodeStarted, TurnCompleted
+    from thundersync.interop.atif import load_atif
+
+    events = load_atif([folder])
+    version_of: dict[str, int] = {}
+    for e in events:
+        if isinstance(e, EpisodeStarted):
+            version_of[e.episode_id] = e.policy_version
+    batches: dict[int, list[Any]] = {}
+    for e in events:
+        if isinstance(e, EpisodeStarted | TurnCompleted):
+            e = dataclasses.replace(e, policy_version=0)
+        batches.setdefault(version_of[e.episode_id], []).append(e)
+    note = (
+        f"trajectories: {len(version_of)} episodes of {folder} in {len(batches)} batch"
+        f"{'es' * (len(batches) != 1)} (one per policy version)"
+    )
+    return [batches[v] for v in sorted(batches)], note
+
+
+def trajectory_variants(
+    batches: list[list[Any]], chosen: list[Variant], algo: str, models: list[tuple]
+) -> list[Variant]:
+    """The variants that apply to a user's batches: OPD's only when every turn has teacher
+    scores; ``ValueError`` when a token id lies outside a model's vocabulary."""
+    from thundersync.events import EpisodeStarted, TeacherScored, ToolFinished, TurnCompleted
+
+    ids = [
+        i
+        for batch in batches
+        for e in batch
+        for f in ("prompt_ids", "action_ids", "observation_ids")
+        if isinstance(e, EpisodeStarted | TurnCompleted | ToolFinished)
+        for i in getattr(e, f, ())
+    ]
+    for label, model, _ in models:
+        vocab = model.config.vocab_size
+        if ids and max(ids) >= vocab:
+            raise ValueError(
+                f"token id {max(ids)} is outside {_short(label)}'s vocabulary of {vocab}: "
+                "pass --model the checkpoint that sampled them"
+            )
+    turns = sum(isinstance(e, TurnCompleted) for b in batches for e in b)
+    scored = sum(isinstance(e, TeacherScored) for b in batches for e in b)
+    if scored == turns:
+        return chosen
+    if algo == "opd":
+        raise ValueError(f"OPD needs teacher scores on every turn: {scored} of {turns} have them")
+    return [v for v in chosen if not isinstance(v.objective, OPD)]
 
 
 def _error(message: str) -> int:

@@ -1,0 +1,430 @@
+"""Our episodes as ATIF documents and ATIF trajectories as our events, token for token.
+
+ATIF (the Agent Trajectory Interchange Format, ``atif`` package 1.8.0, ``ATIF-v1.8``) is a
+sequence of steps. An episode maps onto one document:
+
+- step 1, ``source="user"``: the task's prompt (its text when the folder recorded it; the ids
+  in ``extra.thundersync.token_ids``);
+- step k+2, ``source="agent"``, one per ``TurnCompleted`` k: ``metrics.prompt_token_ids`` is
+  the whole context the policy saw before action k (prompt, then every earlier action and
+  observation), ``completion_token_ids`` the sampled action, ``logprobs`` its sampling
+  log-probs, ``extra.thundersync.policy_version`` the version that sampled it; the tool call
+  the action made (``env.step``) and, from ``ToolFinished``, its ``observation`` (ids in the
+  result's ``extra.thundersync.token_ids`` — the last one is in no later prompt — with the
+  exit code, time-out and duration); an OPD teacher's scores in ``metrics.extra``;
+- the document's ``extra``: ``reward``, and under ``thundersync`` the episode, group and task
+  ids, ``stop_reason``, ``infra_failure`` and ``grading`` (``RewardReady.details`` as the
+  grader wrote it: strict grading, tamper flags, ``agent_failure``, errors).
+
+Importing reads the token ids back: action k's ids and log-probs from its step's metrics,
+observation k from the next step's prompt minus the context so far (which must be its
+prefix). A trajectory without them is refused for training: re-tokenising its text would not
+give the tokens the policy sampled, so its log-probs would belong to other tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thundersync import events as ev
+
+SCHEMA_VERSION = "ATIF-v1.8"
+EXTRA = "thundersync"
+"""The key of our fields in ATIF ``extra`` objects."""
+INSTALL = "pip install 'thundersync[interop]' (or pip install atif==1.8.0)"
+TOOL = "env.step"
+"""The tool call an action makes: the env parses the action's text and runs it."""
+
+
+class AtifError(ValueError):
+    """Input that cannot be exported or imported; the message names the file and field."""
+
+
+class TrajectoryRefused(AtifError):
+    """An ATIF trajectory that cannot be trained on (no token ids or log-probs)."""
+
+
+def atif_models() -> Any:
+    """The ``atif`` package, or an ``AtifError`` saying how to install it."""
+    try:
+        import atif
+    except ImportError as exc:
+        raise AtifError(f"the ATIF format needs the atif package: {INSTALL}") from exc
+    return atif
+
+
+# --- episodes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One episode's events, complete: started, every turn, completed and graded."""
+
+    started: ev.EpisodeStarted
+    turns: tuple[ev.TurnCompleted, ...]
+    tools: dict[int, ev.ToolFinished]
+    teacher: dict[int, ev.TeacherScored]
+    completed: ev.EpisodeCompleted
+    reward: ev.RewardReady
+
+    def events(self) -> list[ev.Event]:
+        """The events in causal order."""
+        out: list[ev.Event] = [self.started]
+        for k, turn in enumerate(self.turns):
+            out += [turn, *(x[k] for x in (self.tools, self.teacher) if k in x)]
+        return [*out, self.completed, self.reward]
+
+
+EPISODE_EVENTS = (
+    ev.EpisodeStarted,
+    ev.TurnCompleted,
+    ev.ToolFinished,
+    ev.TeacherScored,
+    ev.EpisodeCompleted,
+    ev.RewardReady,
+)
+
+
+def episodes(events: Iterable[ev.Event]) -> tuple[list[Episode], list[str]]:
+    """The complete episodes in the order they started, and the ids of incomplete ones."""
+    parts: dict[str, dict[str, Any]] = defaultdict(lambda: {"turn": {}, "tool": {}, "teacher": {}})
+    for event in events:
+        if not isinstance(event, EPISODE_EVENTS):
+            continue
+        part = parts[event.episode_id]
+        kind = type(event).__name__
+        key = {"TurnCompleted": "turn", "ToolFinished": "tool", "TeacherScored": "teacher"}.get(
+            kind
+        )
+        slot, name = (part[key], event.turn) if key else (part, kind)
+        if name in slot:
+            raise AtifError(f"episode {event.episode_id}: {kind} twice (turn {name})")
+        slot[name] = event
+    done, incomplete = [], []
+    for episode_id, part in parts.items():
+        completed = part.get("EpisodeCompleted")
+        turns = [part["turn"].get(k) for k in range(completed.num_turns if completed else 0)]
+        if "EpisodeStarted" in part and "RewardReady" in part and completed and all(turns):
+            done.append(
+                Episode(
+                    part["EpisodeStarted"],
+                    tuple(turns),
+                    part["tool"],
+                    part["teacher"],
+                    completed,
+                    part["RewardReady"],
+                )
+            )
+        else:
+            incomplete.append(episode_id)
+    return done, incomplete
+
+
+# --- out -------------------------------------------------------------------------------------
+
+
+def to_atif(
+    episode: Episode, *, session_id: str, texts: list[str] | None = None, version: str = ""
+) -> Any:
+    """The episode as an ``atif.Trajectory`` (validated by its models). ``texts``: the
+    conversation (prompt, action 0, observation 0, ..., last action) when it was recorded."""
+    atif = atif_models()
+    s, r, c = episode.started, episode.reward, episode.completed
+    texts = texts if texts is not None and len(texts) == 2 * len(episode.turns) else None
+    steps = [
+        atif.Step(
+            step_id=1,
+            source="user",
+            message=texts[0] if texts else "",
+            extra={EXTRA: {"token_ids": list(s.prompt_ids), "t": s.t}},
+        )
+    ]
+    context = list(s.prompt_ids)
+    for k, turn in enumerate(episode.turns):
+        tool, teacher = episode.tools.get(k), episode.teacher.get(k)
+        call_id = f"{s.episode_id}/{k}"
+        metrics_extra = None
+        if teacher is not None:
+            metrics_extra = {
+                EXTRA: {"teacher_logprobs": list(teacher.teacher_logprobs), "t": teacher.t}
+            }
+        observation = None
+        if tool is not None:
+            result = atif.ObservationResult(
+                source_call_id=call_id,
+                content=texts[2 + 2 * k] if texts and 2 + 2 * k < len(texts) else "",
+                extra={EXTRA: _tool_extra(tool)},
+            )
+            observation = atif.Observation(results=[result])
+        steps.append(
+            atif.Step(
+                step_id=k + 2,
+                source="agent",
+                message=texts[1 + 2 * k] if texts else "",
+                tool_calls=[atif.ToolCall(tool_call_id=call_id, function_name=TOOL, arguments={})],
+                observation=observation,
+                metrics=atif.Metrics(
+                    prompt_tokens=len(context),
+                    completion_tokens=len(turn.action_ids),
+                    prompt_token_ids=list(context),
+                    completion_token_ids=list(turn.action_ids),
+                    logprobs=list(turn.action_logprobs),
+                    extra=metrics_extra,
+                ),
+                extra={EXTRA: {"turn": k, "policy_version": turn.policy_version, "t": turn.t}},
+            )
+        )
+        context += [*turn.action_ids, *(tool.observation_ids if tool else ())]
+    return atif.Trajectory(
+        schema_version=SCHEMA_VERSION,
+        session_id=session_id,
+        trajectory_id=s.episode_id,
+        agent=atif.Agent(name="thundersync", version=version or "unknown"),
+        steps=steps,
+        notes="token-in/token-out: metrics hold the exact ids and sampling log-probs; "
+        "messages hold text only where the run recorded it",
+        final_metrics=atif.FinalMetrics(
+            total_prompt_tokens=sum(st.metrics.prompt_tokens for st in steps[1:]),
+            total_completion_tokens=sum(len(t.action_ids) for t in episode.turns),
+            total_steps=len(steps),
+        ),
+        extra={
+            "reward": r.reward,
+            EXTRA: {
+                "episode_id": s.episode_id,
+                "group_id": s.group_id,
+                "group_size": s.group_size,
+                "task_id": s.task_id,
+                "policy_version": s.policy_version,
+                "stop_reason": c.stop_reason,
+                "infra_failure": r.infra_failure,
+                "grading": r.details,
+                "t": {"completed": c.t, "reward": r.t},
+            },
+        },
+    )
+
+
+def _tool_extra(tool: ev.ToolFinished) -> dict[str, Any]:
+    return {
+        "token_ids": list(tool.observation_ids),
+        "exit_code": tool.exit_code,
+        "timed_out": tool.timed_out,
+        "duration_s": tool.duration_s,
+        "t": tool.t,
+    }
+
+
+# --- in --------------------------------------------------------------------------------------
+
+
+def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
+    """Our events of every ATIF document in ``paths`` (files, or folders searched for
+    ``*.json``), episode by episode in causal order. ``TrajectoryRefused`` for a trajectory
+    without token ids or log-probs, ``AtifError`` for anything else that is wrong; both name
+    the file and the step."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(path.rglob("*.json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise AtifError(f"{path}: no such file or folder")
+    if not files:
+        raise AtifError(f"no ATIF documents (*.json) in {', '.join(map(str, paths))}")
+    loaded = [_episode(file) for file in files]
+    seen: dict[str, Path] = {}
+    sizes: dict[str, int] = defaultdict(int)
+    for file, episode in zip(files, loaded, strict=True):
+        episode_id = episode.started.episode_id
+        if episode_id in seen:
+            raise AtifError(f"{file}: episode {episode_id} also in {seen[episode_id]}")
+        seen[episode_id] = file
+        sizes[episode.started.group_id] += 1
+    out: list[ev.Event] = []
+    for file, episode in zip(files, loaded, strict=True):
+        s = episode.started
+        size = s.group_size if s.group_size > 0 else sizes[s.group_id]
+        if sizes[s.group_id] != size:
+            raise AtifError(
+                f"{file}: group {s.group_id} has {sizes[s.group_id]} of its {size} episodes: "
+                "GRPO normalises rewards within a whole group, load all of them"
+            )
+        if size != s.group_size:
+            episode = _with_group_size(episode, size)
+        out += episode.events()
+    return out
+
+
+def _with_group_size(episode: Episode, size: int) -> Episode:
+    s = episode.started
+    started = ev.EpisodeStarted(
+        t=s.t,
+        episode_id=s.episode_id,
+        group_id=s.group_id,
+        group_size=size,
+        task_id=s.task_id,
+        prompt_ids=s.prompt_ids,
+        policy_version=s.policy_version,
+    )
+    return Episode(
+        started,
+        episode.turns,
+        episode.tools,
+        episode.teacher,
+        episode.completed,
+        episode.reward,
+    )
+
+
+def _episode(file: Path) -> Episode:
+    """One document as an episode. Ours carry ``extra.thundersync``; another harness's give
+    the episode id (``trajectory_id``, else the file's name), the group (``extra.group_id``,
+    else ``extra.task_id``: GRPO's groups are attempts at one task) and ``extra.reward``."""
+    atif = atif_models()
+    try:
+        doc = atif.Trajectory.model_validate(json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AtifError(f"{file}: not a JSON document: {exc}") from exc
+    except ValueError as exc:  # pydantic's ValidationError
+        first = str(exc).splitlines()
+        raise AtifError(f"{file}: not an ATIF trajectory: {' '.join(first[:3])}") from exc
+    if not doc.schema_version.startswith("ATIF-v1."):
+        raise AtifError(f"{file}: schema_version {doc.schema_version!r}: expected ATIF-v1.x")
+    extra = doc.extra or {}
+    ours = extra.get(EXTRA) or {}
+    user = next((st for st in doc.steps if st.source == "user"), None)
+    agent_steps = [st for st in doc.steps if st.source == "agent" and not st.is_copied_context]
+    episode_id = ours.get("episode_id") or doc.trajectory_id or file.stem
+    reward = extra.get("reward")
+    if not isinstance(reward, int | float) or isinstance(reward, bool):
+        raise TrajectoryRefused(
+            f"{file}: extra.reward={reward!r}: a trajectory needs a numeric reward to be trained on"
+        )
+    turns, tools, teacher, prompt = _turns(file, episode_id, agent_steps)
+    if prompt is None:  # no action: the prompt's ids are ours or nothing to train on
+        prompt = _ours(user, "token_ids") if user is not None else None
+        if prompt is None:
+            raise TrajectoryRefused(f"{file}: no agent step with token ids: nothing to train on")
+    t = ours.get("t") or {}
+    group_id = str(ours.get("group_id") or extra.get("group_id") or extra.get("task_id") or "")
+    started = ev.EpisodeStarted(
+        t=_time(_ours(user, "t") if user is not None else None),
+        episode_id=str(episode_id),
+        group_id=group_id or str(episode_id),
+        group_size=int(ours.get("group_size") or 0),
+        task_id=str(ours.get("task_id") or extra.get("task_id") or episode_id),
+        prompt_ids=tuple(prompt),
+        policy_version=int(ours.get("policy_version", turns[0].policy_version if turns else 0)),
+    )
+    completed = ev.EpisodeCompleted(
+        t=_time(t.get("completed")),
+        episode_id=started.episode_id,
+        num_turns=len(turns),
+        stop_reason=str(ours.get("stop_reason") or extra.get("stop_reason") or "submitted"),
+    )
+    graded = ev.RewardReady(
+        t=_time(t.get("reward")),
+        episode_id=started.episode_id,
+        reward=reward,
+        infra_failure=bool(ours.get("infra_failure", False)),
+        details=dict(ours.get("grading") or {}),
+    )
+    return Episode(started, tuple(turns), tools, teacher, completed, graded)
+
+
+def _turns(
+    file: Path, episode_id: str, steps: list[Any]
+) -> tuple[list[ev.TurnCompleted], dict, dict, list[int] | None]:
+    """The turns, tool results and teacher scores of the agent steps, and the prompt's ids."""
+    turns: list[ev.TurnCompleted] = []
+    tools: dict[int, ev.ToolFinished] = {}
+    teacher: dict[int, ev.TeacherScored] = {}
+    context: list[int] | None = None
+    prompt: list[int] | None = None
+    for k, step in enumerate(steps):
+        m = step.metrics
+        where = f"{file}: step {step.step_id}"
+        for name in ("prompt_token_ids", "completion_token_ids", "logprobs"):
+            if m is None or getattr(m, name) is None:
+                raise TrajectoryRefused(
+                    f"{where}: no metrics.{name}: refused for training (re-tokenising the "
+                    "text would not give the tokens the policy sampled); export token ids "
+                    "and log-probs"
+                )
+        if len(m.logprobs) != len(m.completion_token_ids):
+            raise AtifError(
+                f"{where}: {len(m.logprobs)} logprobs for "
+                f"{len(m.completion_token_ids)} completion_token_ids"
+            )
+        if context is None:
+            prompt = list(m.prompt_token_ids)
+        else:
+            if m.prompt_token_ids[: len(context)] != context:
+                raise TrajectoryRefused(
+                    f"{where}: prompt_token_ids do not extend the previous step's prompt and "
+                    "completion (the conversation was re-rendered): not one token trajectory"
+                )
+            observed = m.prompt_token_ids[len(context) :]
+            tools[k - 1] = _tool(file, episode_id, k - 1, steps[k - 1], observed)
+        context = [*m.prompt_token_ids, *m.completion_token_ids]
+        ours = step.extra.get(EXTRA, {}) if step.extra else {}
+        turns.append(
+            ev.TurnCompleted(
+                t=_time(ours.get("t")),
+                episode_id=episode_id,
+                turn=k,
+                action_ids=tuple(m.completion_token_ids),
+                action_logprobs=tuple(float(x) for x in m.logprobs),
+                policy_version=int(ours.get("policy_version", 0)),
+            )
+        )
+        scores = (m.extra or {}).get(EXTRA, {})
+        if "teacher_logprobs" in scores:
+            teacher[k] = ev.TeacherScored(
+                t=_time(scores.get("t")),
+                episode_id=episode_id,
+                turn=k,
+                teacher_logprobs=tuple(float(x) for x in scores["teacher_logprobs"]),
+            )
+    if steps and _result(steps[-1]).get("token_ids") is not None:
+        last = len(steps) - 1
+        tools[last] = _tool(file, episode_id, last, steps[-1], _result(steps[-1])["token_ids"])
+    return turns, tools, teacher, prompt
+
+
+def _tool(file: Path, episode_id: str, turn: int, step: Any, ids: list[int]) -> ev.ToolFinished:
+    ours = _result(step)
+    if ours.get("token_ids") is not None and list(ours["token_ids"]) != list(ids):
+        raise AtifError(
+            f"{file}: step {step.step_id}: observation token_ids differ from the next step's prompt"
+        )
+    return ev.ToolFinished(
+        t=_time(ours.get("t")),
+        episode_id=episode_id,
+        turn=turn,
+        observation_ids=tuple(ids),
+        duration_s=float(ours.get("duration_s", 0.0)),
+        exit_code=ours.get("exit_code"),
+        timed_out=bool(ours.get("timed_out", False)),
+    )
+
+
+def _result(step: Any) -> dict[str, Any]:
+    """Our fields of the step's observation, if it has one of ours."""
+    results = step.observation.results if step.observation is not None else []
+    return next(((r.extra or {}).get(EXTRA, {}) for r in results if r.extra), {})
+
+
+def _ours(step: Any, key: str) -> Any:
+    return (step.extra or {}).get(EXTRA, {}).get(key)
+
+
+def _time(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else ev.now()

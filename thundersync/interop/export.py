@@ -1,0 +1,163 @@
+"""``thundersync export --format atif``: a run's or an eval's episodes as one ATIF document each.
+
+The source is a folder's ``trajectories.jsonl`` (every episode event in full, token ids and
+log-probs included); ``events.jsonl`` holds only token counts, so a folder without the former
+cannot give a training-grade export and is refused with the reason. A ``compare`` folder is
+exported run by run (``OUT/<run>/``). Light to import: the ``atif`` package is loaded only when
+a document is built. Exit codes: 0 written, 2 bad input (with a one-line reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from thundersync import events as ev
+from thundersync.cli_output import WIDTH, HelpFormatter, Progress, fit, print_verdict
+from thundersync.strict_json import dumps_nulled
+
+TRAJECTORIES = "trajectories.jsonl"
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export",
+        help="write a run's or an eval's episodes as ATIF trajectories",
+        description="Write every complete episode of a train, compare or eval --out folder as "
+        "one ATIF document (ATIF-v1.8, validated by the atif package's models): each agent "
+        "turn's exact prompt and completion token ids, sampling log-probs and policy version, "
+        "tool calls and observations, the reward and how it was graded. Needs the interop "
+        "extra: pip install 'thundersync[interop]'. Exit 0: written; 2: bad input.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("folder", metavar="RUN_OR_EVAL_DIR", help="a train, compare or eval folder")
+    parser.add_argument("--format", choices=["atif"], default="atif", help="the output format")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="output folder (default: RUN_OR_EVAL_DIR/atif)"
+    )
+    parser.set_defaults(func=run_export_command)
+
+
+def run_export_command(args: argparse.Namespace) -> int:
+    from thundersync.interop.atif import AtifError, atif_models
+
+    folder = Path(args.folder)
+    out = Path(args.out) if args.out else folder / "atif"
+    try:
+        atif_models()
+        runs = run_folders(folder)
+        sources = [(name, run, read_trajectories(run)) for name, run in runs]
+    except AtifError as exc:
+        return _error(str(exc))
+    total = sum(len(events) for _, _, events in sources)
+    written = skipped = 0
+    with Progress("export", total, "events") as progress:
+        for name, run, events in sources:
+            try:
+                done, incomplete = export_run(run, events, out / name)
+            except (AtifError, OSError) as exc:
+                return _error(str(exc))
+            written, skipped = written + done, skipped + len(incomplete)
+            progress.advance(len(events))
+    if written == 0:
+        return _error(f"{folder}: no complete episode to export (nothing is not a pass)")
+    left = f", {skipped} unfinished left out" if skipped else ""
+    print_verdict(f"export: {written} episodes as ATIF-v1.8 in {out}{left}")
+    return 0
+
+
+def run_folders(path: Path) -> list[tuple[str, Path]]:
+    """(name, folder) of each run in ``path``: the folder itself, or a compare folder's runs."""
+    from thundersync.interop.atif import AtifError
+
+    if not path.is_dir():
+        raise AtifError(f"{path}: no such folder")
+    if (path / "events.jsonl").is_file():
+        return [("", path)]
+    runs = sorted(p for p in path.glob("runs/*") if (p / "events.jsonl").is_file())
+    if runs:
+        return [(run.name, run) for run in runs]
+    raise AtifError(
+        f"{path}: not a run folder (no events.jsonl nor runs/*/events.jsonl): give a folder "
+        "that train, compare or eval wrote with --out"
+    )
+
+
+def read_trajectories(run: Path) -> list[ev.Event]:
+    """The episode events of ``run/trajectories.jsonl``, checked line by line."""
+    from thundersync.interop.atif import AtifError
+
+    path = run / TRAJECTORIES
+    if not path.is_file():
+        raise AtifError(
+            f"{run}: no {TRAJECTORIES}: its events.jsonl holds token counts, not token ids, "
+            "and an export without the sampled ids and log-probs cannot be trained on "
+            "(eval --out writes it; train does not yet)"
+        )
+    events = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(ev.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, ValueError, TypeError) as exc:
+                truncated = " (a truncated file?)" if not line.endswith("\n") else ""
+                raise AtifError(f"{path}:{number}: not an event line{truncated}: {exc}") from exc
+    return events
+
+
+def export_run(run: Path, events: list[ev.Event], out: Path) -> tuple[int, list[str]]:
+    """Write the run's complete episodes to ``out``; (how many, the incomplete ones' ids)."""
+    from thundersync.interop.atif import episodes, to_atif
+
+    done, incomplete = episodes(events)
+    texts = _conversations(run)
+    version = _version()
+    out.mkdir(parents=True, exist_ok=True)
+    names: set[str] = set()
+    for episode in done:
+        episode_id = episode.started.episode_id
+        doc = to_atif(
+            episode, session_id=run.name, texts=texts.get(episode_id), version=version
+        ).to_json_dict()
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
+        while name in names:
+            name += "_"
+        names.add(name)
+        text = dumps_nulled(doc, indent=1) + "\n"  # strict JSON: a NaN reward is null
+        (out / f"{name}.json").write_text(text, encoding="utf-8")
+    return len(done), incomplete
+
+
+def _conversations(run: Path) -> dict[str, list[str]]:
+    """Each attempt's conversation as text (eval's ``attempts.jsonl``), by episode id."""
+    path = run / "attempts.jsonl"
+    if not path.is_file():
+        return {}
+    out: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record: Any = json.loads(line)
+            out[record["episode_id"]] = [str(content) for _, content in record["conversation"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # text is a courtesy: the ids are the trajectory
+    return out
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("thundersync")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _error(message: str) -> int:
+    print(fit(f"export: error: {message}", 10 * WIDTH), file=sys.stderr)
+    return 2
