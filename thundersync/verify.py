@@ -148,6 +148,7 @@ def certify(
     vocab = model.config.vocab_size
     worst_sync = worst_textbook = 0.0
     bitwise = True
+    zero = True  # every batch's step gradient exactly zero: the check compared nothing
     teacher = isinstance(variant.objective, OPD)
     for trial in range(trials):
         arrival = ("interleaved", "shuffled")[trial % 2]
@@ -165,6 +166,7 @@ def certify(
         )
         book = textbook_gradient(model, variant.objective, events, reference)
         worst_sync = max(worst_sync, relative_error(stream, sync))
+        zero = zero and not bool(sync.any())
         worst_textbook = max(worst_textbook, relative_error(stream, book))
         if deterministic:
             a = learner_gradient(
@@ -187,6 +189,7 @@ def certify(
         "bound": bound,
         "bound_reason": why,
         "ok": ok,
+        "zero_gradient": zero,
     }
 
 
@@ -271,6 +274,11 @@ def run_verify_command(args: argparse.Namespace) -> int:
             results.append({"model": label, **result})
             progress.advance()
     ok, line = verdict(results, num_models=len(models), deterministic=args.deterministic)
+    if ok and batches is not None and all(r["zero_gradient"] for r in results):
+        ok, line = (
+            False,
+            ("verify: VIOLATION: every step gradient is zero (all rewards tie): nothing certified"),
+        )
     if args.json:
         print(strict_json({"ok": ok, "verdict": line, "results": results}))
     else:
@@ -291,7 +299,7 @@ def trajectory_batches(folder: str) -> tuple[list[list[Any]], str]:
     """
     import dataclasses
 
-    from thundersync.events import EpisodeStarted, TurnCompleted
+    from thundersync.events import EpisodeStarted, RewardReady, TurnCompleted
     from thundersync.interop.atif import load_atif
 
     events = load_atif([folder])
@@ -304,9 +312,15 @@ def trajectory_batches(folder: str) -> tuple[list[list[Any]], str]:
         if isinstance(e, EpisodeStarted | TurnCompleted):
             e = dataclasses.replace(e, policy_version=0)
         batches.setdefault(version_of[e.episode_id], []).append(e)
+    rewards: dict[str, set[float]] = {}
+    group_of = {e.episode_id: e.group_id for e in events if isinstance(e, EpisodeStarted)}
+    for e in events:
+        if isinstance(e, RewardReady):
+            rewards.setdefault(group_of[e.episode_id], set()).add(e.reward)
+    unequal = sum(len(r) > 1 for r in rewards.values())
     note = (
-        f"trajectories: {len(version_of)} episodes of {folder} in {len(batches)} batch"
-        f"{'es' * (len(batches) != 1)} (one per policy version)"
+        f"trajectories: {len(version_of)} episodes, {len(rewards)} groups ({unequal} with "
+        f"unequal rewards), {len(batches)} batch{'es' * (len(batches) != 1)}"
     )
     return [batches[v] for v in sorted(batches)], note
 

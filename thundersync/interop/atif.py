@@ -129,10 +129,16 @@ def episodes(events: Iterable[ev.Event]) -> tuple[list[Episode], list[str]]:
 
 
 def to_atif(
-    episode: Episode, *, session_id: str, texts: list[str] | None = None, version: str = ""
+    episode: Episode,
+    *,
+    session_id: str,
+    texts: list[str] | None = None,
+    version: str = "",
+    agent: dict[str, Any] | None = None,
 ) -> Any:
     """The episode as an ``atif.Trajectory`` (validated by its models). ``texts``: the
-    conversation (prompt, action 0, observation 0, ..., last action) when it was recorded."""
+    conversation (prompt, action 0, observation 0, ..., last action) when it was recorded;
+    ``agent``: the run's settings that say who acted (model, agent, mode, strict grading)."""
     atif = atif_models()
     s, r, c = episode.started, episode.reward, episode.completed
     texts = texts if texts is not None and len(texts) == 2 * len(episode.turns) else None
@@ -161,6 +167,15 @@ def to_atif(
                 extra={EXTRA: _tool_extra(tool)},
             )
             observation = atif.Observation(results=[result])
+        sampled = bool(turn.action_ids or turn.action_logprobs)
+        metrics = atif.Metrics(
+            prompt_tokens=len(context),
+            completion_tokens=len(turn.action_ids),
+            prompt_token_ids=list(context),
+            completion_token_ids=list(turn.action_ids),
+            logprobs=list(turn.action_logprobs),
+            extra=metrics_extra,
+        )
         steps.append(
             atif.Step(
                 step_id=k + 2,
@@ -168,14 +183,9 @@ def to_atif(
                 message=texts[1 + 2 * k] if texts else "",
                 tool_calls=[atif.ToolCall(tool_call_id=call_id, function_name=TOOL, arguments={})],
                 observation=observation,
-                metrics=atif.Metrics(
-                    prompt_tokens=len(context),
-                    completion_tokens=len(turn.action_ids),
-                    prompt_token_ids=list(context),
-                    completion_token_ids=list(turn.action_ids),
-                    logprobs=list(turn.action_logprobs),
-                    extra=metrics_extra,
-                ),
+                # no tokens: a scripted agent (oracle, nop) acted, no model sampled anything
+                llm_call_count=None if sampled else 0,
+                metrics=metrics if sampled else None,
                 extra={EXTRA: {"turn": k, "policy_version": turn.policy_version, "t": turn.t}},
             )
         )
@@ -184,12 +194,17 @@ def to_atif(
         schema_version=SCHEMA_VERSION,
         session_id=session_id,
         trajectory_id=s.episode_id,
-        agent=atif.Agent(name="thundersync", version=version or "unknown"),
+        agent=atif.Agent(
+            name="thundersync",
+            version=version or "unknown",
+            model_name=(agent or {}).get("model"),
+            extra={EXTRA: agent} if agent else None,
+        ),
         steps=steps,
         notes="token-in/token-out: metrics hold the exact ids and sampling log-probs; "
         "messages hold text only where the run recorded it",
         final_metrics=atif.FinalMetrics(
-            total_prompt_tokens=sum(st.metrics.prompt_tokens for st in steps[1:]),
+            total_prompt_tokens=sum(st.metrics.prompt_tokens for st in steps if st.metrics),
             total_completion_tokens=sum(len(t.action_ids) for t in episode.turns),
             total_steps=len(steps),
         ),

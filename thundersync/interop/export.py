@@ -117,13 +117,13 @@ def export_run(run: Path, events: list[ev.Event], out: Path) -> tuple[int, list[
 
     done, incomplete = episodes(events)
     texts = _conversations(run)
-    version = _version()
+    version, agent = _version(), _agent(run)
     out.mkdir(parents=True, exist_ok=True)
     names: set[str] = set()
     for episode in done:
         episode_id = episode.started.episode_id
         doc = to_atif(
-            episode, session_id=run.name, texts=texts.get(episode_id), version=version
+            episode, session_id=run.name, texts=texts.get(episode_id), version=version, agent=agent
         ).to_json_dict()
         name = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
         while name in names:
@@ -147,6 +147,23 @@ def _conversations(run: Path) -> dict[str, list[str]]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             continue  # text is a courtesy: the ids are the trajectory
     return out
+
+
+AGENT_SETTINGS = ("agent", "mode", "algo", "env", "suite", "strict", "temperature", "seed")
+"""The run's settings (``config.json``) that say who acted and how it was graded."""
+
+
+def _agent(run: Path) -> dict[str, Any]:
+    """The model (eval's checkpoint, train's initial model) and ``AGENT_SETTINGS``."""
+    try:
+        config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    agent = {key: config[key] for key in AGENT_SETTINGS if key in config}
+    model = config.get("checkpoint") or config.get("model")
+    return {**agent, "model": str(model)} if model else agent
 
 
 def _version() -> str:
