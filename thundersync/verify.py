@@ -253,7 +253,6 @@ def run_verify_command(args: argparse.Namespace) -> int:
             chosen = trajectory_variants(batches, chosen, args.algo, models)
         except ValueError as exc:
             return _error(f"--trajectories {args.trajectories}: {exc}")
-        print(fit(note), file=sys.stderr)
     todo = [(label, m, r, v) for label, m, r in models for v in chosen]
     results = []
     with Progress("verify", len(todo), "checks") as progress:
@@ -268,24 +267,26 @@ def run_verify_command(args: argparse.Namespace) -> int:
                     reference=reference,
                     batches=batches,
                 )
+                if batches is not None and result["zero_gradient"]:  # compared nothing
+                    result["ok"] = False
             except ThunderSyncError as exc:  # only a user's batch can be refused
                 first = (str(exc).splitlines() or [type(exc).__name__])[0]
                 return _error(f"--trajectories {args.trajectories}: {variant.name}: {first}")
             results.append({"model": label, **result})
             progress.advance()
     ok, line = verdict(results, num_models=len(models), deterministic=args.deterministic)
-    if ok and batches is not None and all(r["zero_gradient"] for r in results):
-        ok, line = (
-            False,
-            ("verify: VIOLATION: every step gradient is zero (all rewards tie): nothing certified"),
-        )
     if args.json:
-        print(strict_json({"ok": ok, "verdict": line, "results": results}))
+        report = {"ok": ok, "verdict": line, "results": results}
+        if batches is not None:
+            report["trajectories"] = note
+        print(strict_json(report))
     else:
         print("\n".join(certificate_table(results, deterministic=args.deterministic)))
         for label, model, _ in models:
             bound, why = bound_for(model)
             print(fit(f"{_short(label)}: bound {bound:.0e} ({why})"))
+        if batches is not None:
+            print(fit(note))
     print_verdict(line, to_stderr=args.json)
     return 0 if ok else 1
 
@@ -395,6 +396,8 @@ def verdict(
     worst = max(failed, key=_worst)
     err = max(worst["max_rel_err_stream_vs_sync"], worst["max_rel_err_stream_vs_textbook"])
     where = f"{worst['variant']} on {_short(worst['model'])}"
+    if err <= worst["bound"] and worst.get("zero_gradient"):  # a user's batch of tied rewards
+        return False, f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: zero gradient"
     if err <= worst["bound"]:  # within the bound, so the deterministic runs differed
         return False, f"verify: VIOLATION: {len(failed)} of {n} checks, {where}: not bitwise equal"
     return False, (

@@ -66,7 +66,8 @@ def run_export_command(args: argparse.Namespace) -> int:
     if written == 0:
         return _error(f"{folder}: no complete episode to export (nothing is not a pass)")
     left = f", {skipped} unfinished left out" if skipped else ""
-    print_verdict(f"export: {written} episodes as ATIF-v1.8 in {out}{left}")
+    print(f"export: one <episode id>.json per episode in {out}")
+    print_verdict(f"export: {written} episodes as ATIF-v1.8 documents{left}")
     return 0
 
 
