@@ -134,8 +134,9 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
         "--trajectories",
         default=None,
         metavar="DIR",
-        help="certify on these ATIF trajectories (one batch, e.g. from thundersync export) "
-        "instead of random batches; needs token ids and log-probs (default: random batches)",
+        help="certify on these ATIF trajectories (e.g. from thundersync export; one batch per "
+        "policy version, --trials does not apply) instead of random batches; they need token "
+        "ids and log-probs, and --model the checkpoint whose vocabulary they use",
     )
     verify.add_argument(
         "--json",

@@ -27,14 +27,18 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "export",
         help="write a run's or an eval's episodes as ATIF trajectories",
-        description="Write every complete episode of a train, compare or eval --out folder as "
-        "one ATIF document (ATIF-v1.8, validated by the atif package's models): each agent "
+        description="Write every complete episode of a run folder (eval, train or a compare "
+        "folder's runs) that keeps trajectories.jsonl as one ATIF document (ATIF-v1.8, "
+        "validated by the atif package's models; eval --out writes that file, train does not "
+        "yet: its events.jsonl holds token counts only, and it is refused): each agent "
         "turn's exact prompt and completion token ids, sampling log-probs and policy version, "
         "tool calls and observations, the reward and how it was graded. Needs the interop "
         "extra: pip install 'thundersync[interop]'. Exit 0: written; 2: bad input.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("folder", metavar="RUN_OR_EVAL_DIR", help="a train, compare or eval folder")
+    parser.add_argument(
+        "folder", metavar="RUN_OR_EVAL_DIR", help="an eval, train or compare --out folder"
+    )
     parser.add_argument("--format", choices=["atif"], default="atif", help="the output format")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="output folder (default: RUN_OR_EVAL_DIR/atif)"

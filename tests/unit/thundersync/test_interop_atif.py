@@ -299,3 +299,37 @@ def test_verify_on_tied_rewards_certifies_nothing(tmp_path, tiny_gpt2, capsys):
     argv = ["verify", "--trajectories", str(tmp_path / "atif"), "--model", str(tiny_gpt2)]
     assert main([*argv, "--algo", "grpo"]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith(": zero gradient")
+
+
+def test_a_scripted_agents_turns_are_non_llm_steps_and_refused_for_training(tmp_path):
+    """The oracle and nop agents sample nothing: ATIF's ``llm_call_count=0``, no metrics."""
+    events = [
+        ev.TurnCompleted(
+            t=e.t,
+            episode_id=e.episode_id,
+            turn=e.turn,
+            action_ids=(),
+            action_logprobs=(),
+            policy_version=0,
+        )
+        if isinstance(e, ev.TurnCompleted)
+        else e
+        for e in batch(11, groups=1, size=1)
+    ]
+    (doc,) = write_docs(events, tmp_path / "atif")
+    agent = [step for step in doc["steps"] if step["source"] == "agent"]
+    assert agent and all(s["llm_call_count"] == 0 and "metrics" not in s for s in agent)
+    with pytest.raises(TrajectoryRefused, match="no metrics.prompt_token_ids"):
+        load_atif([tmp_path / "atif"])
+
+
+def test_export_of_a_compare_folder_writes_each_run_apart(tmp_path, capsys):
+    for name, seed in (("sync-seed0", 12), ("streaming-seed0", 13)):
+        run = eval_folder(tmp_path, batch(seed, groups=1, size=2))
+        run.rename(tmp_path / name)
+        (tmp_path / "cmp" / "runs").mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).rename(tmp_path / "cmp" / "runs" / name)
+    assert main(["export", str(tmp_path / "cmp")]) == 0
+    assert capsys.readouterr().out.strip().endswith("4 episodes as ATIF-v1.8 documents")
+    for name in ("sync-seed0", "streaming-seed0"):
+        assert len(list((tmp_path / "cmp" / "atif" / name).glob("*.json"))) == 2
