@@ -136,7 +136,8 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="certify on these ATIF trajectories (e.g. from thundersync export; one batch per "
         "policy version, --trials does not apply) instead of random batches; they need token "
-        "ids and log-probs, and --model the checkpoint whose vocabulary they use",
+        "ids and log-probs, and --model the checkpoint whose vocabulary they use "
+        "(default: random batches)",
     )
     verify.add_argument(
         "--json",

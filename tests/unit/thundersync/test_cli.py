@@ -15,7 +15,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return dict(action.choices)
 
 
-@pytest.mark.parametrize("name", ["envs", "verify", "eval"])
+@pytest.mark.parametrize("name", ["envs", "verify", "eval", "export"])
 def test_every_option_shows_its_default_or_is_required(name):
     sub = subcommands()[name]
     formatter = sub._get_formatter()
