@@ -91,13 +91,16 @@ EPISODE_EVENTS = (
 
 
 def episodes(events: Iterable[ev.Event]) -> tuple[list[Episode], list[str]]:
-    """The complete episodes in the order they started, and the ids of incomplete ones."""
+    """The complete episodes in the order they started, and the ids of incomplete ones. An
+    episode started again (a resumed run replays the step it stopped in) is the new one."""
     parts: dict[str, dict[str, Any]] = defaultdict(lambda: {"turn": {}, "tool": {}, "teacher": {}})
     for event in events:
         if not isinstance(event, EPISODE_EVENTS):
             continue
-        part = parts[event.episode_id]
         kind = type(event).__name__
+        if kind == "EpisodeStarted" and event.episode_id in parts:
+            del parts[event.episode_id]  # a resumed run played the episode again: keep that
+        part = parts[event.episode_id]
         key = {"TurnCompleted": "turn", "ToolFinished": "tool", "TeacherScored": "teacher"}.get(
             kind
         )

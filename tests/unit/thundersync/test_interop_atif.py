@@ -333,3 +333,9 @@ def test_export_of_a_compare_folder_writes_each_run_apart(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("4 episodes as ATIF-v1.8 documents")
     for name in ("sync-seed0", "streaming-seed0"):
         assert len(list((tmp_path / "cmp" / "atif" / name).glob("*.json"))) == 2
+
+
+def test_an_episode_played_again_after_a_resume_is_exported_as_replayed(tmp_path):
+    first, again = batch(14, groups=1, size=1), batch(15, groups=1, size=1)
+    done, incomplete = episodes([*first[:3], *again])  # the first play stopped mid-episode
+    assert not incomplete and [e.events() for e in done] == [again]
