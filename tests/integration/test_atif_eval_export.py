@@ -1,7 +1,7 @@
-"""A real policy's episodes out as ATIF and back: ``eval --out`` with a tiny checkpoint on
-ToySum, ``export --format atif`` (each document validated by the ``atif`` package), the
-import equal to the run's own ``trajectories.jsonl`` event for event, and ``verify
---trajectories`` certifying streaming == sync on them."""
+"""A real policy's episodes out as ATIF and back: a ``train`` run's batches, and ``eval
+--out`` with a tiny checkpoint on ToySum, ``export --format atif`` (each document validated by
+the ``atif`` package), the import equal to the run's own ``trajectories.jsonl`` event for
+event, and ``verify --trajectories`` certifying streaming == sync on them."""
 
 from __future__ import annotations
 
@@ -63,3 +63,31 @@ def test_a_policy_evals_episodes_round_trip_and_certify(tiny_model_dirs, tmp_pat
     assert certified.returncode == 0, certified.stdout + certified.stderr[-2000:]
     assert "trajectories: 4 episodes, 2 groups (2 with unequal rewards)" in certified.stdout
     assert certified.stdout.strip().splitlines()[-1].startswith("verify: OK: 9 checks")
+
+
+def test_a_train_runs_episodes_export_as_validated_documents_and_round_trip(warm_model, tmp_path):
+    from tests.integration.training_kit import SMALL, token_events, train
+
+    run, out = tmp_path / "run", tmp_path / "atif"
+    train(run, "--mode", "streaming", "--model", str(warm_model), "--steps", "1", *SMALL)
+    exported = cli("export", "--format", "atif", str(run), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert exported.stdout.strip().splitlines()[-1] == "export: 8 episodes as ATIF-v1.8 documents"
+    for file in sorted(out.glob("*.json")):
+        doc = atif.Trajectory.model_validate_json(file.read_text())
+        assert all(s.metrics.completion_token_ids for s in doc.steps if s.source == "agent")
+
+    imported = load_atif([out])
+    recorded = [
+        ev.from_dict(json.loads(line))
+        for line in (run / "trajectories.jsonl").read_text().splitlines()
+    ]
+    key = lambda e: (e.episode_id, type(e).__name__, getattr(e, "turn", -1))  # noqa: E731
+    assert sorted(imported, key=key) == sorted(recorded, key=key)
+    # the run's own summary record (events.jsonl, token counts) agrees turn for turn
+    turns = sorted(
+        (e.episode_id, e.turn, len(e.action_ids))
+        for e in imported
+        if isinstance(e, ev.TurnCompleted)
+    )
+    assert turns == token_events(run)

@@ -28,9 +28,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
         "export",
         help="write a run's or an eval's episodes as ATIF trajectories",
         description="Write every complete episode of a run folder (eval, train or a compare "
-        "folder's runs) that keeps trajectories.jsonl as one ATIF document (ATIF-v1.8, "
-        "validated by the atif package's models; eval --out writes that file, train does not "
-        "yet: its events.jsonl holds token counts only, and it is refused): each agent "
+        "folder's runs) as one ATIF document (ATIF-v1.8, validated by the atif package's "
+        "models), from the folder's trajectories.jsonl (train, compare and eval --out write "
+        "it; a folder from before it existed is refused): each agent "
         "turn's exact prompt and completion token ids, sampling log-probs and policy version, "
         "tool calls and observations, the reward and how it was graded. Needs the interop "
         "extra: pip install 'thundersync[interop]'. Exit 0: written; 2: bad input.",
@@ -101,7 +101,7 @@ def read_trajectories(run: Path) -> list[ev.Event]:
         raise AtifError(
             f"{run}: no {TRAJECTORIES}: its events.jsonl holds token counts, not token ids, "
             "and an export without the sampled ids and log-probs cannot be trained on "
-            "(eval --out writes it; train does not yet)"
+            "(train, compare and eval --out write it; this folder is older or not a run)"
         )
     events = []
     with path.open(encoding="utf-8") as fh:

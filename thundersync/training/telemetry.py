@@ -1,5 +1,6 @@
 """The run's telemetry: a subscriber to what the run routes and computes, writing the run
-folder's records — ``config.json``, ``events.jsonl``, ``spans.jsonl``, ``metrics.jsonl`` (and
+folder's records — ``config.json``, ``events.jsonl``, ``trajectories.jsonl`` (the batches'
+events in full, for ``thundersync export``), ``spans.jsonl``, ``metrics.jsonl`` (and
 TensorBoard / W&B) — and keeping the per-step busy-time window the step's metrics report.
 It owns no control flow: the run would behave the same without it."""
 
@@ -15,7 +16,7 @@ from thundersync import events as ev
 from thundersync.strict_json import dumps_nulled, dumps_refusing
 from thundersync.training.metrics import STEP_BASE, BatchTracker, MetricsLogger, truncate_metrics
 
-RECORDS = ("metrics.jsonl", "events.jsonl", "spans.jsonl")
+RECORDS = ("metrics.jsonl", "events.jsonl", "spans.jsonl", "trajectories.jsonl")
 
 
 class Telemetry:
@@ -34,6 +35,8 @@ class Telemetry:
             out, tensorboard=config["tensorboard"], wandb=config["wandb"], config=config
         )
         self.events_log = ev.JsonlSink(out / "events.jsonl")
+        # the batches' events in full (token ids, log-probs): what `thundersync export` reads
+        self.trajectories_log = ev.JsonlSink(out / "trajectories.jsonl", lossless=True)
         self.spans_log = (out / "spans.jsonl").open("a", encoding="utf-8")
         self.mode = config["mode"]
         self.clock_start = self._last_time_s = 0.0
@@ -60,6 +63,7 @@ class Telemetry:
     def batch_event(self, event: ev.Event) -> None:
         """An event of a batch in flight: tool calls and grading as spans (from the events
         that bound them)."""
+        self.trajectories_log(event)
         if isinstance(event, ev.ToolFinished):
             self.span(
                 ev.SpanRecorded(
@@ -146,6 +150,7 @@ class Telemetry:
     def close(self) -> None:
         self.metrics.close()
         self.events_log.close()
+        self.trajectories_log.close()
         self.spans_log.close()
 
 

@@ -232,7 +232,7 @@ def test_export_refuses_a_truncated_file_and_a_folder_without_token_ids(tmp_path
     (folder / "trajectories.jsonl").write_text(text[: len(text) - 40])
     line = one_line_error(["export", str(folder)], capsys)
     assert "trajectories.jsonl:" in line and "truncated" in line, line
-    (folder / "trajectories.jsonl").unlink()  # a train run's folder today: counts only
+    (folder / "trajectories.jsonl").unlink()  # an older run folder: counts only
     line = one_line_error(["export", str(folder)], capsys)
     assert "holds token counts, not token ids" in line, line
     line = one_line_error(["export", str(tmp_path / "nothing")], capsys)
