@@ -133,10 +133,13 @@ class SWEBenchTask:
         head = lines[-1] if lines else ""
         if result.exit_code == 0 and head == self.instance.base_commit:
             return
+        where = f"{self.instance.source}: instance {self.task_id!r}"
+        if result.timed_out:  # the machine, not evidence of a changed or missing repository
+            raise SandboxError(f"{where}: setting up {TESTBED} timed out")
+        failed = "" if result.exit_code == 0 else f" ({result.output.strip()[-300:]!r})"
         raise SandboxError(
-            f"{self.instance.source}: instance {self.task_id!r}: {TESTBED} is at {head!r} "
-            f"after setup (exit {result.exit_code}), expected base_commit "
-            f"{self.instance.base_commit}: {self.repo.mismatch_hint()}"
+            f"{where}: {TESTBED} is at {head!r} after setup (exit {result.exit_code}){failed}, "
+            f"expected base_commit {self.instance.base_commit}: {self.repo.mismatch_hint()}"
         )
 
     def grade(self, sandbox: Sandbox, context: GradingContext) -> Grade:

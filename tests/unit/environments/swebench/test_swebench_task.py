@@ -62,6 +62,24 @@ def test_setup_commits_snapshot_at_base_commit(shipped: SWEBenchTask, testbed: P
     assert head.stdout.strip() == shipped.instance.base_commit
 
 
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        (ExecResult("fatal: cannot lock ref", 128, False, 0.1), "(exit 128) ('fatal: cannot"),
+        (ExecResult("", None, True, 300.0), "setting up /testbed timed out"),
+    ],
+)
+def test_a_setup_that_fails_says_how(shipped: SWEBenchTask, result: ExecResult, says: str) -> None:
+    class Failing:
+        def execute(self, command: str, timeout: float | None = None) -> ExecResult:
+            return result
+
+    with pytest.raises(SandboxError) as caught:
+        shipped.setup(Failing())  # type: ignore[arg-type]
+    assert says in str(caught.value), caught.value
+    assert ("changed since" in str(caught.value)) == (result.exit_code is not None)
+
+
 def test_setup_rejects_a_snapshot_that_drifted(shipped: SWEBenchTask, testbed: Path) -> None:
     (testbed / "intervals" / "ops.py").write_text("# edited after the instance was built\n")
     with pytest.raises(SandboxError, match="expected base_commit"):
