@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,20 +60,34 @@ def final_weights_of(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
-def start_until_first_checkpoint(out: Path, *args: str) -> subprocess.Popen:
-    """A ``train`` run in the background, returned once its first checkpoint is written."""
+def start_until_first_checkpoint(
+    out: Path, *args: str, timeout_s: float = 900.0
+) -> subprocess.Popen:
+    """A ``train`` run in the background, returned once its first step (and so its first
+    checkpoint, saved before the step's line) is done. Reads the run's stderr line by line,
+    no polling; the lines read are kept as ``proc.early_stderr`` (``kill_worker`` adds them).
+    A run that prints no step 1 within ``timeout_s`` is killed and the test fails."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "thundersync.cli", "train", "--out", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 300
-    while not (out / "checkpoints" / "step-000001").is_dir():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no first checkpoint: {proc.communicate()[1][-2000:]}")
-        time.sleep(0.2)
+    watchdog = threading.Timer(timeout_s, proc.kill)
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("train: step 1/"):
+                break
+    finally:
+        watchdog.cancel()
+    proc.early_stderr = "".join(lines)  # type: ignore[attr-defined]
+    if not (out / "checkpoints" / "step-000001").is_dir():
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"no first checkpoint: {proc.early_stderr[-2000:]}")  # type: ignore[attr-defined]
     return proc
 
 
@@ -127,7 +142,8 @@ def kill_worker(
     try:
         family = descendants(proc.pid)
         os.kill(pick(family), signum)
-        _, stderr = proc.communicate(timeout=180)
+        _, rest = proc.communicate(timeout=180)
+        stderr = getattr(proc, "early_stderr", "") + rest
     finally:
         if proc.poll() is None:
             proc.kill()
