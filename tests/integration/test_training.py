@@ -143,9 +143,7 @@ def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
     assert state["completed_steps"] == 1 and state["policy_version"] == 1
 
 
-def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_calls(
-    warm_model, tmp_path
-):
+def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work(warm_model, tmp_path):
     student = noisy_copy(warm_model, tmp_path / "student")  # it still calls the tools
     out = tmp_path / "opd"
     train(
@@ -176,27 +174,15 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work_during_tool_c
     kl = [m["teacher_kl"] for m in metrics(out)]
     # the trend, not one step: each step draws other tasks, whose KL differs by itself
     assert all(k is not None for k in kl) and sum(kl[-2:]) / 2 < 0.9 * kl[0], kl
+    # Per-turn work: each sampled turn is scored by the teacher and has its own backward.
+    # Whether that work overlaps the tool call in wall time depends on free cores, so it is
+    # measured by benchmarks/, and its causes are tested deterministically in
+    # tests/unit/thundersync/training/test_teacher.py and test_learner.py.
     spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
-    tools = {
-        (s["episode_id"], s["turn"]): s
-        for s in spans
-        if s["name"] == "tool" and s["finished"] - s["started"] >= 0.25
-    }
-
-    def overlaps_its_tool_call(span: dict) -> bool:
-        tool = tools.get((span["episode_id"], span["turn"]))
-        return (
-            tool is not None
-            and span["started"] < tool["finished"]
-            and (span["finished"] > tool["started"])
-        )
-
-    with_tool = [s for s in spans if (s["episode_id"], s["turn"]) in tools]
-    teacher = [s for s in with_tool if s["name"] == "teacher"]
-    backward = [s for s in with_tool if s["name"] == "backward"]
-    assert teacher and len(backward) >= len(teacher) // 2
-    assert sum(map(overlaps_its_tool_call, teacher)) >= len(teacher) // 2
-    assert sum(map(overlaps_its_tool_call, backward)) >= len(backward) // 2
+    turns = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "tool"}
+    teacher = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "teacher"}
+    backward = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "backward"}
+    assert turns and turns <= teacher and turns <= backward, (turns - teacher, turns - backward)
 
 
 def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):

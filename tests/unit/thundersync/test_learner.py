@@ -376,3 +376,33 @@ def test_all_finite_sees_inf_and_nan_but_not_huge_finite_values():
     assert all_finite(huge)  # a 2-norm of these would overflow
     for bad in (float("inf"), float("-inf"), float("nan")):
         assert not all_finite([*huge, torch.tensor([0.0, bad])])
+
+
+def test_opd_per_turn_gradient_runs_before_its_tool_call_returns(model):
+    """Turn k's gradient needs action k and its teacher scores, not turn k's observation: it
+    is computed while the tool runs (docs/design.md §3, on-policy distillation)."""
+    published: list[ev.Event] = []
+    lrn = learner(model, objective=OPD(granularity="turn"), publish=published.append)
+    eid = "0-g0-e0"
+    lrn.consume(
+        ev.EpisodeStarted(
+            episode_id=eid,
+            group_id="0-g0",
+            group_size=1,
+            task_id="t",
+            prompt_ids=(1, 2, 3),
+            policy_version=0,
+        )
+    )
+    lrn.consume(
+        ev.TurnCompleted(
+            episode_id=eid,
+            turn=0,
+            action_ids=(4, 5),
+            action_logprobs=(-1.0, -2.0),
+            policy_version=0,
+        )
+    )
+    assert published == []  # no teacher scores yet
+    lrn.consume(ev.TeacherScored(episode_id=eid, turn=0, teacher_logprobs=(-0.5, -0.7)))
+    assert [(type(e).__name__, e.turn) for e in published] == [("GradientComputed", 0)]
