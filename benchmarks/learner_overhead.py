@@ -28,8 +28,8 @@ import torch
 
 from thundersync import GRPO, Learner
 from thundersync.cli_output import Progress, print_verdict, strict_json
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import build_tiny_model, load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 
 def learner_seconds(model, events, *, streaming: bool, **kwargs) -> tuple[float, dict]:

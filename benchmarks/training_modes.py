@@ -153,10 +153,10 @@ def agent_loop_overhead(
     from thundersync.training.agent import PolicyAgent
     from thundersync.training.chat import ChatFormat
     from thundersync.training.engines.batcher import DynamicBatcher
+    from thundersync.training.engines.engine import request_seed
     from thundersync.training.engines.hf import HFEngine
-    from thundersync.training.engines.protocol import request_seed
     from thundersync.training.episodes import EpisodeDriver
-    from thundersync.training.rollout import derive_seed
+    from thundersync.training.rollout_worker import derive_seed
 
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
     sent: list[tuple[Any, Any]] = []  # (request, completion) of every batch, in order
@@ -189,7 +189,9 @@ def agent_loop_overhead(
         for turn in range(task.max_turns)
     }
 
-    def play() -> dict[str, Any]:  # as the rollout worker does (thundersync/training/rollout.py)
+    def play() -> dict[
+        str, Any
+    ]:  # as the rollout worker does (thundersync/training/rollout_worker.py)
         sent.clear()
         num_batches[0], busy[0] = 0, 0.0
         started = time.perf_counter()

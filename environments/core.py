@@ -38,7 +38,7 @@ from environments.tasks import (
     TaskSource,
     as_current,
 )
-from thundersync.types import StopReason
+from thundersync.protocol.types import StopReason
 
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
 BeforeGrading = Callable[[str, dict[str, Any]], None]

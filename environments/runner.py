@@ -48,8 +48,10 @@ import numpy as np
 
 from environments.agents import Action, Agent, ContextExhausted, Message
 from environments.core import INSTANT_STEPS
+from environments.episode_steps import ActionNeeded, EpisodeSteps, drive
 from environments.tasks import TRAIN, Grade, Task, TaskSource
-from thundersync.events import (
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.events import (
     EpisodeCompleted,
     EpisodeStarted,
     Event,
@@ -57,59 +59,30 @@ from thundersync.events import (
     ToolFinished,
     TurnCompleted,
 )
-from thundersync.types import StopReason, Trajectory, Turn
+from thundersync.protocol.types import StopReason, Trajectory
 
 Sink = Callable[[Event], None]
 
 
-@dataclass(frozen=True, slots=True)
-class ActionNeeded:
-    """What an episode generator (``EpisodeRunner.episode``) yields: the agent's next action,
-    ``agent.act(task, messages, episode_id=episode_id)``, is due."""
-
-    task: Task
-    messages: Sequence[Message]
-    episode_id: str
-    instant_steps: bool = False
-    """The env declares that its steps answer at once (``environments.core.INSTANT_STEPS``):
-    a driver may advance the episode on its own thread, as no step waits on anything."""
-
-
-EpisodeSteps = Generator[ActionNeeded, Action, Trajectory]
-
-
-def drive(steps: EpisodeSteps, agent: Agent) -> Trajectory:
-    """Run an episode generator to its end on this thread, asking ``agent`` for each action
-    (what ``act`` raises is thrown into the episode, where the call would have raised it)."""
-    try:
-        need = next(steps)
-        while True:
-            error: BaseException | None = None
-            try:
-                action = agent.act(need.task, need.messages, episode_id=need.episode_id)
-            except BaseException as exc:
-                action, error = None, exc
-            # Thrown outside the handler, so that what the episode raises next does not carry
-            # the agent's exception as its context.
-            need = steps.throw(error) if error is not None else steps.send(action)
-    except StopIteration as stop:
-        return stop.value
-    finally:
-        steps.close()  # an interrupt between two calls still closes the episode's env
-
-
 @dataclass(slots=True)
 class _Episode:
-    """Mutable state of one running episode (private to the runner)."""
+    """One running episode (private to the runner): who it is before ``EpisodeStarted``
+    says so, and the ``record`` of every event it published."""
 
     episode_id: str
     group_id: str
     group_size: int
     task_id: str = ""
     prompt_ids: tuple[int, ...] = ()
-    turns: list[Turn] = field(default_factory=list)
-    started: bool = False
-    completed: bool = False
+    record: EpisodeRecord = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.record = EpisodeRecord(self.episode_id)
+
+    @property
+    def num_turns(self) -> int:
+        """Turns published so far."""
+        return len(self.record.actions)
 
 
 class SinkError(RuntimeError):
@@ -394,23 +367,22 @@ class EpisodeRunner:
             try:
                 action = yield ActionNeeded(task, messages, episode.episode_id, instant)
             except ContextExhausted as exc:
-                if not episode.turns:  # nothing to train on: the prompt alone fills the window
+                if not episode.num_turns:  # nothing to train on: the prompt alone fills the window
                     return StopReason.LENGTH, Grade(0.0, True, {"error": str(exc)})
                 end = env.get_wrapper_attr("end_episode")
                 observation, reward, terminated, truncated, info = end(StopReason.LENGTH)
                 break
-            version = self._version(action.policy_version)
+            # Recorded before the tool runs, so a failing step still counts this published turn.
             self._publish(
                 TurnCompleted(
                     episode_id=episode.episode_id,
-                    turn=len(episode.turns),
+                    turn=episode.num_turns,
                     action_ids=action.token_ids,
                     action_logprobs=action.logprobs,
-                    policy_version=version,
-                )
+                    policy_version=self._version(action.policy_version),
+                ),
+                episode,
             )
-            # Recorded before the tool runs, so a failing step still counts this published turn.
-            episode.turns.append(Turn(action.token_ids, action.logprobs, version))
             observation, reward, terminated, truncated, info = env.step(action.text)
             if terminated or truncated:
                 break
@@ -428,31 +400,31 @@ class EpisodeRunner:
         corrective message of an unparseable action) and record it in the trajectory."""
         observation_ids = tuple(self.agent.encode_observation(observation))
         tool = info.get("tool", {})
-        turn = len(episode.turns) - 1
         self._publish(
             ToolFinished(
                 episode_id=episode.episode_id,
-                turn=turn,
+                turn=episode.num_turns - 1,
                 observation_ids=observation_ids,
                 duration_s=float(tool.get("duration_s", 0.0)),
                 exit_code=tool.get("exit_code"),
                 timed_out=bool(tool.get("timed_out", False)),
-            )
+            ),
+            episode,
         )
-        episode.turns[turn] = replace(episode.turns[turn], observation_ids=observation_ids)
         return observation_ids
 
     def _version(self, action_version: int | None) -> int:
         return self.agent.policy_version if action_version is None else action_version
 
-    def _publish(self, event: Event) -> None:
+    def _publish(self, event: Event, episode: _Episode) -> None:
+        """Send ``event`` to the sink; once sent, it is part of the episode's record."""
         try:
             self.sink(event)
         except Exception as exc:
             raise SinkError(f"event sink failed on {type(event).__name__}: {exc}") from exc
+        episode.record.fold(event)
 
     def _start(self, episode: _Episode) -> None:
-        episode.started = True
         self._publish(
             EpisodeStarted(
                 episode_id=episode.episode_id,
@@ -461,46 +433,38 @@ class EpisodeRunner:
                 task_id=episode.task_id,
                 prompt_ids=episode.prompt_ids,
                 policy_version=self.agent.policy_version,
-            )
+            ),
+            episode,
         )
 
     def _complete(self, episode: _Episode, reason: StopReason) -> None:
-        episode.completed = True
         self._publish(
             EpisodeCompleted(
                 episode_id=episode.episode_id,
-                num_turns=len(episode.turns),
+                num_turns=episode.num_turns,
                 stop_reason=reason.value,
-            )
+            ),
+            episode,
         )
 
     def _conclude(self, episode: _Episode, reason: StopReason, grade: Grade) -> Trajectory:
         """Publish whatever of the skeleton is missing, then ``RewardReady``."""
-        if not episode.started:
+        if episode.record.started is None:
             self._start(episode)
-        if not episode.completed:
+        if episode.record.completed is None:
             self._complete(episode, reason)
-        details = dict(grade.details)
         self._publish(
             RewardReady(
                 episode_id=episode.episode_id,
                 reward=float(grade.reward),
                 infra_failure=grade.infra_failure,
-                details=details,
-            )
+                details=dict(grade.details),
+            ),
+            episode,
         )
-        return Trajectory(
-            episode_id=episode.episode_id,
-            group_id=episode.group_id,
-            group_size=episode.group_size,
-            task_id=episode.task_id,
-            prompt_ids=episode.prompt_ids,
-            turns=tuple(episode.turns),
-            reward=float(grade.reward),
-            infra_failure=grade.infra_failure,
-            stop_reason=reason.value,
-            details=details,
-        )
+        # The stop reason is the episode's outcome (a grading failure after the episode ended
+        # is ``error``), which its ``EpisodeCompleted`` could not know yet.
+        return replace(episode.record.trajectory(), stop_reason=reason.value)
 
 
 def _describe(exc: BaseException) -> str:

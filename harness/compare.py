@@ -29,9 +29,9 @@ from thundersync.declared import (
     check_fields,
     non_finite,
 )
-from thundersync.strict_json import dumps_refusing
+from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
-from thundersync.training.metrics import read_metrics
+from thundersync.training.run_metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 COMPARE_FLAGS = {

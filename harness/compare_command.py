@@ -7,10 +7,10 @@ import json
 import sys
 
 from harness.compare import COMPARE_FLAGS, CompareConfig, run_compare
-from harness.eval import output_problem
+from harness.eval_checks import output_problem
 from thundersync.cli_output import HelpFormatter
 from thundersync.declared import add_flags, parse_flag
-from thundersync.strict_json import dumps_refusing
+from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.checks import check_inputs, with_model_folders
 from thundersync.training.config import add_config_flags, load_config_file, resolve_config
 

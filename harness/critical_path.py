@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thundersync.training.metrics import read_metrics
+from thundersync.training.run_metrics import read_metrics
 
 
 @dataclass(frozen=True, slots=True)

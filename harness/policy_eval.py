@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
-from thundersync.types import Trajectory
-
-EVAL_PREFIX = "v"
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeKey
+from thundersync.protocol.types import Trajectory
 
 
 class PolicyEvaluator:
@@ -124,19 +123,19 @@ def run_attempts(
     ``act`` on a thread."""
     from thundersync.training.episodes import EpisodeDriver
 
-    jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
-    width = max(1, min(concurrency, len(jobs)))
+    keys = EpisodeKey.batch(None, len(tasks), k)  # an evaluation: ids v-g<t>-e<s>
+    width = max(1, min(concurrency, len(keys)))
     driver = EpisodeDriver(runner, batcher, max_concurrency=width)
     try:
         futures = driver.submit_all(
             {
-                "task": tasks[t],
-                "group_id": f"{EVAL_PREFIX}-g{t}",
+                "task": tasks[key.group],
+                "group_id": key.group_id,
                 "group_size": k,
-                "episode_id": f"{EVAL_PREFIX}-g{t}-e{s}",
-                "seed": t * 1000 + s,
+                "episode_id": key.episode_id,
+                "seed": key.group * 1000 + key.sample,
             }
-            for t, s in jobs
+            for key in keys
         )
         results = [future.result() for future in futures]
     finally:

@@ -33,7 +33,7 @@ def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_timeline_command(args: argparse.Namespace) -> int:
     from harness.plots import timeline_plot
-    from thundersync.training.metrics import read_metrics
+    from thundersync.training.run_metrics import read_metrics
 
     run = Path(args.run)
     if not (run / "metrics.jsonl").is_file() or not (run / "spans.jsonl").is_file():

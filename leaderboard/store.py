@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from thundersync.strict_json import dumps_nulled, dumps_refusing
+from thundersync.protocol.strict_json import dumps_nulled, dumps_refusing
 
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path("runs") / "leaderboard.sqlite"

@@ -69,9 +69,9 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     from harness.eval import add_eval_parser
     from harness.simulate import add_simulate_parser
     from harness.timeline import add_timeline_parser
-    from leaderboard.command import add_leaderboard_parser
+    from leaderboard.leaderboard_command import add_leaderboard_parser
     from thundersync.interop.export import add_export_parser
-    from thundersync.training.command import add_train_parser, add_warmstart_parser
+    from thundersync.training.train_command import add_train_parser, add_warmstart_parser
 
     add_eval_parser(sub)
     add_train_parser(sub)

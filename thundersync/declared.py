@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from thundersync.documents import MAX_DEPTH, DocumentError, check_depth, excerpt
+from thundersync.protocol.documents import MAX_DEPTH, DocumentError, check_depth, excerpt
 
 DOCSTRINGS = ConfigDict(use_attribute_docstrings=True)
 """Set as ``__pydantic_config__`` of a config class: its field docstrings become help texts."""

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
-from thundersync.objectives import OPD, Objective
+from thundersync.core.objectives import OPD, Objective
+from thundersync.protocol import events as ev
 
 
 def _episodes(events: list[ev.Event]) -> dict[str, dict[str, Any]]:

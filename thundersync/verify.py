@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from thundersync.cli_output import WIDTH, Progress, fit, plain_table, print_verdict, strict_json
-from thundersync.errors import ThunderSyncError
-from thundersync.learner import Learner
-from thundersync.objectives import GRPO, OPD, Objective
-from thundersync.rollouts import BatchShape, random_batch
+from thundersync.core.learner import Learner
+from thundersync.core.objectives import GRPO, OPD, Objective
+from thundersync.core.random_batches import BatchShape, random_batch
+from thundersync.protocol.errors import ThunderSyncError
 from thundersync.textbook import textbook_gradient
 
 FLOAT64_PURE_MODELS = ("gpt2",)
@@ -300,8 +300,8 @@ def trajectory_batches(folder: str) -> tuple[list[list[Any]], str]:
     """
     import dataclasses
 
-    from thundersync.events import EpisodeStarted, RewardReady, TurnCompleted
     from thundersync.interop.atif import load_atif
+    from thundersync.protocol.events import EpisodeStarted, RewardReady, TurnCompleted
 
     events = load_atif([folder])
     version_of: dict[str, int] = {}
@@ -331,7 +331,12 @@ def trajectory_variants(
 ) -> list[Variant]:
     """The variants that apply to a user's batches: OPD's only when every turn has teacher
     scores; ``ValueError`` when a token id lies outside a model's vocabulary."""
-    from thundersync.events import EpisodeStarted, TeacherScored, ToolFinished, TurnCompleted
+    from thundersync.protocol.events import (
+        EpisodeStarted,
+        TeacherScored,
+        ToolFinished,
+        TurnCompleted,
+    )
 
     ids = [
         i

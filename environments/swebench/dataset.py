@@ -10,7 +10,7 @@ from typing import Any
 from environments.swebench.instance import SNAPSHOT_ROOT_ENV, SWEBenchInstance, parse_instance
 from environments.swebench.task import SWEBenchTask
 from environments.tasks import TaskFormatError, TaskList
-from thundersync.documents import DocumentError, load_json
+from thundersync.protocol.documents import DocumentError, load_json
 
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 _SIGNATURE_FIELDS = frozenset({"instance_id", "test_patch", "FAIL_TO_PASS"})

@@ -13,7 +13,7 @@ from environments.swebench.repository import check_snapshot
 from environments.swebench.snapshot import END_MARKER, START_MARKER
 from environments.tamper import parse_patch
 from environments.tasks import TaskFormatError
-from thundersync.documents import DocumentError, load_json
+from thundersync.protocol.documents import DocumentError, load_json
 
 REQUIRED_TEXT_FIELDS = (
     "repo",

@@ -13,7 +13,7 @@ from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
-from thundersync.documents import DocumentError, excerpt, load_toml
+from thundersync.protocol.documents import DocumentError, excerpt, load_toml
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0

@@ -11,7 +11,7 @@ from typing import Any
 
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs
-from thundersync.documents import excerpt
+from thundersync.protocol.documents import excerpt
 
 DIFFICULTIES = frozenset({"easy", "medium", "hard", "unknown"})
 TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -10,7 +10,7 @@ from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
-from thundersync.documents import DocumentError, excerpt, load_yaml
+from thundersync.protocol.documents import DocumentError, excerpt, load_yaml
 
 DEFAULT_AGENT_TIMEOUT_S = 360.0
 DEFAULT_TEST_TIMEOUT_S = 60.0

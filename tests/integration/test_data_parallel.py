@@ -1,4 +1,4 @@
-"""The data-parallel learner (``thundersync.data_parallel``) against one learner on the batch.
+"""The data-parallel learner (``thundersync.core.data_parallel``) against one learner on the batch.
 
 Two ranks are spawned once for the module (``torch.multiprocessing``, a gloo process group
 over a file in the test's temporary folder), each with one torch thread. For every case both
@@ -95,9 +95,9 @@ def _rank_main(rank: int, folder: str, model_dir: str, fail_rank: int | None) ->
     import torch.distributed as dist
 
     from thundersync import events as ev
-    from thundersync.data_parallel import DataParallelLearner, stable_rank
-    from thundersync.learner import Learner
-    from thundersync.rollouts import BatchShape, random_batch
+    from thundersync.core.data_parallel import DataParallelLearner, stable_rank
+    from thundersync.core.learner import Learner
+    from thundersync.core.random_batches import BatchShape, random_batch
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -153,10 +153,10 @@ def _incomplete_then_complete(rank: int, model_dir: str, shape) -> dict:
     nothing; once it arrives, the step is the single learner's."""
     from thundersync import IncompleteBatchError
     from thundersync import events as ev
-    from thundersync.data_parallel import DataParallelLearner, stable_rank
-    from thundersync.learner import Learner
+    from thundersync.core.data_parallel import DataParallelLearner, stable_rank
+    from thundersync.core.learner import Learner
+    from thundersync.core.random_batches import random_batch
     from thundersync.models import load_model
-    from thundersync.rollouts import random_batch
 
     events = random_batch(SEED, 512, shape)
     group_of = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}

@@ -15,7 +15,7 @@ import pytest
 
 from thundersync.cli import main
 from thundersync.cli_output import without_startup_lines
-from thundersync.events import read_jsonl
+from thundersync.protocol.events import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "environments" / "fixtures"
@@ -189,7 +189,7 @@ def test_docker_without_a_daemon_is_a_clear_error(monkeypatch, capsys):
 
 
 def _result(task_id: str, reward: float, infra: bool, episode: str):
-    from thundersync.types import Trajectory
+    from thundersync.protocol.types import Trajectory
 
     details = {"error": "SandboxError: died"} if infra else {}
     stop = "error" if infra else "submitted"

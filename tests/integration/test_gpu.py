@@ -18,8 +18,8 @@ from tests.integration.training_kit import (
     noisy_copy,
     train,
 )
+from thundersync.training.engines.engine import GenerationRequest, SamplingParams
 from thundersync.training.engines.hf import HFEngine
-from thundersync.training.engines.protocol import GenerationRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

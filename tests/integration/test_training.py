@@ -400,7 +400,7 @@ def test_one_step_numbering_and_progress_lines_through_a_pipe(tmp_path):
     ]
     for key in ("reward_std", "response_tokens_mean", "response_tokens_max"):
         assert key in records[0]
-    for key in ("loss", "neg_logprob_mean", "kl_reference", "clip_fraction"):
+    for key in ("loss", "entropy_mean", "neg_logprob_mean", "kl_reference", "clip_fraction"):
         assert key in records[0]["learner"]
     times = [m["time_s"] for m in records]
 

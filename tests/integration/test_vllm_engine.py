@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from thundersync.training.engines.protocol import GenerationRequest, SamplingParams
+from thundersync.training.engines.engine import GenerationRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.vllm,
@@ -374,7 +374,7 @@ def attempts(out: Path) -> list[tuple]:
 
 
 def rewards(out: Path) -> list[tuple]:
-    from thundersync.events import read_jsonl
+    from thundersync.protocol.events import read_jsonl
 
     return sorted(
         (r["episode_id"], r["reward"])
@@ -384,7 +384,7 @@ def rewards(out: Path) -> list[tuple]:
 
 
 def turns(out: Path) -> list[tuple]:
-    from thundersync.events import read_jsonl
+    from thundersync.protocol.events import read_jsonl
 
     records = read_jsonl(out / "events.jsonl")
     return sorted(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from thundersync.events import read_jsonl
+from thundersync.protocol.events import read_jsonl
 
 SMALL = ["--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16", "--lr", "3e-3"]
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests.property import textbook
 from thundersync import GRPO, OPD, Learner
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 SHAPE = BatchShape(max_groups=3, max_group_size=5, max_turns=4, max_tokens=64)
 

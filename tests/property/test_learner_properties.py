@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tests.property import textbook
 from thundersync import GRPO, Learner
 from thundersync import events as ev
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def test_a_reward_is_accepted_exactly_when_its_float_is_finite_and_in_range(rewa
     import math
 
     from thundersync import InvalidEventError
-    from thundersync.validation import MAX_ABS_REWARD, EventLimits, check_event
+    from thundersync.core.validation import MAX_ABS_REWARD, EventLimits, check_event
 
     event = ev.RewardReady(episode_id="e0", reward=reward)
     try:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tests.property import textbook
 from thundersync import GRPO, Learner
 from thundersync import events as ev
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 SHAPE = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
 VARIANTS = {

@@ -85,6 +85,15 @@ def action_logprobs(model, ep: Episode) -> torch.Tensor:
     return torch.log_softmax(logits[rows], dim=-1)[torch.arange(len(where)), targets]
 
 
+def action_entropies(model, ep: Episode) -> torch.Tensor:
+    """The exact entropy −Σ_v p log p of the model's next-token distribution at each action
+    token's position, from probabilities (softmax), not from the learner's log-softmax."""
+    ids, where = ep.sequence()
+    logits = model(input_ids=torch.tensor([ids])).logits[0]
+    p = torch.softmax(logits[torch.tensor(where) - 1].to(torch.float64), dim=-1)
+    return -(p * torch.log(p)).sum(-1)
+
+
 def advantages(rewards: list[float], scale: bool, eps: float) -> list[float]:
     if len(rewards) < 2 or len(set(rewards)) == 1:
         return [0.0] * len(rewards)

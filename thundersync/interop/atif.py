@@ -27,11 +27,12 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from thundersync import events as ev
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
 
 SCHEMA_VERSION = "ATIF-v1.8"
 EXTRA = "thundersync"
@@ -61,25 +62,6 @@ def atif_models() -> Any:
 # --- episodes --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Episode:
-    """One episode's events, complete: started, every turn, completed and graded."""
-
-    started: ev.EpisodeStarted
-    turns: tuple[ev.TurnCompleted, ...]
-    tools: dict[int, ev.ToolFinished]
-    teacher: dict[int, ev.TeacherScored]
-    completed: ev.EpisodeCompleted
-    reward: ev.RewardReady
-
-    def events(self) -> list[ev.Event]:
-        """The events in causal order."""
-        out: list[ev.Event] = [self.started]
-        for k, turn in enumerate(self.turns):
-            out += [turn, *(x[k] for x in (self.tools, self.teacher) if k in x)]
-        return [*out, self.completed, self.reward]
-
-
 EPISODE_EVENTS = (
     ev.EpisodeStarted,
     ev.TurnCompleted,
@@ -90,49 +72,47 @@ EPISODE_EVENTS = (
 )
 
 
-def episodes(events: Iterable[ev.Event]) -> tuple[list[Episode], list[str]]:
+def episodes(events: Iterable[ev.Event]) -> tuple[list[EpisodeRecord], list[str]]:
     """The complete episodes in the order they started, and the ids of incomplete ones. An
     episode started again (a resumed run replays the step it stopped in) is the new one."""
-    parts: dict[str, dict[str, Any]] = defaultdict(lambda: {"turn": {}, "tool": {}, "teacher": {}})
+    records: dict[str, EpisodeRecord] = {}
     for event in events:
         if not isinstance(event, EPISODE_EVENTS):
             continue
-        kind = type(event).__name__
-        if kind == "EpisodeStarted" and event.episode_id in parts:
-            del parts[event.episode_id]  # a resumed run played the episode again: keep that
-        part = parts[event.episode_id]
-        key = {"TurnCompleted": "turn", "ToolFinished": "tool", "TeacherScored": "teacher"}.get(
-            kind
-        )
-        slot, name = (part[key], event.turn) if key else (part, kind)
-        if name in slot:
-            raise AtifError(f"episode {event.episode_id}: {kind} twice (turn {name})")
-        slot[name] = event
-    done, incomplete = [], []
-    for episode_id, part in parts.items():
-        completed = part.get("EpisodeCompleted")
-        turns = [part["turn"].get(k) for k in range(completed.num_turns if completed else 0)]
-        if "EpisodeStarted" in part and "RewardReady" in part and completed and all(turns):
-            done.append(
-                Episode(
-                    part["EpisodeStarted"],
-                    tuple(turns),
-                    part["tool"],
-                    part["teacher"],
-                    completed,
-                    part["RewardReady"],
-                )
+        if isinstance(event, ev.EpisodeStarted):
+            records.pop(event.episode_id, None)  # a resumed run played it again: keep that
+        record = records.setdefault(event.episode_id, EpisodeRecord(event.episode_id))
+        if _already(record, event):
+            turn = getattr(event, "turn", type(event).__name__)
+            raise AtifError(
+                f"episode {event.episode_id}: {type(event).__name__} twice (turn {turn})"
             )
-        else:
-            incomplete.append(episode_id)
-    return done, incomplete
+        record.fold(event)
+    done = [r for r in records.values() if r.complete]
+    return done, [r.episode_id for r in records.values() if not r.complete]
+
+
+def _already(record: EpisodeRecord, event: ev.Event) -> bool:
+    """Whether the record holds this kind of event (of this turn) already."""
+    match event:
+        case ev.TurnCompleted():
+            return event.turn in record.actions
+        case ev.ToolFinished():
+            return event.turn in record.tools
+        case ev.TeacherScored():
+            return event.turn in record.scores
+        case ev.EpisodeCompleted():
+            return record.completed is not None
+        case ev.RewardReady():
+            return record.reward is not None
+    return False
 
 
 # --- out -------------------------------------------------------------------------------------
 
 
 def to_atif(
-    episode: Episode,
+    episode: EpisodeRecord,
     *,
     session_id: str,
     texts: list[str] | None = None,
@@ -155,7 +135,7 @@ def to_atif(
     ]
     context = list(s.prompt_ids)
     for k, turn in enumerate(episode.turns):
-        tool, teacher = episode.tools.get(k), episode.teacher.get(k)
+        tool, teacher = episode.tools.get(k), episode.scores.get(k)
         call_id = f"{s.episode_id}/{k}"
         metrics_extra = None
         if teacher is not None:
@@ -280,7 +260,7 @@ def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
     return out
 
 
-def _with_group_size(episode: Episode, size: int) -> Episode:
+def _with_group_size(episode: EpisodeRecord, size: int) -> EpisodeRecord:
     s = episode.started
     started = ev.EpisodeStarted(
         t=s.t,
@@ -291,17 +271,10 @@ def _with_group_size(episode: Episode, size: int) -> Episode:
         prompt_ids=s.prompt_ids,
         policy_version=s.policy_version,
     )
-    return Episode(
-        started,
-        episode.turns,
-        episode.tools,
-        episode.teacher,
-        episode.completed,
-        episode.reward,
-    )
+    return replace(episode, started=started)
 
 
-def _episode(file: Path) -> Episode:
+def _episode(file: Path) -> EpisodeRecord:
     """One document as an episode. Ours carry ``extra.thundersync``; another harness's give
     the episode id (``trajectory_id``, else the file's name), the group (``extra.group_id``,
     else ``extra.task_id``: GRPO's groups are attempts at one task) and ``extra.reward``."""
@@ -354,7 +327,10 @@ def _episode(file: Path) -> Episode:
         infra_failure=bool(ours.get("infra_failure", False)),
         details=dict(ours.get("grading") or {}),
     )
-    return Episode(started, tuple(turns), tools, teacher, completed, graded)
+    record = EpisodeRecord(started.episode_id)
+    for event in (started, *turns, *tools.values(), *teacher.values(), completed, graded):
+        record.fold(event)
+    return record
 
 
 def _turns(

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from thundersync import events as ev
 from thundersync.cli_output import WIDTH, HelpFormatter, Progress, fit, print_verdict
-from thundersync.strict_json import dumps_nulled
+from thundersync.protocol import events as ev
+from thundersync.protocol.strict_json import dumps_nulled
 
 TRAJECTORIES = "trajectories.jsonl"
 

@@ -14,9 +14,9 @@ from itertools import chain
 from typing import Any
 
 from environments.agents import Action, ContextExhausted, Message
-from thundersync.events import SpanRecorded, now
+from thundersync.protocol.events import SpanRecorded, now
 from thundersync.training.chat import ChatFormat
-from thundersync.training.engines.protocol import (
+from thundersync.training.engines.engine import (
     Completion,
     GenerationRequest,
     SamplingParams,

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from thundersync.documents import excerpt
-from thundersync.errors import ThunderSyncError
+from thundersync.protocol.documents import excerpt
+from thundersync.protocol.errors import ThunderSyncError
 
 STATE_FILE = "trainer_state.pt"
 _PREFIX = "step-"

@@ -33,7 +33,7 @@ from thundersync.declared import (
     non_finite,
     parse_flag,
 )
-from thundersync.documents import DocumentError, load_file
+from thundersync.protocol.documents import DocumentError, load_file
 from thundersync.training.modes import Mode as TrainingMode
 from thundersync.training.modes import choose_mode
 
@@ -206,7 +206,7 @@ class TrainConfig:
         """The learner's ``GRPO(**objective)`` or ``OPD(**objective)`` (each keyword typed
         and ranged by the objective's declaration); a ValueError naming the field and the
         keyword when the keywords are not the objective's."""
-        from thundersync.objectives import GRPO, OPD
+        from thundersync.core.objectives import GRPO, OPD
 
         cls = GRPO if self.algo == "grpo" else OPD
         known = [f.name for f in dataclasses.fields(cls)]

@@ -29,10 +29,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from environments.agents import Action
-from environments.runner import ActionNeeded, EpisodeRunner, EpisodeSteps
-from thundersync.events import now
+from environments.episode_steps import ActionNeeded, EpisodeSteps
+from environments.runner import EpisodeRunner
+from thundersync.protocol.events import now
+from thundersync.protocol.types import Trajectory
 from thundersync.training.engines.batcher import DynamicBatcher
-from thundersync.types import Trajectory
 
 
 class EpisodeDriver:

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from thundersync import events as ev
-from thundersync.data_parallel import stable_rank
-from thundersync.training.learners import LearnerSpec, build_learner, leave_process_group
-from thundersync.training.metrics import step_of
+from thundersync.core.data_parallel import stable_rank
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeKey, step_of
+from thundersync.training.control import Forwarded, Stop, TakeStep
+from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.telemetry import backward_span
 
 if TYPE_CHECKING:  # a rank's process need not import the rollout worker's modules
@@ -43,9 +44,9 @@ class RankStepped:
     spans: list[ev.SpanRecorded]
 
 
-def owner_of(episode_id: str, world_size: int) -> int:
-    """The rank that trains ``episode_id``'s group (ids are ``{group}-e{sample}``)."""
-    return stable_rank(episode_id.rsplit("-e", 1)[0], world_size)
+def owner_of(key: EpisodeKey, world_size: int) -> int:
+    """The rank that trains the episode's group."""
+    return stable_rank(key.group_id, world_size)
 
 
 class Ranks:
@@ -87,15 +88,16 @@ class Ranks:
         if isinstance(item, RankReady):
             self._ready.add(item.rank)
 
-    def forward(self, event: ev.Event) -> None:
-        owner = owner_of(getattr(event, "episode_id", ""), self.world_size)
+    def forward(self, event: ev.Event, key: EpisodeKey) -> None:
+        """Send ``event`` (of episode ``key``) to the rank that trains its group."""
+        owner = owner_of(key, self.world_size)
         if owner:  # rank 0 (the trainer) keeps its own
-            self._inboxes[owner - 1].put(("event", event))
+            self._inboxes[owner - 1].put(Forwarded(event))
 
     def step(self, step: int) -> None:
         """Every event of batch ``step`` was forwarded: the ranks take the step."""
         for inbox in self._inboxes:
-            inbox.put(("step", step))
+            inbox.put(TakeStep(step))
 
     def stepped(self, report: RankStepped) -> None:
         self._stepped.setdefault(report.step, {})[report.rank] = report
@@ -113,16 +115,16 @@ class Ranks:
         for inbox in self._inboxes:
             getattr(inbox, "cancel_join_thread", lambda: None)()  # a dead rank's pipe
         for inbox in self._inboxes:
-            inbox.put(None)
+            inbox.put(Stop())
 
 
 def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
     """Rank ``rank`` ≥ 1 (a worker process): hand the events the trainer forwards to the
-    mode, step when told, until ``None`` arrives.
+    mode, step when told, until ``Stop`` arrives.
 
-    Messages: ``("event", event)`` — an event of one of this rank's episodes;
-    ``("step", n)`` — every event of batch n was sent: take the step with the others.
-    Events of later batches (async) wait until the batches before them are stepped."""
+    Messages (``training/control.py``): ``Forwarded(event)`` — an event of one of this rank's
+    episodes; ``TakeStep(n)`` — every event of batch n was sent: take the step with the
+    others. Events of later batches (async) wait until the batches before them are stepped."""
 
     spans: list[ev.SpanRecorded] = []
 
@@ -141,17 +143,17 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
         while True:
             for message in _waiting(inbox):
                 match message:
-                    case None:
+                    case Stop():
                         return
-                    case ("step", int(step)):
+                    case TakeStep(step):
                         mode.learn(learner, now)
                         metrics = learner.step()
                         output.put(RankStepped(rank, step, metrics, list(spans)))
                         spans.clear()
                         current, now = step + 1, later.pop(step + 1, [])
-                    case ("event", event) if step_of(event.episode_id) == current:
+                    case Forwarded(event) if step_of(event.episode_id) == current:
                         now.append(event)
-                    case ("event", event):
+                    case Forwarded(event):
                         later.setdefault(step_of(event.episode_id), []).append(event)
             mode.learn(learner, now)  # what arrived: streaming computes it now
             now = []
@@ -162,7 +164,7 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
 def _waiting(inbox: Any) -> list[Any]:
     """The next message (blocking) and every one queued behind it."""
     messages = [inbox.get()]
-    while messages[-1] is not None:
+    while not isinstance(messages[-1], Stop):
         try:
             messages.append(inbox.get_nowait())
         except queue.Empty:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
+from thundersync.protocol import events as ev
 from thundersync.training.workers import BackendError, run_target
 
 INSTALL_HINT = "--backend ray needs Ray: pip install 'thundersync[ray]'"

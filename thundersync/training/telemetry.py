@@ -12,9 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from thundersync import events as ev
-from thundersync.strict_json import dumps_nulled, dumps_refusing
-from thundersync.training.metrics import STEP_BASE, BatchTracker, MetricsLogger, truncate_metrics
+from thundersync.protocol import events as ev
+from thundersync.protocol.strict_json import dumps_nulled, dumps_refusing
+from thundersync.training.run_metrics import (
+    STEP_BASE,
+    BatchTracker,
+    MetricsLogger,
+    truncate_metrics,
+)
 
 RECORDS = ("metrics.jsonl", "events.jsonl", "spans.jsonl", "trajectories.jsonl")
 

@@ -5,10 +5,10 @@
 loop (``worker_pool``), the data-parallel ranks (``ranks``), the run folder's records
 (``telemetry``, a subscriber) and the checkpoints (``checkpoint.Checkpoints``).
 
-The learner runs on the trainer's main thread and never on a thread that publishes events:
-events reach it through the inbox (docs/design.md §5), and ``_route`` sends each item received
-where it belongs — an episode event to its batch (and the rank that owns its group), a span to
-the telemetry — so a mode can take what has queued and compute it as one micro-batch.
+The learner runs on the trainer's main thread, never on a thread that publishes events: they
+reach it through the inbox (docs/design.md §5), and ``_route`` sends each item where it
+belongs — an episode event to its batch (and its group's rank), a span to the telemetry — so
+a mode can take what has queued and compute it as one micro-batch.
 """
 
 from __future__ import annotations
@@ -19,18 +19,19 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
 from thundersync.cli_output import Progress
-from thundersync.errors import NonFiniteParameterError, ThunderSyncError
-from thundersync.learner import Learner
+from thundersync.core.learner import Learner
 from thundersync.models import build_tiny_model
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeKey
+from thundersync.protocol.errors import NonFiniteParameterError, ThunderSyncError
 from thundersync.training.checkpoint import Checkpoints
 from thundersync.training.config import TrainConfig
-from thundersync.training.learners import LearnerSpec, build_learner, leave_process_group
-from thundersync.training.metrics import BatchTracker, step_of
+from thundersync.training.control import LoadWeights, RunBatch, Stop
+from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.modes import Arrivals
 from thundersync.training.ranks import Ranks, RankStepped
-from thundersync.training.rollout import RolloutPlan
+from thundersync.training.run_metrics import BatchTracker
 from thundersync.training.telemetry import Telemetry, progress_line
 from thundersync.training.worker_pool import WorkerError, WorkerPool, make_backend, start_rollout
 
@@ -50,11 +51,9 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         ev.reset_clock()
         torch.set_num_threads(config.learner_threads)
+        every, keep = config.checkpoint_every, config.keep_checkpoints
         self.checkpoints = Checkpoints(
-            self.out / "checkpoints",
-            every=config.checkpoint_every,
-            last_step=config.steps,
-            keep=config.keep_checkpoints,
+            self.out / "checkpoints", every=every, last_step=config.steps, keep=keep
         )
         self.batches: dict[int, BatchTracker] = {}
         self.ranks = Ranks(config.learner_ranks)
@@ -148,13 +147,12 @@ class Trainer:
     def submit(self, step: int) -> None:
         """Start rolling out batch ``step`` (with whatever weights the engine has by then)."""
         c = self.config
-        ids = frozenset(
-            f"s{step}-g{g}-e{e}" for g in range(c.tasks_per_step) for e in range(c.group_size)
-        )
+        batch = RunBatch(step, c.tasks_per_step, c.group_size)
+        ids = frozenset(key.episode_id for key in batch.episodes())
         self.batches[step] = BatchTracker(
             step, ids, needs_teacher=c.algo == "opd", submitted_at=ev.now()
         )
-        self.control.put(("run", RolloutPlan(step, c.tasks_per_step, c.group_size)))
+        self.control.put(batch)
         what = (
             f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
             f"{c.group_size} episodes, graded in the {c.sandbox} sandbox"
@@ -209,7 +207,7 @@ class Trainer:
         with self.telemetry.timed("weight_publish"):
             params = list(self.model.parameters())
             payload = self.weights.publish(params, self._learner.policy_version)
-            self.control.put(("weights", *payload))
+            self.control.put(LoadWeights(payload))
 
     def save_checkpoint(self, completed_steps: int) -> Path:
         with self.telemetry.timed("checkpoint"):
@@ -253,11 +251,12 @@ class Trainer:
                 self.engine_version = item.policy_version
             case _:
                 telemetry.event(item)
-                tracker = self.batches.get(step_of(getattr(item, "episode_id", "")))
+                key = EpisodeKey.parse(getattr(item, "episode_id", None) or "")
+                tracker = self.batches.get(key.step) if key is not None else None
                 if tracker is not None:
                     tracker.apply(item)
                     telemetry.batch_event(item)
-                    self.ranks.forward(item)  # the owner of the episode's group trains it
+                    self.ranks.forward(item, key)  # the owner of the episode's group trains it
 
     def _on_learner_event(self, event: ev.Event) -> None:
         self.telemetry.learner_event(event)
@@ -281,9 +280,9 @@ class Trainer:
             return
         self.progress.quietly("stopping the workers")
         leave_process_group()  # a rank blocked in a collective fails now instead of waiting
-        self.control.put(("stop",))
-        if getattr(self, "teacher_inbox", None) is not None:
-            self.teacher_inbox.put(None)
+        for inbox in (self.control, getattr(self, "teacher_inbox", None)):
+            if inbox is not None:
+                inbox.put(Stop())
         self.ranks.stop()
         self.pool.close()
         if hasattr(self, "telemetry"):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.multiprocessing as mp
 
-from thundersync.training.engines.protocol import Engine
+from thundersync.training.engines.engine import Engine
 
 CONTEXT = mp.get_context("spawn")
 """The workers' start method (``workers.CONTEXT`` is the same object): the lock and the

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync.training.config import TrainConfig
-from thundersync.training.rollout import RolloutSpec, rollout_main
+from thundersync.training.rollout_worker import RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
 

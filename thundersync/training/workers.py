@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from thundersync import events as ev
+from thundersync.protocol import events as ev
 from thundersync.training.weights import SharedWeights
 
 CONTEXT = mp.get_context("spawn")

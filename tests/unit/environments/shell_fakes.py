@@ -15,7 +15,7 @@ from pathlib import Path
 from environments.sandboxes.protocol import ExecResult, SandboxError, SandboxSpec, truncate_output
 from environments.sandboxes.workspace import archive_folder
 from environments.tasks import Grade, GradingContext
-from thundersync.events import now
+from thundersync.protocol.events import now
 
 
 class LocalSandbox:

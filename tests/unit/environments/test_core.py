@@ -9,7 +9,7 @@ from environments.actions import format_action
 from environments.core import ShellEnv, UnicodeText
 from environments.tasks import Grade
 from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
-from thundersync.types import StopReason
+from thundersync.protocol.types import StopReason
 
 
 def make_env(maker: SandboxMaker | None = None, **kwargs) -> ShellEnv:

@@ -14,7 +14,7 @@ from environments.runner import EpisodeRunner
 from environments.sandboxes.protocol import SandboxError
 from environments.toy import ToySumEnv
 from tests.unit.environments.shell_fakes import FileTask, LocalSandbox, SandboxMaker
-from thundersync.events import (
+from thundersync.protocol.events import (
     EpisodeStarted,
     RewardReady,
     ToolFinished,
@@ -204,7 +204,7 @@ def test_a_failing_tool_call_still_counts_its_published_turn():
     """The sandbox dies during turn 1's tool call (call 0 is setup, 1 is turn 0): the episode
     has 2 published actions, so EpisodeCompleted must say 2 turns."""
     from environments.runner import EpisodeRunner as Runner
-    from thundersync.events import EpisodeCompleted
+    from thundersync.protocol.events import EpisodeCompleted
 
     agent = ScriptedAgent([format_action("ls"), format_action("ls")], tokenize=words)
     events = []

@@ -15,7 +15,7 @@ from environments.sandboxes import bwrap
 from harness import eval as harness_eval
 from harness.eval import EvalConfig, build_report, report_table, sandbox_problem, summary
 from thundersync.cli import main
-from thundersync.types import Trajectory
+from thundersync.protocol.types import Trajectory
 
 CONFIG = EvalConfig("s", "oracle", "bwrap", 2, 1)
 

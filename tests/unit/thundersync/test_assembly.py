@@ -7,9 +7,9 @@ import torch
 
 from thundersync import GRPO, OPD, Learner
 from thundersync import events as ev
-from thundersync.assembly import Assembler, EventOrderError, natural_key
-from thundersync.errors import InvalidEventError
+from thundersync.core.assembly import Assembler, EventOrderError, natural_key
 from thundersync.models import load_model
+from thundersync.protocol.errors import InvalidEventError
 
 
 def start(eid: str, gid: str = "g", size: int = 2, prompt=(5, 6)) -> ev.EpisodeStarted:

@@ -144,7 +144,7 @@ def test_a_progress_that_begins_late_keeps_the_interval_since_the_last_line(monk
 
 
 def test_each_warmstart_phase_keeps_the_interval_of_the_one_before():
-    from thundersync.training.command import PhaseProgress
+    from thundersync.training.train_command import PhaseProgress
 
     with PhaseProgress("demonstrations", 4, stream=io.StringIO()) as progress:
         before = progress._bar

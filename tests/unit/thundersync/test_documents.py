@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from thundersync import documents
-from thundersync.documents import DocumentError, excerpt, load_file
+from thundersync.protocol import documents
+from thundersync.protocol.documents import DocumentError, excerpt, load_file
 
 DEEP = 10_000
 

@@ -14,14 +14,14 @@ atif = pytest.importorskip("atif", reason="the interop extra: pip install -e '.[
 
 from thundersync import events as ev  # noqa: E402
 from thundersync.cli import main  # noqa: E402
+from thundersync.core.random_batches import BatchShape, random_episode_events  # noqa: E402
 from thundersync.interop.atif import (  # noqa: E402
     TrajectoryRefused,
     episodes,
     load_atif,
     to_atif,
 )
-from thundersync.rollouts import BatchShape, random_episode_events  # noqa: E402
-from thundersync.types import Trajectory, Turn  # noqa: E402
+from thundersync.protocol.types import Trajectory, Turn  # noqa: E402
 
 VOCAB = 500
 SHAPE = BatchShape(max_turns=4, max_tokens=60, infra_failure_rate=0.2)

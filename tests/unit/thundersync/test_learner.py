@@ -18,8 +18,8 @@ from thundersync import (
     StaleTokenError,
 )
 from thundersync import events as ev
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 SHAPE = BatchShape(
     max_groups=2, max_group_size=3, max_turns=2, max_tokens=32, infra_failure_rate=0.0
@@ -370,7 +370,7 @@ def test_a_step_that_makes_a_parameter_non_finite_stops_the_learner(model, strea
 
 
 def test_all_finite_sees_inf_and_nan_but_not_huge_finite_values():
-    from thundersync.learner import all_finite
+    from thundersync.core.learner import all_finite
 
     huge = [torch.full((3,), 3e38), torch.full((2,), 1e308, dtype=torch.float64)]
     assert all_finite(huge)  # a 2-norm of these would overflow

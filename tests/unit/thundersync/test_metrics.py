@@ -12,8 +12,8 @@ import torch
 from tests.property import textbook
 from thundersync import GRPO, OPD, Learner
 from thundersync import events as ev
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 SHAPE = BatchShape(
     max_groups=2,
@@ -88,12 +88,13 @@ LOSS_CASES = {
 
 
 @pytest.mark.parametrize("objective,options", LOSS_CASES.values(), ids=LOSS_CASES.keys())
-def test_loss_entropy_estimate_and_reference_kl_equal_an_independent_computation(
+def test_loss_entropy_and_reference_kl_equal_an_independent_computation(
     model, tiny_model_dirs, objective, options
 ):
     """``loss`` is the batch loss whose gradient the step takes (the textbook's, ratio 1);
-    ``neg_logprob_mean`` the mean −log π_learner of the sampled tokens; ``kl_reference`` the
-    mean k3 estimate of KL(π_learner ‖ π_ref), present exactly when there is a reference."""
+    ``neg_logprob_mean`` the mean −log π_learner of the sampled tokens; ``entropy_mean`` the
+    mean exact entropy of π_learner at them; ``kl_reference`` the mean k3 estimate of
+    KL(π_learner ‖ π_ref), present exactly when there is a reference."""
     teacher = isinstance(objective, OPD)
     events = distinct_rewards(random_batch(7, model.config.vocab_size, SHAPE, teacher=teacher))
     reference = None
@@ -116,9 +117,12 @@ def test_loss_entropy_estimate_and_reference_kl_equal_an_independent_computation
         expected = float(textbook.batch_loss(model, objective, events, reference))
         eps = textbook.collect(events).values()
         lp = torch.cat([textbook.action_logprobs(model, ep) for ep in eps])
+        entropy = torch.cat([textbook.action_entropies(model, ep) for ep in eps])
         ref = [textbook.action_logprobs(reference, ep) for ep in eps] if reference else None
     assert metrics["loss"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert metrics["neg_logprob_mean"] == pytest.approx(float(-lp.mean()), rel=1e-9)
+    assert metrics["entropy_mean"] == pytest.approx(float(entropy.mean()), rel=1e-9)
+    assert metrics["entropy_mean"] != pytest.approx(metrics["neg_logprob_mean"], rel=1e-3)
     if ref is None:
         assert metrics["kl_reference"] is None
     else:

@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from thundersync.objectives import (
+from thundersync.core.objectives import (
     GRPO,
     OPD,
     clip_coefficient,

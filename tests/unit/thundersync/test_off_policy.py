@@ -10,8 +10,8 @@ import torch
 from tests.property.test_off_policy import behaviour_batch
 from thundersync import GRPO, OPD, Learner, StaleTokenError
 from thundersync import events as ev
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 
 SHAPE = BatchShape(
     max_groups=2,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from thundersync.core.policy import Policy
 from thundersync.models import load_model
-from thundersync.policy import Policy
-from thundersync.types import Trajectory, Turn
+from thundersync.protocol.types import Trajectory, Turn
 
 
 @pytest.fixture(scope="module", params=["gpt2", "qwen3"])
@@ -48,18 +48,29 @@ def manual_logprobs(model, ids: list[int], positions: list[int]) -> torch.Tensor
     return torch.stack(values)
 
 
+def manual_entropies(model, ids: list[int], positions: list[int]) -> torch.Tensor:
+    """−Σ_v p log p of the next-token distribution before each ``ids[pos]``, prefix by prefix."""
+    values = []
+    with torch.no_grad():
+        for pos in positions:
+            p = torch.softmax(model(input_ids=torch.tensor([ids[:pos]])).logits[0, -1], -1)
+            values.append(-(p.double() * p.double().log()).sum())
+    return torch.stack(values)
+
+
 def test_action_logprobs_cover_action_tokens_only(policy):
     traj = trajectory()
-    logp_T, turn_T = policy.action_logprobs(traj)
+    logp_T, turn_T, entropy_T = policy.action_logprobs(traj)
     assert turn_T.tolist() == [0, 0, 1, 1, 1]
     ids = [10, 11, 12, 20, 21, 40, 41, 42, 30, 31, 32]  # the last observation is not context
     expected = manual_logprobs(policy.model, ids, [3, 4, 8, 9, 10])
     assert torch.allclose(logp_T, expected, rtol=0, atol=1e-6)
+    assert torch.allclose(entropy_T, manual_entropies(policy.model, ids, [3, 4, 8, 9, 10]))
 
 
 def test_observations_are_context_for_later_actions(policy):
-    a, _ = policy.action_logprobs(trajectory(obs0=(40, 41, 42)))
-    b, _ = policy.action_logprobs(trajectory(obs0=(43, 44)))
+    a = policy.action_logprobs(trajectory(obs0=(40, 41, 42))).logp_T
+    b = policy.action_logprobs(trajectory(obs0=(43, 44))).logp_T
     assert torch.equal(a[:2], b[:2])
     assert not torch.allclose(a[2:], b[2:])
 
@@ -67,8 +78,11 @@ def test_observations_are_context_for_later_actions(policy):
 def test_batched_logprobs_match_one_by_one(policy):
     trajs = [trajectory(), trajectory(obs0=(43,))]
     batched = policy.batch_action_logprobs(trajs)
-    for traj, logp in zip(trajs, batched):
-        assert torch.allclose(logp, policy.action_logprobs(traj)[0], rtol=0, atol=1e-6)
+    for traj, out in zip(trajs, batched):
+        alone = policy.action_logprobs(traj)
+        assert torch.allclose(out.logp_T, alone.logp_T, rtol=0, atol=1e-6)
+        assert torch.equal(out.turn_T, alone.turn_T)
+        assert torch.allclose(out.entropy_T, alone.entropy_T, rtol=0, atol=1e-6)
 
 
 def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy):
@@ -76,7 +90,7 @@ def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy):
     cache: dict = {}
     turn0 = policy.score_turn(traj, 0, cache)
     turn1 = policy.score_turn(traj, 1, cache)
-    full, turn_T = policy.action_logprobs(traj)
+    full = policy.action_logprobs(traj).logp_T
     assert len(turn0) == 2 and len(turn1) == 3
     assert torch.allclose(torch.tensor(turn0 + turn1, dtype=full.dtype), full.detach(), atol=1e-6)
 

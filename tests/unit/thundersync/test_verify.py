@@ -10,12 +10,14 @@ import sys
 import pytest
 import torch
 
-from thundersync import canonical, cli_output, streaming
+from thundersync import cli_output
 from thundersync.cli import main
 from thundersync.cli_output import without_startup_lines
-from thundersync.learner import Learner
+from thundersync.core import canonical
+from thundersync.core import streaming_grpo as streaming
+from thundersync.core.learner import Learner
+from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
-from thundersync.rollouts import BatchShape, random_batch
 from thundersync.textbook import textbook_gradient
 from thundersync.verify import (
     bound_for,

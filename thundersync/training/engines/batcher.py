@@ -9,8 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from thundersync.events import now
-from thundersync.training.engines.protocol import Completion, Engine, GenerationRequest
+from thundersync.protocol.events import now
+from thundersync.training.engines.engine import Completion, Engine, GenerationRequest
 
 BatchHook = Callable[[float, float, list[GenerationRequest], list[Completion]], None]
 

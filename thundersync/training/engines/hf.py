@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest, generate_checked
+from thundersync.training.engines.engine import Completion, GenerationRequest, generate_checked
 
 
 class HFEngine:
-    """Matches ``thundersync.training.engines.protocol.Engine``."""
+    """Matches ``thundersync.training.engines.engine.Engine``."""
 
     def __init__(
         self,

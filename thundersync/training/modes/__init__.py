@@ -5,7 +5,7 @@ protocols of ``modes.protocol``. ``choose_mode`` is the one place a mode's name 
 from __future__ import annotations
 
 from thundersync.training.modes.async_ import AsyncMode
-from thundersync.training.modes.protocol import Arrivals, EventLearner, Mode, Run
+from thundersync.training.modes.run import Arrivals, EventLearner, Mode, Run
 from thundersync.training.modes.streaming import StreamingMode
 from thundersync.training.modes.sync import SyncMode
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from thundersync import events as ev
-from thundersync.training.modes.protocol import EventLearner, Run
+from thundersync.protocol import events as ev
+from thundersync.training.modes.run import EventLearner, Run
 
 
 @dataclass(frozen=True, slots=True)

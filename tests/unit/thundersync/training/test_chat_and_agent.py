@@ -9,7 +9,7 @@ from environments.agents import ContextExhausted, Message
 from thundersync.models import load_tokenizer
 from thundersync.training.agent import PolicyAgent
 from thundersync.training.chat import ChatFormat, ChatFormatError
-from thundersync.training.engines.protocol import Completion, request_seed
+from thundersync.training.engines.engine import Completion, request_seed
 
 
 @pytest.fixture(scope="module")

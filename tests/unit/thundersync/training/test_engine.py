@@ -11,8 +11,8 @@ import torch
 
 from thundersync.models import load_model
 from thundersync.training.engines.batcher import DynamicBatcher, EngineClosedError
+from thundersync.training.engines.engine import GenerationRequest, SamplingParams, request_seed
 from thundersync.training.engines.hf import HFEngine
-from thundersync.training.engines.protocol import GenerationRequest, SamplingParams, request_seed
 
 
 def requests(n: int, *, max_new: int = 12, stop: tuple[int, ...] = ()) -> list:
@@ -101,7 +101,7 @@ class SlowEngine:
             raise RuntimeError("engine died")
         self.batches.append(len(reqs))
         time.sleep(0.05)
-        from thundersync.training.engines.protocol import Completion
+        from thundersync.training.engines.engine import Completion
 
         return [Completion((1,), (-0.1,), "length", self.policy_version) for _ in reqs]
 

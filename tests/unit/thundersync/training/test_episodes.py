@@ -25,9 +25,9 @@ from thundersync.models import load_tokenizer
 from thundersync.training.agent import PolicyAgent
 from thundersync.training.chat import ChatFormat
 from thundersync.training.engines.batcher import DynamicBatcher
-from thundersync.training.engines.protocol import Completion
+from thundersync.training.engines.engine import Completion
 from thundersync.training.episodes import EpisodeDriver
-from thundersync.training.rollout import derive_seed
+from thundersync.training.rollout_worker import derive_seed
 
 ENV = "thundersync/ToySum-v0"
 

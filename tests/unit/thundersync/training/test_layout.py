@@ -1,16 +1,24 @@
-"""The training package's shape (issue 15, STYLE.md): small modules, one file per mode, no
-import circle, and no mode's name compared outside the one place that chooses the mode."""
+"""The house's shape (docs/design.md §1, STYLE.md): layers that point one way (protocol ←
+core ← training; environments see only the protocol), no import circle, file names unique,
+small training modules, one file per mode, and no mode's name compared outside the one place
+that chooses the mode."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 import thundersync
 from thundersync.training.config import MODES
 
 ROOT = Path(thundersync.__file__).parent
 TRAINING = ROOT / "training"
+PACKAGES = [
+    ROOT.parent / name for name in ("thundersync", "environments", "harness", "leaderboard")
+]
 
 
 def _module(path: Path) -> str:
@@ -46,8 +54,12 @@ def _imports(path: Path, known: set[str]) -> set[str]:
     return found - {_module(path)}
 
 
-def test_no_import_circle_among_the_training_modules():
-    paths = {_module(p): p for p in TRAINING.rglob("*.py")}
+def _sources() -> list[Path]:
+    return [p for package in PACKAGES for p in package.rglob("*.py") if "fixtures" not in p.parts]
+
+
+def test_no_import_circle_in_the_project():
+    paths = {_module(p): p for p in _sources()}
     graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
     # a package imports its submodules; a submodule importing its package is not a circle
     graph = {n: {d for d in deps if not n.startswith(d + ".")} for n, deps in graph.items()}
@@ -63,6 +75,44 @@ def test_no_import_circle_among_the_training_modules():
                     seen.add(dep)
                     stack.append((dep, [*path, dep]))
     assert circles == []
+
+
+def test_the_layers_point_one_way():
+    """The protocol imports nothing of ThunderSync; the learner core only the protocol (and
+    the config declarations); environments only the protocol, never the learner or training."""
+    paths = {_module(p): p for p in _sources()}
+    allowed = {
+        "thundersync.protocol": ("thundersync.protocol",),
+        "thundersync.core": ("thundersync.protocol", "thundersync.core", "thundersync.declared"),
+        "environments": ("environments", "thundersync.protocol"),
+    }
+    crossing = []
+    for name, path in paths.items():
+        layer = next((layer for layer in allowed if (name + ".").startswith(layer + ".")), None)
+        if layer is None:
+            continue
+        for dep in _imports(path, set(paths) | {"thundersync"}):
+            if not any((dep + ".").startswith(a + ".") for a in allowed[layer]):
+                crossing.append(f"{name} imports {dep}")
+    assert crossing == []
+
+
+SUITE_MODULES = {"task.py", "grading.py"}
+"""Each benchmark suite under environments/ (swebench/, terminal_bench/) has its own task and
+grading module: the same role in each, so the same name."""
+
+
+def test_file_names_are_unique_across_the_tree():
+    seen: dict[str, list[str]] = {}
+    for path in _sources():
+        if path.name != "__init__.py" and path.name not in SUITE_MODULES:
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT.parent)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+@pytest.mark.parametrize("old", sorted(thundersync._MOVED))
+def test_a_module_path_of_the_flat_layout_still_imports_as_the_moved_module(old):
+    assert importlib.import_module(old) is importlib.import_module(thundersync._MOVED[old])
 
 
 def test_no_mode_name_is_compared_outside_choosing_the_mode():

@@ -17,7 +17,7 @@ from thundersync.training.config import (
     load_config_file,
     resolve_config,
 )
-from thundersync.training.metrics import (
+from thundersync.training.run_metrics import (
     BatchTracker,
     MetricsLogger,
     read_metrics,
@@ -93,7 +93,7 @@ def test_env_kwargs_the_env_refuses_are_named_before_any_worker_starts(env_kwarg
 
 def test_a_device_the_machine_lacks_is_named_before_any_work(monkeypatch):
     from thundersync.training.checks import check_inputs
-    from thundersync.training.learners import rank_device
+    from thundersync.training.learner_setup import rank_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

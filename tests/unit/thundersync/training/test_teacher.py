@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thundersync import events as ev
+from thundersync.training.control import Stop
 from thundersync.training.teacher import teacher_main
 
 EID = "0-g0-e0"
@@ -84,6 +85,6 @@ def test_the_teacher_scores_a_turn_before_its_observation_arrives(tiny_model_dir
             reference(tiny_model_dirs, [1, 2, 3, 4, 5, 7, 8], [6]), abs=1e-5
         )
     finally:
-        inbox.put(None)
+        inbox.put(Stop())
         worker.join(timeout=120)
     assert not worker.is_alive()

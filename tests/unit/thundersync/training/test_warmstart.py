@@ -115,7 +115,7 @@ def test_progress_reports_each_phase_in_a_pipe(monkeypatch):
     import threading
 
     from thundersync import cli_output
-    from thundersync.training.command import PhaseProgress
+    from thundersync.training.train_command import PhaseProgress
 
     class Pipe:
         def __init__(self):

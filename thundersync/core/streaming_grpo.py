@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord, natural_key
-from thundersync.batch import weighted_grad
-from thundersync.canonical import select_groups
-from thundersync.errors import InvariantError
-from thundersync.gradients import Piece, grpo_piece
-from thundersync.objectives import GRPO, group_stats, is_degenerate
-from thundersync.strategy import BatchContext, Groups
+from thundersync.core.assembly import natural_key
+from thundersync.core.batch import weighted_grad
+from thundersync.core.canonical import select_groups
+from thundersync.core.gradients import Piece, grpo_piece
+from thundersync.core.objectives import GRPO, group_stats, is_degenerate
+from thundersync.core.strategy import BatchContext, Groups
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.errors import InvariantError
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thundersync.strict_json import dumps_nulled
+from thundersync.protocol.strict_json import dumps_nulled
 
 _EPOCH = time.monotonic()
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thundersync import events as ev
-from thundersync.strict_json import dumps_nulled
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.strict_json import dumps_nulled
 
 STEP_BASE = 1
 """``metrics.jsonl``'s ``step`` counts optimizer steps from 1, as checkpoints do: the record of
@@ -97,16 +99,10 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # --- one batch ---------------------------------------------------------------------------------
 
 
-def step_of(episode_id: str) -> int:
-    """The batch an episode id (``s<step>-g<group>-e<sample>``) belongs to; -1 if none."""
-    head = episode_id.split("-", 1)[0]
-    return int(head[1:]) if head.startswith("s") and head[1:].isdigit() else -1
-
-
 @dataclass(slots=True)
 class BatchTracker:
-    """What arrived for one rollout batch; complete when every episode has its reward (and,
-    for OPD, a teacher score for each of its turns)."""
+    """What arrived for one rollout batch, as one ``EpisodeRecord`` per episode; complete when
+    every episode has its reward (and, for OPD, a teacher score for each of its turns)."""
 
     step: int
     episode_ids: frozenset[str]
@@ -114,38 +110,12 @@ class BatchTracker:
     submitted_at: float = 0.0
     """Run-clock time the batch was handed to the rollout worker."""
     events: list[ev.Event] = field(default_factory=list)
-    rewards: dict[str, ev.RewardReady] = field(default_factory=dict)
-    completed: dict[str, ev.EpisodeCompleted] = field(default_factory=dict)
-    scored: Counter = field(default_factory=Counter)
-    num_action_tokens: int = 0
-    episode_tokens: Counter = field(default_factory=Counter)
-    """Action (response) tokens per episode, over all its turns."""
-    tool_s: float = 0.0
-    grading_s: float = 0.0
-    sampler_logprobs: dict[tuple[str, int], tuple[float, ...]] = field(default_factory=dict)
-    teacher_gap: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """Σ (log π_sampler − log π_teacher) over scored tokens, and their count (OPD)."""
+    records: dict[str, EpisodeRecord] = field(default_factory=dict)
 
     def apply(self, event: ev.Event) -> None:
         self.events.append(event)
-        eid = getattr(event, "episode_id", None)
-        if isinstance(event, ev.RewardReady):
-            self.rewards[eid] = event
-            if eid in self.completed:
-                self.grading_s += max(0.0, event.t - self.completed[eid].t)
-        elif isinstance(event, ev.EpisodeCompleted):
-            self.completed[eid] = event
-        elif isinstance(event, ev.TeacherScored):
-            self.scored[eid] += 1
-            sampled = self.sampler_logprobs.pop((eid, event.turn), ())
-            self.teacher_gap[0] += sum(s - t for s, t in zip(sampled, event.teacher_logprobs))
-            self.teacher_gap[1] += len(sampled)
-        elif isinstance(event, ev.TurnCompleted):
-            self.num_action_tokens += len(event.action_ids)
-            self.episode_tokens[eid] += len(event.action_ids)
-            self.sampler_logprobs[(eid, event.turn)] = event.action_logprobs
-        elif isinstance(event, ev.ToolFinished):
-            self.tool_s += event.duration_s
+        eid = event.episode_id  # type: ignore[attr-defined]  (the trainer routes episode events)
+        self.records.setdefault(eid, EpisodeRecord(eid)).fold(event)
 
     def take(self) -> list[ev.Event]:
         """The events that arrived since the last ``take``."""
@@ -154,20 +124,41 @@ class BatchTracker:
 
     @property
     def complete(self) -> bool:
-        if len(self.rewards) < len(self.episode_ids):
+        records = [self.records.get(e) for e in self.episode_ids]
+        if not all(r is not None and r.has_reward for r in records):
             return False
-        if not self.needs_teacher:
-            return True
-        return all(self.scored[e] >= self.completed[e].num_turns for e in self.episode_ids)
+        return not self.needs_teacher or all(
+            len(r.scores) >= (r.num_turns or 0) for r in records if r is not None
+        )
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(r.num_action_tokens for r in self.records.values())
 
     def stats(self) -> dict[str, Any]:
         """Rollout statistics; ``teacher_kl`` (OPD) is the mean over sampled tokens of
         log π_sampler − log π_teacher, an estimate of KL(student ‖ teacher) on the student's
         own samples: what on-policy distillation drives down."""
-        scored = [r for r in self.rewards.values() if not r.infra_failure]
+        records = self.records.values()
+        graded = [r.reward for r in records if r.reward is not None]
+        scored = [r for r in graded if not r.infra_failure]
         rewards = [float(r.reward) for r in scored]  # ints, Fractions, Decimals too
-        turns = [c.num_turns for c in self.completed.values()]
-        lengths = [self.episode_tokens[e] for e in sorted(self.episode_ids)]
+        completed = [r.completed for r in records if r.completed is not None]
+        turns = [c.num_turns for c in completed]
+        lengths = [
+            self.records[e].num_action_tokens if e in self.records else 0
+            for e in sorted(self.episode_ids)
+        ]
+        gap = [  # (Σ log π_sampler − log π_teacher, tokens) of each scored turn
+            (
+                sum(map(operator.sub, a.action_logprobs, r.scores[k].teacher_logprobs)),
+                len(a.action_ids),
+            )
+            for r in records
+            for k, a in r.actions.items()
+            if k in r.scores
+        ]
+        gap_sum, gap_count = sum(g for g, _ in gap), sum(n for _, n in gap)
         mean = sum(rewards) / len(rewards) if rewards else None
         return {
             "reward_mean": mean,
@@ -176,13 +167,11 @@ class BatchTracker:
             ),
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
             "num_episodes": len(self.episode_ids),
-            "num_infra_failures": len(self.rewards) - len(scored),
-            "stop_reasons": dict(Counter(c.stop_reason for c in self.completed.values())),
+            "num_infra_failures": len(graded) - len(scored),
+            "stop_reasons": dict(Counter(c.stop_reason for c in completed)),
             "turns_mean": sum(turns) / len(turns) if turns else None,
             "num_action_tokens": self.num_action_tokens,
             "response_tokens_mean": sum(lengths) / len(lengths) if lengths else None,
             "response_tokens_max": max(lengths, default=None),
-            "teacher_kl": (
-                self.teacher_gap[0] / self.teacher_gap[1] if self.teacher_gap[1] else None
-            ),
+            "teacher_kl": gap_sum / gap_count if gap_count else None,
         }

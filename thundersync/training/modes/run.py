@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from thundersync import events as ev
+from thundersync.protocol import events as ev
 
 
 class EventLearner(Protocol):

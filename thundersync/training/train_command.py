@@ -11,7 +11,7 @@ from typing import Any
 
 from thundersync.cli_output import HelpFormatter, Progress
 from thundersync.declared import check_values
-from thundersync.strict_json import dumps_refusing
+from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.checks import check_inputs, with_model_folders
 from thundersync.training.config import (
     TrainConfig,
@@ -76,7 +76,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         return 2
     # after the checks: the run's modules import torch and transformers (seconds), which a
     # refused config need not wait for
-    from thundersync.errors import ThunderSyncError
+    from thundersync.protocol.errors import ThunderSyncError
     from thundersync.training.trainer import Trainer
     from thundersync.training.worker_pool import WorkerError
     from thundersync.training.workers import BackendError

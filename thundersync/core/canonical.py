@@ -14,11 +14,11 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord
-from thundersync.gradients import BufferPool, Piece, grpo_piece
-from thundersync.objectives import GRPO, group_stats, is_degenerate
-from thundersync.strategy import BatchContext, Groups, begin_group
+from thundersync.core.gradients import BufferPool, Piece, grpo_piece
+from thundersync.core.objectives import GRPO, group_stats, is_degenerate
+from thundersync.core.strategy import BatchContext, Groups, begin_group
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
 
 
 def select_groups(groups: Groups, objective: GRPO) -> list[str]:

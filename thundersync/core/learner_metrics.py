@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from thundersync.assembly import EpisodeRecord
+from thundersync.protocol.episode import EpisodeRecord
 
 
 class TokenStats:
@@ -43,13 +43,15 @@ class TokenStats:
         loss: torch.Tensor | None = None,
         pg: torch.Tensor | None = None,
         kl: torch.Tensor | None = None,
+        entropy_T: torch.Tensor | None = None,
     ) -> None:
         """Note one piece: Σ|d|, max|d|, Σ k3(d), token count, clipped-token count with
         d = log π_learner − log π_sampler; Σ −log π_learner; Σ k3 KL(π_learner ‖ π_ref) and
-        its token count (``ref_T``: the reference's log-probs); and its loss terms before
+        its token count (``ref_T``: the reference's log-probs); its loss terms before
         1/D — ``loss`` when the piece's loss is known whole (advantage applied), else ``pg``
-        (GRPO's ℓ_i, to be scaled by A_i in ``summary``); ``kl``: its KL term κ_i. Kept on
-        the device until the step."""
+        (GRPO's ℓ_i, to be scaled by A_i in ``summary``); ``kl``: its KL term κ_i; and
+        Σ of the policy's exact entropy at its tokens (``entropy_T``, from
+        ``Policy.action_logprobs``). Kept on the device until the step."""
         with torch.no_grad():
             logp_T = logp_T.detach().to(torch.float64)
             d_T = logp_T - sampler_T.to(torch.float64)
@@ -74,6 +76,8 @@ class TokenStats:
                     _value(loss if known else pg, zero),
                     _value(kl, zero),
                     d_T.new_tensor(float(known)),
+                    entropy_T.detach().to(torch.float64).sum() if entropy_T is not None else zero,
+                    d_T.new_tensor(float(entropy_T.numel()) if entropy_T is not None else 0.0),
                 ]
             )
 
@@ -96,12 +100,13 @@ class TokenStats:
                 "num_compared_tokens": 0,
                 "clip_fraction": 0.0,
                 "neg_logprob_mean": None,
+                "entropy_mean": None,
                 "kl_reference": None,
                 "loss": 0.0,
             }
         table = torch.stack([self._rows[key] for key in keys])
-        total_abs, total_k3, count, clipped, neg_logp, ref_kl, ref_count = (
-            table[:, [0, 2, 3, 4, 5, 6, 7]].sum(0).tolist()
+        total_abs, total_k3, count, clipped, neg_logp, ref_kl, ref_count, entropy, entropy_count = (
+            table[:, [0, 2, 3, 4, 5, 6, 7, 11, 12]].sum(0).tolist()
         )
         scale_K = table.new_tensor([(advantages or {}).get(key[0], 0.0) for key in keys])
         scale_K = torch.where(table[:, 10] > 0, torch.ones_like(scale_K), scale_K)
@@ -113,6 +118,7 @@ class TokenStats:
             "num_compared_tokens": int(count),
             "clip_fraction": clipped / num_trained_tokens if num_trained_tokens else 0.0,
             "neg_logprob_mean": _finite_or_none(neg_logp / count),
+            "entropy_mean": _finite_or_none(entropy / entropy_count) if entropy_count else None,
             "kl_reference": _finite_or_none(ref_kl / ref_count) if ref_count else None,
             "loss": _finite_or_none(loss),
         }

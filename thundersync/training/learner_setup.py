@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from thundersync import events as ev
-from thundersync.data_parallel import DataParallelLearner
-from thundersync.learner import Learner
+from thundersync.core.data_parallel import DataParallelLearner
+from thundersync.core.learner import Learner
+from thundersync.core.objectives import GRPO
 from thundersync.models import deterministic_cuda, load_model, load_tokenizer
-from thundersync.objectives import GRPO
+from thundersync.protocol import events as ev
 from thundersync.training import checkpoint as ckpt
 from thundersync.training.config import TrainConfig
 

@@ -20,11 +20,11 @@ from typing import Protocol
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord
-from thundersync.gradients import BufferPool
-from thundersync.metrics import TokenStats
-from thundersync.policy import Policy
+from thundersync.core.gradients import BufferPool
+from thundersync.core.learner_metrics import TokenStats
+from thundersync.core.policy import Policy
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
 
 Groups = dict[str, list[EpisodeRecord]]
 """Episodes by group id, both in canonical order (``Assembler.groups``)."""
@@ -45,7 +45,7 @@ class BatchContext:
     publish: Callable[[ev.Event], None] | None
     new_sum: Callable[[], torch.Tensor] | None = None
     """Makes the deterministic strategies' step sum (None: a zero buffer). The data-parallel
-    learner passes a recorder of the canonical addends (``thundersync.data_parallel``)."""
+    learner passes a recorder of the canonical addends (``thundersync.core.data_parallel``)."""
 
     def step_sum(self) -> torch.Tensor:
         """The sum a deterministic strategy adds its canonical addends into, in order."""

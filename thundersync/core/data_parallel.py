@@ -51,14 +51,15 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord, natural_key
-from thundersync.batch import opd_episodes
-from thundersync.canonical import select_groups
-from thundersync.errors import IncompleteBatchError, InvariantError
-from thundersync.learner import Learner
-from thundersync.objectives import GRPO, Objective, denominator
-from thundersync.strategy import Groups
+from thundersync.core.assembly import natural_key
+from thundersync.core.batch import opd_episodes
+from thundersync.core.canonical import select_groups
+from thundersync.core.learner import Learner
+from thundersync.core.objectives import GRPO, Objective, denominator
+from thundersync.core.strategy import Groups
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.errors import IncompleteBatchError, InvariantError
 
 __all__ = ["AddendLog", "DataParallelLearner", "stable_rank"]
 

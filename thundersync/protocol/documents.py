@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from thundersync.errors import ThunderSyncError
+from thundersync.protocol.errors import ThunderSyncError
 
 MAX_DEPTH = 100
 """Nesting of lists and tables/mappings/objects, counted from the top-level value as 1. Real

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from thundersync.errors import InvariantError
-from thundersync.metrics import TokenStats
-from thundersync.objectives import GRPO, OPD, grpo_terms, opd_term
-from thundersync.policy import Policy
-from thundersync.types import Trajectory
+from thundersync.core.learner_metrics import TokenStats
+from thundersync.core.objectives import GRPO, OPD, grpo_terms, opd_term
+from thundersync.core.policy import Policy
+from thundersync.protocol.errors import InvariantError
+from thundersync.protocol.types import Trajectory
 
 Piece = tuple[torch.Tensor, torch.Tensor | None]
 """One trajectory's (h_i, k_i): its policy-gradient and KL gradients (k_i None without KL)."""
@@ -73,14 +73,22 @@ def grpo_piece(
     """One trajectory's backward pass: (h_i, k_i) = (∇ℓ_i, ∇κ_i), kept apart because h_i is
     scaled by an advantage not known yet (k_i is None without a KL term). Trajectories whose
     advantage is already final go through ``batch.weighted_grad`` instead."""
-    logp_T, _ = policy.action_logprobs(trajectory)
+    logp_T, _, entropy_T = policy.action_logprobs(trajectory)
     sampler_T = sampler_logprobs(trajectory, logp_T)
     ref_T = None
     if reference is not None and objective.kl_coef != 0.0:
         with torch.no_grad():
-            ref_T, _ = reference.action_logprobs(trajectory)
+            ref_T = reference.action_logprobs(trajectory).logp_T
     pg, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
-    stats.record((trajectory.episode_id, None), logp_T, sampler_T, ref_T=ref_T, pg=pg, kl=kl)
+    stats.record(
+        (trajectory.episode_id, None),
+        logp_T,
+        sampler_T,
+        ref_T=ref_T,
+        pg=pg,
+        kl=kl,
+        entropy_T=entropy_T,
+    )
     if kl is None:
         return flat_grad(policy.params, pg), None
     return flat_grad(policy.params, pg, retain=True), flat_grad(policy.params, kl)
@@ -98,7 +106,7 @@ def opd_piece(
     """∇ of the OPD term of ``turns`` of one episode, from one forward over the prefix that
     ends with the last of them (a per-turn piece is a prefix forward, so it can run while
     that turn's tool call is still running)."""
-    logp_T, turn_T = policy.action_logprobs(trajectory, upto_turn=max(turns))
+    logp_T, turn_T, entropy_T = policy.action_logprobs(trajectory, upto_turn=max(turns))
     wanted = torch.tensor(sorted(turns), device=turn_T.device)
     mask_T = torch.isin(turn_T, wanted)
     teacher_T = teacher_logprobs(trajectory, sorted(turns), logp_T)
@@ -110,7 +118,7 @@ def opd_piece(
         sampler_T,
         num_episode_tokens=trajectory.num_action_tokens,
     )
-    stats.record(key, logp_T[mask_T], sampler_T, loss=loss)
+    stats.record(key, logp_T[mask_T], sampler_T, loss=loss, entropy_T=entropy_T[mask_T])
     return flat_grad(policy.params, loss)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from thundersync import events as ev
+from thundersync.protocol import events as ev
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from thundersync import events as ev
-from thundersync.errors import InvalidEventError, StaleTokenError
+from thundersync.protocol import events as ev
+from thundersync.protocol.errors import InvalidEventError, StaleTokenError
 
 MAX_ABS_REWARD = 1e6
 """Rewards beyond ±1e6 are refused: no grader means them, and in float32 their squares (σ_g)

@@ -13,11 +13,9 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord
-from thundersync.canonical import select_groups
-from thundersync.gradients import flat_grad, sampler_logprobs, teacher_logprobs
-from thundersync.objectives import (
+from thundersync.core.canonical import select_groups
+from thundersync.core.gradients import flat_grad, sampler_logprobs, teacher_logprobs
+from thundersync.core.objectives import (
     GRPO,
     OPD,
     clipped_tokens,
@@ -27,8 +25,11 @@ from thundersync.objectives import (
     opd_term,
     ppo_clip_loss,
 )
-from thundersync.strategy import BatchContext, Groups
-from thundersync.types import Trajectory
+from thundersync.core.policy import ActionLogprobs
+from thundersync.core.strategy import BatchContext, Groups
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.types import Trajectory
 
 
 class _AtTheStep:
@@ -114,10 +115,10 @@ def weighted_grad(
         refs: list[torch.Tensor | None] = [None] * len(chunk)
         if ctx.reference is not None and objective.kl_coef != 0.0:
             with torch.no_grad():
-                refs = list(ctx.reference.batch_action_logprobs(trajectories))
+                refs = [out.logp_T for out in ctx.reference.batch_action_logprobs(trajectories)]
         loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
-        for (_, advantage), traj, logp_T, ref_T in zip(chunk, trajectories, logps, refs):
-            pg, kl = _grpo_loss(ctx, objective, traj, logp_T, ref_T, advantage, against_sampler)
+        for (_, advantage), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
+            pg, kl = _grpo_loss(ctx, objective, traj, logp, ref_T, advantage, against_sampler)
             loss = loss + pg
             if kl is not None:
                 loss = loss + kl
@@ -129,12 +130,13 @@ def _grpo_loss(
     ctx: BatchContext,
     objective: GRPO,
     traj: Trajectory,
-    logp_T: torch.Tensor,
+    logp: ActionLogprobs,
     ref_T: torch.Tensor | None,
     advantage: float,
     against_sampler: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One trajectory's PPO-clip surrogate and KL term."""
+    logp_T = logp.logp_T
     sampler_T = sampler_logprobs(traj, logp_T)
     if against_sampler:
         old_T, rho_T = sampler_T, torch.ones_like(logp_T)
@@ -149,7 +151,14 @@ def _grpo_loss(
     # value is −A Σw at ratio 1), as streaming reports it; off-policy, the PPO surrogate.
     value = {"loss": pg} if against_sampler else {"pg": reinforce}
     ctx.stats.record(
-        (traj.episode_id, None), logp_T, sampler_T, clipped_T, ref_T=ref_T, kl=kl, **value
+        (traj.episode_id, None),
+        logp_T,
+        sampler_T,
+        clipped_T,
+        ref_T=ref_T,
+        kl=kl,
+        entropy_T=logp.entropy_T,
+        **value,
     )
     return pg, kl
 
@@ -162,7 +171,7 @@ def opd_batch_grad(
         trajectories = [rec.trajectory() for rec in episodes[start : start + ctx.micro_batch_size]]
         logps = ctx.policy.batch_action_logprobs(trajectories)
         loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
-        for traj, logp_T in zip(trajectories, logps):
+        for traj, (logp_T, _, entropy_T) in zip(trajectories, logps):
             turns = range(len(traj.turns))
             sampler_T = sampler_logprobs(traj, logp_T)
             term = opd_term(
@@ -172,7 +181,9 @@ def opd_batch_grad(
                 sampler_T,
                 num_episode_tokens=traj.num_action_tokens,
             )
-            ctx.stats.record((traj.episode_id, None), logp_T, sampler_T, loss=term)
+            ctx.stats.record(
+                (traj.episode_id, None), logp_T, sampler_T, loss=term, entropy_T=entropy_T
+            )
             loss = loss + term
         total.add_(flat_grad(ctx.policy.params, loss))
     return total

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import EpisodeRecord
-from thundersync.batch import opd_batch_grad, opd_episodes
-from thundersync.canonical import PieceStore
-from thundersync.gradients import opd_piece
-from thundersync.objectives import OPD
-from thundersync.strategy import BatchContext, Groups, begin_group
+from thundersync.core.batch import opd_batch_grad, opd_episodes
+from thundersync.core.canonical import PieceStore
+from thundersync.core.gradients import opd_piece
+from thundersync.core.objectives import OPD
+from thundersync.core.strategy import BatchContext, Groups, begin_group
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
 
 EPISODE = -1  # the piece key's turn for per-episode work
 
@@ -107,7 +107,7 @@ class PiecewiseOPD:
     def _ready(self, rec: EpisodeRecord, turn: int) -> bool:
         if turn == EPISODE:
             return rec.tokens_ready and rec.teacher_ready
-        return rec.turn_ready(turn) and turn in rec.teacher
+        return rec.turn_ready(turn) and turn in rec.scores
 
     def drain(self) -> None:
         """Run unblocked pieces. Outside deterministic mode, episodes that became wholly ready

@@ -10,19 +10,17 @@ A rejected event leaves no trace, so the learner stays usable.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
-from thundersync import events as ev
-from thundersync.errors import (
+from thundersync.core.validation import EventLimits, VersionWindow, check_event, describe
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.errors import (
     EventOrderError,
     IncompleteBatchError,
     InvalidEventError,
-    InvariantError,
 )
-from thundersync.types import Trajectory, Turn
-from thundersync.validation import EventLimits, VersionWindow, check_event, describe
 
-__all__ = ["Assembler", "EpisodeRecord", "EventOrderError", "natural_key"]
+__all__ = ["Assembler", "EventOrderError", "natural_key"]
 
 
 def natural_key(text: str) -> tuple:
@@ -30,91 +28,6 @@ def natural_key(text: str) -> tuple:
     The raw id breaks ties ('g1' vs 'g01'), so the order is total and never arrival order."""
     parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text))
     return (parts, text)
-
-
-@dataclass(slots=True)
-class EpisodeRecord:
-    """Everything consumed so far about one episode."""
-
-    episode_id: str
-    started: ev.EpisodeStarted | None = None
-    actions: dict[int, ev.TurnCompleted] = field(default_factory=dict)
-    observations: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    teacher: dict[int, tuple[float, ...]] = field(default_factory=dict)
-    num_turns: int | None = None
-    stop_reason: str = ""
-    reward: ev.RewardReady | None = None
-
-    @property
-    def group_id(self) -> str | None:
-        return self.started.group_id if self.started else None
-
-    @property
-    def has_reward(self) -> bool:
-        return self.reward is not None
-
-    @property
-    def reward_value(self) -> float:
-        """The reward; only asked for once ``RewardReady`` was consumed."""
-        if self.reward is None:
-            raise InvariantError(f"episode {self.episode_id!r}: reward used before RewardReady")
-        return float(self.reward.reward)
-
-    @property
-    def is_infra_failure(self) -> bool:
-        return self.reward is not None and self.reward.infra_failure
-
-    def turn_ready(self, k: int) -> bool:
-        """Action k and every token before it are known."""
-        return (
-            self.started is not None
-            and all(j in self.actions for j in range(k + 1))
-            and all(j in self.observations for j in range(k))
-        )
-
-    @property
-    def tokens_ready(self) -> bool:
-        """Every token the policy saw or produced is known (the last observation is never
-        part of any context, so it is not waited for)."""
-        return self.num_turns is not None and self.turn_ready(self.num_turns - 1)
-
-    @property
-    def teacher_ready(self) -> bool:
-        return self.num_turns is not None and all(k in self.teacher for k in range(self.num_turns))
-
-    @property
-    def num_action_tokens(self) -> int:
-        """Action tokens of the episode's turns (all known turns before ``EpisodeCompleted``)."""
-        last = self.num_turns if self.num_turns is not None else len(self.actions)
-        return sum(len(a.action_ids) for k, a in self.actions.items() if k < last)
-
-    def trajectory(self, upto_turn: int | None = None) -> Trajectory:
-        """The trajectory of turns ``0..upto_turn`` (all known turns when None)."""
-        if self.started is None:
-            raise InvariantError(f"episode {self.episode_id!r}: trajectory before EpisodeStarted")
-        last = self.num_turns - 1 if self.num_turns is not None else len(self.actions) - 1
-        last = last if upto_turn is None else upto_turn
-        turns = tuple(
-            Turn(
-                action_ids=self.actions[k].action_ids,
-                action_logprobs=self.actions[k].action_logprobs,
-                policy_version=self.actions[k].policy_version,
-                observation_ids=self.observations.get(k, ()),
-                teacher_logprobs=self.teacher.get(k),
-            )
-            for k in range(last + 1)
-        )
-        return Trajectory(
-            episode_id=self.episode_id,
-            group_id=self.started.group_id,
-            group_size=self.started.group_size,
-            task_id=self.started.task_id,
-            prompt_ids=self.started.prompt_ids,
-            turns=turns,
-            reward=float(self.reward.reward) if self.reward else None,  # validated: fits a float
-            infra_failure=self.is_infra_failure,
-            stop_reason=self.stop_reason,
-        )
 
 
 def context_floor(
@@ -165,27 +78,25 @@ class Assembler:
                 self._turn(rec, event, where)
             case ev.ToolFinished():
                 self._check_turn(rec, event.turn, where)
-                if event.turn in rec.observations:
+                if event.turn in rec.tools:
                     raise EventOrderError(f"{where}: turn {event.turn}'s tool already finished")
                 self._check_context(rec, where, observation=(event.turn, event.observation_ids))
-                rec.observations[event.turn] = event.observation_ids
             case ev.EpisodeCompleted():
                 self._complete(rec, event, where)
             case ev.RewardReady():
                 if rec.reward is not None:
                     raise EventOrderError(f"{where}: reward already consumed")
                 self._check_empty(rec.num_turns, event, where)
-                rec.reward = event
             case ev.TeacherScored():
                 self._check_turn(rec, event.turn, where)
-                if event.turn in rec.teacher:
+                if event.turn in rec.scores:
                     raise EventOrderError(f"{where}: turn {event.turn} already scored")
                 action = rec.actions.get(event.turn)
                 if action is not None:
                     self._check_lengths(action, event.teacher_logprobs, where)
-                rec.teacher[event.turn] = event.teacher_logprobs
             case _:
                 return None
+        rec.fold(event)  # checked: now it changes the record
         self.records[episode_id] = rec
         return rec
 
@@ -206,30 +117,25 @@ class Assembler:
         self._check_context(rec, where, prompt=event.prompt_ids)
         self.group_sizes[event.group_id] = size
         self.group_members[event.group_id] = members
-        rec.started = event
 
     def _turn(self, rec: EpisodeRecord, event: ev.TurnCompleted, where: str) -> None:
         self._check_turn(rec, event.turn, where)
         if event.turn in rec.actions:
             raise EventOrderError(f"{where}: turn {event.turn} already completed")
-        if event.turn in rec.teacher:
-            self._check_lengths(event, rec.teacher[event.turn], where)
+        if event.turn in rec.scores:
+            self._check_lengths(event, rec.scores[event.turn].teacher_logprobs, where)
         self._check_context(rec, where, action=(event.turn, event.action_ids))
-        rec.actions[event.turn] = event
 
     def _complete(self, rec: EpisodeRecord, event: ev.EpisodeCompleted, where: str) -> None:
         if rec.num_turns is not None:
             raise EventOrderError(f"{where}: episode already completed")
-        beyond = [
-            k for k in (*rec.actions, *rec.teacher, *rec.observations) if k >= event.num_turns
-        ]
+        beyond = [k for k in (*rec.actions, *rec.scores, *rec.tools) if k >= event.num_turns]
         if beyond:
             raise EventOrderError(
                 f"{where}: num_turns={event.num_turns} but turn(s) {sorted(set(beyond))} exist"
             )
         self._check_empty(event.num_turns, rec.reward, where)
         self._check_context(rec, where, num_turns=event.num_turns)
-        rec.num_turns, rec.stop_reason = event.num_turns, event.stop_reason
 
     @staticmethod
     def _check_turn(rec: EpisodeRecord, turn: int, where: str) -> None:
@@ -266,7 +172,7 @@ class Assembler:
             return
         prompt_ids = prompt if prompt is not None else rec.started.prompt_ids if rec.started else ()
         actions = {k: len(a.action_ids) for k, a in rec.actions.items()}
-        observations = {k: len(o) for k, o in rec.observations.items()}
+        observations = {k: len(t.observation_ids) for k, t in rec.tools.items()}
         if action is not None:
             actions[action[0]] = len(action[1])
         if observation is not None:

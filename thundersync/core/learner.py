@@ -4,7 +4,7 @@
 every event; ``step()`` finishes the batch: complete the gradient, divide by the batch
 denominator, clip the gradient norm, ``optimizer.step()``.
 
-How the gradient is computed is one strategy (``thundersync.strategy``), picked once here:
+How the gradient is computed is one strategy (``thundersync.core.strategy``), picked once here:
 
 - sync (``streaming=False``): collects the batch; at ``step`` computes advantages and runs the
   textbook batched backward (padded micro-batches) — ``BatchGRPO``, ``BatchOPD``.
@@ -26,7 +26,7 @@ Rules every strategy shares:
   from its group, and the group's statistics (μ, σ, dynamic sampling's all-equal test) are
   over the rest; its tokens need not be complete, and it counts in no denominator. OPD uses no
   reward, so the flag excludes nothing: every OPD episode needs its tokens and teacher scores.
-- Bad input is refused by ``consume`` before it changes anything (``thundersync.validation``
+- Bad input is refused by ``consume`` before it changes anything (``thundersync.core.validation``
   for the rules): ``InvalidEventError`` for bad values (wrong types, non-finite or
   |reward| > 1e6, log-probs that are not finite or above +1e-3, ids outside the vocabulary,
   a context longer than the model's maximum), ``EventOrderError`` for contradictions with what
@@ -45,7 +45,7 @@ Rules every strategy shares:
   a run stops with its last checkpoint the last good state. The check reads the parameters
   and changes nothing, so sync and streaming stay bitwise equal.
 
-Data parallelism: ``thundersync.data_parallel.DataParallelLearner`` is this learner on one
+Data parallelism: ``thundersync.core.data_parallel.DataParallelLearner`` is this learner on one
 rank; it overrides the hooks ``_batch_groups``, ``_reduce`` and ``_step_sum_factory``.
 
 Exactness holds for one optimizer step per rollout batch, which is what this learner does.
@@ -63,20 +63,13 @@ from typing import Any
 
 import torch
 
-from thundersync import events as ev
-from thundersync.assembly import Assembler, EpisodeRecord
-from thundersync.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
-from thundersync.canonical import CanonicalGRPO
-from thundersync.distill import PiecewiseOPD
-from thundersync.errors import (
-    IncompleteBatchError,
-    NonFiniteGradientError,
-    NonFiniteParameterError,
-    StaleTokenError,
-)
-from thundersync.gradients import BufferPool, write_grads
-from thundersync.metrics import TokenStats, staleness_metrics
-from thundersync.objectives import (
+from thundersync.core.assembly import Assembler
+from thundersync.core.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
+from thundersync.core.canonical import CanonicalGRPO
+from thundersync.core.distill import PiecewiseOPD
+from thundersync.core.gradients import BufferPool, write_grads
+from thundersync.core.learner_metrics import TokenStats, staleness_metrics
+from thundersync.core.objectives import (
     GRPO,
     OPD,
     Objective,
@@ -84,10 +77,18 @@ from thundersync.objectives import (
     denominator,
     group_advantages,
 )
-from thundersync.policy import Policy
-from thundersync.strategy import BatchContext, GradientStrategy
-from thundersync.streaming import StreamingGRPO
-from thundersync.validation import EventLimits, VersionWindow
+from thundersync.core.policy import Policy
+from thundersync.core.strategy import BatchContext, GradientStrategy
+from thundersync.core.streaming_grpo import StreamingGRPO
+from thundersync.core.validation import EventLimits, VersionWindow
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeRecord
+from thundersync.protocol.errors import (
+    IncompleteBatchError,
+    NonFiniteGradientError,
+    NonFiniteParameterError,
+    StaleTokenError,
+)
 
 __all__ = ["IncompleteBatchError", "Learner", "StaleTokenError"]
 
@@ -259,7 +260,7 @@ class Learner:
         self._new_batch()
         return metrics
 
-    # --- hooks a data-parallel learner overrides (thundersync.data_parallel) ------------------
+    # --- hooks a data-parallel learner overrides (core.data_parallel) ----------------------------
 
     def _batch_groups(self) -> dict[str, list[EpisodeRecord]]:
         """The groups the step trains on (checked complete; raises before any work)."""

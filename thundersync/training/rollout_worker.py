@@ -1,14 +1,14 @@
 """The rollout worker: an engine and many concurrent agent episodes in sandboxes, in one process.
 
-It receives commands on its control queue, in order:
+It receives messages (``training/control.py``) on its control queue, in order:
 
-- ``("weights", *payload)``: copy the latest published weights into the engine (between two
+- ``LoadWeights(payload)``: copy the latest published weights into the engine (between two
   generation batches; ``payload`` is what the backend's ``weights.publish`` returned) and
   report ``WeightsSynced``;
-- ``("run", plan)``: start the plan's episodes (B tasks × G samples), coroutines on one
-  asyncio loop (``EpisodeDriver``); they share one ``DynamicBatcher``, so requests that wait
-  together are generated together;
-- ``("stop",)``: cancel running episodes (their sandboxes are closed at once), close everything.
+- ``RunBatch(step, B, G)``: start the batch's episodes (B tasks × G samples), coroutines on
+  one asyncio loop (``EpisodeDriver``); they share one ``DynamicBatcher``, so requests that
+  wait together are generated together;
+- ``Stop()``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
 OPD), stamped on the trainer's clock. Task draws and sampling seeds are functions of the run's
@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from environments.tasks import TRAIN
-from thundersync import events as ev
+from thundersync.protocol import events as ev
+from thundersync.training.control import LoadWeights, RunBatch, Stop
 
 TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
 
@@ -51,19 +52,8 @@ class RolloutSpec:
     """The HF engine's device (vLLM places itself)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutPlan:
-    """One batch of episodes: ``num_tasks`` groups of ``group_size`` for ``step``."""
-
-    step: int
-    num_tasks: int
-    group_size: int
-    prefix: str = "s"
-    """Episode ids are ``{prefix}{step}-g{task}-e{sample}``: ``s`` for training batches."""
-
-
-def episode_prefix(prefix: str, step: int) -> str:
-    return f"{prefix}{step}-"
+TRAINING_DRAW = ord("s")
+"""Part of every training task draw's seed (as since 0.1, so a run draws the same tasks)."""
 
 
 def derive_seed(*parts: object) -> int:
@@ -139,26 +129,24 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     running: list[Future] = []
     try:
         episodes = EpisodeDriver(runner, batcher, max_concurrency=spec.max_concurrency)
-        while True:
-            command = control.get()
+        while not isinstance(message := control.get(), Stop):
             running = [f for f in running if not f.done() or _raise(f)]
-            if command[0] == "weights":
-                started = ev.now()
-                extra = command[1:]  # what the backend's weights.publish sent along
+            match message:
+                case LoadWeights(payload):
+                    started = ev.now()
 
-                def load(engine: Any, extra: tuple = extra) -> int:
-                    return weights.load_into(engine, *extra)
+                    def load(engine: Any, payload: tuple = payload) -> int:
+                        return weights.load_into(engine, *payload)
 
-                version = batcher.call(load)
-                output.put(
-                    ev.WeightsSynced(
-                        policy_version=version, metrics={"started": started, "finished": ev.now()}
+                    version = batcher.call(load)
+                    output.put(
+                        ev.WeightsSynced(
+                            policy_version=version,
+                            metrics={"started": started, "finished": ev.now()},
+                        )
                     )
-                )
-            elif command[0] == "run":
-                running += _start(episodes, tasks, spec, command[1])
-            elif command[0] == "stop":
-                break
+                case RunBatch():
+                    running += _start(episodes, tasks, spec, message)
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
         runner.cancel("the rollout worker is stopping")
         if episodes is not None:
@@ -169,27 +157,23 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-def _start(episodes: Any, source: Any, spec: RolloutSpec, plan: RolloutPlan) -> list[Future]:
-    """Submit the plan's episodes: every member of a group plays the same task, drawn from
+def _start(episodes: Any, source: Any, spec: RolloutSpec, batch: RunBatch) -> list[Future]:
+    """Submit the batch's episodes: every member of a group plays the same task, drawn from
     the env's training split (no env is made to draw it)."""
     tasks = [
-        source.draw(np.random.default_rng([spec.seed, plan.step, g, ord(plan.prefix[0])]), TRAIN)
-        for g in range(plan.num_tasks)
+        source.draw(np.random.default_rng([spec.seed, batch.step, g, TRAINING_DRAW]), TRAIN)
+        for g in range(batch.num_tasks)
     ]
-    jobs = []
-    for g, task in enumerate(tasks):
-        group_id = f"{episode_prefix(plan.prefix, plan.step)}g{g}"
-        for e in range(plan.group_size):
-            episode_id = f"{group_id}-e{e}"
-            jobs.append(
-                {
-                    "task": task,
-                    "group_id": group_id,
-                    "group_size": plan.group_size,
-                    "seed": derive_seed(spec.seed, episode_id),
-                    "episode_id": episode_id,
-                }
-            )
+    jobs = [
+        {
+            "task": tasks[key.group],
+            "group_id": key.group_id,
+            "group_size": batch.group_size,
+            "seed": derive_seed(spec.seed, key.episode_id),
+            "episode_id": key.episode_id,
+        }
+        for key in batch.episodes()
+    ]
     return episodes.submit_all(jobs)
 
 

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-from thundersync.types import Trajectory
+from thundersync.protocol.types import Trajectory
+
+
+class ActionLogprobs(NamedTuple):
+    """One entry per action token, in order: log π(a_t | s_t) (gradients flow into the
+    model's parameters), the turn of the token, and the policy's exact entropy at that
+    position, −Σ_v π(v | s_t) log π(v | s_t) over the whole vocabulary (detached: a metric)."""
+
+    logp_T: torch.Tensor
+    turn_T: torch.Tensor
+    entropy_T: torch.Tensor
 
 
 class Policy:
@@ -62,12 +73,9 @@ class Policy:
 
     def action_logprobs(
         self, trajectory: Trajectory, upto_turn: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the action tokens of turns ``0..upto_turn`` (all when None).
-
-        Returns ``(logp_T, turn_T)``: one entry per action token in order, and the turn
-        index of each. Gradients flow into the model's parameters.
-        """
+    ) -> ActionLogprobs:
+        """Log-probs (and entropies) of the action tokens of turns ``0..upto_turn`` (all
+        when None)."""
         ids, turn_of = trajectory.context_ids(upto_turn)
         if not trajectory.prompt_ids:
             raise ValueError(
@@ -81,9 +89,9 @@ class Policy:
         logits_TV = logits_LV[positions]
         logp_TV = torch.log_softmax(logits_TV, dim=-1)
         logp_T = logp_TV.gather(-1, ids_L[positions + 1][:, None]).squeeze(-1)
-        return logp_T, turn_L[positions + 1]
+        return ActionLogprobs(logp_T, turn_L[positions + 1], _entropy(logp_TV))
 
-    def batch_action_logprobs(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+    def batch_action_logprobs(self, trajectories: Sequence[Trajectory]) -> list[ActionLogprobs]:
         """``action_logprobs`` for several trajectories in one right-padded forward pass.
 
         Right padding keeps every real token's position and causal context unchanged, so the
@@ -102,7 +110,8 @@ class Policy:
             turn_L = torch.tensor(turn_of, device=self.device)
             positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
             logp_TV = torch.log_softmax(logits_BLV[b, positions], dim=-1)
-            out.append(logp_TV.gather(-1, ids_BL[b, positions + 1][:, None]).squeeze(-1))
+            logp_T = logp_TV.gather(-1, ids_BL[b, positions + 1][:, None]).squeeze(-1)
+            out.append(ActionLogprobs(logp_T, turn_L[positions + 1], _entropy(logp_TV)))
         return out
 
     @torch.no_grad()
@@ -135,6 +144,14 @@ class Policy:
         )
         tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long, device=self.device)
         return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token
+
+
+@torch.no_grad()
+def _entropy(logp_TV: torch.Tensor) -> torch.Tensor:
+    """−Σ_v p log p per row, in float64; a token of probability 0 adds 0 (not 0 · −inf)."""
+    logp_TV = logp_TV.detach().to(torch.float64)
+    p_TV = logp_TV.exp()
+    return -torch.where(p_TV > 0, p_TV * logp_TV, 0.0).sum(-1)
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:

@@ -1,0 +1,53 @@
+"""The messages the trainer sends its workers (docs/design.md §5), matched with ``match``.
+
+To the rollout worker: ``RunBatch`` (play a batch), ``LoadWeights`` (load the published
+weights between batches), ``Stop``. To a data-parallel learner rank: ``Forwarded`` (an event
+of one of its groups), ``TakeStep``, ``Stop``. To the OPD teacher: events, then ``Stop``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from thundersync.protocol import events as ev
+from thundersync.protocol.episode import EpisodeKey
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatch:
+    """Play batch ``step``: ``num_tasks`` task groups of ``group_size`` episodes each."""
+
+    step: int
+    num_tasks: int
+    group_size: int
+
+    def episodes(self) -> list[EpisodeKey]:
+        return EpisodeKey.batch(self.step, self.num_tasks, self.group_size)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWeights:
+    """Load the weights the trainer just published; ``payload`` is what the weight
+    backend's ``publish`` returned (a version and where the tensors are)."""
+
+    payload: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """An event of one of the rank's episodes."""
+
+    event: ev.Event
+
+
+@dataclass(frozen=True, slots=True)
+class TakeStep:
+    """Every event of batch ``step`` was forwarded: take the step with the other ranks."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Finish: the worker returns (after closing what it holds)."""
