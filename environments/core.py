@@ -421,12 +421,17 @@ class ShellEnv(gym.Env[str, str]):
             raise gym.error.ResetNeeded("grading needs a finished episode with its sandbox")
         fresh: list[Sandbox] = []
 
-        def make_fresh() -> Sandbox:
-            sandbox = self._make_sandbox(self._task_spec())
+        def make_from(spec: SandboxSpec) -> Sandbox:
+            sandbox = self._make_sandbox(spec)
             fresh.append(sandbox)
             return sandbox
 
-        context = GradingContext(fresh_sandbox=make_fresh, strict=self.strict_grading)
+        context = GradingContext(
+            fresh_sandbox=lambda: make_from(self._task_spec()),
+            strict=self.strict_grading,
+            sandbox_kind=self._sandbox_kind if isinstance(self._sandbox_kind, str) else None,
+            make_sandbox=make_from,
+        )
         try:
             grade = self._task.grade(self._sandbox, context)
         except SandboxError as exc:

@@ -59,6 +59,12 @@ class GradingContext:
     layer and a pinned environment, and flag tampering with test infrastructure
     (``details["tamper_suspected"]``, scored 0). ``False`` grades as the benchmark's own
     harness does, so that published numbers stay comparable."""
+    sandbox_kind: str | None = None
+    """The kind the episode's sandboxes are ("docker", "bwrap"; None when a factory decides),
+    for a grader that needs a sandbox of another spec (``make_sandbox``)."""
+    make_sandbox: Callable[[SandboxSpec], Sandbox] | None = None
+    """Makes a new sandbox of the episode's kind from another spec (a Harbor task's separate
+    verifier image), closed by the env like ``fresh_sandbox``'s; None where the caller cannot."""
 
 
 PROTOCOL_VERSION = 2

@@ -52,6 +52,9 @@ class DockerfilePlan:
     run_steps: tuple[RunStep, ...] = ()
     build_step: str | None = None
     """The first line that only ``docker build`` can do (None: bubblewrap can run it)."""
+    test_copies: tuple[Copy, ...] = ()
+    """``COPY`` into the tests folder (``read_dockerfile``'s ``tests_dir``), destinations
+    relative to it: the grader uploads these files with the tests (a verifier image's)."""
 
 
 def _logical_lines(path: Path, text: str) -> list[tuple[int, str]]:
@@ -188,20 +191,27 @@ def _apply(state: _State, path: Path, number: int, keyword: str, args: str) -> N
         state.build_step = state.build_step or f"{where}: {keyword}"
 
 
+def _is_below(target: str, folder: str) -> bool:
+    return target == folder or target.startswith(folder.rstrip("/") + "/")
+
+
 def _plan_copy(
-    path: Path, context: Path, entry: tuple[int, list[str], str, str | None], workdir: str
-) -> Copy | str:
+    path: Path, context: Path, entry: tuple[int, list[str], str, str | None], root: str
+) -> Copy:
+    """The COPY of ``entry`` with its destination relative to ``root`` (a folder it lies in)."""
     number, patterns, dest, cwd = entry
     target = posixpath.normpath(posixpath.join(cwd or "/", dest))
-    if target != workdir and not target.startswith(workdir.rstrip("/") + "/"):
-        return f"line {number}: COPY to {target}, outside the workspace {workdir}"
     sources = _resolve_sources(path, number, context, patterns)
-    is_dir = dest.endswith("/") or dest in (".", "./") or len(sources) > 1 or target == workdir
-    return Copy(tuple(sources), posixpath.relpath(target, workdir), is_dir)
+    is_dir = dest.endswith("/") or dest in (".", "./") or len(sources) > 1 or target == root
+    return Copy(tuple(sources), posixpath.relpath(target, root), is_dir)
 
 
-def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
+def read_dockerfile(path: Path, context: Path, *, tests_dir: str | None = None) -> DockerfilePlan:
     """Parse ``path`` (built from ``context``) into a plan; malformed files raise.
+
+    ``tests_dir`` (a Harbor verifier image's ``tests/Dockerfile``: ``/tests``): ``COPY`` into
+    that folder goes to ``test_copies``, which the grader uploads with the tests, instead of
+    being a build step.
 
     The bubblewrap rule (also in environments/fixtures/terminal_bench/README.md): a Dockerfile runs
     without Docker when it has one ``FROM`` of ``thundersync/base:bookworm`` or of an image
@@ -251,12 +261,16 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
     except ValueError as err:
         build_step = build_step or f"WORKDIR {workdir}: bubblewrap cannot use it: {err}"
     copies: list[Copy] = []
+    test_copies: list[Copy] = []
     for entry in state.copies:
-        planned = _plan_copy(path, context, entry, workdir)
-        if isinstance(planned, str):
-            build_step = build_step or planned
+        target = posixpath.normpath(posixpath.join(entry[3] or "/", entry[2]))
+        if tests_dir is not None and _is_below(target, tests_dir):
+            test_copies.append(_plan_copy(path, context, entry, tests_dir))
+        elif _is_below(target, workdir):
+            copies.append(_plan_copy(path, context, entry, workdir))
         else:
-            copies.append(planned)
+            where = f"line {entry[0]}: COPY to {target}, outside the workspace {workdir}"
+            build_step = build_step or where
     return DockerfilePlan(
         path=path,
         workdir=workdir,
@@ -265,4 +279,5 @@ def read_dockerfile(path: Path, context: Path) -> DockerfilePlan:
         copies=tuple(copies),
         run_steps=tuple(state.runs),
         build_step=build_step,
+        test_copies=tuple(test_copies),
     )

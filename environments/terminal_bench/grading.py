@@ -208,52 +208,77 @@ def parse_reward_txt(text: str) -> float:
     return _check_range("reward.txt", value)
 
 
-def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
-    """(reward, metrics): the ``"reward"`` metric if present, else the mean of all metrics.
-    Every metric must be finite; the reward, and every metric averaged into it, must lie in
-    ``REWARD_RANGE`` (so that out-of-range metrics cannot cancel out in the mean)."""
+REWARD_FILES = ("reward.txt", "reward.json", "rewards.json")
+"""Read in this order, the first present wins: Harbor's verifier reads ``reward.txt`` or
+``reward.json``; its 1.4 task template tells tests to write several rewards to
+``rewards.json``, in the same format."""
+
+
+def parse_reward_json(
+    text: str, key: str | None = None, name: str = "reward.json"
+) -> tuple[float, dict[str, float]]:
+    """(reward, metrics) of a JSON object of metrics (``name`` is the file, for errors). The
+    training reward is metric ``key`` (a task's ``[verifier] reward_key``), else the
+    ``"reward"`` metric if present, else the mean of all metrics. Every metric must be finite;
+    the reward, and every metric averaged into it, must lie in ``REWARD_RANGE`` (so that
+    out-of-range metrics cannot cancel out in the mean). A missing ``key`` is a RewardFileError
+    naming it."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as err:  # also over-long integers and deep nesting
-        raise RewardFileError(f"reward.json: expected JSON, got invalid text ({err})") from None
+        raise RewardFileError(f"{name}: expected JSON, got invalid text ({err})") from None
     if not isinstance(data, dict) or not data:
-        raise RewardFileError(f"reward.json: expected a non-empty object of metrics, got {data!r}")
-    for key, value in data.items():
+        raise RewardFileError(f"{name}: expected a non-empty object of metrics, got {data!r}")
+    for metric, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RewardFileError(f"reward.json: metric {key!r}: expected a number, got {value!r}")
+            raise RewardFileError(f"{name}: metric {metric!r}: expected a number, got {value!r}")
         try:
             finite = math.isfinite(float(value))
         except OverflowError:  # an integer too large for a float
             finite = False
         if not finite:
-            raise RewardFileError(f"reward.json: metric {key!r}: expected a finite number")
-    metrics = {key: float(value) for key, value in data.items()}
-    if "reward" in metrics:
-        return _check_range("reward.json: metric 'reward'", metrics["reward"]), metrics
-    for key, value in metrics.items():
-        _check_range(f"reward.json: metric {key!r} (averaged into the reward)", value)
+            raise RewardFileError(f"{name}: metric {metric!r}: expected a finite number")
+    metrics = {metric: float(value) for metric, value in data.items()}
+    if key is not None and key not in metrics:
+        raise RewardFileError(
+            f"{name}: the task's reward_key {key!r} is missing; metrics: {sorted(metrics)}"
+        )
+    chosen = key or ("reward" if "reward" in metrics else None)
+    if chosen is not None:
+        return _check_range(f"{name}: metric {chosen!r}", metrics[chosen]), metrics
+    for metric, value in metrics.items():
+        _check_range(f"{name}: metric {metric!r} (averaged into the reward)", value)
     return sum(metrics.values()) / len(metrics), metrics
 
 
-def read_harbor_reward(sandbox: Sandbox, paths: GraderPaths) -> tuple[float, dict[str, Any]]:
-    """Read the verifier's reward file (reward.txt first, as Harbor does)."""
+def read_harbor_reward(
+    sandbox: Sandbox, paths: GraderPaths, reward_key: str | None = None
+) -> tuple[float, dict[str, Any]]:
+    """Read the verifier's reward file, the first of ``REWARD_FILES`` present."""
     folder = shlex.quote(paths.verifier)
-    for name in ("reward.txt", "reward.json"):
+    for name in REWARD_FILES:
         shown = sandbox.execute(f"cat {folder}/{name}", timeout=60)
         if shown.exit_code != 0:
             continue
         if name == "reward.txt":
             return parse_reward_txt(shown.output), {}
-        reward, metrics = parse_reward_json(shown.output)
+        reward, metrics = parse_reward_json(shown.output, reward_key, name)
         return reward, {"metrics": metrics}
     raise RewardFileMissing(
-        f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json"
+        f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json nor rewards.json"
     )
 
 
-def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeout: float) -> Grade:
+def grade_harbor(
+    sandbox: Sandbox,
+    paths: GraderPaths,
+    result: ExecResult,
+    timeout: float,
+    reward_key: str | None = None,
+) -> Grade:
     """Reward of a Harbor ``tests/test.sh`` run, from ``reward.txt`` (a number) or else
-    ``reward.json`` (metric names to numbers: its ``"reward"`` entry, else their mean). A run past
+    ``reward.json`` / ``rewards.json`` (metric names to numbers: ``parse_reward_json`` picks the
+    training reward; all metrics go to ``details["metrics"]``). A run past
     its timeout scores 0. A reward file that is malformed, not finite or outside
     ``REWARD_RANGE`` scores 0 with ``details["reward_error"]`` (the agent's output can steer what
     a verifier writes, so this is never an excluded infrastructure failure). Without a reward
@@ -268,7 +293,7 @@ def grade_harbor(sandbox: Sandbox, paths: GraderPaths, result: ExecResult, timeo
         "output": result.output[-_OUTPUT_TAIL:],
     }
     try:
-        reward, extra = read_harbor_reward(sandbox, paths)
+        reward, extra = read_harbor_reward(sandbox, paths, reward_key)
     except RewardFileMissing as err:
         verifier_failed = result.exit_code != 0
         return Grade(

@@ -13,11 +13,16 @@ from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
+from environments.terminal_bench.verifier import read_verifier_environment
 from thundersync.protocol.documents import DocumentError, excerpt, load_toml
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 DEFAULT_BUILD_TIMEOUT_S = 600.0
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+"""The task.toml schema versions Harbor has published (harbor 0.1 wrote ``version = "1.0"``,
+0.3 ``schema_version = "1.1"``, 0.6 "1.2", 0.13 "1.3", 0.24 to 0.26 "1.4"); another version may
+mean fields this loader does not implement, so it is refused."""
 TOP_LEVEL = frozenset(
     {
         "version",
@@ -34,8 +39,10 @@ TOP_LEVEL = frozenset(
 """Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
 unknown keys inside the known tables only warn, since Harbor keeps adding optional ones."""
 _TABLE_KEYS = {
-    "task": frozenset({"name", "description", "authors", "keywords"}),
-    "verifier": frozenset({"timeout_sec", "env", "user"}),
+    "task": frozenset({"name", "version", "description", "authors", "keywords"}),
+    "verifier": frozenset(
+        {"timeout_sec", "env", "user", "environment_mode", "environment", "reward_key"}
+    ),
     "agent": frozenset({"timeout_sec", "user"}),
     "solution": frozenset({"env"}),
     "environment": frozenset(
@@ -73,8 +80,13 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     schema.check_keys(path, data, TOP_LEVEL, strict=True)
     for key in ("version", "schema_version"):
-        if not isinstance(data.get(key, "1.0"), str):
-            raise TaskFormatError(path, key, f"expected a version string, got {excerpt(data[key])}")
+        if data.get(key, "1.0") not in SCHEMA_VERSIONS:
+            raise TaskFormatError(
+                path,
+                key,
+                f"expected one of Harbor's schema versions {', '.join(SCHEMA_VERSIONS)} "
+                f"(a string), got {excerpt(data[key])}",
+            )
     tables = {
         name: schema.check_mapping(path, name, data.get(name, {}))
         for name in ("task", "metadata", "verifier", "agent", "environment", "solution")
@@ -198,12 +210,20 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
     solve = task_dir / "solution" / "solve.sh"
     if not solve.is_file():
         raise TaskFormatError(task_dir, "solution/solve.sh", "expected the reference solution")
+    environment = _environment(task_dir, task_id, tables["environment"])
+    reward_key = tables["verifier"].get("reward_key")
+    if reward_key is not None and (not isinstance(reward_key, str) or not reward_key):
+        raise TaskFormatError(
+            path, "verifier.reward_key", f"expected a metric name, got {excerpt(reward_key)}"
+        )
     return TerminalBenchTask(
         task_id=task_id,
         instruction=instruction.strip() + "\n",
         path=task_dir,
         format="harbor",
-        environment=_environment(task_dir, task_id, tables["environment"]),
+        environment=environment,
+        verifier=read_verifier_environment(task_dir, tables["verifier"], environment),
+        reward_key=reward_key,
         tests_dir=tests_dir,
         test_script=tests_dir / "test.sh",
         test_timeout_s=test_timeout,

@@ -12,10 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from environments import tamper, work
-from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
+    NeedsDockerError,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
 from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import grading, inputs, strict
 from environments.terminal_bench.environment import TaskEnvironment
+from environments.terminal_bench.verifier import test_copy_uploads
 
 _CHUNK_CHARS = 64 * 1024
 """Base64 per command: well under Linux's 128 KiB limit on one argument."""
@@ -51,14 +58,27 @@ class TerminalBenchTask:
     timeout_s: float = 600.0
     max_turns: int = 50
     metadata: dict[str, Any] = field(default_factory=dict)
+    verifier: TaskEnvironment | None = None
+    """Harbor's separate verifier environment (``environments.terminal_bench.verifier``): the
+    tests run in a sandbox made from it with the agent's work folder copied in. None: they
+    run in the agent's sandbox (or, strict, a fresh one like it)."""
+    reward_key: str | None = None
+    """Harbor's ``[verifier] reward_key``: the metric of a reward.json that is the reward."""
 
     @property
     def needs_docker_reason(self) -> str | None:
         """Why only the Docker sandbox can run this task (None: bubblewrap can)."""
-        return self.environment.needs_docker_reason
+        reason = self.environment.needs_docker_reason
+        if reason is None and self.verifier is not None:
+            reason = self.verifier.needs_docker_reason
+            reason = reason and f"its verifier image (tests/Dockerfile or docker_image): {reason}"
+        return reason
 
     def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
-        """How to make the sandbox; ``kind="bwrap"`` raises NeedsDockerError for build steps."""
+        """How to make the sandbox; ``kind="bwrap"`` raises NeedsDockerError for build steps,
+        the separate verifier's included, before the agent starts."""
+        if kind == "bwrap" and self.needs_docker_reason is not None:
+            raise NeedsDockerError(f"task {self.task_id} needs Docker: {self.needs_docker_reason}")
         return self.environment.spec(kind)
 
     def setup(self, sandbox: Sandbox) -> None:
@@ -88,6 +108,11 @@ class TerminalBenchTask:
         nothing the agent started runs on while its work is read or graded."""
         try:
             sandbox.stop_processes()
+            if self.verifier is not None and (context is None or context.make_sandbox is None):
+                error = (
+                    f"task {self.task_id}: a separate verifier needs a context that makes sandboxes"
+                )
+                return Grade(reward=0.0, infra_failure=True, details={"error": error})
             if context is None:
                 return self._run_tests(sandbox, pinned=False)
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
@@ -107,8 +132,8 @@ class TerminalBenchTask:
         workdir = self.environment.workdir
         try:
             agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
-        except work.WorkExportError as err:  # the agent's doing: its 0 when strict
-            if context.strict:
+        except work.WorkExportError as err:  # the agent's doing: its 0 when strict or separate
+            if context.strict or self.verifier is not None:
                 failure = {"agent_failure": str(err), "reason": str(err)}
                 return Grade(reward=0.0, details={"strict": True, **failure})
             grade = self._run_tests(sandbox, pinned=False)
@@ -128,15 +153,26 @@ class TerminalBenchTask:
             "tamper_suspected": bool(reasons),
             "tamper_reasons": reasons,
         }
-        if not context.strict:
-            grade = self._run_tests(sandbox, pinned=False)
-        elif reasons:
+        if context.strict and reasons:
             reason = "strict grading: the agent's work touches test infrastructure"
             return Grade(reward=0.0, details={**report, "reason": reason})
+        if not context.strict and self.verifier is None:
+            grade = self._run_tests(sandbox, pinned=False)
         else:
-            work.import_work(fresh, workdir, agent_work)
-            grade = self._run_tests(fresh, pinned=True)
+            target = fresh if self.verifier is None else self._verifier_sandbox(context)
+            work.import_work(target, workdir, agent_work)
+            grade = self._run_tests(target, pinned=context.strict)
+        if self.verifier is not None:
+            report["separate_verifier"] = True
         return Grade(grade.reward, grade.infra_failure, {**grade.details, **report})
+
+    def _verifier_sandbox(self, context: GradingContext) -> Sandbox:
+        """A sandbox of the separate verifier's image (of the episode's sandbox kind)."""
+        if self.verifier is None or context.make_sandbox is None:
+            raise ValueError(f"task {self.task_id} has no separate verifier to make")
+        made = context.make_sandbox(self.verifier.spec(context.sandbox_kind))
+        self.verifier.setup(made)
+        return made
 
     def _run_tests(self, sandbox: Sandbox, *, pinned: bool) -> Grade:
         """Upload the tests and run them in ``sandbox`` (with the strict environment when
@@ -150,15 +186,22 @@ class TerminalBenchTask:
         )
         if self.format == "tb1":
             return grading.grade_tb1(result, self.test_timeout_s)
-        return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s)
+        return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s, self.reward_key)
 
     def test_uploads(self) -> list[tuple[Path, str]]:
         """The files the grader uploads (host file, path under the tests folder), each checked
-        again to lie inside the task folder: tests/, plus run-tests.sh for Terminal-Bench 1."""
+        again to lie inside the task folder: tests/, plus run-tests.sh for Terminal-Bench 1,
+        plus what a separate verifier's tests/Dockerfile copies into /tests (where the grader
+        uploads the tests, so the image's copies are made again in either sandbox)."""
         uploads = inputs.list_files(self.tests_dir, self.path)
         if self.format == "tb1":
             script = inputs.inside(self.test_script, self.path, "run-tests.sh")
             uploads.append((script, "run-tests.sh"))
+        if self.verifier is not None:
+            by_name = dict((rel, host) for host, rel in uploads)
+            for host, rel in test_copy_uploads(self.verifier.plan, self.path):
+                by_name[rel] = host
+            uploads = [(host, rel) for rel, host in sorted(by_name.items())]
         return uploads
 
     def reference_solution(self) -> list[str]:
