@@ -97,6 +97,12 @@ class TerminalBenchTask:
         itself, as the benchmark's own harness runs them, and the report changes no score.
         Without a context: the tests run in ``sandbox``, nothing is compared.
 
+        A Harbor task with a separate verifier (``verifier``) runs its tests, strict or not, in
+        a sandbox of the verifier's image (``context.make_sandbox``) with the agent's work
+        folder copied in, as Harbor does (``details["separate_verifier"]``); its work folder
+        the agent made unreadable scores 0; without a context that can make sandboxes it is
+        an infrastructure failure, never a grade in the agent's own sandbox.
+
         Only a SandboxError (the sandbox could not run a command) is an infrastructure failure,
         and a task folder that changed after loading. A step that ran but failed in the state
         the agent left (a read-only workspace, deleted tools, an unreadable work folder) scores
@@ -135,7 +141,7 @@ class TerminalBenchTask:
         except work.WorkExportError as err:  # the agent's doing: its 0 when strict or separate
             if context.strict or self.verifier is not None:
                 failure = {"agent_failure": str(err), "reason": str(err)}
-                return Grade(reward=0.0, details={"strict": True, **failure})
+                return Grade(reward=0.0, details={"strict": context.strict, **failure})
             grade = self._run_tests(sandbox, pinned=False)
             unreported = {"strict": False, "tamper_report_error": str(err)}
             return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported})
