@@ -190,8 +190,13 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     what = f"on {len(tasks)} held-out tasks × {config.eval_samples} samples"
     with (
         Progress("compare", total, "evaluations") as progress,
-        PolicyEvaluator(
-            initial, seed=base.seed, max_new_tokens=base.max_new_tokens, device=base.device
+        PolicyEvaluator(  # on the engine the runs sampled with
+            initial,
+            seed=base.seed,
+            max_new_tokens=base.max_new_tokens,
+            device=base.device,
+            engine=base.engine,
+            dtype=base.dtype,
         ) as judge,
     ):
         progress.phase(f"evaluating the initial model {what}")

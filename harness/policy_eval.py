@@ -1,4 +1,4 @@
-"""A checkpoint as an agent: the policy agent on an HF engine, run over tasks in sandboxes.
+"""A checkpoint as an agent: the policy agent on an engine (hf or vllm), over tasks in sandboxes.
 
 One ``PolicyEvaluator`` holds one engine (loaded once); ``load`` swaps another checkpoint's
 weights in place (a run's checkpoints share an architecture), so evaluating every checkpoint
@@ -62,19 +62,21 @@ class PolicyEvaluator:
         self.concurrency = concurrency
 
     def load(self, checkpoint: str | Path) -> None:
-        """Evaluate ``checkpoint`` from now on (same architecture, weights loaded in place)."""
+        """Evaluate ``checkpoint`` from now on (same architecture, weights loaded in place, on
+        whichever engine this evaluator holds)."""
         from safetensors.torch import load_file
 
+        from thundersync.training.engines.engine import parameter_layout
+
         state = load_file(Path(checkpoint) / "model.safetensors")
-        model = self.engine.model
-        missing = [name for name, _ in model.named_parameters() if name not in state]
+        names, _ = parameter_layout(self.checkpoint)  # the learner's flat order
+        missing = [name for name in names if name not in state]
         if missing:
             raise ValueError(
                 f"{checkpoint}: not a checkpoint of this architecture (missing {missing[:3]})"
             )
-        flat = torch.cat(
-            [state[name].reshape(-1).to(p.dtype) for name, p in model.named_parameters()]
-        )
+        dtype = state[names[0]].dtype
+        flat = torch.cat([state[name].reshape(-1).to(dtype) for name in names])
         self.batcher.call(lambda engine: engine.load_weights(flat, engine.policy_version))
         self.checkpoint = Path(checkpoint)
 

@@ -121,3 +121,54 @@ def test_the_engine_is_closed_when_the_policy_fails_to_start(tiny_model_dirs, mo
     assert built == [("vllm", {"dtype": "bfloat16", "device": "cpu", "seed": 3})]
     assert fake.closed.is_set()
     assert set(threading.enumerate()) <= threads, "the batcher's thread outlived the failure"
+
+
+def test_an_evaluator_loads_another_checkpoint_in_the_learners_order(tiny_model_dirs, tmp_path):
+    """``load`` swaps weights through the engine's own ``load_weights`` (the learner's flat
+    order, from the checkpoint's config): what ``compare`` does on whichever engine ran."""
+    import torch
+
+    from harness.policy_eval import PolicyEvaluator
+    from thundersync.models import load_model
+
+    changed = tmp_path / "changed"
+    model = load_model(tiny_model_dirs["qwen3"], dtype=torch.float32)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.add_(i + 1.0)
+    model.save_pretrained(changed)
+    with PolicyEvaluator(tiny_model_dirs["qwen3"], max_new_tokens=4) as judge:
+        judge.load(changed)
+        loaded = dict(judge.engine.model.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(loaded[name].detach(), p.detach()), name
+
+
+def test_compare_evaluates_on_the_engine_and_dtype_the_runs_sampled_with(monkeypatch, tmp_path):
+    import harness.policy_eval
+    from harness.compare import CompareConfig, Run, evaluate_runs
+    from thundersync.training.config import TrainConfig
+
+    built: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def evaluator(checkpoint, **kwargs):
+        built.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(harness.policy_eval, "PolicyEvaluator", evaluator)
+    train = TrainConfig(
+        env="thundersync/ToySum-v0",
+        env_kwargs={"tools": "python"},
+        engine="vllm",
+        dtype="bfloat16",
+        out=str(tmp_path / "run"),
+    )
+    config = CompareConfig(train, eval_tasks=2, out=str(tmp_path))
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "sync" / "metrics.jsonl").write_text("")  # a run that saved no checkpoint
+    with pytest.raises(Stop):
+        evaluate_runs([Run("sync", 0, tmp_path / "sync")], config)
+    assert (built[0]["engine"], built[0]["dtype"]) == ("vllm", "bfloat16")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -109,3 +110,16 @@ def request_seed(run_seed: int, episode_id: str, turn: int) -> int:
     id (which names the step) and the turn only, never of timing."""
     digest = hashlib.sha256(f"{run_seed}/{episode_id}/{turn}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def parameter_layout(model_dir: str | Path) -> tuple[list[str], list[torch.Size]]:
+    """The checkpoint's trainable parameters as the learner flattens them: the names and
+    shapes of ``model.parameters()`` of its transformers model (tied weights once), built on
+    the meta device (no memory, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(Path(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    named = list(model.named_parameters())
+    return [name for name, _ in named], [p.shape for _, p in named]

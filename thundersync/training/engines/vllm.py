@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
-from thundersync.training.engines.engine import Completion, GenerationRequest, generate_checked
+from thundersync.training.engines.engine import (
+    Completion,
+    GenerationRequest,
+    generate_checked,
+    parameter_layout,
+)
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. `make test-vllm` builds .venv-vllm with it; "
@@ -189,19 +194,6 @@ class VLLMEngine:
         logprobs = tuple(float(step[t].logprob) for step, t in zip(sample.logprobs, tokens))
         stopped = bool(tokens) and tokens[-1] in request.params.stop_ids
         return Completion(tokens, logprobs, "stop" if stopped else "length", self.policy_version)
-
-
-def parameter_layout(model_dir: str | Path) -> tuple[list[str], list[torch.Size]]:
-    """The checkpoint's trainable parameters as the learner flattens them: the names and
-    shapes of ``model.parameters()`` of its transformers model (tied weights once), built on
-    the meta device (no memory, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(Path(model_dir))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    named = list(model.named_parameters())
-    return [name for name, _ in named], [p.shape for _, p in named]
 
 
 def _position_limit(model_dir: Path) -> int:
