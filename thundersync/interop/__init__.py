@@ -2,4 +2,6 @@
 
 ``atif``: episodes out as ATIF documents (``thundersync export --format atif``) and ATIF
 trajectories in as our events (``load_atif``, ``thundersync verify --trajectories``).
+``trl``: any registered env as a TRL ``environment_factory`` (``trl_environment``), so TRL's
+``GRPOTrainer`` trains on it through our sandboxes and graders.
 """

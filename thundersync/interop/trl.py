@@ -42,9 +42,6 @@ from typing import Any
 
 from thundersync.protocol.types import StopReason
 
-UNSEEDED = None
-"""A row without a ``seed``: the env draws its task from fresh entropy."""
-
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -157,8 +154,9 @@ class TrlEnvironment:
             raise
         if terminated or truncated:
             self._end(reward, info)
-            if self._outcome is not None and self._outcome.stop_reason != StopReason.SUBMITTED:
-                observation += f"\n[the episode is over: {self._outcome.stop_reason}]"
+            reason = info.get("termination_reason")
+            if reason is not StopReason.SUBMITTED:
+                observation += f"\n[the episode is over: {reason}]"
         return observation
 
     def get_reward(self) -> float | None:
@@ -197,7 +195,7 @@ class TrlEnvironment:
 def _episode_choice(row: dict[str, Any], env_id: str) -> tuple[int | None, dict[str, Any]]:
     """The ``reset`` seed and options a TRL dataset row asks for (ValueError naming the
     column and value otherwise)."""
-    seed = row.get("seed", UNSEEDED)
+    seed = row.get("seed")  # None: the env draws its task from fresh entropy
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral)):
         raise ValueError(f"env {env_id}: row column 'seed': expected an integer >= 0, got {seed!r}")
     if seed is not None and seed < 0:

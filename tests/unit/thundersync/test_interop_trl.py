@@ -235,8 +235,10 @@ def test_rewards_come_from_the_grader_strict_unless_asked_otherwise(sandboxes):
     strict.reset()
     assert strict.get_reward() == 0.25
     lenient = trl_environment("thundersync/TrlProbe-v0", strict_grading=False, sandbox=sandboxes)()
-    lenient.reset()
+    lenient.reset(task="probe")  # a row's task column picks the task by id
     assert lenient.get_reward() == 0.75
+    with pytest.raises(ValueError, match="options\\['task'\\]: unknown task id 'nope'"):
+        lenient.reset(task="nope")
     assert sandboxes.open() == []
 
 
