@@ -399,3 +399,34 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
     last = sorted((out / "checkpoints").glob("step-*"))[-1]
     return load_file(last / "model.safetensors")
+
+
+def test_an_evaluator_on_vllm_loads_a_later_checkpoint_as_hf_does(model_dir, tmp_path):
+    """What ``compare`` does for a run trained with vLLM: one evaluator on the vLLM engine,
+    each checkpoint's weights loaded in place (the learner's order from the checkpoint)."""
+    from harness.policy_eval import PolicyEvaluator
+    from thundersync.models import load_model
+    from thundersync.training.engines.hf import HFEngine
+
+    later = tmp_path / "later"
+    model = load_model(model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    model.save_pretrained(later)
+    load_tokenizer_into(model_dir, later)
+    reqs = requests(4, max_new=10, temperature=0.0)
+    with PolicyEvaluator(model_dir, engine="vllm", max_new_tokens=10) as judge:
+        before = judge.engine.generate(reqs)
+        judge.load(later)
+        after = judge.engine.generate(reqs)
+    expected = HFEngine(later).generate(reqs)
+    assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    assert [c.token_ids for c in after] == [c.token_ids for c in expected]
+
+
+def load_tokenizer_into(source: Path, folder: Path) -> None:
+    from thundersync.models import load_tokenizer
+
+    load_tokenizer(source).save_pretrained(folder)
