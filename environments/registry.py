@@ -38,6 +38,8 @@ BUILTIN: dict[str, tuple[str, dict[str, Any]]] = {
         "environments.suites:make_suite_env",
         {"suite": "harbor-mini"},
     ),
+    # A running OpenEnv server's env (env kwarg url=...); its code is interop, not the gym's.
+    "openenv/Remote-v0": ("thundersync.interop.openenv_env:OpenEnvRemote", {}),
 }
 
 

@@ -71,6 +71,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     from harness.timeline import add_timeline_parser
     from leaderboard.leaderboard_command import add_leaderboard_parser
     from thundersync.interop.export import add_export_parser
+    from thundersync.interop.openenv_server import add_serve_parser
     from thundersync.training.train_command import add_train_parser, add_warmstart_parser
 
     add_eval_parser(sub)
@@ -81,6 +82,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     add_simulate_parser(sub)
     add_timeline_parser(sub)
     add_export_parser(sub)
+    add_serve_parser(sub)
 
 
 def _add_envs(sub: argparse._SubParsersAction) -> None:
