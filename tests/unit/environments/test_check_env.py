@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -47,7 +50,26 @@ def test_check_env(env_id, monkeypatch):
     if loader is not None and importlib.util.find_spec(loader) is None:
         pytest.skip(f"{loader} has not landed yet")
     monkeypatch.syspath_prepend(str(PLUGIN_DIR))
-    env = gym.make(env_id)
+    with _served_for(env_id) as kwargs:
+        _check(env_id, kwargs)
+
+
+@contextlib.contextmanager
+def _served_for(env_id: str) -> Iterator[dict[str, Any]]:
+    """The kwargs an env needs beyond its defaults: the remote env is checked against a
+    served ToySum (a server of this process, stopped on the way out)."""
+    if env_id != "openenv/Remote-v0":
+        yield {}
+        return
+    pytest.importorskip("openenv", reason="the interop extra: pip install -e '.[interop]'")
+    from tests.unit.thundersync.test_interop_openenv import served
+
+    with served("thundersync/ToySum-v0", {"tools": "python"}) as server:
+        yield {"url": server.url}
+
+
+def _check(env_id: str, kwargs: dict[str, Any]) -> None:
+    env = gym.make(env_id, **kwargs)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
