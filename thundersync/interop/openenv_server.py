@@ -14,6 +14,7 @@ names another address. Exit codes: 0 stopped, 2 bad input (one line: unknown env
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import socket
 import sys
@@ -92,7 +93,9 @@ def run_serve_command(args: argparse.Namespace) -> int:
         f"up to {args.max_sessions}); Ctrl-C stops",
         flush=True,
     )
-    server.run()
+    # uvicorn shuts down gracefully on Ctrl-C, then raises it again: the stop asked for.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
     print("serve: stopped; every session's sandbox removed", flush=True)
     return 0
 

@@ -117,6 +117,13 @@ def test_an_openenv_client_plays_toysum_oracle_one_nop_zero_and_its_sandbox_goes
             assert (nop.done, nop.reward) == (True, 0.0)
         assert server.sessions.wait_for(0, timeout=60), "the closed session's env is still open"
         assert roots(sandbox_roots) == []
+        left_open = client(server).connect()
+        left_open.reset(seed=8)
+        assert len(roots(sandbox_roots)) == 1
+    try:
+        assert roots(sandbox_roots) == [], "stopping the server removes a live session's sandbox"
+    finally:
+        left_open.close()
 
 
 @needs_bwrap

@@ -1,0 +1,97 @@
+"""OpenEnv end to end, offline on loopback: ``thundersync serve`` as its own process serving a
+Harbor fixture task to openenv's client (the reference solution scores 1, submitting at once
+0, under strict grading) and ToySum to ``thundersync train`` through ``openenv/Remote-v0``;
+Ctrl-C stops the server and every session's sandbox goes with it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv", reason="the interop extra: pip install -e '.[interop]'")
+
+from environments.suites import resolve_suite  # noqa: E402
+from tests.integration.training_kit import train  # noqa: E402
+from tests.unit.thundersync.test_interop_openenv import client, play, served  # noqa: E402
+from thundersync.protocol.events import read_jsonl  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+HARBOR_TASK = ROOT / "environments" / "fixtures" / "terminal_bench" / "harbor" / "sales-report"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing"),
+]
+
+
+def test_an_openenv_client_plays_a_harbor_task_oracle_one_nop_zero():
+    (task,) = resolve_suite(HARBOR_TASK)
+    kwargs = {"suite": str(HARBOR_TASK)}
+    with served("thundersync/TerminalBench-v0", kwargs) as server, client(server) as session:
+        first = session.reset(task_id=task.task_id)
+        assert first.observation["text"] == task.instruction
+        assert first.observation["strict_grading"] is True
+        oracle = play(session, task.reference_solution())
+        assert (oracle.reward, oracle.observation["infra_failure"]) == (1.0, False), oracle
+        assert not oracle.observation["grade_details"].get("tamper_suspected")
+        session.reset(task_id=task.task_id)
+        assert play(session, []).reward == 0.0
+
+
+class Serve:
+    """``thundersync serve`` as a process of its own on a free loopback port (it prints the
+    port it got), stopped with Ctrl-C by its pid on every path out."""
+
+    def __init__(self, *args: str, timeout_s: float = 300.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "thundersync.cli", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        watchdog = threading.Timer(timeout_s, self.proc.kill)
+        watchdog.start()
+        try:
+            first = self.proc.stdout.readline()  # no polling: the line, or EOF once killed
+        finally:
+            watchdog.cancel()
+        if " at http://127.0.0.1:" not in first:
+            self.stop()
+            raise AssertionError(f"serve did not start: {first}{self.proc.stderr.read()}")
+        self.url = first.split(" at ", 1)[1].split()[0]
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return self.proc.returncode, out
+
+
+def test_train_runs_two_steps_on_toysum_served_over_openenv(tmp_path):
+    server = Serve("--env", "thundersync/ToySum-v0")
+    try:
+        out = tmp_path / "run"
+        env_kwargs = json.dumps({"url": server.url})
+        small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
+        train(out, "--env", "openenv/Remote-v0", "--env-kwargs", env_kwargs, "--steps", "2", *small)
+    finally:
+        code, stdout = server.stop()
+    assert code == 0 and "every session's sandbox removed" in stdout, stdout
+    records = read_jsonl(out / "events.jsonl")
+    rewards = [r for r in records if r["event"] == "RewardReady"]
+    assert len(rewards) == 2 * 2 * 2
+    assert [r for r in rewards if r["infra_failure"]] == []
+    started = [r for r in records if r["event"] == "EpisodeStarted"]
+    assert all(not r["task_id"].startswith("seed-") for r in started), "the server's task ids"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
