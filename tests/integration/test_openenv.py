@@ -67,15 +67,15 @@ class Serve:
             raise AssertionError(f"serve did not start: {first}{self.proc.stderr.read()}")
         self.url = first.split(" at ", 1)[1].split()[0]
 
-    def stop(self) -> tuple[int, str]:
+    def stop(self) -> tuple[int, str, str]:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
-            out, _ = self.proc.communicate(timeout=120)
+            out, err = self.proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, _ = self.proc.communicate()
-        return self.proc.returncode, out
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out, err
 
 
 def test_train_runs_two_steps_on_toysum_served_over_openenv(tmp_path):
@@ -86,8 +86,9 @@ def test_train_runs_two_steps_on_toysum_served_over_openenv(tmp_path):
         small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
         train(out, "--env", "openenv/Remote-v0", "--env-kwargs", env_kwargs, "--steps", "2", *small)
     finally:
-        code, stdout = server.stop()
-    assert code == 0 and "every session's sandbox removed" in stdout, stdout
+        code, stdout, stderr = server.stop()
+    assert code == 0 and "every session's sandbox removed" in stdout, stdout + stderr
+    assert "Traceback" not in stderr, "a client closing its session is no error"
     records = read_jsonl(out / "events.jsonl")
     rewards = [r for r in records if r["event"] == "RewardReady"]
     assert len(rewards) == 2 * 2 * 2

@@ -140,7 +140,7 @@ class EnvServer:
             factory, TextAction, TextObservation, max_concurrent_envs=max_sessions
         )
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+            _quiet_disconnects(app), log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
         )
         self._server = uvicorn.Server(config)
 
@@ -178,3 +178,22 @@ def _listen(host: str, port: int) -> socket.socket:
                 f"--port {port}: already in use on {host} (pick another, or 0 for any free one)"
             ) from None
         raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc}") from None
+
+
+def _quiet_disconnects(app: Any) -> Any:
+    """``app`` without the traceback openenv-core 0.3.0 logs for every client that closes its
+    session: its handler closes a WebSocket the client has already closed, and catches only
+    ``RuntimeError`` from that. The session was ended as the client asked (its env closed
+    first), so nothing failed; any other error, and any disconnect off a WebSocket, still
+    propagates."""
+    from starlette.websockets import WebSocketDisconnect
+    from uvicorn.protocols.utils import ClientDisconnected
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except (WebSocketDisconnect, ClientDisconnected):
+            if scope.get("type") != "websocket":
+                raise
+
+    return serve
