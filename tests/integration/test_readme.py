@@ -30,7 +30,7 @@ def run_block(marker: str, folder: Path) -> str:
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(python_blocks()) == 2
+    assert len(python_blocks()) == 3
 
 
 @pytest.mark.slow
@@ -46,6 +46,29 @@ def test_the_env_example_registers_an_env_that_an_oracle_solves(tmp_path):
         pytest.skip("bubblewrap missing: apt-get install bubblewrap")
     out = run_block("CountLinesEnv", tmp_path)
     assert out.split() == ["1.0", "True", "submitted"], out
+
+
+@pytest.mark.slow
+def test_the_trl_example_takes_a_step_with_our_env(tmp_path):
+    """The TRL example as written, on a tiny tool-calling model in its ``runs/trl-model`` and
+    with one step instead of ten."""
+    pytest.importorskip("trl", reason="TRL: pip install trl==1.16.0")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap missing: apt-get install bubblewrap")
+    from tests.integration.test_trl import scripted_policy
+
+    model, tokenizer = scripted_policy(tmp_path / "built")
+    model.save_pretrained(tmp_path / "runs" / "trl-model")
+    tokenizer.save_pretrained(tmp_path / "runs" / "trl-model")
+    (block,) = [b for b in python_blocks() if "GRPOTrainer(" in b]
+    assert "max_steps=10" in block
+    script = tmp_path / "example.py"
+    script.write_text(block.replace("max_steps=10", "max_steps=1"))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rewards/ToySum_v0/mean" in done.stdout + done.stderr
 
 
 FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
