@@ -32,12 +32,8 @@ from collections.abc import Iterable
 from environments.sandboxes.protocol import Sandbox, SandboxError
 from environments.swebench.instance import SWEBenchInstance, is_repo_path
 from environments.swebench.transfer import read_text
-from environments.tamper import (
-    STDLIB_MODULES,
-    parse_patch,
-    patch_findings,
-    shadowing_findings,
-)
+from environments.tamper import STDLIB_MODULES, patch_findings, shadowing_findings
+from environments.unified_diff import parse_patch
 
 TEST_FOLDER_NAMES = frozenset({"test", "tests", "testing", "__tests__"})
 PINNED_ENV = (

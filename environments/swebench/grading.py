@@ -10,8 +10,8 @@ from typing import Any
 
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.snapshot import START_MARKER
-from environments.tamper import parse_patch
 from environments.tasks import Grade
+from environments.unified_diff import parse_patch
 
 MODEL_NAME = "thundersync"
 LOG_TAIL_CHARS = 2000

@@ -11,8 +11,8 @@ from typing import Any
 
 from environments.swebench.repository import check_snapshot
 from environments.swebench.snapshot import END_MARKER, START_MARKER
-from environments.tamper import parse_patch
 from environments.tasks import TaskFormatError
+from environments.unified_diff import parse_patch
 from thundersync.protocol.documents import DocumentError, load_json
 
 REQUIRED_TEXT_FIELDS = (

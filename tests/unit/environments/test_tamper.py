@@ -10,6 +10,7 @@ import pytest
 
 from environments import tamper
 from environments.tamper import is_mixed_config, path_findings, pytest_config_sections_touched
+from environments.unified_diff import parse_patch
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -124,7 +125,7 @@ def test_parse_patch_reads_git_diffs_of_every_shape():
         "+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
         "--- a/plain.txt\n+++ b/plain.txt\n@@ -1,2 +1,2 @@\n--- a/fake\n+y\n \\ z\n"
     )
-    diffs = tamper.parse_patch(patch)
+    diffs = parse_patch(patch)
     assert [(d.old_path, d.new_path) for d in diffs] == [
         (None, "café x.py"),
         ("old.py", "new.py"),
@@ -196,7 +197,7 @@ def test_pylint_4661_setup_cfg_hunks_are_not_flagged():
     """The one Verified gold patch touching setup.cfg edits [options] and [isort] only."""
     rows = {r["instance_id"]: r for r in official_rows(OFFICIAL[0])}
     patch = rows["pylint-dev__pylint-4661"]["patch"]
-    setup_cfg = [d for d in tamper.parse_patch(patch) if d.path == "setup.cfg"]
+    setup_cfg = [d for d in parse_patch(patch) if d.path == "setup.cfg"]
     assert len(setup_cfg) == 1 and len(setup_cfg[0].hunks) == 3
     assert tamper.config_findings(setup_cfg[0]) == []
     assert tamper.patch_findings(patch) == []
