@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from environments.sandboxes.bwrap import BwrapSandbox
-from environments.sandboxes.docker import BASE_IMAGE, DockerSandbox, docker_available
+from environments.sandboxes.docker import BASE_IMAGE, DockerSandbox
+from environments.sandboxes.docker_daemon import docker_available
 from environments.sandboxes.pool import SandboxPool
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,

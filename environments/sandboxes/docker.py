@@ -29,11 +29,9 @@ thread: it removes the container at once, and a running ``execute`` raises Sandb
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import posixpath
 import shutil
-import tarfile
 import tempfile
 import threading
 import time
@@ -44,9 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes import disk
+from environments.sandboxes import disk, tar_stream
 from environments.sandboxes.bwrap import MAX_ARGV_CMD_BYTES, MAX_FILE_BYTES
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
+from environments.sandboxes.docker_daemon import (
+    API_TIMEOUT_S,
+    LOCAL_DAEMON_URL,
+    daemon_client,
+)
 from environments.sandboxes.image_build import LABEL, build_image
 from environments.sandboxes.orphans import (
     reap_once,
@@ -62,9 +65,7 @@ from environments.sandboxes.protocol import (
 
 BASE_IMAGE = "thundersync/base:bookworm"
 DISK_PREFIX = "thundersync-docker-"  # + the owner's pid: the host folders of workspace disks
-LOCAL_DAEMON_URL = "http+docker://localhost"  # the SDK's base_url for a unix:// socket
 
-API_TIMEOUT_S = 300
 HOST_GRACE_S = 0.5
 CMD_FILE = "/tmp/.thundersync-cmd"
 GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
@@ -85,35 +86,6 @@ for round in 1 2 3 4 5; do
 done
 exit $rc
 """
-
-
-def docker_available() -> bool:
-    """Whether the docker SDK is installed and a Docker daemon answers a ping."""
-    try:
-        import docker
-    except ImportError:
-        return False
-    try:
-        client = docker.from_env(timeout=5)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
-
-
-def _client() -> Any:
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxError("the docker SDK is not installed: pip install docker") from exc
-    try:
-        client = docker.from_env(timeout=API_TIMEOUT_S)
-        client.ping()
-    except Exception as exc:
-        raise SandboxError(f"no Docker daemon reachable (DOCKER_HOST / socket): {exc}") from exc
-    return client
 
 
 @dataclass(slots=True)
@@ -137,7 +109,7 @@ class DockerSandbox:
         self.spec = spec
         self.workdir = posixpath.normpath(spec.workdir)
         self.marker = f"thundersync-{uuid.uuid4().hex[:12]}"
-        self._client = client if client is not None else _client()
+        self._client = client if client is not None else daemon_client()
         reap_once("docker", self._reap_orphans)
         self._closed = False
         self._close_error: str | None = None
@@ -414,10 +386,7 @@ class DockerSandbox:
         dst = posixpath.normpath(dst)
         if not src.is_dir() and self._is_dir(dst):
             raise IsADirectoryError(f"upload of file {src} onto folder {dst}: name the new file")
-        with tempfile.TemporaryFile() as buf:
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                tar.add(src, arcname=dst.lstrip("/") or ".")
-            buf.seek(0)
+        with tar_stream.archive_of(src, dst) as buf:
             try:
                 ok = self._container.put_archive("/", buf)
             except Exception as exc:
@@ -427,13 +396,8 @@ class DockerSandbox:
             raise SandboxError(f"container {self.marker}: upload to {dst} was refused")
 
     def _put_bytes(self, data: bytes, path: str) -> None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
         try:
-            self._container.put_archive("/", buf.getvalue())
+            self._container.put_archive("/", tar_stream.archive_of_bytes(data, path))
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot write {path}: {exc}") from exc
 
@@ -458,23 +422,11 @@ class DockerSandbox:
                 msg = f"download source {path} not found in {self.marker}"
                 raise FileNotFoundError(msg) from exc
             raise SandboxError(f"container {self.marker}: download of {path}: {exc}") from exc
-        with tempfile.TemporaryDirectory() as tmp:
-            with tempfile.TemporaryFile() as buf:
-                try:
-                    for chunk in stream:
-                        buf.write(chunk)
-                except Exception as exc:
-                    msg = f"container {self.marker}: download of {path}: {exc}"
-                    raise SandboxError(msg) from exc
-                buf.seek(0)
-                with tarfile.open(fileobj=buf, mode="r") as tar:
-                    tar.extractall(tmp, filter="data")
-            (item,) = Path(tmp).iterdir()
-            dst = Path(dst)
-            if item.is_dir() and dst.is_dir():
-                shutil.copytree(item, dst, symlinks=True, dirs_exist_ok=True)
-            else:
-                shutil.move(str(item), dst)
+        try:
+            tar_stream.extract_one(stream, Path(dst))
+        except tar_stream.StreamError as exc:
+            msg = f"container {self.marker}: download of {path}: {exc.__cause__}"
+            raise SandboxError(msg) from exc
 
     def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         """Archive container folder ``path`` to host ``dst`` with the daemon's archive API
@@ -497,7 +449,7 @@ class DockerSandbox:
                     raise NotADirectoryError(f"{full} is not a folder in {self.marker} {target}")
                 if exclude:
                     top = posixpath.basename(full) or "."
-                    _filter_archive(_ChunkReader(stream), top, frozenset(exclude), Path(dst))
+                    tar_stream.copy_without(stream, top, frozenset(exclude), Path(dst))
                 else:
                     with open(dst, "wb") as out:
                         for chunk in stream:
@@ -524,41 +476,6 @@ class DockerSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"docker sandbox {self.marker} is closed")
-
-
-class _ChunkReader(io.RawIOBase):
-    """The daemon's archive stream (an iterator of byte chunks) as a readable file."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks, self._pending = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            try:
-                self._pending = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size], self._pending = self._pending[:size], self._pending[size:]
-        return size
-
-
-def _filter_archive(source: io.RawIOBase, top: str, exclude: frozenset[str], dst: Path) -> None:
-    """Copy the tar streaming from ``source`` to ``dst`` without the members below ``top``
-    named in ``exclude`` (read past, never stored)."""
-    reader = io.BufferedReader(source, buffer_size=1 << 20)
-    with (
-        tarfile.open(fileobj=reader, mode="r|") as archive,
-        tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as out,
-    ):
-        for member in archive:
-            parts = member.name.lstrip("/").split("/")
-            if len(parts) > 1 and parts[0] == top and parts[1] in exclude:
-                continue
-            out.addfile(member, archive.extractfile(member) if member.isreg() else None)
 
 
 def _remove(client: Any, name: str, host: _HostDisk) -> None:
