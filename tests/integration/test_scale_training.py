@@ -220,3 +220,30 @@ def test_an_unreachable_ray_address_fails_at_once_with_one_line(tmp_path, monkey
     assert done.returncode == 1
     assert "no Ray head answers at RAY_ADDRESS" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.ray
+@needs_ray
+def test_ray_workers_run_at_the_trainers_priority_not_at_rays_nice_15(tmp_path):
+    """Ray starts workers at nice 15 by default; ours do the run's work, and at nice 15 they
+    starved behind any busy process (a loaded machine took ten minutes for one Ray test)."""
+    from thundersync.training.ray_backend import RayBackend
+
+    backend = RayBackend(cpus_needed=1, gpus_needed=0, gpu_for_rollout=False, log=tmp_path / "l")
+    try:
+        started, output = backend.queue(), backend.queue()
+        worker = backend.spawn("probe", started.put, "up", num_threads=1, output=output)
+        assert started.get(timeout=300) == "up"  # the worker ran
+        actors = [
+            int(p)
+            for p in filter(str.isdigit, os.listdir("/proc"))
+            if cmdline(p).startswith((b"ray::_WorkerActor", b"ray::_QueueActor"))
+        ]
+        assert actors
+        assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in actors} == dict.fromkeys(
+            actors, os.getpriority(os.PRIO_PROCESS, 0)
+        )
+        backend.stop(worker, timeout_s=60)
+    finally:
+        backend.close()
+    assert not ray_processes()

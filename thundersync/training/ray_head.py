@@ -35,6 +35,10 @@ LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray starts workers at nice 15 (to favour the driver); ours do the run's work (rollout,
+    # teacher, learner ranks), so on a busy machine they would starve behind anything else
+    # while the local backend's workers would not: they run at the trainer's own priority.
+    "RAY_worker_niceness": "0",
 }
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _READY = "thundersync-ray-head: ready"
