@@ -111,11 +111,16 @@ class BatchTracker:
     """Run-clock time the batch was handed to the rollout worker."""
     events: list[ev.Event] = field(default_factory=list)
     records: dict[str, EpisodeRecord] = field(default_factory=dict)
+    graded: int = 0
+    """Episodes whose reward arrived: ``complete`` is asked after every event, so it counts
+    instead of scanning every record until the last reward is in."""
 
     def apply(self, event: ev.Event) -> None:
         self.events.append(event)
         eid = event.episode_id  # type: ignore[attr-defined]  (the trainer routes episode events)
-        self.records.setdefault(eid, EpisodeRecord(eid)).fold(event)
+        record = self.records.setdefault(eid, EpisodeRecord(eid))
+        self.graded += isinstance(event, ev.RewardReady) and record.reward is None
+        record.fold(event)
 
     def take(self) -> list[ev.Event]:
         """The events that arrived since the last ``take``."""
@@ -124,6 +129,8 @@ class BatchTracker:
 
     @property
     def complete(self) -> bool:
+        if self.graded < len(self.episode_ids):
+            return False
         records = [self.records.get(e) for e in self.episode_ids]
         if not all(r is not None and r.has_reward for r in records):
             return False
