@@ -178,12 +178,18 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     def fmt(v: Any, spec: str = ".3f") -> str:
         return "n/a" if v is None else format(v, spec)
 
+    failed = m.get("num_infra_failures") or 0
+    infra = (
+        f"; {failed} infrastructure failure(s), not trained on (events.jsonl says why)"
+        if failed
+        else ""
+    )
     return (
         f"step {m['step']}/{total}: reward mean {fmt(m['reward_mean'])}, "
         f"solved {fmt(m['accuracy'], '.0%')} of {m['num_episodes']} episodes (reward >= 1); "
         f"wall-clock {m['step_time_s']:.2f} s (engine busy {b.get('engine', 0):.2f}, "
         f"learner {b.get('backward', 0) + b.get('step', 0):.2f}; per episode: tools "
-        f"{b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f})"
+        f"{b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f}){infra}"
     )
 
 

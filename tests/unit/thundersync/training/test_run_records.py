@@ -262,3 +262,22 @@ def test_json_on_the_command_line_is_read_bounded(capsys):
     assert main(["train", "--env-kwargs", '{"x": ' + DEEP + "}"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert "nested more than 100 levels deep" in err and len(err) < 500
+
+
+def test_the_step_line_says_how_many_episodes_were_infrastructure_failures():
+    """A server that is down makes every episode an infra failure: the console says so instead
+    of only 'reward mean n/a'."""
+    from thundersync.training.telemetry import progress_line
+
+    metrics = {
+        "step": 1,
+        "reward_mean": None,
+        "accuracy": None,
+        "num_episodes": 16,
+        "num_infra_failures": 16,
+        "step_time_s": 4.2,
+        "breakdown_s": {},
+    }
+    line = progress_line(metrics, 1)
+    assert line.endswith("; 16 infrastructure failure(s), not trained on (events.jsonl says why)")
+    assert "infrastructure" not in progress_line({**metrics, "num_infra_failures": 0}, 1)
