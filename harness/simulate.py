@@ -19,6 +19,7 @@ be checked against a measured run.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -92,6 +93,73 @@ def run_workload(folder: Path, sync_folder: Path | None = None) -> Workload:
     )
 
 
+def replay_run(folder: Path) -> dict[str, Any]:
+    """A run replayed in its own mode from its own measurements: each step's ready times
+    (rewards; completions with early start; teacher scores per turn for OPD) and the learner's
+    costs from its spans (a sync or async run: ``learner.step()`` minus the optimizer per work
+    item; a streaming run: o and b fitted to its backward passes, and its closing ``step``),
+    beside the step time it measured: the simulator checked against a real run. Sync and
+    streaming: the median over steps (the first, a warm-up, left out) of a step's time from its
+    batch's submission to its end; async: the mean interval between step ends once the
+    pipeline is full (after step k+1), its throughput."""
+    from harness.critical_path import pass_cost, step_windows
+
+    config = json.loads((folder / "config.json").read_text())
+    mode, staleness = config["mode"], int(config.get("staleness", 1))
+    every = step_windows(folder)
+    # async: the steady state comes after the pipeline's fill (steps 1..k+1)
+    skip = staleness + 1 if mode == "async" else 1
+    if len(every) < skip + 2 or not all(w.work_times for w in every):
+        raise ValueError(f"{folder}: needs at least {skip + 2} complete steps to replay")
+    windows = every if mode == "async" else every[1:]
+    early = mode == "streaming" and bool(config.get("early_start")) and not every[0].teacher_times
+
+    def relative(w: Any, times: Sequence[float]) -> tuple[float, ...]:
+        return tuple(t - w.submitted_at for t in times)
+
+    ready = tuple(relative(w, w.completed_times if early else w.work_times) for w in windows)
+    publish = statistics.median(w.durations.get("weight_publish", 0.0) for w in windows)
+    if mode == "streaming":
+        o, b = pass_cost(windows)
+        closing = statistics.median(w.durations.get("step", 0.0) for w in windows)
+    else:
+        o, b = 0.0, statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
+        closing = statistics.median(w.durations.get("optimizer", 0.0) for w in windows)
+    work = Workload(
+        folder.name,
+        ready,
+        b,
+        o,
+        optimizer_s=closing,
+        sync_s=publish,
+        micro_batch_size=int(config.get("micro_batch_size", 8)),
+    )
+    if mode == "async":
+        done = async_schedule(work, staleness)
+        predicted = (done[-1] - done[skip - 1]) / (len(done) - skip)
+        measured = (every[-1].finished_at - every[skip - 1].finished_at) / (len(every) - skip)
+    else:
+        if mode == "sync":
+            steps = [sync_step(r, work) for r in ready]
+        else:
+            gates = [
+                max(relative(w, w.reward_times), default=0.0) if early else 0.0 for w in windows
+            ]
+            steps = [streaming_step(r, work, gate=g) for r, g in zip(ready, gates)]
+        predicted = statistics.median(steps)
+        measured = statistics.median(w.time_s for w in windows)
+    return {
+        "run": folder.name,
+        "mode": mode if mode != "async" else f"async-k{staleness}",
+        "early_start": early,
+        "predicted_step_time_s": predicted,
+        "measured_step_time_s": measured,
+        "error": predicted / measured - 1.0,
+        "cost_per_item_s": b,
+        "pass_overhead_s": o,
+    }
+
+
 def _passes(k: int, w: Workload) -> float:
     batches = math.ceil(k / w.micro_batch_size) if k else 0
     return batches * w.pass_overhead_s + k * w.cost_per_trajectory_s
@@ -101,14 +169,18 @@ def sync_step(ready: Sequence[float], w: Workload) -> float:
     return max(ready) + _passes(len(ready), w) + w.optimizer_s + w.sync_s
 
 
-def streaming_step(ready: Sequence[float], w: Workload, *, eager: bool = False) -> float:
+def streaming_step(
+    ready: Sequence[float], w: Workload, *, eager: bool = False, gate: float = 0.0
+) -> float:
+    """Streaming's step: the learner drains what has arrived (``eager``: one item per pass);
+    the step closes no earlier than ``gate`` (with early start, the last reward)."""
     arrivals, t, i = sorted(ready), 0.0, 0
     while i < len(arrivals):
         t = max(t, arrivals[i])
         k = 1 if eager else sum(1 for a in arrivals[i:] if a <= t)
         t += _passes(k, w)
         i += k
-    return t + w.optimizer_s + w.sync_s
+    return max(t, gate) + w.optimizer_s + w.sync_s
 
 
 def bound_step(ready: Sequence[float], w: Workload) -> float:
@@ -118,8 +190,10 @@ def bound_step(ready: Sequence[float], w: Workload) -> float:
     return tail + w.optimizer_s + w.sync_s
 
 
-def async_steps(w: Workload, staleness: int) -> float:
-    """Mean step time of async(k): batch n starts once step n−k−1's weights exist."""
+def async_schedule(w: Workload, staleness: int) -> list[float]:
+    """When each step of async(k) ends: batches 0..k start at once, batch n once step
+    n−k−1's weights exist (``modes/async_.py``); the learner takes a batch when it is
+    complete."""
     done: list[float] = []  # learner finish time of each step
     learner_free = 0.0
     for n, ready in enumerate(w.ready_s):
@@ -127,6 +201,12 @@ def async_steps(w: Workload, staleness: int) -> float:
         available = start + max(ready)
         learner_free = max(learner_free, available) + _passes(len(ready), w) + w.optimizer_s
         done.append(learner_free + w.sync_s)
+    return done
+
+
+def async_steps(w: Workload, staleness: int) -> float:
+    """Mean step time of async(k), the pipeline's filling included."""
+    done = async_schedule(w, staleness)
     return done[-1] / len(done)
 
 

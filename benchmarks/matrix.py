@@ -1,0 +1,379 @@
+"""The training modes on five workloads through the real training loop, side by side in one run.
+
+Each cell is a ``thundersync train`` run (same warm model, seed, batch and steps) of one
+workload in one mode, read back from its run folder (docs/design.md §4):
+
+- **step time**: sync and streaming, the median over steps (the first, a warm-up, left out)
+  of a batch's submission to its step's end; async, the mean interval between step ends once
+  its pipeline is full (its throughput); and T_sync / T_mode;
+- **T*/T** for streaming against two bounds: the *per-trajectory* bound charges each work item
+  (a trajectory; an OPD turn) what one costs alone, o + b, with o and b fitted to the run's own
+  backward passes (a pass of k items costs o + k·b); the *strict* bound charges it its share of
+  the batched learner time, L_sync / N, measured in the workload's sync run, as if streaming
+  lost nothing to small passes;
+- **idle fractions** of the learner and of the engine (rollout) per step;
+- **peak accumulator memory** in multiples of the trainable parameters (against 2·open groups
+  + 1, and against ``--buffer-budget-bytes`` in the budget cell);
+- **the simulator's replay**: ``harness.simulate.replay_run`` predicts the run's step time from
+  its own ready times and learner costs; its error beside the measurement.
+
+Workloads (ToySum, warm model, B tasks × G episodes per step):
+
+- ``balanced``: every episode's grading log-normal (σ = 1) with its median set so the rollout's
+  makespan is about the sync learner's time (the printed makespan / L_sync says how close);
+- ``long-tail``: the demo's (log-normal tool calls and grading);
+- ``long-grading``: grading about as long as the rollout (SWE-like test suites), where early
+  start overlaps the backward with the grading;
+- ``opd``: multi-turn on-policy distillation with tool latency (per-turn gradients while tools
+  run; the teacher is the warm model itself, so the KL is 0 but every piece of work is done);
+- ``no-overlap``: instant tools and grading, so every episode ends at about the same time and
+  there is nothing to overlap (streaming must not be slower than sync).
+
+Ratios are measured side by side in one run on one machine (it is shared and noisy); run it on
+a quiet machine. ``--json`` prints every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.critical_path import (  # noqa: E402
+    batched_cost_per_trajectory,
+    bound,
+    pass_cost,
+    step_windows,
+)
+from harness.simulate import replay_run  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One row of the matrix: ToySum's latency knob and the algorithm."""
+
+    name: str
+    env_kwargs: dict[str, Any]
+    algo: str = "grpo"
+    modes: tuple[str, ...] = ("sync", "async-1", "async-2", "streaming", "streaming-early")
+    warm: bool = True
+    """Train the warm model (False: ``train``'s tiny random model, whose actions are all format
+    errors, so every episode ends after the same turns, in the same generation batch)."""
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload("balanced", {"tools": "python", "grade_latency_sigma": 1.0}),
+        Workload(
+            "long-tail",
+            {
+                "tools": "python",
+                "tool_latency_s": 0.05,
+                "tool_latency_sigma": 1.0,
+                "grade_latency_s": 0.3,
+                "grade_latency_sigma": 0.75,
+            },
+        ),
+        Workload(
+            "long-grading",
+            {"tools": "python", "grade_latency_s": 0.6, "grade_latency_sigma": 0.3},
+        ),
+        Workload(
+            "opd",
+            {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5},
+            algo="opd",
+            modes=("sync", "streaming"),
+        ),
+        Workload("no-overlap", {"tools": "python"}, warm=False),
+    )
+}
+"""The matrix's rows. OPD has no async (the learner refuses off-policy OPD) and no early start
+(its turns' gradients already start at each teacher score)."""
+
+MODE_FLAGS = {
+    "sync": ["--mode", "sync"],
+    "async-1": ["--mode", "async", "--staleness", "1"],
+    "async-2": ["--mode", "async", "--staleness", "2"],
+    "streaming": ["--mode", "streaming", "--no-early-start"],
+    "streaming-early": ["--mode", "streaming", "--early-start"],
+}
+
+
+def train(
+    out: Path,
+    model: Path,
+    workload: Workload,
+    mode: str,
+    args: argparse.Namespace,
+    extra: list[str] | None = None,
+) -> Path:
+    """One cell: ``thundersync train`` of ``workload`` in ``mode`` into ``out``."""
+    command = [
+        *(sys.executable, "-m", "thundersync.cli", "train", *MODE_FLAGS[mode]),
+        *(("--model", str(model)) if workload.warm else ()),
+        *("--out", str(out), "--algo", workload.algo),
+        *("--steps", str(args.steps), "--seed", str(args.seed)),
+        *("--tasks-per-step", str(args.tasks), "--group-size", str(args.group)),
+        *("--max-new-tokens", "16", "--lr", "1e-3", "--checkpoint-every", str(args.steps)),
+        *("--env-kwargs", json.dumps(workload.env_kwargs)),
+        *(["--objective", json.dumps({"kl_coef": 0.04})] if workload.algo == "grpo" else []),
+        *(["--teacher", str(model)] if workload.algo == "opd" else []),
+        *(extra or []),
+    ]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"matrix: {workload.name} {mode} failed:\n{done.stdout}\n{done.stderr}")
+    print(f"matrix: {workload.name} {mode}: {time.monotonic() - started:.0f} s", flush=True)
+    return out
+
+
+def cell(run: Path, *, strict_cost: float | None) -> dict[str, Any]:
+    """The numbers of one run (its first step, the warm-up, left out)."""
+    config = json.loads((run / "config.json").read_text())
+    windows = step_windows(run)[1:]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    simulated = replay_run(run)
+    out: dict[str, Any] = {
+        "step_time_s": simulated["measured_step_time_s"],
+        "step_times_s": [w.time_s for w in windows],
+        "learner_idle": statistics.mean(m["learner_idle_fraction"] for m in metrics),
+        "engine_idle": statistics.mean(m["engine_idle_fraction"] for m in metrics),
+        "makespan_s": statistics.median(
+            max(w.work_times) - w.submitted_at for w in windows if w.work_times
+        ),
+        "learner_s": statistics.median(w.learner_time_s for w in windows),
+        "peak_accumulators": max(
+            m["learner"]["peak_buffer_bytes"] / m["learner"]["buffer_bytes"] for m in metrics
+        ),
+        "peak_buffer_bytes": max(m["learner"]["peak_buffer_bytes"] for m in metrics),
+        "buffer_bytes": metrics[0]["learner"]["buffer_bytes"],
+        "open_groups_bound": 2 * (config["tasks_per_step"]) + 1,
+        "simulated": simulated,
+    }
+    if config["mode"] == "streaming":
+        early = bool(config.get("early_start"))
+        o, b = pass_cost(windows)
+        lone = [bound(w, o + b, early_start=early) for w in windows]
+        out["pass_overhead_s"], out["cost_per_item_s"] = o, b
+        out["efficiency"] = statistics.median(t / w.time_s for t, w in zip(lone, windows))
+        if strict_cost is not None:
+            strict = [bound(w, strict_cost, early_start=early) for w in windows]
+            out["efficiency_strict"] = statistics.median(
+                t / w.time_s for t, w in zip(strict, windows)
+            )
+    return out
+
+
+def lognormal_max(n: int, sigma: float = 1.0) -> float:
+    """The median of the largest of n log-normal draws (σ = ``sigma``), in medians."""
+    import numpy as np
+
+    draws = np.random.default_rng(0).normal(size=(4000, n)) * sigma
+    return float(np.median(np.exp(draws).max(axis=1)))
+
+
+def calibrate_balanced(model: Path, folder: Path, args: argparse.Namespace) -> Workload:
+    """``balanced`` with its grading median set so the rollout's makespan is about the sync
+    learner's time: a short sync run with instant grading measures L_sync and the makespan of
+    generation and tools; the grading's expected maximum fills the difference."""
+    instant = Workload("balanced-probe", {"tools": "python"})
+    probe = step_windows(train(folder / "balanced-probe", model, instant, "sync", args))[1:]
+    learner = statistics.median(w.learner_time_s for w in probe)
+    rollout = statistics.median(max(w.work_times) - w.submitted_at for w in probe)
+    spread = lognormal_max(args.tasks * args.group)
+    median = max((learner - rollout) / spread, 0.005)
+    print(
+        f"matrix: balanced: L_sync {learner:.3f} s, rollout without grading {rollout:.3f} s: "
+        f"grading median {median * 1000:.1f} ms",
+        flush=True,
+    )
+    kwargs = {**WORKLOADS["balanced"].env_kwargs, "grade_latency_s": round(median, 4)}
+    return Workload("balanced", kwargs)
+
+
+def run_matrix(model: Path, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"workloads": {}}
+    for name in args.workloads:
+        workload = WORKLOADS[name]
+        if name == "balanced":
+            workload = calibrate_balanced(model, folder, args)
+        runs = {
+            mode: train(folder / name / mode, model, workload, mode, args)
+            for mode in workload.modes
+        }
+        strict_cost = batched_cost_per_trajectory(runs["sync"])
+        row = {mode: cell(run, strict_cost=strict_cost) for mode, run in runs.items()}
+        sync_time = row["sync"]["step_time_s"]
+        for numbers in row.values():
+            numbers["speedup_vs_sync"] = sync_time / numbers["step_time_s"]
+        result["workloads"][name] = {
+            "env_kwargs": workload.env_kwargs,
+            "algo": workload.algo,
+            "strict_cost_per_item_s": strict_cost,
+            "makespan_over_learner": row["sync"]["makespan_s"] / row["sync"]["learner_s"],
+            "modes": row,
+        }
+    if args.budget:
+        # streaming under a cap of 3 parameter copies: the learner must stay below it
+        long_tail = result["workloads"].get("long-tail", {}).get("modes", {})
+        copy = long_tail.get("streaming", {}).get("buffer_bytes") or parameter_bytes(model)
+        budget = 3 * copy
+        run = train(
+            folder / "budget",
+            model,
+            WORKLOADS["long-tail"],
+            "streaming",
+            args,
+            ["--buffer-budget-bytes", str(budget)],
+        )
+        numbers = cell(run, strict_cost=None)
+        result["budget"] = {"budget_bytes": budget, **numbers}
+    return result
+
+
+def parameter_bytes(model: Path) -> int:
+    """Bytes of one float32 copy of the model's parameters."""
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), framework="pt") as weights:
+        names = list(weights.keys())
+        return 4 * sum(math.prod(weights.get_slice(name).get_shape()) for name in names)
+
+
+def print_matrix(result: dict[str, Any]) -> None:
+    header = (
+        f"{'workload':<13}{'mode':<16}{'step':>8}{'T_sync/T':>9}{'T*/T':>7}{'strict':>7}"
+        f"{'learner':>8}{'engine':>7}{'accum':>7}{'sim':>8}{'err':>7}"
+    )
+    print(header)
+    print(f"{'':<29}{'(s)':>8}{'':>9}{'':>7}{'':>7}{'idle':>8}{'idle':>7}{'(×θ)':>7}{'(s)':>8}")
+    for name, row in result["workloads"].items():
+        for mode, c in row["modes"].items():
+            eff = f"{c['efficiency']:.3f}" if "efficiency" in c else "-"
+            strict = f"{c['efficiency_strict']:.3f}" if "efficiency_strict" in c else "-"
+            sim = c["simulated"]
+            print(
+                f"{name:<13}{mode:<16}{c['step_time_s']:>8.3f}{c['speedup_vs_sync']:>9.2f}"
+                f"{eff:>7}{strict:>7}{c['learner_idle']:>8.0%}{c['engine_idle']:>7.0%}"
+                f"{c['peak_accumulators']:>7.1f}{sim['predicted_step_time_s']:>8.3f}"
+                f"{sim['error']:>+7.0%}"
+            )
+        print(
+            f"{'':<13}makespan / L_sync {row['makespan_over_learner']:.2f}; strict bound "
+            f"charges {row['strict_cost_per_item_s'] * 1000:.1f} ms per item"
+        )
+    if "budget" in result:
+        b = result["budget"]
+        print(
+            f"budget: streaming under --buffer-budget-bytes {b['budget_bytes']}: peak "
+            f"{b['peak_buffer_bytes']} bytes ({b['peak_accumulators']:.1f} copies), step "
+            f"{b['step_time_s']:.3f} s"
+        )
+    print_verdicts(result)
+
+
+def print_verdicts(result: dict[str, Any]) -> None:
+    """The issue's targets (issue 17), each with the measured value."""
+    rows = result["workloads"]
+    lines = []
+
+    def best_streaming(row: dict[str, Any]) -> dict[str, Any]:
+        candidates = [
+            row["modes"][m] for m in ("streaming", "streaming-early") if m in row["modes"]
+        ]
+        return min(candidates, key=lambda c: c["step_time_s"])
+
+    if "balanced" in rows:
+        speed = best_streaming(rows["balanced"])["speedup_vs_sync"]
+        lines.append(f"balanced T_sync/T_streaming {speed:.2f} (target >= 1.9)")
+    for name, row in rows.items():
+        for mode in ("streaming", "streaming-early"):
+            c = row["modes"].get(mode)
+            if c and "efficiency" in c:
+                lines.append(
+                    f"{name} {mode} T*/T {c['efficiency']:.3f} (>= 0.97), strict "
+                    f"{c.get('efficiency_strict', float('nan')):.3f} (>= 0.9)"
+                )
+    if "long-grading" in rows:
+        modes = rows["long-grading"]["modes"]
+        if "streaming" in modes and "streaming-early" in modes:
+            gain = modes["streaming"]["step_time_s"] / modes["streaming-early"]["step_time_s"]
+            lines.append(f"long-grading early start {gain:.2f}x reward-triggered (>= 1.2)")
+    if "no-overlap" in rows:
+        modes = rows["no-overlap"]["modes"]
+        ratio = best_streaming(rows["no-overlap"])["step_time_s"] / modes["sync"]["step_time_s"]
+        lines.append(f"no-overlap T_streaming/T_sync {ratio:.3f} (<= 1.05)")
+    for name, row in rows.items():
+        for mode, c in row["modes"].items():
+            if c["peak_accumulators"] > c["open_groups_bound"]:
+                lines.append(f"{name} {mode} accumulators {c['peak_accumulators']:.1f} copies")
+    if "budget" in result:
+        b = result["budget"]
+        held = b["peak_buffer_bytes"] <= b["budget_bytes"]
+        lines.append(f"budget held: {held}")
+    errors = [abs(c["simulated"]["error"]) for row in rows.values() for c in row["modes"].values()]
+    if errors:
+        lines.append(f"simulator worst error {max(errors):.1%} (target <= 10%)")
+    for line in lines:
+        print(f"matrix: {line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: warm start)")
+    parser.add_argument(
+        "--steps", type=int, default=8, help="steps per cell (the first is warm-up)"
+    )
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per step (B)")
+    parser.add_argument("--group", type=int, default=8, help="episodes per task (G)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run")
+    parser.add_argument(
+        "--workloads",
+        type=lambda s: s.split(","),
+        default=list(WORKLOADS),
+        help=f"rows to run, of {','.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--budget",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run long-tail streaming under --buffer-budget-bytes of 3 parameter copies",
+    )
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {','.join(unknown)}; known {','.join(WORKLOADS)}")
+    if args.steps < 5:
+        parser.error("--steps must be >= 5 (async(2) replays from step 4 on)")
+    from training_modes import warm_model
+
+    with tempfile.TemporaryDirectory(prefix="thundersync-matrix-") as tmp:
+        folder = args.keep or Path(tmp)
+        model = args.model or warm_model(folder, args.seed)
+        result = run_matrix(model, folder, args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_matrix(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
