@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--workloads: unknown {','.join(unknown)}; known {','.join(WORKLOADS)}")
     if args.steps < 5:
         parser.error("--steps must be >= 5 (async(2) replays from step 4 on)")
-    from training_modes import warm_model
+    from agent_loop import warm_model
 
     with tempfile.TemporaryDirectory(prefix="thundersync-matrix-") as tmp:
         folder = args.keep or Path(tmp)

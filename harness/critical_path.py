@@ -85,13 +85,16 @@ def step_windows(run: Path) -> list[StepWindow]:
         batch = step_of(str(e.get("episode_id", "")))
         if kind is not None and batch is not None:
             times.setdefault(batch, ([], [], []))[kind].append(float(e["t"]))
-    windows = []
+    windows, previous_end = [], float("-inf")
     for m in metrics:
         lo, hi = float(m["submitted_at"]), float(m["finished_at"])
+        # the learner's spans of this step: after the previous step ended (async rolls batches
+        # out while the learner still works on older ones, so their windows overlap)
+        learner_lo, previous_end = max(lo, previous_end), hi
         durations: dict[str, float] = {}
         passes: dict[float, tuple[int, float]] = {}
         for s in spans:
-            if s.get("worker") == "learner" and lo <= s["started"] and s["finished"] <= hi:
+            if s.get("worker") == "learner" and learner_lo <= s["started"] and s["finished"] <= hi:
                 durations[s["name"]] = durations.get(s["name"], 0.0) + s["finished"] - s["started"]
                 if s["name"] == "backward":
                     count, end = passes.get(s["started"], (0, s["started"]))

@@ -1,0 +1,224 @@
+"""The simulator replaying a run folder against hand-computed schedules, the learner's pass-cost
+fit, and the benchmark matrix's glue on synthetic run folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.critical_path import StepWindow, bound, pass_cost, step_windows
+from harness.simulate import replay_run
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def write_run(folder: Path, config: dict, steps: list[dict]) -> Path:
+    """A run folder whose step n (from 1) trains on batch n-1. Each step: ``start``, ``end``,
+    ``rewards`` and optional ``completed`` / ``teacher`` times (absolute), ``spans`` as
+    (name, started, finished)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"micro_batch_size": 8, **config}))
+    metrics, events, spans = [], [], []
+    previous_end = 0.0
+    for n, step in enumerate(steps):
+        metrics.append(
+            {
+                "step": n + 1,
+                "step_base": 1,
+                "submitted_at": step["start"],
+                "finished_at": step["end"],
+                "step_time_s": step["end"] - previous_end,
+            }
+        )
+        previous_end = step["end"]
+        for kind, key in (
+            ("RewardReady", "rewards"),
+            ("EpisodeCompleted", "completed"),
+            ("TeacherScored", "teacher"),
+        ):
+            for i, t in enumerate(step.get(key, ())):
+                events.append({"event": kind, "t": t, "episode_id": f"s{n}-g0-e{i}"})
+        for name, lo, hi in step["spans"]:
+            spans.append({"name": name, "started": lo, "finished": hi, "worker": "learner"})
+    for name, rows in (("metrics", metrics), ("events", events), ("spans", spans)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def sync_step(start: float, rewards: tuple[float, ...]) -> dict:
+    """A sync step: rewards at ``start`` + each; then 0.4 s of learning in a 0.5 s ``step``
+    (0.1 of it the optimizer) and 0.05 s of weight publishing."""
+    last = start + max(rewards)
+    return {
+        "start": start,
+        "end": last + 0.55,
+        "rewards": tuple(start + r for r in rewards),
+        "spans": [
+            ("step", last, last + 0.5),
+            ("optimizer", last + 0.4, last + 0.5),
+            ("weight_publish", last + 0.5, last + 0.55),
+        ],
+    }
+
+
+def test_the_pass_cost_fit_recovers_the_fixed_and_per_item_costs():
+    passes = tuple((k, 0.02 + 0.01 * k) for k in (1, 2, 3, 4, 1))
+    window = StepWindow(1, 0.0, 1.0, (), {}, passes=passes)
+    o, b = pass_cost([window])
+    assert o == pytest.approx(0.02) and b == pytest.approx(0.01)
+    same = StepWindow(1, 0.0, 1.0, (), {}, passes=((2, 0.06), (2, 0.04)))
+    assert pass_cost([same]) == pytest.approx((0.0, 0.025))
+    with pytest.raises(ValueError, match="no backward passes"):
+        pass_cost([StepWindow(1, 0.0, 1.0, (), {})])
+
+
+def test_step_windows_read_passes_teacher_scores_and_intervals(tmp_path):
+    step = {
+        "start": 0.0,
+        "end": 2.0,
+        "rewards": (1.5,),
+        "teacher": (0.3, 0.6),
+        "spans": [
+            ("backward", 0.4, 0.5),
+            ("backward", 0.4, 0.6),  # one pass of two items: they share its start
+            ("backward", 0.7, 0.75),
+        ],
+    }
+    (window,) = step_windows(write_run(tmp_path / "run", {"mode": "streaming"}, [step]))
+    assert window.passes == (pytest.approx((2, 0.2)), pytest.approx((1, 0.05)))
+    assert window.teacher_times == (0.3, 0.6) and window.work_times == (0.3, 0.6)
+    assert window.step_interval_s == 2.0
+    # OPD's bound charges each turn from its teacher score: max(0.3 + 2, 0.6 + 1)
+    assert bound(window, 1.0) == pytest.approx(2.3)
+
+
+def test_replaying_a_sync_run_predicts_slowest_reward_then_learning(tmp_path):
+    steps = [
+        sync_step(0.0, (0.5, 1.0)),
+        sync_step(2.0, (0.2, 0.8)),
+        sync_step(4.0, (0.3, 1.2)),
+        sync_step(6.0, (0.1, 0.9)),
+    ]
+    # step 3's learning ran 0.2 s longer than the others': the replay's cost is the median
+    steps[2]["spans"][0] = ("step", 5.2, 5.9)
+    steps[2]["end"] += 0.2
+    result = replay_run(write_run(tmp_path / "sync", {"mode": "sync"}, steps))
+    # steps 2-4 (the first is a warm-up): max reward + (0.4 / 2 items) · 2 + 0.1 + 0.05
+    assert result["predicted_step_time_s"] == pytest.approx(0.9 + 0.55)
+    assert result["measured_step_time_s"] == pytest.approx(0.9 + 0.55)
+    assert result["cost_per_item_s"] == pytest.approx(0.2) and result["mode"] == "sync"
+
+
+def test_replaying_early_start_streaming_waits_for_the_last_reward(tmp_path):
+    def step(start: float) -> dict:
+        # episodes complete at +0.1 and +0.2, their backwards (0.1 s each, one pass each) run
+        # at once, but the last reward only comes at +1.0: then a 0.05 s step and publish
+        return {
+            "start": start,
+            "end": start + 1.1,
+            "completed": (start + 0.1, start + 0.2),
+            "rewards": (start + 0.5, start + 1.0),
+            "spans": [
+                ("backward", start + 0.1, start + 0.2),
+                ("backward", start + 0.2, start + 0.3),
+                ("step", start + 1.0, start + 1.05),
+                ("weight_publish", start + 1.05, start + 1.1),
+            ],
+        }
+
+    config = {"mode": "streaming", "early_start": True}
+    result = replay_run(write_run(tmp_path / "early", config, [step(0.0), step(2.0), step(4.0)]))
+    assert result["early_start"] and result["cost_per_item_s"] == pytest.approx(0.1)
+    assert result["predicted_step_time_s"] == pytest.approx(1.1)
+    assert result["error"] == pytest.approx(0.0, abs=1e-9)
+    config["early_start"] = False
+    late = replay_run(write_run(tmp_path / "late", config, [step(0.0), step(2.0), step(4.0)]))
+    # reward-triggered: work starts at each reward, so the last piece ends at 1.1 and closes at 1.2
+    assert late["predicted_step_time_s"] == pytest.approx(1.2)
+
+
+def test_replaying_async_predicts_the_pipelines_throughput(tmp_path):
+    # async(1): batches 0 and 1 start at 0; batch n >= 2 when step n-1 has ended. Every batch
+    # is ready 1.0 s after its start and its learning takes 0.3 s (+ 0.1 optimizer): the
+    # learner is the slack side, so a step ends every 1.4 s once the pipeline is full
+    # (step n ends at 1.4 + ... : 1.4, 1.8, 2.8, 3.2, 4.2, 4.6).
+    ends = [1.4, 1.8, 2.8, 3.2, 4.2, 4.6]
+    starts = [0.0, 0.0, 1.4, 1.8, 2.8, 3.2]
+    steps = []
+    for start, end in zip(starts, ends):
+        learn = end - 0.4
+        steps.append(
+            {
+                "start": start,
+                "end": end,
+                "rewards": (start + 0.5, start + 1.0),
+                "spans": [("step", learn, end), ("optimizer", end - 0.1, end)],
+            }
+        )
+    result = replay_run(write_run(tmp_path / "async", {"mode": "async", "staleness": 1}, steps))
+    assert result["mode"] == "async-k1"
+    assert result["measured_step_time_s"] == pytest.approx((4.6 - 1.8) / 4)
+    assert result["predicted_step_time_s"] == pytest.approx((4.6 - 1.8) / 4)
+    short = write_run(tmp_path / "short", {"mode": "async", "staleness": 2}, steps[:3])
+    with pytest.raises(ValueError, match="at least 5 complete steps"):
+        replay_run(short)
+
+
+@pytest.fixture
+def matrix(monkeypatch):
+    """``benchmarks/matrix.py`` as a module (its dataclasses need it in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location("matrix", ROOT / "benchmarks" / "matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "matrix", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_matrix_reads_each_cell_and_prints_every_verdict(matrix, tmp_path, monkeypatch, capsys):
+    """The benchmark's glue on synthetic runs (its ``train`` replaced): every workload's row,
+    the bounds, memory and the simulator's error reach the table and the verdicts."""
+
+    def fake_train(out, model, workload, mode, args, extra=None):
+        name, staleness = mode.split("-")[0], 2 if mode == "async-2" else 1
+        config = {"mode": name, "staleness": staleness, "tasks_per_step": 1}
+        config["early_start"] = mode == "streaming-early"
+        steps = []
+        for n in range(6):
+            step = sync_step(2.0 * n, (0.5, 1.0))
+            if name == "streaming":
+                step["spans"].insert(0, ("backward", 2.0 * n + 0.5, 2.0 * n + 0.6))
+            step["completed"] = (2.0 * n + 0.2, 2.0 * n + 0.3)
+            steps.append(step)
+        run = write_run(out, config, steps)
+        learner = {"peak_buffer_bytes": 200, "buffer_bytes": 100}
+        lines = [
+            {**json.loads(line), "learner": learner}
+            | {"learner_idle_fraction": 0.5, "engine_idle_fraction": 0.25}
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        return run
+
+    monkeypatch.setattr(matrix, "train", fake_train)
+    args = matrix.argparse.Namespace(
+        workloads=list(matrix.WORKLOADS), budget=True, tasks=1, group=2, steps=6, seed=0
+    )
+    result = matrix.run_matrix(tmp_path / "model", tmp_path, args)
+    assert set(result["workloads"]) == set(matrix.WORKLOADS)
+    streaming = result["workloads"]["long-tail"]["modes"]["streaming"]
+    assert streaming["peak_accumulators"] == 2.0 and "efficiency_strict" in streaming
+    assert result["budget"]["budget_bytes"] == 300
+    matrix.print_matrix(result)
+    out = capsys.readouterr().out
+    for expected in (
+        "balanced T_sync/T_streaming",
+        "long-grading early start",
+        "no-overlap T_streaming/T_sync",
+        "budget held: True",
+        "simulator worst error",
+    ):
+        assert expected in out
