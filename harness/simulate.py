@@ -14,7 +14,9 @@ a pass, so a lone backward costs ``o + b``); then the optimizer and the weight s
 
 A workload is named (``long-tail``, ``balanced``, ``agentic``) or read from a run folder (its
 reward-ready times per step, and b, o, optimizer and sync from its spans), so a prediction can
-be checked against a measured run.
+be checked against a measured run (``replay_run``, which ``benchmarks/matrix.py`` prints for
+every cell); ``--project FILE`` projects a cluster from stated inputs
+(``harness/projection.py``).
 """
 
 from __future__ import annotations
@@ -245,13 +247,23 @@ def add_simulate_parser(sub: Any) -> None:
         "T* (docs/design.md section 4) without training: from a named workload of simulated "
         "episode, tool and grading latencies (long-tail, balanced, agentic), or from the spans "
         "a thundersync train run recorded (its folder), with the learner cost per trajectory "
-        "measured in a sync run.",
+        "measured in a sync run; or project a cluster not rented yet from a file of stated "
+        "inputs (--project: GPUs, throughputs, an episode distribution), printed as a "
+        "projection beside its inputs and their sources.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--workload",
-        required=True,
         help="long-tail, balanced, agentic, or a run folder of thundersync train",
+    )
+    source.add_argument(
+        "--project",
+        type=Path,
+        metavar="FILE",
+        help="a projection file (TOML: a cluster shape, a model's throughputs and an episode "
+        "distribution, with their sources; benchmarks/projections/ has examples): prints "
+        "projected step times, labelled as projections, beside their inputs",
     )
     parser.add_argument(
         "--sync-run",
@@ -259,16 +271,47 @@ def add_simulate_parser(sub: Any) -> None:
         help="a sync run folder whose learner cost b to use (default: the workload's run itself)",
     )
     parser.add_argument("--staleness", type=int, default=1, help="k of async(k)")
-    parser.add_argument("--steps", type=int, default=20, help="steps of a named workload")
-    parser.add_argument("--seed", type=int, default=0, help="seed of a named workload")
+    parser.add_argument(
+        "--steps", type=int, default=20, help="steps of a named workload or a projection"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of a named workload or a projection"
+    )
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.set_defaults(func=run_simulate_command)
 
 
+def _jsonable(value: Any) -> Any:
+    """JSON for a projection's inputs (its distributions)."""
+    if hasattr(value, "__dataclass_fields__"):
+        fields = {name: getattr(value, name) for name in value.__dataclass_fields__}
+        return {k: None if v == math.inf else v for k, v in fields.items()}
+    raise TypeError(f"not JSON: {value!r}")
+
+
 def run_simulate_command(args: Any) -> int:
-    import json
     import sys
 
+    if args.project is not None:
+        from harness.projection import load_projection, print_projection, project
+
+        try:
+            if args.staleness < 1 or args.steps < 1:
+                raise ValueError("--staleness and --steps must be >= 1")
+            result = project(
+                load_projection(args.project),
+                steps=args.steps,
+                seed=args.seed,
+                staleness=args.staleness,
+            )
+        except ValueError as exc:
+            print(f"simulate: error: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(result, indent=2, default=_jsonable))
+        else:
+            print_projection(result)
+        return 0
     try:
         folder = Path(args.workload)
         if folder.is_dir():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from harness.simulate import (
@@ -13,6 +16,8 @@ from harness.simulate import (
     streaming_step,
     sync_step,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def workload(ready, b=1.0, o=0.0, opt=0.5, sync=0.25, micro=8) -> Workload:
@@ -59,3 +64,81 @@ def test_streaming_is_between_the_bound_and_sync_on_every_named_workload(name):
 def test_an_unknown_workload_is_named():
     with pytest.raises(ValueError, match="unknown workload 'x'"):
         named_workload("x")
+
+
+PROJECTION = """
+name = "tiny"
+rollout_gpus = 2
+learner_gpus = 4
+generation_tokens_per_s_per_gpu = 100.0
+sequence_tokens_per_s = 1000.0
+training_tokens_per_s_per_gpu = 25.0
+tasks = 2
+group = 2
+prompt_tokens = 60.0
+turns = { median = 2.0 }
+action_tokens = { median = 10.0 }
+observation_tokens = { median = 5.0 }
+tool_s = { median = 0.5 }
+grading_s = { median = 10.0 }
+optimizer_s = 1.0
+weight_sync_s = 0.5
+[sources]
+turns = "a test"
+"""
+
+
+def test_a_projection_matches_a_hand_computed_cluster(tmp_path):
+    from harness.projection import load_projection, project
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(PROJECTION)
+    p = load_projection(path)
+    # 4 sequences share 2 GPUs x 100 tokens/s: 50 tokens/s each (under one sequence's 1000).
+    # An episode: 2 turns of 10 / 50 s of decoding and 0.5 s of tools = 1.4 s; its reward at
+    # 11.4 s. A trajectory is 60 + 2 x (10 + 5) = 90 tokens, over 4 x 25 tokens/s: 0.9 s.
+    result = project(p, steps=3)
+    t = result["step_time_s"]
+    closing = 1.0 + 0.5
+    assert t["sync"] == pytest.approx(11.4 + 4 * 0.9 + closing)
+    assert t["streaming"] == pytest.approx(11.4 + 4 * 0.9 + closing)  # all rewards at once
+    # early start: the 3.6 s of learning run from 1.4 s, inside the 10 s of grading
+    assert t["streaming-early"] == pytest.approx(11.4 + closing)
+    assert result["projection"] and result["inputs"]["sources"] == {"turns": "a test"}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("rollout_gpus = 0", "rollout_gpus must be an integer from 1"),
+        (
+            "training_tokens_per_s_per_gpu = -1.0",
+            "training_tokens_per_s_per_gpu must be a positive",
+        ),
+        ("turns = { median = 2.0, mean = 3.0 }", "turns: unknown key(s) mean"),
+        ("grading_s = 3.0", "grading_s must be a table with a median"),
+        ("colour = 1", "unknown field(s) colour"),
+    ],
+)
+def test_a_bad_projection_file_is_named(tmp_path, change, message):
+    from harness.projection import load_projection
+
+    key = change.split(" =")[0]
+    lines = [line for line in PROJECTION.splitlines() if not line.startswith(f"{key} =")]
+    (tmp_path / "bad.toml").write_text(change + "\n" + "\n".join(lines))
+    with pytest.raises(ValueError, match="bad.toml: " + re.escape(message)):
+        load_projection(tmp_path / "bad.toml")
+
+
+def test_the_shipped_projections_print_as_projections_with_their_sources(capsys):
+    from thundersync.cli import main
+
+    shipped = sorted((ROOT / "benchmarks" / "projections").glob("*.toml"))
+    assert shipped
+    for path in shipped:
+        assert main(["simulate", "--project", str(path), "--steps", "3"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("simulate: PROJECTION, not a measurement:")
+        assert "training_tokens_per_s_per_gpu" in out and "[derived:" in out
+    assert main(["simulate", "--project", str(ROOT / "README.md")]) == 2
+    assert "not a readable TOML projection file" in capsys.readouterr().err
