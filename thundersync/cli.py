@@ -67,7 +67,7 @@ def _add_others(sub: argparse._SubParsersAction) -> None:
     """Subcommands whose parsers live next to their code (each module is light to import)."""
     from harness.compare_command import add_compare_parser
     from harness.eval import add_eval_parser
-    from harness.simulate import add_simulate_parser
+    from harness.simulate_command import add_simulate_parser
     from harness.timeline import add_timeline_parser
     from leaderboard.leaderboard_command import add_leaderboard_parser
     from thundersync.interop.export import add_export_parser

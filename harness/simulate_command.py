@@ -1,0 +1,114 @@
+"""``thundersync simulate``'s command line: a named workload, a run folder, or a projection file
+(``harness/simulate.py`` holds the model, ``harness/projection.py`` the projections;
+docs/design.md §4)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from harness.projection import load_projection, print_projection, project
+from harness.simulate import named_workload, run_workload, simulate
+from thundersync.cli_output import HelpFormatter
+
+
+def add_simulate_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "simulate",
+        help="predict sync, async and streaming step times for a workload",
+        description="Predict each mode's step time (sync, async(k), streaming) and the bound "
+        "T* (docs/design.md section 4) without training: from a named workload of simulated "
+        "episode, tool and grading latencies (long-tail, balanced, agentic), or from the spans "
+        "a thundersync train run recorded (its folder), with the learner cost per trajectory "
+        "measured in a sync run; or project a cluster not rented yet from a file of stated "
+        "inputs (--project: GPUs, throughputs, an episode distribution), printed as a "
+        "projection beside its inputs and their sources.",
+        formatter_class=HelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--workload",
+        help="long-tail, balanced, agentic, or a run folder of thundersync train",
+    )
+    source.add_argument(
+        "--project",
+        type=Path,
+        metavar="FILE",
+        help="a projection file (TOML: a cluster shape, a model's throughputs and an episode "
+        "distribution, with their sources; benchmarks/projections/ has examples): prints "
+        "projected step times, labelled as projections, beside their inputs",
+    )
+    parser.add_argument(
+        "--sync-run",
+        default=None,
+        help="a sync run folder whose learner cost b to use (default: the workload's run itself)",
+    )
+    parser.add_argument("--staleness", type=int, default=1, help="k of async(k)")
+    parser.add_argument(
+        "--steps", type=int, default=20, help="steps of a named workload or a projection"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of a named workload or a projection"
+    )
+    parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    parser.set_defaults(func=run_simulate_command)
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON for a projection's inputs (its distributions)."""
+    if hasattr(value, "__dataclass_fields__"):
+        fields = {name: getattr(value, name) for name in value.__dataclass_fields__}
+        return {k: None if v == math.inf else v for k, v in fields.items()}
+    raise TypeError(f"not JSON: {value!r}")
+
+
+def run_simulate_command(args: Any) -> int:
+    import sys
+
+    if args.project is not None:
+        try:
+            if args.staleness < 1 or args.steps < 1:
+                raise ValueError("--staleness and --steps must be >= 1")
+            result = project(
+                load_projection(args.project),
+                steps=args.steps,
+                seed=args.seed,
+                staleness=args.staleness,
+            )
+        except ValueError as exc:
+            print(f"simulate: error: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(result, indent=2, default=_jsonable))
+        else:
+            print_projection(result)
+        return 0
+    try:
+        folder = Path(args.workload)
+        if folder.is_dir():
+            sync = Path(args.sync_run) if args.sync_run else None
+            workload = run_workload(folder, sync)
+        else:
+            workload = named_workload(args.workload, steps=args.steps, seed=args.seed)
+        if args.staleness < 1 or not workload.ready_s:
+            raise ValueError("--staleness must be >= 1 and the workload needs steps")
+        result = simulate(workload, staleness=args.staleness)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{'mode':<18}{'step time':>11}{'vs sync':>9}")
+    for mode, t in result["step_time_s"].items():
+        speed = result["speedup_vs_sync"].get(mode)
+        print(f"{mode:<18}{t:>9.3f} s{'' if speed is None else f'{speed:>8.2f}x'}")
+    measured = result.get("measured_step_time_s")
+    extra = f"; measured {measured:.3f} s" if measured is not None else ""
+    print(
+        f"simulate: {result['workload']}: streaming {result['step_time_s']['streaming']:.3f} s "
+        f"per step, {result['efficiency']['streaming']:.3f} of the bound{extra}"
+    )
+    return 0
