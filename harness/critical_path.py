@@ -165,8 +165,11 @@ def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool =
 def summarize(
     run: Path, cost_per_trajectory: float | None = None, *, skip_first: bool = True
 ) -> dict[str, Any]:
-    """Median step time and, given bᵢ, median T* and T*/T of a run."""
-    windows = step_windows(run)[1 if skip_first else 0 :]
+    """Median step time and, given bᵢ, median T* and T*/T of a run (its first step, a
+    warm-up, left out when ``skip_first`` and there are others)."""
+    windows = step_windows(run)
+    if skip_first and len(windows) > 1:
+        windows = windows[1:]
     if not windows:
         raise ValueError(f"{run}: no steps to summarise")
     out: dict[str, Any] = {

@@ -222,3 +222,13 @@ def test_the_matrix_reads_each_cell_and_prints_every_verdict(matrix, tmp_path, m
         "simulator worst error",
     ):
         assert expected in out
+
+
+def test_a_one_step_run_is_summarised_from_its_only_step(tmp_path):
+    """``compare --steps 1`` summarised its runs by leaving out the first step: none was left."""
+    from harness.critical_path import summarize
+
+    run = write_run(tmp_path / "one", {"mode": "sync"}, [sync_step(0.0, (0.5, 1.0))])
+    summary = summarize(run, 0.2)
+    assert summary["steps"] == 1 and summary["step_time_s"] == pytest.approx(1.55)
+    assert summary["efficiency"] == pytest.approx(1.0)
