@@ -231,4 +231,5 @@ def test_a_one_step_run_is_summarised_from_its_only_step(tmp_path):
     run = write_run(tmp_path / "one", {"mode": "sync"}, [sync_step(0.0, (0.5, 1.0))])
     summary = summarize(run, 0.2)
     assert summary["steps"] == 1 and summary["step_time_s"] == pytest.approx(1.55)
-    assert summary["efficiency"] == pytest.approx(1.0)
+    # T*: the first trajectory's learning runs before the second reward: 1.0 + 0.2 + 0.15
+    assert summary["efficiency"] == pytest.approx(1.35 / 1.55)
