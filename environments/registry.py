@@ -38,6 +38,11 @@ BUILTIN: dict[str, tuple[str, dict[str, Any]]] = {
         "environments.suites:make_suite_env",
         {"suite": "harbor-mini"},
     ),
+    # A generated family of Harbor tasks with train and held-out splits (file and text work).
+    "thundersync/TerminalGen-v0": (
+        "environments.terminal_bench.generated:GeneratedTerminalEnv",
+        {},
+    ),
     # A running OpenEnv server's env (env kwarg url=...); its code is interop, not the gym's.
     "openenv/Remote-v0": ("thundersync.interop.openenv_env:OpenEnvRemote", {}),
 }

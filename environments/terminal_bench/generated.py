@@ -1,0 +1,471 @@
+"""A generated family of Harbor tasks (``thundersync/TerminalGen-v0``): file and text questions
+with one numeric (or path) answer, played with real tool calls and graded by pytest.
+
+Task ``index`` (0 .. ``num_tasks`` - 1) is a pure function of the index (``task_spec``): its
+family is ``index % len(FAMILIES)`` and its inputs (words, numbers, file names) are drawn from a
+generator seeded by the index, so the same index is the same task on every machine. Families:
+
+- ``count-lines``: lines of notes.txt that contain a word (``grep -c``);
+- ``count-word``: occurrences of a word in notes.txt (``grep -o | wc -l``);
+- ``first-line``: the line number where a word first appears (``grep -n -m1``);
+- ``sum-column``: the sum of a column of data.csv (``awk``);
+- ``count-files``: files of logs/ with an extension (``ls | wc -l``);
+- ``unique-words``: distinct words of words.txt (``sort -u | wc -l``);
+- ``max-number``: the largest number of numbers.txt (``sort -n | tail -1``);
+- ``config-value``: a key's value in app.conf (``grep | cut``);
+- ``find-file``: the one file of docs/ that holds a word (``grep -l``).
+
+Each answer is unique by construction (no vocabulary word is a substring of another, the
+maximum and the matching file are single) and written to /app/answer.txt; tests/ checks it.
+
+A task is a Harbor folder as published (task.toml, instruction.md, environment/Dockerfile and
+its files, tests/test.sh with tests/test_outputs.py, solution/solve.sh), written on first use
+into a cache folder (``cache_dir``, default ``$TMPDIR/thundersync-terminal-gen-<version>``;
+never the repository) and loaded with the Harbor loader, so grading is the loader's own
+(strict in a fresh sandbox for training). The env's tasks keep solve.sh for ``eval --agent
+oracle`` semantics of the folder, but their ``reference_solution()`` is the two actions an
+agent would take: the inspecting command, then ``echo ANSWER > answer.txt`` (what warm start
+imitates, and corrupts by redrawing the answer's digits).
+
+The split is by task: a task is held-out iff a hash of its id is 0 modulo ``heldout_every``
+(``environments.tasks.GeneratedTasks``), so training never draws a held-out task.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from environments.core import SandboxFactory, ShellEnv
+from environments.tasks import SPLITS, TRAIN, GeneratedTasks, Task
+from environments.terminal_bench.harbor import load_harbor_task
+from environments.terminal_bench.task import TerminalBenchTask
+
+GENERATOR_VERSION = "1"
+"""Part of the cache folder's name: bump it whenever a task's files change for an index."""
+CACHE_VARIABLE = "THUNDERSYNC_TERMINAL_GEN_CACHE"
+"""Overrides the default cache folder (the ``cache_dir`` keyword wins over it)."""
+DEFAULT_NUM_TASKS = 900
+DEFAULT_HELDOUT_EVERY = 4
+DEFAULT_MAX_TURNS = 6
+MAX_NUM_TASKS = 1_000_000
+ANSWER_FILE = "answer.txt"
+
+WORDS = (
+    "apple",
+    "banana",
+    "cherry",
+    "grape",
+    "lemon",
+    "mango",
+    "olive",
+    "peach",
+    "walnut",
+    "tomato",
+    "carrot",
+    "pepper",
+    "onion",
+    "radish",
+    "garlic",
+    "celery",
+)
+"""The text vocabulary: no word is a substring of another, so ``grep WORD`` matches exactly the
+lines holding the word."""
+EXTENSIONS = ("log", "txt", "csv", "json", "md")
+CONFIG_KEYS = ("port", "timeout", "retries", "workers", "threads", "backlog", "buffer", "depth")
+"""Config keys: none is a prefix of another followed by '=' (``grep '^KEY='`` is exact)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One generated task before it is written: its id, family, prompt, files and answer."""
+
+    task_id: str
+    family: str
+    instruction: str
+    files: tuple[tuple[str, str], ...]
+    """(path relative to /app, text) of the files the Dockerfile copies in."""
+    command: str
+    """The command (run in /app) whose output is the answer."""
+    answer: str
+
+
+def _lines_of_words(rng: random.Random, num_lines: int, word: str) -> list[list[str]]:
+    """Lines of 3..6 vocabulary words; at least one line holds ``word`` and one does not."""
+    while True:
+        lines = [rng.choices(WORDS, k=rng.randint(3, 6)) for _ in range(num_lines)]
+        holding = sum(word in line for line in lines)
+        if 0 < holding < num_lines:
+            return lines
+
+
+def _text(lines: list[list[str]]) -> str:
+    return "".join(" ".join(line) + "\n" for line in lines)
+
+
+def _count_lines(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    word = rng.choice(WORDS)
+    lines = _lines_of_words(rng, rng.randint(6, 14), word)
+    answer = sum(word in line for line in lines)
+    prompt = f"How many lines of /app/notes.txt contain the word {word}?"
+    return prompt, {"notes.txt": _text(lines)}, f"grep -c {word} notes.txt", str(answer)
+
+
+def _count_word(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    word = rng.choice(WORDS)
+    lines = _lines_of_words(rng, rng.randint(4, 10), word)
+    answer = sum(line.count(word) for line in lines)
+    prompt = f"How many times does the word {word} occur in /app/notes.txt?"
+    return prompt, {"notes.txt": _text(lines)}, f"grep -o {word} notes.txt | wc -l", str(answer)
+
+
+def _first_line(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    word = rng.choice(WORDS)
+    lines = _lines_of_words(rng, rng.randint(6, 14), word)
+    answer = next(n for n, line in enumerate(lines, 1) if word in line)
+    prompt = f"On which line of /app/notes.txt does the word {word} first appear?"
+    command = f"grep -n -m1 {word} notes.txt | cut -d: -f1"
+    return prompt, {"notes.txt": _text(lines)}, command, str(answer)
+
+
+def _sum_column(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    column = rng.randint(2, 4)
+    rows = [
+        [rng.choice(WORDS), *(str(rng.randint(1, 99)) for _ in range(3))]
+        for _ in range(rng.randint(4, 9))
+    ]
+    answer = sum(int(row[column - 1]) for row in rows)
+    prompt = f"What is the sum of column {column} of the comma-separated file /app/data.csv?"
+    command = f"awk -F, '{{s+=${column}}} END {{print s}}' data.csv"
+    text = "".join(",".join(row) + "\n" for row in rows)
+    return prompt, {"data.csv": text}, command, str(answer)
+
+
+def _count_files(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    extension = rng.choice(EXTENSIONS)
+    while True:
+        names = {
+            f"logs/{rng.choice(WORDS)}{rng.randint(1, 99)}.{rng.choice(EXTENSIONS)}"
+            for _ in range(rng.randint(5, 12))
+        }
+        answer = sum(name.endswith(f".{extension}") for name in names)
+        if answer:
+            break
+    files = {name: f"{name}\n" for name in sorted(names)}
+    prompt = f"How many files in /app/logs have the extension .{extension}?"
+    return prompt, files, f"ls logs/*.{extension} | wc -l", str(answer)
+
+
+def _unique_words(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    chosen = rng.sample(WORDS, rng.randint(3, 10))
+    words = chosen + rng.choices(chosen, k=rng.randint(2, 8))
+    rng.shuffle(words)
+    prompt = "How many distinct words does /app/words.txt hold (one word per line)?"
+    text = "".join(f"{word}\n" for word in words)
+    return prompt, {"words.txt": text}, "sort -u words.txt | wc -l", str(len(chosen))
+
+
+def _max_number(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    numbers = rng.sample(range(1, 1000), rng.randint(5, 12))
+    prompt = "What is the largest number in /app/numbers.txt (one number per line)?"
+    text = "".join(f"{n}\n" for n in numbers)
+    return prompt, {"numbers.txt": text}, "sort -n numbers.txt | tail -1", str(max(numbers))
+
+
+def _config_value(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    keys = rng.sample(CONFIG_KEYS, rng.randint(3, 6))
+    values = {key: rng.randint(1, 999) for key in keys}
+    key = rng.choice(keys)
+    prompt = f"What is the value of {key} in the config file /app/app.conf?"
+    text = "".join(f"{k}={v}\n" for k, v in values.items())
+    command = f"grep ^{key}= app.conf | cut -d= -f2"
+    return prompt, {"app.conf": text}, command, str(values[key])
+
+
+def _find_file(rng: random.Random) -> tuple[str, dict[str, str], str, str]:
+    word = rng.choice(WORDS)
+    others = [w for w in WORDS if w != word]
+    numbers = rng.sample(range(1, 100), rng.randint(3, 7))
+    target = rng.choice(numbers)
+    files = {}
+    for n in numbers:
+        line = rng.choices(others, k=rng.randint(3, 6))
+        if n == target:
+            line.insert(rng.randint(0, len(line)), word)
+        files[f"docs/note{n}.txt"] = " ".join(line) + "\n"
+    prompt = f"Which file in /app/docs contains the word {word}? Answer with its path, docs/NAME."
+    return prompt, files, f"grep -l {word} docs/*", f"docs/note{target}.txt"
+
+
+Family = Callable[[random.Random], tuple[str, dict[str, str], str, str]]
+FAMILIES: tuple[tuple[str, Family], ...] = (
+    ("count-lines", _count_lines),
+    ("count-word", _count_word),
+    ("first-line", _first_line),
+    ("sum-column", _sum_column),
+    ("count-files", _count_files),
+    ("unique-words", _unique_words),
+    ("max-number", _max_number),
+    ("config-value", _config_value),
+    ("find-file", _find_file),
+)
+
+
+def task_spec(index: int) -> TaskSpec:
+    """Task ``index``: a pure function of the index (its own seeded generator)."""
+    if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
+        raise ValueError(f"task index: expected an integer >= 0, got {index!r}")
+    index = int(index)
+    family, make = FAMILIES[index % len(FAMILIES)]
+    rng = random.Random(f"terminal-gen/{GENERATOR_VERSION}/{index}")
+    question, files, command, answer = make(rng)
+    instruction = (
+        f"{question}\nWrite only the answer to /app/{ANSWER_FILE} (one line), then submit.\n"
+    )
+    return TaskSpec(
+        task_id=f"gen-{family}-{index:06d}",
+        family=family,
+        instruction=instruction,
+        files=tuple(sorted(files.items())),
+        command=command,
+        answer=answer,
+    )
+
+
+# --- the Harbor folder ----------------------------------------------------------------------
+
+_TASK_TOML = """version = "1.0"
+
+[metadata]
+author_name = "ThunderSync"
+author_email = "thundersync@example.invalid"
+difficulty = "easy"
+category = "file-operations"
+tags = ["generated", "{family}"]
+
+[verifier]
+timeout_sec = 60.0
+
+[agent]
+timeout_sec = 30.0
+
+[environment]
+build_timeout_sec = 60.0
+cpus = 1
+memory = "1G"
+"""
+
+_TEST_SH = """#!/bin/bash
+# Verifier: runs the tests and writes the reward (1 when every test passes, else 0).
+TEST_DIR="${TEST_DIR:-/tests}"
+VERIFIER_DIR="${VERIFIER_DIR:-/logs/verifier}"
+mkdir -p "$VERIFIER_DIR"
+cd /app || exit 1
+if python3 -m pytest -q -rA -p no:cacheprovider --rootdir="$TEST_DIR" --confcutdir="$TEST_DIR" \\
+    "$TEST_DIR/test_outputs.py"; then
+    echo 1 > "$VERIFIER_DIR/reward.txt"
+else
+    echo 0 > "$VERIFIER_DIR/reward.txt"
+fi
+"""
+
+_TEST_OUTPUTS = '''"""Checks the one answer of the generated task {task_id} ({family})."""
+
+from pathlib import Path
+
+ANSWER = Path("/app/{answer_file}")
+EXPECTED = {answer!r}
+
+
+def test_answer_file_exists():
+    assert ANSWER.is_file(), "write the answer to /app/{answer_file}"
+
+
+def test_answer_is_correct():
+    assert ANSWER.read_text().strip() == EXPECTED
+'''
+
+_SOLVE_SH = """#!/bin/bash
+# Reference solution: compute the answer with the task's command and write it.
+set -euo pipefail
+cd /app
+answer=$({command})
+echo "$answer" > {answer_file}
+"""
+
+
+def write_task(spec: TaskSpec, task_dir: Path) -> Path:
+    """Write ``spec`` as a Harbor task folder at ``task_dir`` (which must not exist)."""
+    files = {
+        "task.toml": _TASK_TOML.format(family=spec.family),
+        "instruction.md": spec.instruction,
+        "tests/test.sh": _TEST_SH,
+        "tests/test_outputs.py": _TEST_OUTPUTS.format(
+            task_id=spec.task_id, family=spec.family, answer=spec.answer, answer_file=ANSWER_FILE
+        ),
+        "solution/solve.sh": _SOLVE_SH.format(command=spec.command, answer_file=ANSWER_FILE),
+    }
+    copies = []
+    for rel, text in spec.files:
+        files[f"environment/{rel}"] = text
+        top = rel.split("/", 1)[0]
+        copy = f"COPY {top}/ /app/{top}/" if "/" in rel else f"COPY {rel} /app/{rel}"
+        if copy not in copies:
+            copies.append(copy)
+    dockerfile = ["FROM thundersync/base:bookworm", "WORKDIR /app", *copies]
+    files["environment/Dockerfile"] = "\n".join(dockerfile) + "\n"
+    for rel, text in files.items():
+        path = task_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for script in ("tests/test.sh", "solution/solve.sh"):
+        (task_dir / script).chmod(0o755)
+    return task_dir
+
+
+def default_cache_dir() -> Path:
+    """``$THUNDERSYNC_TERMINAL_GEN_CACHE`` or a folder of the system's temporary folder."""
+    configured = os.environ.get(CACHE_VARIABLE)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"thundersync-terminal-gen-v{GENERATOR_VERSION}"
+
+
+def materialize(index: int, cache_dir: str | Path | None = None) -> Path:
+    """Task ``index``'s folder in the cache, written on first use. Written beside its final
+    place and renamed into it, so a concurrent writer or an interrupted one never leaves a
+    partial task where a reader looks (the first rename wins; the loser's copy is removed)."""
+    spec = task_spec(index)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / spec.task_id
+    if (final / "task.toml").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{spec.task_id}.partial-", dir=root))
+    try:
+        write_task(spec, partial / spec.task_id)
+        try:
+            os.replace(partial / spec.task_id, final)
+        except OSError:
+            if not (final / "task.toml").is_file():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return final
+
+
+def load_generated_task(
+    index: int, *, cache_dir: str | Path | None = None, max_turns: int = DEFAULT_MAX_TURNS
+) -> TerminalBenchTask:
+    """Task ``index`` loaded by the Harbor loader, its reference solution the agent's two
+    actions (inspect, then write the answer) rather than solve.sh packed into one command."""
+    return _load(int(index), None if cache_dir is None else str(cache_dir), max_turns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _load(index: int, cache_dir: str | None, max_turns: int) -> TerminalBenchTask:
+    task = load_harbor_task(materialize(index, cache_dir), max_turns=max_turns)
+    spec = task_spec(index)
+    commands = (spec.command, f"echo {spec.answer} > {ANSWER_FILE}")
+    return replace(task, solution_script=None, solution_commands=commands)
+
+
+# --- the env --------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not (low <= value <= high)
+    ):
+        raise ValueError(f"{name}: expected an integer in {low}..{high}, got {value!r}")
+    return int(value)
+
+
+@functools.cache
+def _source(
+    num_tasks: int, heldout_every: int, max_turns: int, cache_dir: str | None
+) -> GeneratedTasks:
+    def generate(rng: np.random.Generator) -> TerminalBenchTask:
+        index = int(rng.integers(num_tasks))
+        return load_generated_task(index, cache_dir=cache_dir, max_turns=max_turns)
+
+    return GeneratedTasks("TerminalGen", generate, heldout_every=heldout_every)
+
+
+def generated_source(
+    *,
+    num_tasks: int = DEFAULT_NUM_TASKS,
+    heldout_every: int = DEFAULT_HELDOUT_EVERY,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    cache_dir: str | Path | None = None,
+) -> GeneratedTasks:
+    """The family's tasks 0 .. ``num_tasks`` - 1 by split (one source per arguments)."""
+    num_tasks = _check_int("num_tasks", num_tasks, len(FAMILIES), MAX_NUM_TASKS)
+    heldout_every = _check_int("heldout_every", heldout_every, 2, 1000)
+    max_turns = _check_int("max_turns", max_turns, 2, 1000)
+    return _source(
+        num_tasks, heldout_every, max_turns, None if cache_dir is None else str(cache_dir)
+    )
+
+
+_SOURCE_KEYWORDS = ("num_tasks", "heldout_every", "max_turns", "cache_dir")
+
+
+class GeneratedTerminalEnv(ShellEnv):
+    """``thundersync/TerminalGen-v0``: the generated Harbor family (see the module docstring).
+
+    Keyword arguments: ``num_tasks`` (default 900: tasks 0..899, a ``heldout_every``-th of them,
+    default a quarter, held out), ``max_turns`` (default 6), ``cache_dir``, ``split`` (which
+    split ``reset`` draws from when no task is given: ``"train"``, the default, or
+    ``"heldout"``), ``sandbox``, ``max_episode_s``, ``max_format_errors``, ``strict_grading``.
+    """
+
+    @classmethod
+    def task_source(cls, **kwargs: Any) -> GeneratedTasks:
+        return generated_source(**{k: v for k, v in kwargs.items() if k in _SOURCE_KEYWORDS})
+
+    def __init__(
+        self,
+        *,
+        sandbox: str | SandboxFactory = "bwrap",
+        num_tasks: int = DEFAULT_NUM_TASKS,
+        heldout_every: int = DEFAULT_HELDOUT_EVERY,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        cache_dir: str | Path | None = None,
+        split: str = TRAIN,
+        max_episode_s: float | None = None,
+        max_format_errors: int = 3,
+        strict_grading: bool = True,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {list(SPLITS)}, got {split!r}")
+        source = generated_source(
+            num_tasks=num_tasks,
+            heldout_every=heldout_every,
+            max_turns=max_turns,
+            cache_dir=cache_dir,
+        )
+        super().__init__(
+            source,
+            sandbox=sandbox,
+            max_turns=max_turns,
+            max_episode_s=max_episode_s,
+            max_format_errors=max_format_errors,
+            strict_grading=strict_grading,
+        )
+        self.split = split
+
+    def draw_task(self, rng: np.random.Generator) -> Task:
+        """A task of the env's ``split`` drawn with ``rng``."""
+        return self.source.draw(rng, self.split)
