@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from environments.core import SandboxFactory, ShellEnv
-from environments.tasks import SPLITS, TRAIN, GeneratedTasks, Task
+from environments.tasks import HELDOUT, MAX_DRAWS, SPLITS, TRAIN, GeneratedTasks, Task
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
 
@@ -220,6 +220,11 @@ FAMILIES: tuple[tuple[str, Family], ...] = (
 )
 
 
+def task_id_of(index: int) -> str:
+    """Task ``index``'s id (its folder's name) without generating it."""
+    return f"gen-{FAMILIES[index % len(FAMILIES)][0]}-{index:06d}"
+
+
 def task_spec(index: int) -> TaskSpec:
     """Task ``index``: a pure function of the index (its own seeded generator)."""
     if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
@@ -232,7 +237,7 @@ def task_spec(index: int) -> TaskSpec:
         f"{question}\nWrite only the answer to /app/{ANSWER_FILE} (one line), then submit.\n"
     )
     return TaskSpec(
-        task_id=f"gen-{family}-{index:06d}",
+        task_id=task_id_of(index),
         family=family,
         instruction=instruction,
         files=tuple(sorted(files.items())),
@@ -392,15 +397,37 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
     return int(value)
 
 
+@dataclass(frozen=True, slots=True)
+class GeneratedHarborTasks(GeneratedTasks):
+    """``GeneratedTasks`` over task indices: a draw picks an index, decides its split from
+    the task id alone (``task_id_of``, the same hash rule) and writes and loads only the task
+    it returns (``generate`` takes the index), so rejected draws cost nothing."""
+
+    num_tasks: int = DEFAULT_NUM_TASKS
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+        if split not in self.splits():
+            raise ValueError(
+                f"task source {self.name!r}: no split {split!r}; it has {list(self.splits())}"
+            )
+        want = split == HELDOUT
+        for _ in range(MAX_DRAWS):
+            index = int(rng.integers(self.num_tasks))
+            if self.is_heldout(task_id_of(index)) == want:
+                return self.generate(index)
+        raise ValueError(f"task source {self.name!r}: no {split} task in {MAX_DRAWS} draws")
+
+
 @functools.cache
 def _source(
     num_tasks: int, heldout_every: int, max_turns: int, cache_dir: str | None
-) -> GeneratedTasks:
-    def generate(rng: np.random.Generator) -> TerminalBenchTask:
-        index = int(rng.integers(num_tasks))
+) -> GeneratedHarborTasks:
+    def generate(index: int) -> TerminalBenchTask:
         return load_generated_task(index, cache_dir=cache_dir, max_turns=max_turns)
 
-    return GeneratedTasks("TerminalGen", generate, heldout_every=heldout_every)
+    return GeneratedHarborTasks(
+        "TerminalGen", generate, heldout_every=heldout_every, num_tasks=num_tasks
+    )
 
 
 def generated_source(
@@ -409,7 +436,7 @@ def generated_source(
     heldout_every: int = DEFAULT_HELDOUT_EVERY,
     max_turns: int = DEFAULT_MAX_TURNS,
     cache_dir: str | Path | None = None,
-) -> GeneratedTasks:
+) -> GeneratedHarborTasks:
     """The family's tasks 0 .. ``num_tasks`` - 1 by split (one source per arguments)."""
     num_tasks = _check_int("num_tasks", num_tasks, len(FAMILIES), MAX_NUM_TASKS)
     heldout_every = _check_int("heldout_every", heldout_every, 2, 1000)
@@ -432,7 +459,7 @@ class GeneratedTerminalEnv(ShellEnv):
     """
 
     @classmethod
-    def task_source(cls, **kwargs: Any) -> GeneratedTasks:
+    def task_source(cls, **kwargs: Any) -> GeneratedHarborTasks:
         return generated_source(**{k: v for k, v in kwargs.items() if k in _SOURCE_KEYWORDS})
 
     def __init__(
