@@ -219,6 +219,7 @@ def test_task_sources_make_no_env(monkeypatch):
         "thundersync/ToyChain-v0",
         "thundersync/SWEBench-v0",
         "thundersync/TerminalBench-v0",
+        "thundersync/TerminalGen-v0",
     ):
         task_source(env_id, sandbox="bwrap").draw(np.random.default_rng(0), TRAIN)
     assert made == []
