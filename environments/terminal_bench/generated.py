@@ -22,10 +22,11 @@ A task is a Harbor folder as published (task.toml, instruction.md, environment/D
 its files, tests/test.sh with tests/test_outputs.py, solution/solve.sh), written on first use
 into a cache folder (``cache_dir``, default ``$TMPDIR/thundersync-terminal-gen-<version>``;
 never the repository) and loaded with the Harbor loader, so grading is the loader's own
-(strict in a fresh sandbox for training). The env's tasks keep solve.sh for ``eval --agent
-oracle`` semantics of the folder, but their ``reference_solution()`` is the two actions an
-agent would take: the inspecting command, then ``echo ANSWER > answer.txt`` (what warm start
-imitates, and corrupts by redrawing the answer's digits).
+(strict in a fresh sandbox for training). The folder's solve.sh computes the answer as a
+published solution does (the loader plays it packed into one command); the env's tasks
+instead give as ``reference_solution()`` the two actions an agent would take: the inspecting
+command, then ``echo ANSWER > answer.txt`` (what warm start imitates and the oracle agent
+plays, and what warm start corrupts by redrawing the answer's digits).
 
 The split is by task: a task is held-out iff a hash of its id is 0 modulo ``heldout_every``
 (``environments.tasks.GeneratedTasks``), so training never draws a held-out task.
