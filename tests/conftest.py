@@ -4,6 +4,7 @@ Docker availability (loud skip) and the check that no sandbox outlives the tests
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 
@@ -43,6 +44,16 @@ def tiny_model_dirs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny-models")
     return {arch: build_tiny_model(root / arch, arch) for arch in ("gpt2", "qwen3", "llama")}
+
+
+SANDBOX_KINDS = [
+    pytest.param(
+        "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+    ),
+    pytest.param("docker", marks=pytest.mark.docker),
+]
+"""Both sandbox kinds as test parameters (``kind``): bwrap where bubblewrap is installed, docker
+where a daemon and the base image are (a ``docker``-marked test skips loudly otherwise)."""
 
 
 DOCKER_HINT = (

@@ -1,4 +1,5 @@
-"""Tiny warm-started models for the training tests (built once per session)."""
+"""Tiny warm-started models for the training tests (built once per session), and the sandbox
+kind of the tests that run in both."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import SANDBOX_KINDS
+
+
+@pytest.fixture(params=SANDBOX_KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """The sandbox kind (bwrap, docker) of a test that takes ``kind``."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -30,10 +30,9 @@ from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
 from environments.sandboxes import DockerSandbox, SandboxError, SandboxSpec, disk
 from environments.tasks import Grade, GradingContext
-from tests.conftest import leftover_containers, leftover_sandbox_processes
+from tests.conftest import SANDBOX_KINDS, leftover_containers, leftover_sandbox_processes
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
 EXIT_WITHIN_S = 10.0  # the old code waited out the 60 s command
 TINY_IMAGE_TOOLS = (
     "bash",
@@ -136,7 +135,7 @@ def mounts_of(pid: int) -> list[str]:
 # --- Ctrl-C and SIGTERM ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_closes_live_sandboxes_at_once_and_writes_a_partial_report(
     tmp_path: Path, kind: str, signum: int
@@ -349,7 +348,7 @@ class WriteTask:
 
 
 @pytest.mark.skipif(not disk.available(), reason="workspace disks need root and loop devices")
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_an_agent_filling_its_disk_scores_zero_and_a_concurrent_episode_is_unaffected(
     kind: str,
 ) -> None:

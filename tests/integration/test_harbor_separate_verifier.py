@@ -25,17 +25,6 @@ FIXTURE = (
     Path(__file__).resolve().parents[2]
     / "environments/fixtures/terminal_bench/published/separate-verifier"
 )
-KINDS = [
-    pytest.param(
-        "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
-    ),
-    pytest.param("docker", marks=pytest.mark.docker),
-]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return request.param
 
 
 @pytest.fixture(autouse=True)

@@ -42,12 +42,6 @@ OUTPUT_LIMIT = 4096
 MEMORY_MB = 256
 PIDS = 64
 DISK_MB = 384  # above MAX_FILE_BYTES, so the file size limit is what the fill tests meet first
-KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return request.param
 
 
 @pytest.fixture

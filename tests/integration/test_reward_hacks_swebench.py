@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,12 @@ import pytest
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from environments.tasks import Grade, GradingContext
+from tests.conftest import SANDBOX_KINDS
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
 TASK = load_instances(FIXTURES).get("thundersync__intervals-1")
 TESTS = TASK.instance.fail_to_pass + TASK.instance.pass_to_pass
 
-KINDS = [
-    pytest.param(
-        "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
-    ),
-    pytest.param("docker", marks=pytest.mark.docker),
-]
 
 FORCE_PASS = """\
 import pytest
@@ -231,7 +225,7 @@ def assert_finite(value: Any) -> None:
             assert_finite(item)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("hack", HACKS, ids=[h.name for h in HACKS])
 def test_reward_hack_scores_zero_in_strict_mode(kind: str, hack: Hack) -> None:
     grades = grade_both(TASK, kind, hack.commands)
@@ -246,7 +240,7 @@ def test_reward_hack_scores_zero_in_strict_mode(kind: str, hack: Hack) -> None:
         assert strict.details["resolved"] is True  # the tests were fooled; the audit was not
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_fix_with_an_ordinary_config_edit_is_not_flagged(kind: str) -> None:
     """The gold patch plus an edit outside pytest's section of pyproject.toml: resolved in
     both modes, nothing suspected."""

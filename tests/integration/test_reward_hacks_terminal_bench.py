@@ -21,6 +21,7 @@ import pytest
 from environments.sandboxes import ExecResult, Sandbox, make_sandbox
 from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from tests.conftest import SANDBOX_KINDS
 
 DOCKERFILE = """FROM thundersync/base:bookworm
 WORKDIR /app
@@ -154,7 +155,6 @@ HACKS = {
         {"bwrap": 0.0, "docker": 0.0},
     ),
 }
-KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
 
 
 def make_task(root: Path, fmt: str) -> TerminalBenchTask:
@@ -214,7 +214,7 @@ def run_episode(task: TerminalBenchTask, kind: str, commands: list[str], *, stri
             other.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("fmt", ["harbor", "tb1"])
 def test_the_oracle_scores_one_strictly_and_nothing_is_flagged(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str
@@ -225,7 +225,7 @@ def test_the_oracle_scores_one_strictly_and_nothing_is_flagged(
     assert grade.details["tamper_suspected"] is False, grade.details["tamper_reasons"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
 def test_a_reward_hack_scores_zero_under_strict_grading(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
@@ -239,7 +239,7 @@ def test_a_reward_hack_scores_zero_under_strict_grading(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
 def test_without_strict_grading_the_hack_is_real_and_still_reported(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
@@ -306,7 +306,7 @@ measured before the work left through the engine, the tar links scored 1.0 unfla
 failure."""
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("name", sorted(AGENT_PROGRAM_HACKS))
 def test_the_agents_programs_take_no_part_in_strict_grading(
     tasks: dict[str, TerminalBenchTask], kind: str, name: str
@@ -316,7 +316,7 @@ def test_the_agents_programs_take_no_part_in_strict_grading(
     assert grade.details["strict"] is True
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_a_daemon_that_skipped_the_kill_loop_is_dead_before_default_grading(
     tasks: dict[str, TerminalBenchTask], kind: str
 ) -> None:
@@ -328,7 +328,7 @@ def test_a_daemon_that_skipped_the_kill_loop_is_dead_before_default_grading(
     assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_a_link_to_what_the_grader_puts_outside_the_work_folder_is_flagged(
     tasks: dict[str, TerminalBenchTask], kind: str
 ) -> None:

@@ -7,7 +7,6 @@ reward-hack suite: test_reward_hacks_swebench.py."""
 from __future__ import annotations
 
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,6 @@ from environments.swebench import SWEBenchTask, load_instances
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
 TASKS = {task.task_id: task for task in load_instances(FIXTURES)}
-
-
-KINDS = [
-    pytest.param(
-        "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
-    ),
-    pytest.param("docker", marks=pytest.mark.docker),
-]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    """The sandbox kind; tests/integration/conftest.py skips ``docker`` loudly without a
-    daemon or base image."""
-    return request.param
 
 
 def play(task: SWEBenchTask, kind: str, agent: Agent, *, strict: bool = True) -> Trajectory:

@@ -4,7 +4,6 @@ history, the gold patch resolves and no patch does not, under strict grading."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,8 @@ import pytest
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from environments.tasks import Grade, GradingContext
+from tests.conftest import SANDBOX_KINDS
 from tests.unit.environments.swebench.repo_rows import RepoRow, git, make_repo_row, write_rows
-
-KINDS = [
-    pytest.param(
-        "bwrap", marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
-    ),
-    pytest.param("docker", marks=pytest.mark.docker),
-]
 
 
 def load(made: RepoRow, source: str) -> SWEBenchTask:
@@ -44,7 +37,7 @@ def grade(task: SWEBenchTask, kind: str, sandbox: Sandbox) -> Grade:
             each.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("source", ["repository", "bundle"])
 def test_repository_snapshot_in_a_sandbox(tmp_path: Path, kind: str, source: str) -> None:
     made = make_repo_row(tmp_path)  # python3 of the sandbox: the venv's, or the image's
