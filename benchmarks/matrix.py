@@ -136,7 +136,7 @@ def train(
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"matrix: {workload.name} {mode} failed:\n{done.stdout}\n{done.stderr}")
-    print(f"matrix: {workload.name} {mode}: {time.monotonic() - started:.0f} s", flush=True)
+    print(f"matrix: {workload.name} {mode}: {time.monotonic() - started:.0f} s", file=sys.stderr)
     return out
 
 
@@ -198,7 +198,7 @@ def calibrate_balanced(model: Path, folder: Path, args: argparse.Namespace) -> W
     print(
         f"matrix: balanced: L_sync {learner:.3f} s, rollout without grading {rollout:.3f} s: "
         f"grading median {median * 1000:.1f} ms",
-        flush=True,
+        file=sys.stderr,
     )
     kwargs = {**WORKLOADS["balanced"].env_kwargs, "grade_latency_s": round(median, 4)}
     return Workload("balanced", kwargs)
