@@ -174,15 +174,18 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work(warm_model, t
     kl = [m["teacher_kl"] for m in metrics(out)]
     # the trend, not one step: each step draws other tasks, whose KL differs by itself
     assert all(k is not None for k in kl) and sum(kl[-2:]) / 2 < 0.9 * kl[0], kl
-    # Per-turn work: each sampled turn is scored by the teacher and has its own backward.
-    # Whether that work overlaps the tool call in wall time depends on free cores, so it is
+    # Per-turn work: each sampled turn is scored by the teacher, and its gradient is computed
+    # on its own or, when the learner finds a whole episode ready before any of its turns was
+    # done (a busy machine), with that episode in one batched pass (its span has no turn).
+    # Whether the work overlaps the tool call in wall time depends on free cores, so it is
     # measured by benchmarks/, and its causes are tested deterministically in
     # tests/unit/thundersync/training/test_teacher.py and test_learner.py.
     spans = [json.loads(line) for line in (out / "spans.jsonl").read_text().splitlines()]
     turns = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "tool"}
     teacher = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "teacher"}
     backward = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "backward"}
-    assert turns and turns <= teacher and turns <= backward, (turns - teacher, turns - backward)
+    learned = {(e, t) for e, t in turns if (e, t) in backward or (e, None) in backward}
+    assert turns and turns <= teacher and learned == turns, (turns - teacher, turns - learned)
 
 
 def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):
