@@ -22,8 +22,9 @@ Workloads (ToySum, warm model, B tasks × G episodes per step):
 - ``balanced``: every episode's grading log-normal (σ = 1) with its median set so the rollout's
   makespan is about the sync learner's time (the printed makespan / L_sync says how close);
 - ``long-tail``: the demo's (log-normal tool calls and grading);
-- ``long-grading``: grading about as long as the rollout (SWE-like test suites), where early
-  start overlaps the backward with the grading;
+- ``long-grading``: every episode's grading about as long as the sync learner's time (σ 0.25;
+  SWE-like: a repository's tests take minutes, like the episode and the learner's pass over a
+  batch of long trajectories), where early start overlaps the backward with the grading;
 - ``opd``: multi-turn on-policy distillation with tool latency (per-turn gradients while tools
   run; the teacher is the warm model itself, so the KL is 0 but every piece of work is done);
 - ``no-overlap``: instant tools and grading, so every episode ends at about the same time and
@@ -86,10 +87,7 @@ WORKLOADS = {
                 "grade_latency_sigma": 0.75,
             },
         ),
-        Workload(
-            "long-grading",
-            {"tools": "python", "grade_latency_s": 0.6, "grade_latency_sigma": 0.3},
-        ),
+        Workload("long-grading", {"tools": "python", "grade_latency_sigma": 0.25}),
         Workload(
             "opd",
             {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5},
@@ -185,31 +183,47 @@ def lognormal_max(n: int, sigma: float = 1.0) -> float:
     return float(np.median(np.exp(draws).max(axis=1)))
 
 
-def calibrate_balanced(model: Path, folder: Path, args: argparse.Namespace) -> Workload:
-    """``balanced`` with its grading median set so the rollout's makespan is about the sync
-    learner's time: a short sync run with instant grading measures L_sync and the makespan of
-    generation and tools; the grading's expected maximum fills the difference."""
-    instant = Workload("balanced-probe", {"tools": "python"})
-    probe = step_windows(train(folder / "balanced-probe", model, instant, "sync", args))[1:]
-    learner = statistics.median(w.learner_time_s for w in probe)
-    rollout = statistics.median(max(w.work_times) - w.submitted_at for w in probe)
-    spread = lognormal_max(args.tasks * args.group)
-    median = max((learner - rollout) / spread, 0.005)
+def probe(model: Path, folder: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """(L_sync, rollout makespan) of a short sync run with instant tools and grading."""
+    instant = Workload("probe", {"tools": "python"})
+    windows = step_windows(train(folder / "probe", model, instant, "sync", args))[1:]
+    learner = statistics.median(w.learner_time_s for w in windows)
+    rollout = statistics.median(max(w.work_times) - w.submitted_at for w in windows)
     print(
-        f"matrix: balanced: L_sync {learner:.3f} s, rollout without grading {rollout:.3f} s: "
-        f"grading median {median * 1000:.1f} ms",
+        f"matrix: probe: L_sync {learner:.3f} s, rollout without latency {rollout:.3f} s",
         file=sys.stderr,
     )
-    kwargs = {**WORKLOADS["balanced"].env_kwargs, "grade_latency_s": round(median, 4)}
-    return Workload("balanced", kwargs)
+    return learner, rollout
+
+
+def calibrated(name: str, learner: float, rollout: float, episodes: int) -> Workload:
+    """The rows sized from the probe. ``balanced``: the grading's median set so the expected
+    largest of the batch's log-normal gradings fills the gap between the rollout and L_sync,
+    making the makespan about the sync learner's time. ``long-grading``: every episode's
+    grading about as long as L_sync (σ 0.25), as in SWE-like work where a repository's tests
+    take minutes, like the agent's episode and the learner's pass over a batch of long
+    trajectories."""
+    kwargs = dict(WORKLOADS[name].env_kwargs)
+    if name == "balanced":
+        kwargs["grade_latency_s"] = round(
+            max((learner - rollout) / lognormal_max(episodes), 0.005), 4
+        )
+    else:
+        kwargs["grade_latency_s"] = round(learner, 4)
+    print(
+        f"matrix: {name}: grading median {kwargs['grade_latency_s'] * 1000:.1f} ms", file=sys.stderr
+    )
+    return Workload(name, kwargs)
 
 
 def run_matrix(model: Path, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"workloads": {}}
+    sized = [name for name in args.workloads if name in ("balanced", "long-grading")]
+    learner, rollout = probe(model, folder, args) if sized else (0.0, 0.0)
     for name in args.workloads:
         workload = WORKLOADS[name]
-        if name == "balanced":
-            workload = calibrate_balanced(model, folder, args)
+        if name in sized:
+            workload = calibrated(name, learner, rollout, args.tasks * args.group)
         runs = {
             mode: train(folder / name / mode, model, workload, mode, args)
             for mode in workload.modes
