@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from environments.terminal_bench import TerminalBenchTask, load_tasks
-from tests.integration.test_reward_hacks_terminal_bench import KINDS, run_episode, write
+from tests.conftest import SANDBOX_KINDS
+from tests.integration.test_reward_hacks_terminal_bench import run_episode, write
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/terminal_bench"
 SHADOW_EXIT = """import atexit, os, sys
@@ -49,7 +50,7 @@ def shadow_commands(task: TerminalBenchTask, shape: str) -> list[str]:
     return [write(f"{task.environment.workdir.rstrip('/')}/{relative}", SHADOW_EXIT)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("shape", sorted(SHADOWS))
 @pytest.mark.parametrize(("fmt", "name"), TASKS, ids=[f"{f}-{n}" for f, n in TASKS])
 def test_a_shadowed_standard_library_module_scores_zero_strictly(
@@ -63,7 +64,7 @@ def test_a_shadowed_standard_library_module_scores_zero_strictly(
     assert any(SHADOWS[shape][1] in reason for reason in reasons), reasons
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("shape", sorted(SHADOWS))
 def test_without_strict_grading_the_shadow_wins_and_is_still_reported(
     kind: str, shape: str
@@ -75,7 +76,7 @@ def test_without_strict_grading_the_shadow_wins_and_is_still_reported(
     assert grade.details["tamper_suspected"] is True, grade.details
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_modules_the_tests_import_from_the_work_folder_still_pass_strictly(kind: str) -> None:
     """The task's tests import the package the agent fixed (``textstats``) from /app; a new
     module with an ordinary name beside it, and one named like the standard library inside a
@@ -119,7 +120,7 @@ def agent_module_task(root: Path) -> TerminalBenchTask:
     return load_tasks(task_dir).get("write-wordcount")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_a_module_the_agent_writes_for_the_tests_scores_one_strictly(
     kind: str, tmp_path: Path
 ) -> None:

@@ -17,13 +17,13 @@ from environments.sandboxes import (
 )
 from environments.sandboxes import disk as disk_module
 from environments.sandboxes.orphans import remove_orphan_workspaces
+from tests.conftest import SANDBOX_KINDS
 from tests.unit.environments.sandboxes.test_orphans import dead_pid
 
 needs_disks = pytest.mark.skipif(
     not disk_module.available(), reason="workspace disks need root, mkfs.ext4 and loop devices"
 )
 pytestmark = needs_disks
-KINDS = [pytest.param("bwrap", id="bwrap"), pytest.param("docker", marks=pytest.mark.docker)]
 DISK_MB = 32
 
 
@@ -31,7 +31,7 @@ def mounted(path: Path) -> bool:
     return any(line.split()[1].startswith(str(path)) for line in Path("/proc/self/mounts").open())
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOX_KINDS)
 @pytest.mark.parametrize("disk_mb", [DISK_MB, disk_module.TMPFS_MAX_MB + 16], ids=["tmpfs", "ext4"])
 def test_filling_the_workspace_fails_with_enospc_and_leaves_a_neighbour_alone(
     kind: str, disk_mb: int
