@@ -211,10 +211,9 @@ def print_projection(result: dict[str, Any]) -> None:
         )
         source = inputs["sources"].get(name)
         print(f"  {name:<34}{shown}" + (f"  [{source}]" if source else ""))
-    notes = result
     print(
-        f"  => {notes['decode_tokens_per_s_per_sequence']:.1f} tokens/s per sequence while the "
-        f"batch decodes; {notes['learner_s_per_trajectory']:.2f} s of learner time per trajectory"
+        f"  => {result['decode_tokens_per_s_per_sequence']:.1f} tokens/s per sequence while the "
+        f"batch decodes; {result['learner_s_per_trajectory']:.2f} s of learner time per trajectory"
     )
     print(f"{'mode':<18}{'step time':>12}{'vs sync':>9}   (mean of {result['steps']} drawn steps)")
     for mode, t in result["step_time_s"].items():
