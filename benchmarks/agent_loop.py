@@ -11,9 +11,14 @@ on the driver's loop) and sandboxed tools (``tools="sandbox"``, bubblewrap: each
 thread); and with a 256-wide, 4-layer model (in-process tools), since the overhead is the
 loop's fixed Python per turn over the engine's time per turn, which grows with the model; and
 the floor it cannot go below without overlapping generation: the episodes played one after
-another with instant answers. Each round's overhead is split into the engine waiting for the
-loop (steady: measured within the round) and the engine running slower inside the loop than
-alone (as noisy as the machine).
+another with instant answers. Each round's overhead is split into the engine idle (steady:
+measured within the round) and the engine running slower inside the loop than alone (as noisy
+as the machine). The engine's idle time splits three ways (``split_idle``), by the episodes
+that will still ask for an action: waiting on the loop, while one of them is out of its env
+(the loop's Python, the batching window, a request not yet sent): the target; waiting on the
+tools, while every one of them is inside its env (a sandbox starting, a tool), which no loop
+can shorten, only more episodes in flight; and after the last request, when none will ask again
+(the last episodes grading and concluding; no engine could be busy then).
 
 Ratios are measured side by side in one run (this machine is shared and noisy); the medians
 are over rounds, and the spread is printed so a reader can judge them.
@@ -22,11 +27,14 @@ are over rounds, and the spread is printed so a reader can judge them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +84,7 @@ def agent_loop_overhead(
     from environments.runner import EpisodeRunner
     from environments.toy import ToySumEnv
     from thundersync.models import load_tokenizer
+    from thundersync.protocol.events import now
     from thundersync.training.agent import PolicyAgent
     from thundersync.training.chat import ChatFormat
     from thundersync.training.engines.batcher import DynamicBatcher
@@ -86,13 +95,16 @@ def agent_loop_overhead(
 
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
     sent: list[tuple[Any, Any]] = []  # (request, completion) of every batch, in order
-    num_batches = [0]
-    busy = [0.0]  # the engine's time in batches
+    batches: list[tuple[float, float]] = []  # the engine's batches (run clock)
+    last_batch: dict[int, float] = {}  # episode -> when the batch of its last request started
+    in_env: list[tuple[int, float, float]] = []  # (env, start, end) of every env call
+    env_seeds: dict[int, int] = {}  # env -> the seed of its reset (its episode's)
 
     def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
         sent.extend(zip(requests, completions, strict=True))
-        num_batches[0] += 1
-        busy[0] += finished - started
+        batches.append((started, finished))
+        for request in requests:
+            last_batch[episode_of[request.seed]] = started
 
     engine = HFEngine(model)
     batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
@@ -105,7 +117,7 @@ def agent_loop_overhead(
         max_context=engine.max_context,
     )
     make_env = episode_envs("thundersync/ToySum-v0", tools=tools)
-    runner = EpisodeRunner(make_env, agent, lambda event: None)
+    runner = EpisodeRunner(timed_envs(make_env, in_env, env_seeds), agent, lambda event: None)
     driver = EpisodeDriver(runner, batcher, max_concurrency=episodes)
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools=tools).draw_task(rng) for _ in range(episodes)]
@@ -114,23 +126,38 @@ def agent_loop_overhead(
         for index, task in enumerate(tasks)
         for turn in range(task.max_turns)
     }
+    episode_of = {
+        request_seed(seed, f"e{index}", turn): index
+        for index, task in enumerate(tasks)
+        for turn in range(task.max_turns)
+    }
+    seed_of = {derive_seed(seed, f"e{index}"): index for index in range(len(tasks))}
 
     def play() -> dict[
         str, Any
     ]:  # as the rollout worker does (thundersync/training/rollout_worker.py)
-        sent.clear()
-        num_batches[0], busy[0] = 0, 0.0
-        started = time.perf_counter()
+        for record in (sent, batches, last_batch, in_env, env_seeds):
+            record.clear()
+        started = now()
         futures = driver.submit_all(
             {"task": task, "episode_id": f"e{index}", "seed": derive_seed(seed, f"e{index}")}
             for index, task in enumerate(tasks)
         )
         for future in futures:
             future.result()
+        finished = now()
+        # each episode's env calls up to its last request: after it, nothing it does can
+        # keep the engine waiting
+        horizon = {env: last_batch[seed_of[env_seed]] for env, env_seed in env_seeds.items()}
+        calls = [(a, min(b, horizon[env])) for env, a, b in in_env if a < horizon[env]]
+        waits = split_idle(started, finished, batches, calls, list(horizon.values()))
         return {
-            "loop_s": time.perf_counter() - started,
-            "loop_batches": num_batches[0],
-            "engine_s": busy[0],
+            "loop_s": finished - started,
+            "loop_batches": len(batches),
+            "engine_s": sum(end - start for start, end in batches),
+            "loop_wait_s": waits.loop,
+            "tool_wait_s": waits.tools,
+            "done_wait_s": waits.done,
         }
 
     try:
@@ -140,6 +167,8 @@ def agent_loop_overhead(
             measured.update(replay(engine, sent, turn_of))
             measured["overhead"] = measured["loop_s"] / measured["replay_s"] - 1.0
             measured["idle"] = measured["loop_s"] / measured["engine_s"] - 1.0
+            for part in ("loop", "tool", "done"):
+                measured[f"{part}_wait"] = measured[f"{part}_wait_s"] / measured["engine_s"]
             measured["inflation"] = measured["engine_s"] / measured["replay_s"] - 1.0
             rounds.append(measured)
     finally:
@@ -174,6 +203,89 @@ def agent_loop_overhead(
         "driver": type(driver).__name__,
         "tools": tools,
     }
+
+
+def timed_envs(
+    make_env: Callable[[], Any],
+    in_env: list[tuple[int, float, float]],
+    env_seeds: dict[int, int],
+) -> Callable[[], Any]:
+    """``make_env`` whose envs record, on the run's clock, every call the episode spends in its
+    environment (the env's creation, ``reset``, ``step``, ``close``: the tools, the sandbox and
+    the grading) into ``in_env`` as (the env's number, start, end), and the seed of each env's
+    ``reset`` (which names its episode) into ``env_seeds``."""
+    from thundersync.protocol.events import now
+
+    numbers = itertools.count()
+
+    def make() -> Any:
+        started = now()
+        env, number = make_env(), next(numbers)
+
+        def timed(call: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if "seed" in kwargs:
+                    env_seeds[number] = kwargs["seed"]
+                begun = now()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    in_env.append((number, begun, now()))
+
+            return run
+
+        env.reset, env.step, env.close = timed(env.reset), timed(env.step), timed(env.close)
+        in_env.append((number, started, now()))
+        return env
+
+    return make
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSplit:
+    """The engine's idle seconds in a round, by what it waited on."""
+
+    loop: float
+    """Some episode that will still ask for an action was out of its env: the loop's (its
+    Python, the batching window, a request not yet sent) -- the target."""
+    tools: float
+    """Every episode that will still ask was inside its env (a sandbox starting, a tool):
+    which no loop can shorten, only more episodes in flight."""
+    done: float
+    """No episode will ask again (the round's tail: the last episodes grading and
+    concluding)."""
+
+
+def split_idle(
+    started: float,
+    finished: float,
+    batches: list[tuple[float, float]],
+    in_env: list[tuple[float, float]],
+    horizons: list[float],
+) -> IdleSplit:
+    """Split the time between ``started`` and ``finished`` in which the engine ran no batch
+    (``batches``). Each episode is pending from ``started`` until its horizon (when the batch
+    of its last request started); ``in_env`` are the spans pending episodes spent inside their
+    envs (cut at their horizons; one call at a time per episode)."""
+    changes: list[tuple[float, int, int, int]] = [(finished, 0, 0, 0)]
+    changes += [(a, 1, 0, 0) for a, _ in batches] + [(b, -1, 0, 0) for _, b in batches]
+    changes += [(a, 0, 1, 0) for a, _ in in_env] + [(b, 0, -1, 0) for _, b in in_env]
+    changes += [(horizon, 0, 0, -1) for horizon in horizons]
+    busy, inside, pending = 0, 0, len(horizons)
+    loop = tools = done = 0.0
+    previous = started
+    for time_, d_busy, d_inside, d_pending in sorted(changes):
+        span = min(time_, finished) - previous
+        if span > 0 and not busy:
+            if not pending:
+                done += span
+            elif inside >= pending:
+                tools += span
+            else:
+                loop += span
+        previous = max(previous, min(time_, finished))
+        busy, inside, pending = busy + d_busy, inside + d_inside, pending + d_pending
+    return IdleSplit(loop, tools, done)
 
 
 def replay(engine: Any, sent: list[tuple[Any, Any]], turn_of: dict[int, int]) -> dict[str, Any]:
@@ -286,10 +398,10 @@ def print_result(result: dict[str, Any]) -> None:
             continue
         loop = result[key]
         print_agent_loop(loop)
-        low, high = middle_half(loop, "idle")
-        idle = statistics.median(r["idle"] for r in loop["rounds"])
+        low, high = middle_half(loop, "loop_wait")
+        wait = statistics.median(r["loop_wait"] for r in loop["rounds"])
         verdicts.append(
-            f"engine waits on the loop {idle * 100:.1f}% median of {len(loop['rounds'])} "
+            f"engine waits on the loop {wait * 100:.1f}% median of {len(loop['rounds'])} "
             f"({loop['tools']} tools, {loop['model']} model; target <= 5%"
             f"{'; too noisy to conclude' if high - low > 0.05 else ''})"
         )
@@ -306,16 +418,22 @@ def print_agent_loop(loop: dict[str, Any]) -> None:
         print(
             f"  loop {r['loop_s']:.3f} s in {r['loop_batches']} batches, replay "
             f"{r['replay_s']:.3f} s in {r['replay_batches']}: overhead {r['overhead']:.1%}"
-            f" (engine idle {r['idle']:.1%}, slower {r['inflation']:.1%}), "
+            f" (engine idle {r['idle']:.1%}: on the loop {r['loop_wait']:.1%}, on the tools "
+            f"{r['tool_wait']:.1%}, after the last request {r['done_wait']:.1%}; slower "
+            f"{r['inflation']:.1%}), "
             f"{r['mismatched_completions']} completions differ"
         )
     overheads = sorted(r["overhead"] for r in loop["rounds"])
     low, high = middle_half(loop)
+    wait_low, wait_high = middle_half(loop, "loop_wait")
     print(
         f"  spread {overheads[0]:.1%} to {overheads[-1]:.1%}, middle half {low:.1%} to {high:.1%}"
     )
     for part, meaning in (
-        ("idle", "the engine waiting for the loop"),
+        ("idle", "the engine idle"),
+        ("loop_wait", "the engine waiting on the loop (the target)"),
+        ("tool_wait", "the engine waiting on the tools (every episode still to ask in its env)"),
+        ("done_wait", "the engine idle after the last request (episodes grading, concluding)"),
         ("inflation", "the engine slower inside the loop"),
     ):
         part_low, part_high = middle_half(loop, part)
@@ -326,10 +444,11 @@ def print_agent_loop(loop: dict[str, Any]) -> None:
         f"{loop['python_s'] * 1000:.0f} ms, {loop['python_floor']:.1%} of the replay: the "
         "floor of the overhead without overlap"
     )
-    if high - low > 0.05:
+    if wait_high - wait_low > 0.05:
         print(
-            "  the middle half spans more than the 5 % target: the median is not conclusive "
-            "(a busy machine); rerun with more --rounds or on a quiet machine"
+            "  the middle half of the wait on the loop spans more than the 5 % target: the "
+            "median is not conclusive (a busy machine); rerun with more --rounds or on a quiet "
+            "machine"
         )
 
 
