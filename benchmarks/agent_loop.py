@@ -104,7 +104,7 @@ def agent_loop_overhead(
         sent.extend(zip(requests, completions, strict=True))
         batches.append((started, finished))
         for request in requests:
-            last_batch[episode_of[request.seed]] = started
+            last_batch[request_of[request.seed][0]] = started
 
     engine = HFEngine(model)
     batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
@@ -121,13 +121,8 @@ def agent_loop_overhead(
     driver = EpisodeDriver(runner, batcher, max_concurrency=episodes)
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools=tools).draw_task(rng) for _ in range(episodes)]
-    turn_of = {
-        request_seed(seed, f"e{index}", turn): turn
-        for index, task in enumerate(tasks)
-        for turn in range(task.max_turns)
-    }
-    episode_of = {
-        request_seed(seed, f"e{index}", turn): index
+    request_of = {  # a request's seed -> (its episode, its turn)
+        request_seed(seed, f"e{index}", turn): (index, turn)
         for index, task in enumerate(tasks)
         for turn in range(task.max_turns)
     }
@@ -164,7 +159,7 @@ def agent_loop_overhead(
         rounds = []
         for _ in range(repeats + 1):
             measured = play()
-            measured.update(replay(engine, sent, turn_of))
+            measured.update(replay(engine, sent, request_of))
             measured["overhead"] = measured["loop_s"] / measured["replay_s"] - 1.0
             measured["idle"] = measured["loop_s"] / measured["engine_s"] - 1.0
             for part in ("loop", "tool", "done"):
@@ -288,13 +283,15 @@ def split_idle(
     return IdleSplit(loop, tools, done)
 
 
-def replay(engine: Any, sent: list[tuple[Any, Any]], turn_of: dict[int, int]) -> dict[str, Any]:
+def replay(
+    engine: Any, sent: list[tuple[Any, Any]], request_of: dict[int, tuple[int, int]]
+) -> dict[str, Any]:
     """Generate ``sent``'s requests again with ``engine`` alone, all requests of a turn in one
-    batch (a request's turn from its seed, ``turn_of``); its wall time and how many
+    batch (a request's turn from its seed, ``request_of``); its wall time and how many
     completions differ from the loop's."""
     by_turn: dict[int, list[tuple[Any, Any]]] = {}
     for request, completion in sent:
-        by_turn.setdefault(turn_of[request.seed], []).append((request, completion))
+        by_turn.setdefault(request_of[request.seed][1], []).append((request, completion))
     batches = [by_turn[turn] for turn in sorted(by_turn)]
     started = time.perf_counter()
     outputs = [engine.generate([request for request, _ in batch]) for batch in batches]
