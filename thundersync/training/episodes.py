@@ -6,13 +6,15 @@ and cancellation as ``run_episode``) advanced by a coroutine. An action awaits t
 batched completion (``PolicyAgent.request``, the ``DynamicBatcher``'s future, then
 ``PolicyAgent.action``), so every live episode's request waits in the same batch and no thread
 is parked per episode. An env call that may block (making a sandbox, a sandboxed command, a
-grader) runs on a bounded pool of threads. An env that declares that its steps answer at once
-(``environments.core.INSTANT_STEPS``, carried by ``ActionNeeded.instant_steps``) is stepped on
-the loop itself: a thread hop per turn costs the interpreter changing hands twice, which is
-most of what the engine would wait for between two batches (docs/design.md §5). An episode's
-first call (making and resetting its env) runs where the previous episode's env said its steps
-run: a runner's envs all come from one ``make_env``, and resets that hop to threads all at once
-reach the batcher staggered, splitting the first batch.
+grader) runs on a bounded pool of threads, and the batcher does not wait for the episode
+meanwhile (``DynamicBatcher.away``: its next request comes only after the call). An env that
+declares that its steps answer at once (``environments.core.INSTANT_STEPS``, carried by
+``ActionNeeded.instant_steps``) is stepped on the loop itself: a thread hop per turn costs the
+interpreter changing hands twice, which is most of what the engine would wait for between two
+batches (docs/design.md §5). An episode's first call (making and resetting its env) runs where
+the previous episode's env said its steps run: a runner's envs all come from one ``make_env``,
+and resets that hop to threads all at once reach the batcher staggered, splitting the first
+batch.
 An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
 Without a batcher (agents that need no engine: the oracle, scripted agents) each action is the
@@ -157,7 +159,7 @@ class EpisodeDriver:
         try:
             while True:
                 call = _advance(steps, action, error)
-                need = call() if instant else await self._in_thread(call)
+                need = call() if instant else await self._away(call)
                 if not isinstance(need, ActionNeeded):
                     return need
                 instant = self._instant_start = need.instant_steps
@@ -220,6 +222,16 @@ class EpisodeDriver:
             self._waking = False
         for arrived, done in arrivals:
             _settle(arrived, done)
+
+    async def _away(self, call: Callable[[], Any]) -> Any:
+        """An env call on the pool, during which the batcher does not wait for this episode."""
+        if self.batcher is None:
+            return await self._in_thread(call)
+        self.batcher.away()
+        try:
+            return await self._in_thread(call)
+        finally:
+            self.batcher.back()
 
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the pool; awaited to its end even if this task is cancelled, since

@@ -28,12 +28,13 @@ class DynamicBatcher:
     sampled as part of a batch: everything waiting, gathered until no request has arrived for
     ``window_s`` (at most ``MAX_WINDOWS`` windows in all), up to ``max_batch_size``. Callers
     that will ask (episodes in flight) are counted with ``join()`` (when the episode is
-    scheduled, so that none is missed while threads start) and ``leave()``; a batch then
-    closes as soon as every counted caller has a request in it, instead of waiting out the
-    window for nobody. ``call(fn)`` runs ``fn(engine)`` on the engine thread between batches
-    (weight loads: no batch ever sees half-loaded weights). ``on_batch(started, finished,
-    requests, completions)`` observes every batch; ``add_settle_hook`` wakes a consumer of many
-    futures once per batch."""
+    scheduled, so that none is missed while threads start) and ``leave()``, and those inside a
+    call that asks for nothing (a sandboxed command, a grader) with ``away()`` and ``back()``; a
+    batch then closes as soon as every counted caller not away has a request in it, instead of
+    waiting out the window for nobody. ``call(fn)`` runs ``fn(engine)`` on the engine thread
+    between batches (weight loads: no batch ever sees half-loaded weights). ``on_batch(started,
+    finished, requests, completions)`` observes every batch; ``add_settle_hook`` wakes a
+    consumer of many futures once per batch."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class DynamicBatcher:
         self.on_batch = on_batch
         self._inbox: queue.Queue[tuple[str, Any, Future]] = queue.Queue()
         self._requesters = 0
+        self._away = 0  # counted callers inside a call that does not ask for an action
         self._requesters_lock = threading.Lock()
         self._closed = threading.Event()
         self._error: BaseException | None = None
@@ -70,6 +72,17 @@ class DynamicBatcher:
             self._requesters -= 1
         self._inbox.put(("wake", None, Future()))  # a gathering batch may be complete now
 
+    def away(self) -> None:
+        """A counted caller goes where it will not ask for a while (a sandboxed command, a
+        grader: until its ``back()``): a gathering batch stops waiting for it."""
+        with self._requesters_lock:
+            self._away += 1
+        self._inbox.put(("wake", None, Future()))
+
+    def back(self) -> None:
+        with self._requesters_lock:
+            self._away -= 1
+
     def add_settle_hook(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` on the engine thread each time a batch's futures are all settled
         (completions or errors; also when ``close`` fails the waiting ones) and ``on_batch`` has
@@ -87,7 +100,9 @@ class DynamicBatcher:
 
     def _batch_target(self) -> int:
         requesters = self._requesters
-        return min(self.max_batch_size, requesters) if requesters else self.max_batch_size
+        if not requesters:
+            return self.max_batch_size
+        return min(self.max_batch_size, max(requesters - self._away, 1))
 
     def generate(self, request: GenerationRequest) -> Completion:
         return self.submit(request).result()

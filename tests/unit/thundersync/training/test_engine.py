@@ -161,6 +161,26 @@ def test_a_batch_closes_once_every_live_requester_has_asked_not_at_the_window():
     assert engine.batches == [3, 2]
 
 
+def test_a_batch_does_not_wait_for_a_requester_that_is_away():
+    """Three episodes in flight; one is inside a sandboxed command (``away``) and will not ask
+    until it is ``back``: the other two's requests run at once, not after the 60 s window; once
+    they have ended, the third's runs when it asks."""
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=60.0, max_batch_size=8)
+    for _ in range(3):
+        batcher.join()
+    batcher.away()
+    first = [batcher.submit(r) for r in requests(2)]
+    assert all(f.result(timeout=20) for f in first), "a batch waited for the caller away"
+    batcher.leave()
+    batcher.leave()
+    batcher.back()
+    assert batcher.submit(requests(1)[0]).result(timeout=20)
+    batcher.leave()
+    batcher.close()
+    assert engine.batches == [2, 1]
+
+
 def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
     engine = SlowEngine()
     batcher = DynamicBatcher(engine, window_s=0.0)

@@ -318,6 +318,37 @@ def test_a_blocking_step_holds_only_its_own_episode(tokenizer):
     rig.close()
 
 
+def test_an_episode_inside_a_blocking_step_does_not_hold_the_others_batches(tokenizer):
+    """With a window of 60 s, the other episodes' batches run while one episode's step blocks:
+    the batcher knows it will not ask until its step returns."""
+    release, blocked = threading.Event(), threading.Event()
+    made = [0]
+    make = episode_envs(ENV, tools="python", tool_latency_s=0.001)  # steps on the pool
+
+    class Blocking(gym.Wrapper):
+        def step(self, action):
+            blocked.set()
+            assert release.wait(60), "the test never released the step"
+            return super().step(action)
+
+    def make_env():
+        made[0] += 1
+        return Blocking(make()) if made[0] == 1 else make()
+
+    rig = Rig(tokenizer, make_env=make_env, window_s=60.0)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
+    futures = [driver.submit(**job) for job in rig.jobs(4)]
+    assert blocked.wait(30)
+    try:
+        others = [f.result(timeout=30) for f in futures[1:]]
+    finally:
+        release.set()
+    assert not any(t.infra_failure for t in others)
+    assert not futures[0].result(timeout=60).infra_failure
+    driver.shutdown()
+    rig.close()
+
+
 def test_cancel_then_shutdown_ends_live_episodes_drops_queued_ones_and_leaks_no_thread(tokenizer):
     started, two_started = [], threading.Event()
 
