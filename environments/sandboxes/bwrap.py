@@ -3,9 +3,10 @@
 Isolation, per ``execute`` call:
 
 - Only what a task needs is visible, read-only: ``/usr`` (and the ``/bin``, ``/lib*``
-  links), a selected part of ``/etc``, and the running interpreter's prefixes (the venv and
-  its base Python). The rest of the host (``/root``, ``/home``, ``/tmp``, the repository) is
-  not mounted at all. ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
+  links), a selected part of ``/etc`` (this process's copy of it, ``shared_etc``), and the
+  running interpreter's prefixes (the venv and its base Python). The rest of the host
+  (``/root``, ``/home``, ``/tmp``, the repository) is not mounted at all. ``/tmp`` is a
+  fresh tmpfs; ``/proc`` and ``/dev`` are private.
 - The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
   e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls. It
   lies on a disk of its own of ``spec.disk_mb`` (``disk.py``), so filling it fails the
@@ -38,6 +39,7 @@ so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's o
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import math
@@ -122,6 +124,58 @@ def validate_workdir(workdir: str) -> str:
     return norm
 
 
+ETC_PREFIX = "thundersync-etc-"  # + the owner's pid: the process's /etc copy (shared_etc)
+_etc_lock = threading.Lock()
+_etc: tuple[int, Path] | None = None  # (the pid that made it, the copy)
+
+
+def shared_etc() -> Path:
+    """This process's copy of what a sandbox sees of ``/etc`` (``ETC_ENTRIES``, the
+    ``/etc/python3*`` folders, and empty ``passwd`` and ``group`` that each sandbox's own
+    cover), made once and bound read-only at ``/etc`` in every sandbox: one mount instead of a
+    bind per entry, since bubblewrap reads the whole mount table for each bind it makes
+    read-only (docs/measurements.md). Made again if it is gone (a temp folder cleaned) or was
+    made by another process (a fork); removed at exit, or by the next process's ``reap_once``
+    if this one dies."""
+    global _etc
+    with _etc_lock:
+        if _etc is not None and _etc[0] == os.getpid() and _etc[1].is_dir():
+            return _etc[1]
+        folder = Path(tempfile.mkdtemp(prefix=f"{ETC_PREFIX}{os.getpid()}-", dir=_etc_root()))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        etc = folder / "etc"
+        etc.mkdir(mode=0o755)
+        os.chmod(etc, 0o755)  # the sandbox's user must be able to read it, whatever the umask
+        sources = [Path("/etc", name) for name in ETC_ENTRIES]
+        for source in [*sources, *sorted(Path("/etc").glob("python3*"))]:
+            _copy_entry(source, etc / source.name)
+        for name in ("passwd", "group"):
+            (etc / name).touch(mode=0o644)
+        _etc = (os.getpid(), etc)
+        return etc
+
+
+def _etc_root() -> str:
+    """Where ``shared_etc`` copies to: ``/dev/shm`` where this user can write (memory: the
+    copy's ~700 files and links are made far faster than on some disks), else the temp folder."""
+    shm = "/dev/shm"
+    writable = os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)
+    return shm if writable else tempfile.gettempdir()
+
+
+def _copy_entry(source: Path, target: Path) -> None:
+    """``source`` as a bind of it showed it: a link at the top followed, links inside a folder
+    kept as links (resolved in the sandbox, as before); what this user cannot read is left
+    out, as the sandbox's unprivileged user could not read it either."""
+    try:
+        if source.is_dir():
+            shutil.copytree(source.resolve(), target, symlinks=True)
+        elif source.exists():
+            shutil.copy2(source, target)
+    except (shutil.Error, OSError):  # unreadable parts (e.g. /etc/ssl/private as non-root)
+        pass
+
+
 def _interpreter_dirs() -> list[str]:
     """The running Python's prefixes (venv and base), outside /usr, deduplicated."""
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
@@ -138,11 +192,7 @@ def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    args += ["--perms", "0755", "--dir", "/etc"]
-    for name in ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    for path in sorted(Path("/etc").glob("python3*")):
-        args += ["--ro-bind", str(path), str(path)]
+    args += ["--ro-bind", str(shared_etc()), "/etc"]
     args += ["--ro-bind", str(etc_dir / "passwd"), "/etc/passwd"]
     args += ["--ro-bind", str(etc_dir / "group"), "/etc/group"]
     args += ["--proc", "/proc", "--dev", "/dev"]
@@ -173,7 +223,11 @@ class BwrapSandbox:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
         reap_once(
             "bwrap",
-            lambda: (remove_orphan_workspaces(MARKER_PREFIX), cgroup.remove_orphans(MARKER_PREFIX)),
+            lambda: (
+                remove_orphan_workspaces(MARKER_PREFIX),
+                remove_orphan_workspaces(ETC_PREFIX, _etc_root()),
+                cgroup.remove_orphans(MARKER_PREFIX),
+            ),
         )
         self.spec = spec
         self.workdir = validate_workdir(spec.workdir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import BwrapSandbox, NeedsDockerError, SandboxError, SandboxSpec
+from environments.sandboxes import BwrapSandbox, NeedsDockerError, SandboxError, SandboxSpec, bwrap
 
 
 @pytest.fixture
@@ -235,3 +236,26 @@ def test_memory_mb_bounds_the_sandboxs_total_memory_where_cgroups_exist() -> Non
     assert "Killed" in result.output
     assert peak <= 400 * 2**20
     assert not group.exists()
+
+
+def test_etc_shows_the_hosts_entries_read_only_with_the_sandbox_user(
+    sandbox: BwrapSandbox,
+) -> None:
+    """``/etc`` is one read-only copy per process (``shared_etc``): the host's entries as they
+    are, the sandbox's own user in ``passwd``, nothing writable; and a copy removed from under
+    the process (a temp folder cleaned) is made again, not a sandbox that cannot start."""
+    files = [f"/etc/{name}" for name in ("hosts", "os-release", "nsswitch.conf")]
+    files = [path for path in files if Path(path).is_file()]
+    assert files, "the host has none of the /etc files this test reads"
+    for path in files:
+        result = sandbox.execute(f"cat {path}", 10)
+        assert result.output == Path(path).read_text(), path
+    result = sandbox.execute("id -un; touch /etc/x; echo x >> /etc/hosts", 10)
+    assert result.output.splitlines()[0] == bwrap.SANDBOX_USER or os.geteuid() != 0
+    assert result.exit_code != 0 and not Path("/etc/x").exists()
+    copy = bwrap.shared_etc()
+    assert bwrap.shared_etc() == copy, "one copy per process"
+    shutil.rmtree(copy.parent)
+    with BwrapSandbox(SandboxSpec()) as again:
+        assert again.execute(f"cat {files[0]}", 10).output == Path(files[0]).read_text()
+    assert bwrap.shared_etc() != copy and bwrap.shared_etc().is_dir()
