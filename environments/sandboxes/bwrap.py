@@ -465,14 +465,14 @@ class BwrapSandbox:
 
     def stop_processes(self) -> None:
         """Nothing of a command outlives it (its PID namespace dies with it); as root, the
-        sandbox uid's processes are killed as well, should any exist."""
+        sandbox's processes are killed as well, should any exist (``_kill_leftovers``)."""
         self._check_open()
         with self._lock:
             if self.is_root:
-                kill_uid(self.uid)
+                _kill_leftovers(self.uid, self.cgroup)
 
     def close(self) -> None:
-        """Kill any running command and the sandbox uid's processes; remove the workspace.
+        """Kill any running command and the sandbox's processes; remove the workspace.
         Thread-safe: a concurrent ``execute`` raises SandboxError; a second call waits for the
         first to finish."""
         with self._state_lock:
@@ -526,9 +526,18 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _kill_leftovers(uid: int, group: Path | None) -> None:
+    """Kill what is left of a sandbox run as root: the processes of its memory cgroup where it
+    has one (all of them, read from the group), else of its uid (a scan of ``/proc``)."""
+    if group is not None:
+        cgroup.kill(group)
+    else:
+        kill_uid(uid)
+
+
 def _cleanup(root: Path, uid: int, is_root: bool, group: Path | None, disks: list[Path]) -> None:
     if is_root:
-        kill_uid(uid)
+        _kill_leftovers(uid, group)
     cgroup.remove(group)
     try:
         for workspace in disks:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -259,3 +260,26 @@ def test_etc_shows_the_hosts_entries_read_only_with_the_sandbox_user(
     with BwrapSandbox(SandboxSpec()) as again:
         assert again.execute(f"cat {files[0]}", 10).output == Path(files[0]).read_text()
     assert bwrap.shared_etc() != copy and bwrap.shared_etc().is_dir()
+
+
+def test_close_kills_every_process_left_in_the_sandboxs_cgroup() -> None:
+    """Where a sandbox has a memory cgroup, its leftovers are found there (every process of it
+    is born inside and cannot leave), whatever their uid: here a host process put in the group
+    stands for one that outlived its command."""
+    from environments.sandboxes import cgroup
+
+    if not cgroup.available():
+        pytest.skip("no writable cgroup v1 memory controller: leftovers are found by uid")
+    sandbox = BwrapSandbox(SandboxSpec())
+    try:
+        assert sandbox.cgroup is not None
+        command = ["sh", "-c", "echo in; exec sleep 60"]  # says so once it is in the group
+        leftover = subprocess.Popen(cgroup.wrap(sandbox.cgroup, command), stdout=subprocess.PIPE)
+        assert leftover.stdout is not None and leftover.stdout.readline() == b"in\n"
+        assert str(leftover.pid) in (sandbox.cgroup / "cgroup.procs").read_text().split()
+        group = sandbox.cgroup
+    finally:
+        sandbox.close()
+    assert leftover.wait(timeout=10) == -9
+    leftover.stdout.close()
+    assert not group.exists()
