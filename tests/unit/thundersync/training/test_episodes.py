@@ -180,9 +180,14 @@ def test_the_driver_plays_exactly_what_run_episode_plays(tokenizer, kwargs, inst
     assert driven[0] == reference[0] and driven[1] == reference[1]
     assert len({len(t.turns) for t in driven[0]}) > 1
     assert not any(t.infra_failure for t in driven[0])
-    # Every live episode's turn in one batch, the first batch holding every episode submitted.
+    # Stepped on the loop, every live episode's turn in one batch, the first batch holding
+    # every episode submitted. Stepped on the pool, a batch does not wait for the episodes
+    # inside their env calls (``DynamicBatcher.away``): it holds the requests that came.
     turns = [len(t.turns) for t in reference[0]]
-    assert driven[3] == [sum(n > i for n in turns) for i in range(max(turns))]
+    if instant:
+        assert driven[3] == [sum(n > i for n in turns) for i in range(max(turns))]
+    else:
+        assert sum(driven[3]) == sum(turns) and max(driven[3]) <= 8
     assert reference[3] == [1] * sum(turns)
     # An env that declares instant steps is stepped on the loop's thread; any other on a
     # thread of the pool, so that a blocking step holds no other episode.
