@@ -14,7 +14,8 @@ interpreter changing hands twice, which is most of what the engine would wait fo
 batches (docs/design.md §5). An episode's first call (making and resetting its env) runs where
 the previous episode's env said its steps run: a runner's envs all come from one ``make_env``,
 and resets that hop to threads all at once reach the batcher staggered, splitting the first
-batch.
+batch. Until some env has said, a first call runs on the pool without the episode counted away,
+so the first batch still waits for every episode.
 An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
 Without a batcher (agents that need no engine: the oracle, scripted agents) each action is the
@@ -78,7 +79,8 @@ class EpisodeDriver:
         self._arrivals_lock = threading.Lock()
         self._waking = False  # a delivery of the arrivals is scheduled on the loop
         self._shut = False
-        self._instant_start = False  # the last env made declared instant steps
+        # Where the last env made said its steps run (None: no env has said yet).
+        self._instant_start: bool | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
         self._thread.start()
         if batcher is not None:
@@ -159,7 +161,12 @@ class EpisodeDriver:
         try:
             while True:
                 call = _advance(steps, action, error)
-                need = call() if instant else await self._away(call)
+                if instant:
+                    need = call()
+                elif instant is None:  # not told yet: waited for like any episode that will ask
+                    need = await self._in_thread(call)
+                else:
+                    need = await self._away(call)
                 if not isinstance(need, ActionNeeded):
                     return need
                 instant = self._instant_start = need.instant_steps
