@@ -2,11 +2,11 @@
 
 Isolation, per ``execute`` call:
 
-- Only what a task needs is visible, read-only: ``/usr`` (and the ``/bin``, ``/lib*``
-  links), a selected part of ``/etc`` (this process's copy of it, ``shared_etc``), and the
-  running interpreter's prefixes (the venv and its base Python). The rest of the host
-  (``/root``, ``/home``, ``/tmp``, the repository) is not mounted at all. ``/tmp`` is a
-  fresh tmpfs; ``/proc`` and ``/dev`` are private.
+- Only what a task needs is visible, read-only (``host_view.py``): ``/usr`` (and the
+  ``/bin``, ``/lib*`` links), a selected part of ``/etc`` (this process's copy of it,
+  ``shared_etc``), and the running interpreter's prefixes (the venv and its base Python). The
+  rest of the host (``/root``, ``/home``, ``/tmp``, the repository) is not mounted at all.
+  ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
 - The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
   e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls. It
   lies on a disk of its own of ``spec.disk_mb`` (``disk.py``), so filling it fails the
@@ -29,7 +29,7 @@ Isolation, per ``execute`` call:
   (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). Where a memory cgroup can be made
   (``cgroup.py``; root with cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
   memory; otherwise the total is only bounded by ``pids × memory_mb``. ``cpus`` is not
-  enforced; ``/tmp`` is a tmpfs of ``TMPFS_BYTES``.
+  enforced; ``/tmp`` is a tmpfs of ``host_view.TMPFS_BYTES``.
 - ``close()`` may come from another thread (a run being cancelled): it kills the running
   command at once, and that ``execute`` raises SandboxError.
 
@@ -39,7 +39,6 @@ so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's o
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import math
@@ -57,7 +56,7 @@ import weakref
 from collections.abc import Collection
 from pathlib import Path
 
-from environments.sandboxes import cgroup, disk, seccomp
+from environments.sandboxes import cgroup, disk, host_view, seccomp
 from environments.sandboxes.capture import OutputCapture, read_fd_until
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
@@ -66,37 +65,12 @@ from environments.sandboxes.workspace import (
     copy_in,
     copy_out,
     host_path,
+    kill_listed,
     kill_uid,
 )
 
 BWRAP = "bwrap"
 MAX_FILE_BYTES = 256 * 1024 * 1024
-TMPFS_BYTES = 256 * 1024 * 1024
-ETC_ENTRIES = (
-    "alternatives",
-    "bash.bashrc",
-    "ca-certificates",
-    "debian_version",
-    "gitconfig",
-    "hosts",
-    "inputrc",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "magic",
-    "magic.mime",
-    "mime.types",
-    "nsswitch.conf",
-    "os-release",
-    "protocols",
-    "services",
-    "ssl",
-    "terminfo",
-    "timezone",
-    "tmux.conf",
-)
-SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 SANDBOX_USER = "sandbox"
 MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's argv and env
 MAX_ARGV_CMD_BYTES = 64 * 1024  # longer commands go through a file (one argv string <= 128 KiB)
@@ -106,108 +80,6 @@ PUBLISHED_DIRS = ("/tests", "/solution", "/logs")
 """Folders published Harbor and Terminal-Bench tasks hard-code (tests in /tests, the oracle's
 files in /solution, /logs/verifier/reward.txt); ``upload``/``download`` reach them too."""
 LOG_DIRS = ("agent", "verifier", "artifacts")
-
-
-def validate_workdir(workdir: str) -> str:
-    """``workdir`` normalised; a ValueError names it when it is not a usable absolute path."""
-    norm = posixpath.normpath(workdir)
-    if not workdir.startswith("/") or norm == "/":
-        raise ValueError(f"SandboxSpec.workdir must be an absolute path other than /: {workdir!r}")
-    if any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
-        raise ValueError(f"SandboxSpec.workdir {workdir!r} lies in a system folder {SYSTEM_DIRS}")
-    for path in _interpreter_dirs():
-        if path == norm or path.startswith(norm + "/") or norm.startswith(path + "/"):
-            raise ValueError(
-                f"SandboxSpec.workdir {workdir!r} overlaps the interpreter folder {path} "
-                "that the sandbox mounts read-only"
-            )
-    return norm
-
-
-ETC_PREFIX = "thundersync-etc-"  # + the owner's pid: the process's /etc copy (shared_etc)
-_etc_lock = threading.Lock()
-_etc: tuple[int, Path] | None = None  # (the pid that made it, the copy)
-
-
-def shared_etc() -> Path:
-    """This process's copy of what a sandbox sees of ``/etc`` (``ETC_ENTRIES``, the
-    ``/etc/python3*`` folders, and empty ``passwd`` and ``group`` that each sandbox's own
-    cover), made once and bound read-only at ``/etc`` in every sandbox: one mount instead of a
-    bind per entry, since bubblewrap reads the whole mount table for each bind it makes
-    read-only (docs/measurements.md). Made again if it is gone (a temp folder cleaned) or was
-    made by another process (a fork); removed at exit, or by the next process's ``reap_once``
-    if this one dies."""
-    global _etc
-    with _etc_lock:
-        if _etc is not None and _etc[0] == os.getpid() and _etc[1].is_dir():
-            return _etc[1]
-        folder = Path(tempfile.mkdtemp(prefix=f"{ETC_PREFIX}{os.getpid()}-", dir=_etc_root()))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        etc = folder / "etc"
-        etc.mkdir(mode=0o755)
-        os.chmod(etc, 0o755)  # the sandbox's user must be able to read it, whatever the umask
-        sources = [Path("/etc", name) for name in ETC_ENTRIES]
-        for source in [*sources, *sorted(Path("/etc").glob("python3*"))]:
-            _copy_entry(source, etc / source.name)
-        for name in ("passwd", "group"):
-            (etc / name).touch(mode=0o644)
-        _etc = (os.getpid(), etc)
-        return etc
-
-
-def _etc_root() -> str:
-    """Where ``shared_etc`` copies to: ``/dev/shm`` where this user can write (memory: the
-    copy's ~700 files and links are made far faster than on some disks), else the temp folder."""
-    shm = "/dev/shm"
-    writable = os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)
-    return shm if writable else tempfile.gettempdir()
-
-
-def _copy_entry(source: Path, target: Path) -> None:
-    """``source`` as a bind of it showed it: a link at the top followed, links inside a folder
-    kept as links (resolved in the sandbox, as before); what this user cannot read is left
-    out, as the sandbox's unprivileged user could not read it either."""
-    try:
-        if source.is_dir():
-            shutil.copytree(source.resolve(), target, symlinks=True)
-        elif source.exists():
-            shutil.copy2(source, target)
-    except (shutil.Error, OSError):  # unreadable parts (e.g. /etc/ssl/private as non-root)
-        pass
-
-
-def _interpreter_dirs() -> list[str]:
-    """The running Python's prefixes (venv and base), outside /usr, deduplicated."""
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    dirs.add(str(Path(sys.executable).parent.parent))
-    dirs.add(str(Path(os.path.realpath(sys.executable)).parent.parent))
-    kept = [d for d in sorted(dirs) if not (d == "/usr" or d.startswith("/usr/"))]
-    return [d for d in kept if not any(d != o and d.startswith(o + "/") for o in kept)]
-
-
-def _mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    args += ["--ro-bind", str(shared_etc()), "/etc"]
-    args += ["--ro-bind", str(etc_dir / "passwd"), "/etc/passwd"]
-    args += ["--ro-bind", str(etc_dir / "group"), "/etc/group"]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    # Sticky and world-writable like a real /tmp: the sandbox user must be able to mktemp.
-    # Mounted before the interpreter's folders, so a checkout under /tmp stays visible.
-    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
-    made: set[str] = {"/tmp", "/proc", "/dev"}
-    for path in [*_interpreter_dirs(), workdir]:
-        for parent in reversed(Path(path).parents[:-1]):
-            if str(parent) not in made:
-                made.add(str(parent))
-                args += ["--perms", "0755", "--dir", str(parent)]
-        if path != workdir:
-            args += ["--ro-bind", path, path]
-    return [*args, "--bind", str(workspace), workdir, "--chdir", workdir]
 
 
 class BwrapSandbox:
@@ -225,12 +97,12 @@ class BwrapSandbox:
             "bwrap",
             lambda: (
                 remove_orphan_workspaces(MARKER_PREFIX),
-                remove_orphan_workspaces(ETC_PREFIX, _etc_root()),
+                remove_orphan_workspaces(host_view.ETC_PREFIX, host_view.etc_root()),
                 cgroup.remove_orphans(MARKER_PREFIX),
             ),
         )
         self.spec = spec
-        self.workdir = validate_workdir(spec.workdir)
+        self.workdir = host_view.validate_workdir(spec.workdir)
         self.is_root = os.geteuid() == 0
         self.uid = random.randrange(1_000_000, 2_000_000) if self.is_root else os.getuid()
         self.root = Path(tempfile.mkdtemp(prefix=f"{MARKER_PREFIX}{os.getpid()}-"))
@@ -327,7 +199,7 @@ class BwrapSandbox:
         else:
             argv += ["--unshare-all"]
         cmd, cmd_mount = self._command(cmd)
-        argv += _mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
+        argv += host_view.mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
         for inside, host in self.published.items():
             argv += ["--bind", str(host), inside]
         argv += ["--clearenv"]
@@ -530,7 +402,7 @@ def _kill_leftovers(uid: int, group: Path | None) -> None:
     """Kill what is left of a sandbox run as root: the processes of its memory cgroup where it
     has one (all of them, read from the group), else of its uid (a scan of ``/proc``)."""
     if group is not None:
-        cgroup.kill(group)
+        kill_listed(lambda: cgroup.procs(group))
     else:
         kill_uid(uid)
 

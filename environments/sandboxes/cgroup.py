@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -54,23 +53,14 @@ def wrap(group: Path | None, argv: list[str]) -> list[str]:
     return ["sh", "-c", enter, str(group), *argv]
 
 
-def kill(group: Path, *, rounds: int = 5) -> int:
-    """SIGKILL every process in ``group``; returns how many were signalled. Every process of a
-    sandbox is born inside its group (``wrap``) and cannot leave it (it sees no cgroup file
-    system, and moving needs root), so this finds them all without scanning ``/proc``."""
-    killed = 0
-    for _ in range(rounds):
-        try:
-            pids = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
-        except OSError:  # the group is gone: so are its processes
-            return killed
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-    return killed
+def procs(group: Path) -> list[int]:
+    """The processes in ``group`` (none once it is gone). Every process of a sandbox is born
+    inside its group (``wrap``) and cannot leave it (it sees no cgroup file system, and moving
+    needs root), so this lists them all without scanning ``/proc``."""
+    try:
+        return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
 
 
 def remove(group: Path | None, *, wait_s: float = 2.0) -> None:

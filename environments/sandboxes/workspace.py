@@ -14,7 +14,7 @@ import shutil
 import signal
 import stat
 import tarfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 
@@ -181,9 +181,15 @@ def _archive_node(
 
 def kill_uid(uid: int, *, rounds: int = 5) -> int:
     """SIGKILL every process whose real uid is ``uid``; returns how many were signalled."""
+    return kill_listed(lambda: [pid for pid in _pids() if _real_uid(pid) == uid], rounds=rounds)
+
+
+def kill_listed(list_pids: Callable[[], list[int]], *, rounds: int = 5) -> int:
+    """SIGKILL the processes ``list_pids()`` names, again while it names any (a process may
+    fork while its siblings die), at most ``rounds`` times; returns how many were signalled."""
     killed = 0
     for _ in range(rounds):
-        pids = [pid for pid in _pids() if _real_uid(pid) == uid]
+        pids = list_pids()
         if not pids:
             break
         for pid in pids:

@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from environments.sandboxes.bwrap import validate_workdir
+from environments.sandboxes.host_view import validate_workdir
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs
 
@@ -219,7 +219,7 @@ def read_dockerfile(path: Path, context: Path, *, tests_dir: str | None = None) 
     up when the sandbox is made, see ``TaskEnvironment``) and otherwise only
 
     - ``WORKDIR`` (the last one is the workspace: not ``/``, outside the system folders and the
-      interpreter's, as ``environments.sandboxes.bwrap.validate_workdir`` checks),
+      interpreter's, as ``environments.sandboxes.host_view.validate_workdir`` checks),
     - ``ENV`` (becomes the sandbox's environment),
     - ``COPY`` from the build context to a path inside the workspace (``--chown``/``--chmod``
       ignored): the files are staged on the host and copied into the workspace,

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from environments.sandboxes.bwrap import validate_workdir
+from environments.sandboxes.host_view import validate_workdir
 from environments.sandboxes.image_build import ALIASES_VARIABLE, normalise_image, resolve_image
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec

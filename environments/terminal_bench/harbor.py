@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes.bwrap import SYSTEM_DIRS
+from environments.sandboxes.host_view import SYSTEM_DIRS
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile

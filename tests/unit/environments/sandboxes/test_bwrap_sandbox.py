@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import BwrapSandbox, NeedsDockerError, SandboxError, SandboxSpec, bwrap
+from environments.sandboxes import (
+    BwrapSandbox,
+    NeedsDockerError,
+    SandboxError,
+    SandboxSpec,
+    bwrap,
+    host_view,
+)
 
 
 @pytest.fixture
@@ -182,11 +189,9 @@ def test_read_only_task_files_still_leave_the_workdir_writable(tmp_path: Path) -
 
 
 def test_a_bwrap_setup_failure_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from environments.sandboxes import bwrap
-
-    real = bwrap._mount_args
+    real = host_view.mount_args
     monkeypatch.setattr(
-        bwrap, "_mount_args", lambda *a: [*real(*a), "--ro-bind", "/nonexistent-src", "/x"]
+        host_view, "mount_args", lambda *a: [*real(*a), "--ro-bind", "/nonexistent-src", "/x"]
     )
     with BwrapSandbox(SandboxSpec()) as sb, pytest.raises(SandboxError, match="nonexistent-src"):
         sb.execute("echo never", 5)
@@ -195,15 +200,13 @@ def test_a_bwrap_setup_failure_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatc
 def test_an_interpreter_under_tmp_stays_visible_and_tmp_is_writable(monkeypatch) -> None:
     """CI may clone the project (and its .venv) under /tmp: the sandbox's private /tmp must
     not hide it, and the sandbox user must be able to create temp files."""
-    from environments.sandboxes import bwrap
-
     host_dir = Path(tempfile.mkdtemp(prefix="fake-venv-", dir="/tmp"))
     try:
         (host_dir / "probe.txt").write_text("visible")
         host_dir.chmod(0o755)
         (host_dir / "probe.txt").chmod(0o644)
-        real = bwrap._interpreter_dirs
-        monkeypatch.setattr(bwrap, "_interpreter_dirs", lambda: [*real(), str(host_dir)])
+        real = host_view.interpreter_dirs
+        monkeypatch.setattr(host_view, "interpreter_dirs", lambda: [*real(), str(host_dir)])
         sandbox = BwrapSandbox(SandboxSpec())
         try:
             result = sandbox.execute(f"cat {host_dir}/probe.txt && mktemp && stat -c %a /tmp", 10)
@@ -254,12 +257,12 @@ def test_etc_shows_the_hosts_entries_read_only_with_the_sandbox_user(
     result = sandbox.execute("id -un; touch /etc/x; echo x >> /etc/hosts", 10)
     assert result.output.splitlines()[0] == bwrap.SANDBOX_USER or os.geteuid() != 0
     assert result.exit_code != 0 and not Path("/etc/x").exists()
-    copy = bwrap.shared_etc()
-    assert bwrap.shared_etc() == copy, "one copy per process"
+    copy = host_view.shared_etc()
+    assert host_view.shared_etc() == copy, "one copy per process"
     shutil.rmtree(copy.parent)
     with BwrapSandbox(SandboxSpec()) as again:
         assert again.execute(f"cat {files[0]}", 10).output == Path(files[0]).read_text()
-    assert bwrap.shared_etc() != copy and bwrap.shared_etc().is_dir()
+    assert host_view.shared_etc() != copy and host_view.shared_etc().is_dir()
 
 
 def test_close_kills_every_process_left_in_the_sandboxs_cgroup() -> None:
