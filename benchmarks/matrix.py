@@ -31,7 +31,9 @@ Workloads (ToySum, warm model, B tasks × G episodes per step):
   there is nothing to overlap (streaming must not be slower than sync).
 
 Ratios are measured side by side in one run on one machine (it is shared and noisy); run it on
-a quiet machine. ``--json`` prints every number.
+a quiet machine. One run's ratio moves by 10-15 % with the machine between its cells (two
+modes' runs minutes apart); ``--repeats R`` runs each cell R times, the modes in turn, and
+pairs each ratio within its repeat (``run_row``). ``--json`` prints every number.
 """
 
 from __future__ import annotations
@@ -216,30 +218,65 @@ def calibrated(name: str, learner: float, rollout: float, episodes: int) -> Work
     return Workload(name, kwargs)
 
 
+def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namespace) -> dict:
+    """One row: a run per mode, or with ``--repeats R`` R runs per mode, interleaved (the modes
+    in order, then in reverse, ...) so that the machine's drift between runs hits every mode
+    alike. Each ratio is paired within its repeat (a mode's run against that repeat's sync
+    run); a cell reports the median of its R ratios, every repeat's beside it, and the numbers
+    of its median run."""
+    repeats: list[dict[str, dict[str, Any]]] = []
+    strict_costs = []
+    for r in range(args.repeats):
+        order = workload.modes if r % 2 == 0 else workload.modes[::-1]
+        under = folder / workload.name
+        if args.repeats > 1:
+            under = under / f"repeat-{r}"
+        runs = {mode: train(under / mode, model, workload, mode, args) for mode in order}
+        strict_cost = batched_cost_per_trajectory(runs["sync"])
+        cells = {mode: cell(runs[mode], strict_cost=strict_cost) for mode in workload.modes}
+        for numbers in cells.values():
+            numbers["speedup_vs_sync"] = cells["sync"]["step_time_s"] / numbers["step_time_s"]
+        repeats.append(cells)
+        strict_costs.append(strict_cost)
+    row = {mode: median_cell([cells[mode] for cells in repeats]) for mode in workload.modes}
+    return {
+        "env_kwargs": workload.env_kwargs,
+        "algo": workload.algo,
+        "strict_cost_per_item_s": statistics.median(strict_costs),
+        "makespan_over_learner": row["sync"]["makespan_s"] / row["sync"]["learner_s"],
+        "modes": row,
+    }
+
+
+def median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's repeats as one: the numbers of the run whose T_sync/T is the median (sync: whose
+    step time is), with the median ratio, and every repeat's ratio and step time
+    (``repeat_speedups``, ``repeat_step_times_s``, in repeat order)."""
+    key = "step_time_s" if all(r["speedup_vs_sync"] == 1.0 for r in runs) else "speedup_vs_sync"
+    middle = sorted(runs, key=lambda r: r[key])[len(runs) // 2]
+    return {
+        **middle,
+        "speedup_vs_sync": statistics.median(r["speedup_vs_sync"] for r in runs),
+        "repeat_speedups": [r["speedup_vs_sync"] for r in runs],
+        "repeat_step_times_s": [r["step_time_s"] for r in runs],
+    }
+
+
+def paired(slower: dict[str, Any], faster: dict[str, Any]) -> float:
+    """The median over repeats of ``slower``'s step time over ``faster``'s in the same repeat."""
+    pairs = zip(slower["repeat_step_times_s"], faster["repeat_step_times_s"], strict=True)
+    return statistics.median(a / b for a, b in pairs)
+
+
 def run_matrix(model: Path, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"workloads": {}}
+    result: dict[str, Any] = {"workloads": {}, "repeats": args.repeats}
     sized = [name for name in args.workloads if name in ("balanced", "long-grading")]
     learner, rollout = probe(model, folder, args) if sized else (0.0, 0.0)
     for name in args.workloads:
         workload = WORKLOADS[name]
         if name in sized:
             workload = calibrated(name, learner, rollout, args.tasks * args.group)
-        runs = {
-            mode: train(folder / name / mode, model, workload, mode, args)
-            for mode in workload.modes
-        }
-        strict_cost = batched_cost_per_trajectory(runs["sync"])
-        row = {mode: cell(run, strict_cost=strict_cost) for mode, run in runs.items()}
-        sync_time = row["sync"]["step_time_s"]
-        for numbers in row.values():
-            numbers["speedup_vs_sync"] = sync_time / numbers["step_time_s"]
-        result["workloads"][name] = {
-            "env_kwargs": workload.env_kwargs,
-            "algo": workload.algo,
-            "strict_cost_per_item_s": strict_cost,
-            "makespan_over_learner": row["sync"]["makespan_s"] / row["sync"]["learner_s"],
-            "modes": row,
-        }
+        result["workloads"][name] = run_row(model, folder, workload, args)
     if args.budget:
         # streaming under a cap of 3 parameter copies: the learner must stay below it
         long_tail = result["workloads"].get("long-tail", {}).get("modes", {})
@@ -289,6 +326,13 @@ def print_matrix(result: dict[str, Any]) -> None:
             f"{'':<13}makespan / L_sync {row['makespan_over_learner']:.2f}; strict bound "
             f"charges {row['strict_cost_per_item_s'] * 1000:.1f} ms per item"
         )
+        if result.get("repeats", 1) > 1:
+            ratios = "; ".join(
+                f"{mode} " + ", ".join(f"{x:.2f}" for x in c["repeat_speedups"])
+                for mode, c in row["modes"].items()
+                if mode != "sync"
+            )
+            print(f"{'':<13}T_sync/T per repeat: {ratios}")
     if "budget" in result:
         b = result["budget"]
         print(
@@ -308,7 +352,7 @@ def print_verdicts(result: dict[str, Any]) -> None:
         candidates = [
             row["modes"][m] for m in ("streaming", "streaming-early") if m in row["modes"]
         ]
-        return min(candidates, key=lambda c: c["step_time_s"])
+        return max(candidates, key=lambda c: c["speedup_vs_sync"])
 
     if "balanced" in rows:
         speed = best_streaming(rows["balanced"])["speedup_vs_sync"]
@@ -324,11 +368,11 @@ def print_verdicts(result: dict[str, Any]) -> None:
     if "long-grading" in rows:
         modes = rows["long-grading"]["modes"]
         if "streaming" in modes and "streaming-early" in modes:
-            gain = modes["streaming"]["step_time_s"] / modes["streaming-early"]["step_time_s"]
+            gain = paired(modes["streaming"], modes["streaming-early"])
             lines.append(f"long-grading early start {gain:.2f}x reward-triggered (>= 1.2)")
     if "no-overlap" in rows:
         modes = rows["no-overlap"]["modes"]
-        ratio = best_streaming(rows["no-overlap"])["step_time_s"] / modes["sync"]["step_time_s"]
+        ratio = paired(best_streaming(rows["no-overlap"]), modes["sync"])
         lines.append(f"no-overlap T_streaming/T_sync {ratio:.3f} (<= 1.05)")
     for name, row in rows.items():
         for mode, c in row["modes"].items():
@@ -368,12 +412,21 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also run long-tail streaming under --buffer-budget-bytes of 3 parameter copies",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per cell, interleaved across modes; ratios paired within each repeat and "
+        "reported as their median (a noisy machine moves one run's ratio by 10-15 %%)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: unknown {','.join(unknown)}; known {','.join(WORKLOADS)}")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     if args.steps < 5:
         parser.error("--steps must be >= 5 (async(2) replays from step 4 on)")
     from agent_loop import warm_model

@@ -12,6 +12,10 @@ streaming loses nothing to batching). Streaming's efficiency is T* / T.
 
 With early start a trajectory's backward may begin when its episode completes (eᵢ), before
 its reward: the bound is then max( max_k (e₍ₖ₎ + Σ_{j≥k} b₍ⱼ₎), max cᵢ ) + optimizer + sync.
+
+For OPD the work items are turns, each ready at its teacher score; the step cannot close
+before the batch's last episode has ended either (until an episode ends, another turn may
+come: a last tool call runs after the last scored action), so the tail is at least max eᵢ.
 """
 
 from __future__ import annotations
@@ -158,6 +162,8 @@ def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool =
     tail = max((c + (n - k) * cost_per_trajectory for k, c in enumerate(ready)), default=0.0)
     if early_start and not window.teacher_times:
         tail = max([tail, *(t - window.submitted_at for t in window.reward_times)])
+    if window.teacher_times:  # OPD: no turn is known to be the last before its episode ends
+        tail = max([tail, *(t - window.submitted_at for t in window.completed_times)])
     overhead = window.durations.get("optimizer", 0.0) + window.durations.get("weight_publish", 0.0)
     return tail + overhead
 

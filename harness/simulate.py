@@ -5,7 +5,9 @@ trajectory i's reward is ready cᵢ after its batch starts; a learner micro-batc
 trajectories costs ``o + k·b`` (``b`` the batched cost per trajectory, ``o`` the fixed cost of
 a pass, so a lone backward costs ``o + b``); then the optimizer and the weight sync.
 
-- sync: T = max cᵢ + passes of the whole batch + optimizer + sync.
+- sync: T = max cᵢ + passes of the whole batch + optimizer + sync (replaying a run, the
+  learner starts no earlier than the batch is complete: every reward in, which for OPD, whose
+  cᵢ are teacher scores per turn, comes after the last score).
 - streaming (lazy drain): whenever the learner is free it takes everything that has arrived
   as one micro-batch; eager: one pass per trajectory.
 - async(k): batch n starts when the weights of step n−k−1 exist; the learner takes batch n
@@ -139,12 +141,12 @@ def replay_run(folder: Path) -> dict[str, Any]:
         predicted = (done[-1] - done[skip - 1]) / (len(done) - skip)
         measured = (every[-1].finished_at - every[skip - 1].finished_at) / (len(every) - skip)
     else:
+        # a step closes once its batch is complete, every reward in: after the work's inputs
+        # with early start (completions) and OPD (teacher scores per turn)
+        gates = [max(relative(w, w.reward_times), default=0.0) for w in windows]
         if mode == "sync":
-            steps = [sync_step(r, work) for r in ready]
+            steps = [sync_step(r, work, gate=g) for r, g in zip(ready, gates)]
         else:
-            gates = [
-                max(relative(w, w.reward_times), default=0.0) if early else 0.0 for w in windows
-            ]
             steps = [streaming_step(r, work, gate=g) for r, g in zip(ready, gates)]
         predicted = statistics.median(steps)
         measured = statistics.median(w.time_s for w in windows)
@@ -165,8 +167,10 @@ def _passes(k: int, w: Workload) -> float:
     return batches * w.pass_overhead_s + k * w.cost_per_trajectory_s
 
 
-def sync_step(ready: Sequence[float], w: Workload) -> float:
-    return max(ready) + _passes(len(ready), w) + w.optimizer_s + w.sync_s
+def sync_step(ready: Sequence[float], w: Workload, *, gate: float = 0.0) -> float:
+    """Sync's step: the whole batch learned once it is complete (``gate``: its last reward,
+    where the work's inputs come earlier, as OPD's teacher scores do)."""
+    return max(max(ready), gate) + _passes(len(ready), w) + w.optimizer_s + w.sync_s
 
 
 def streaming_step(
