@@ -18,8 +18,10 @@ from thundersync import (
     StaleTokenError,
 )
 from thundersync import events as ev
+from thundersync.core.assembly import natural_key
 from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
+from thundersync.protocol.episode import EpisodeRecord
 
 SHAPE = BatchShape(
     max_groups=2, max_group_size=3, max_turns=2, max_tokens=32, infra_failure_rate=0.0
@@ -406,3 +408,47 @@ def test_opd_per_turn_gradient_runs_before_its_tool_call_returns(model):
     assert published == []  # no teacher scores yet
     lrn.consume(ev.TeacherScored(episode_id=eid, turn=0, teacher_logprobs=(-0.5, -0.7)))
     assert [(type(e).__name__, e.turn) for e in published] == [("GradientComputed", 0)]
+
+
+@pytest.mark.parametrize("objective", [GRPO(), OPD()], ids=["grpo", "opd"])
+def test_sync_pads_each_micro_batch_only_to_trajectories_of_like_length(
+    model, objective, monkeypatch
+):
+    """A sync step's padded forwards take the batch's trajectories shortest first, so each
+    micro-batch pads to about its own length. (In the batch's own order an agentic batch's
+    micro-batches computed about three padding tokens per real one.)"""
+    from thundersync.core.policy import Policy
+
+    shape = BatchShape(
+        min_groups=2,
+        max_groups=2,
+        min_group_size=6,
+        max_group_size=6,
+        max_turns=6,
+        max_tokens=200,
+        infra_failure_rate=0.0,
+    )
+    events = random_batch(3, model.config.vocab_size, shape, teacher=isinstance(objective, OPD))
+    rows: list[list[int]] = []
+    forward = Policy.batch_action_logprobs
+
+    def spy(self, trajectories):
+        rows.append([len(t.context_ids()[0]) for t in trajectories])
+        return forward(self, trajectories)
+
+    monkeypatch.setattr(Policy, "batch_action_logprobs", spy)
+    sync = learner(model, streaming=False, objective=objective, micro_batch_size=4)
+    for event in events:
+        sync.consume(event)
+    sync.step()
+    lengths = [n for batch in rows for n in batch]
+    assert len(lengths) == 12 and [len(batch) for batch in rows] == [4, 4, 4]
+    assert lengths == sorted(lengths)
+    records: dict[str, EpisodeRecord] = {}
+    for event in events:
+        if isinstance(getattr(event, "episode_id", None), str):
+            records.setdefault(event.episode_id, EpisodeRecord(event.episode_id)).fold(event)
+    in_order = [
+        len(records[eid].trajectory().context_ids()[0]) for eid in sorted(records, key=natural_key)
+    ]
+    assert sorted(in_order) == lengths and in_order != lengths  # the batch's order pads more
