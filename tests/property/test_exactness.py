@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.property import textbook
 from thundersync import GRPO, OPD, Learner
+from thundersync import events as ev
 from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
 
@@ -117,6 +118,82 @@ def test_streaming_and_sync_match_the_textbook_in_float64(models, seed, name, ar
     assert rel(stream, book) <= 1e-12
     assert rel(sync, book) <= 1e-12
     assert rel(stream, sync) <= 1e-12
+
+
+@given(
+    seed=st.integers(0, 10**6),
+    name=st.sampled_from(sorted(n for n, (o, _) in VARIANTS.items() if isinstance(o, GRPO))),
+    arrival=arrivals,
+    every=st.integers(2, 60),
+)
+def test_a_learner_drained_every_few_events_matches_the_textbook(
+    models, seed, name, arrival, every
+):
+    """The trainer drains what has queued since its last pass (``modes/streaming.py``), so a
+    drain holds several rewarded trajectories of one open group, deposited in one batched
+    pass (``batch.piece_sums``), beside closed groups' finals and early pieces."""
+    out, refs = models
+    key = ("gpt2", torch.float64)
+    objective, kwargs = VARIANTS[name]
+    events = batch(seed, out[key], objective, arrival)
+    book = textbook.gradient(out[key], objective, events, refs[key])
+    model = out[key]
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        reference=refs[key],
+        max_grad_norm=None,
+        streaming=True,
+        **{**kwargs, "eager": False},
+    )
+    for n, event in enumerate(events, 1):
+        learner.consume(event)
+        if n % every == 0:
+            learner.drain()
+    learner.step()
+    assert rel(step_grad(model), book) <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["grpo", "kl-k3", "dr-grpo", "tis", "dapo-token-mean"])
+def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, name):
+    """Every event but each group's last reward, one drain, then the rest: each group's other
+    trajectories are deposited in one batched pass while the group is still open."""
+    out, refs = models
+    key = ("gpt2", torch.float64)
+    model, (objective, kwargs) = out[key], VARIANTS[name]
+    shape = BatchShape(
+        min_groups=2,
+        max_groups=3,
+        min_group_size=4,
+        max_group_size=5,
+        max_turns=3,
+        max_tokens=64,
+        infra_failure_rate=0.0,
+    )
+    events = random_batch(5, model.config.vocab_size, shape)
+    group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+    last = {group[e.episode_id]: e for e in events if isinstance(e, ev.RewardReady)}
+    learner = Learner(
+        model,
+        objective,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        reference=refs[key],
+        max_grad_norm=None,
+        streaming=True,
+        eager=False,
+        **kwargs,
+    )
+    held = set(map(id, last.values()))
+    for event in events:
+        if id(event) not in held:
+            learner.consume(event)
+    learner.drain()
+    for event in last.values():
+        learner.consume(event)
+    learner.step()
+    book = textbook.gradient(model, objective, events, refs[key])
+    assert rel(step_grad(model), book) <= 1e-12
 
 
 @pytest.mark.parametrize(

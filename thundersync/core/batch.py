@@ -129,11 +129,7 @@ def weighted_grad(
     (A = 0 and no KL term) are skipped."""
     items = [(m, a) for m, a in items if a != 0.0 or objective.kl_coef != 0.0]
     for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
-        logps = ctx.policy.batch_action_logprobs(trajectories)
-        refs: list[torch.Tensor | None] = [None] * len(chunk)
-        if ctx.reference is not None and objective.kl_coef != 0.0:
-            with torch.no_grad():
-                refs = [out.logp_T for out in ctx.reference.batch_action_logprobs(trajectories)]
+        logps, refs = _forwards(ctx, objective, trajectories)
         loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         for (_, advantage), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
             pg, kl = _grpo_loss(ctx, objective, traj, logp, ref_T, advantage, against_sampler)
@@ -142,6 +138,59 @@ def weighted_grad(
                 loss = loss + kl
         total.add_(flat_grad(ctx.policy.params, loss))
     return total
+
+
+def piece_sums(
+    ctx: BatchContext,
+    objective: GRPO,
+    items: list[tuple[EpisodeRecord, float]],
+    *,
+    weighted: torch.Tensor,
+    pieces: torch.Tensor,
+    kl: torch.Tensor,
+) -> None:
+    """For (trajectory i, cᵢ) items of one open group, add Σ cᵢhᵢ to ``weighted``, Σ hᵢ to
+    ``pieces`` and Σ kᵢ to ``kl`` (hᵢ, kᵢ: ``gradients.grpo_piece``'s, on-policy): one padded
+    forward per micro-batch and a backward per sum, where ``grpo_piece`` takes a forward and
+    one or two backwards per trajectory. The same sums, in another floating-point order."""
+    for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
+        logps, refs = _forwards(ctx, objective, trajectories)
+        zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
+        weighted_loss, piece_loss, kl_loss = zero, zero, zero
+        for (_, weight), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
+            sampler_T = sampler_logprobs(traj, logp.logp_T)
+            pg, kl_term = grpo_terms(objective, logp.logp_T, sampler_T, ref_T)
+            ctx.stats.record(
+                (traj.episode_id, None),
+                logp.logp_T,
+                sampler_T,
+                ref_T=ref_T,
+                pg=pg,
+                kl=kl_term,
+                entropy_T=logp.entropy_T,
+            )
+            weighted_loss = weighted_loss + weight * pg
+            piece_loss = piece_loss + pg
+            if kl_term is not None:
+                kl_loss = kl_loss + kl_term
+        with_kl = objective.kl_coef != 0.0
+        weighted.add_(flat_grad(ctx.policy.params, weighted_loss, retain=True))
+        pieces.add_(flat_grad(ctx.policy.params, piece_loss, retain=with_kl))
+        if with_kl:
+            kl.add_(flat_grad(ctx.policy.params, kl_loss))
+
+
+def _forwards(
+    ctx: BatchContext, objective: GRPO, trajectories: list[Trajectory]
+) -> tuple[list[ActionLogprobs], list[torch.Tensor | None]]:
+    """The policy's padded forward of ``trajectories`` and, where the objective has a KL term,
+    the reference's (without gradients)."""
+    logps = ctx.policy.batch_action_logprobs(trajectories)
+    refs: list[torch.Tensor | None] = [None] * len(trajectories)
+    if ctx.reference is not None and objective.kl_coef != 0.0:
+        with torch.no_grad():
+            refs = [out.logp_T for out in ctx.reference.batch_action_logprobs(trajectories)]
+    return logps, refs
 
 
 def _grpo_loss(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from thundersync.core.assembly import natural_key
-from thundersync.core.batch import weighted_grad
+from thundersync.core.batch import piece_sums, weighted_grad
 from thundersync.core.canonical import select_groups
 from thundersync.core.gradients import Piece, grpo_piece
 from thundersync.core.objectives import GRPO, group_stats, is_degenerate
@@ -100,6 +100,7 @@ class StreamingGRPO:
         batched (one padded backward per micro-batch, like sync); trajectories of open groups
         are deposited into their group's accumulators one by one."""
         finals: list[tuple[GroupState, EpisodeRecord]] = []
+        deposits: dict[str, list[EpisodeRecord]] = {}
         unblocked, self.unblocked = list(self.unblocked.values()), {}
         for rec in unblocked:
             eid = rec.episode_id
@@ -110,10 +111,17 @@ class StreamingGRPO:
                 self._apply_early(g, rec)
             elif g.closed:
                 finals.append((g, rec))
-            elif rec.has_reward:
+            elif rec.has_reward and eid in self.early_pieces:
                 self._deposit(g, rec)
+            elif rec.has_reward:
+                deposits.setdefault(g.group_id, []).append(rec)
             elif self.early_start and eid not in self.early_pieces:
                 self._precompute(rec)
+        for gid, recs in deposits.items():
+            if len(recs) == 1:
+                self._deposit(self.groups[gid], recs[0])
+            else:
+                self._deposit_all(self.groups[gid], recs)
         self._run_finals(finals)
 
     def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
@@ -185,6 +193,26 @@ class StreamingGRPO:
         if k is not None:
             (g.kl_sum if g.kl_sum is not None else self._step_grad()).add_(k)
         self.accounted.add(rec.episode_id)
+
+    def _deposit_all(self, g: GroupState, recs: list[EpisodeRecord]) -> None:
+        """``_deposit`` of several rewarded trajectories of open group ``g`` at once (none with
+        an early piece), batched (``batch.piece_sums``): the same three sums."""
+        if not self._open(g) or g.piece_sum is None:
+            return  # over budget: they wait for their group
+        g.shift = recs[0].reward_value if g.shift is None else g.shift
+        step = self._step_grad()
+        started = ev.now()
+        piece_sums(
+            self.ctx,
+            self.objective,
+            [(rec, rec.reward_value - g.shift) for rec in recs],
+            weighted=g.weighted_sum if g.weighted_sum is not None else step,
+            pieces=g.piece_sum,
+            kl=g.kl_sum if g.kl_sum is not None else step,
+        )
+        for rec in recs:
+            self.accounted.add(rec.episode_id)
+            self.ctx.published(rec.episode_id, None, started)
 
     def _close(self, g: GroupState) -> None:
         g.closed = True
