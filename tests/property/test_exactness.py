@@ -57,15 +57,14 @@ def models(tiny_model_dirs):
     return out, reference
 
 
+def make_learner(model, objective, reference=None, **kwargs) -> Learner:
+    """A learner whose step leaves the model as it was and its gradient in ``.grad``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return Learner(model, objective, optimizer, reference=reference, max_grad_norm=None, **kwargs)
+
+
 def step_gradient(model, objective, events, reference=None, **kwargs) -> torch.Tensor:
-    learner = Learner(
-        model,
-        objective,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        reference=reference,
-        max_grad_norm=None,
-        **kwargs,
-    )
+    learner = make_learner(model, objective, reference, **kwargs)
     for event in events:
         learner.consume(event)
     learner.step()
@@ -138,14 +137,8 @@ def test_a_learner_drained_every_few_events_matches_the_textbook(
     events = batch(seed, out[key], objective, arrival)
     book = textbook.gradient(out[key], objective, events, refs[key])
     model = out[key]
-    learner = Learner(
-        model,
-        objective,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        reference=refs[key],
-        max_grad_norm=None,
-        streaming=True,
-        **{**kwargs, "eager": False},
+    learner = make_learner(
+        model, objective, refs[key], streaming=True, **{**kwargs, "eager": False}
     )
     for n, event in enumerate(events, 1):
         learner.consume(event)
@@ -174,16 +167,7 @@ def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, 
     events = random_batch(5, model.config.vocab_size, shape)
     group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
     last = {group[e.episode_id]: e for e in events if isinstance(e, ev.RewardReady)}
-    learner = Learner(
-        model,
-        objective,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        reference=refs[key],
-        max_grad_norm=None,
-        streaming=True,
-        eager=False,
-        **kwargs,
-    )
+    learner = make_learner(model, objective, refs[key], streaming=True, eager=False, **kwargs)
     held = set(map(id, last.values()))
     for event in events:
         if id(event) not in held:
