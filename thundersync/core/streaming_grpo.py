@@ -9,7 +9,9 @@ cancellation, and a group whose rewards are all equal deposits exact zeros (r_i 
 Without std scaling (s = 1) W_g needs no buffer: (r_i − c) h_i goes straight into the
 step's gradient, so a group costs one buffer. A trajectory whose group is already closed is
 processed with its final advantage directly (batched, no buffer); so is every member of a
-group that could not open within the buffer budget: exact, just later.
+group that could not open within the buffer budget: exact, just later. Rewarded trajectories
+of one open group that a drain finds together are deposited in one batched pass
+(``batch.piece_sums``: the three sums, a backward each per micro-batch).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ class StreamingGRPO:
 
     def drain(self) -> None:
         """Run the unblocked work. Trajectories of closed groups have final advantages and are
-        batched (one padded backward per micro-batch, like sync); trajectories of open groups
-        are deposited into their group's accumulators one by one."""
+        batched (one padded backward per micro-batch, like sync); rewarded trajectories of an
+        open group are deposited into its accumulators, together when there are several
+        (``_deposit_all``)."""
         finals: list[tuple[GroupState, EpisodeRecord]] = []
         deposits: dict[str, list[EpisodeRecord]] = {}
         unblocked, self.unblocked = list(self.unblocked.values()), {}
