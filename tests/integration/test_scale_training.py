@@ -22,6 +22,7 @@ from tests.integration.training_kit import (
     kill_worker,
     metrics,
     noisy_copy,
+    spawned_workers,
     start_until_first_checkpoint,
     train,
     wait_gone,
@@ -125,7 +126,7 @@ def test_a_killed_learner_rank_stops_the_run_with_a_clear_message(warm_model, tm
         *SMALL,
     )
     # rank 1: spawned before the rollout worker
-    family, stderr = kill_worker(proc, lambda f: min(p for p in f if b"spawn_main" in cmdline(p)))
+    family, stderr = kill_worker(proc, lambda _: spawned_workers(proc.pid)[0])
     assert proc.returncode == 1, stderr
     assert "learner" in stderr and "--resume" in stderr and "Traceback" not in stderr
     wait_gone(family)

@@ -18,13 +18,13 @@ import torch
 
 from tests.integration.training_kit import (
     SMALL,
-    cmdline,
     descendants,
     final_weights,
     final_weights_of,
     kill_worker,
     metrics,
     noisy_copy,
+    spawned_workers,
     start_until_first_checkpoint,
     token_events,
     train,
@@ -215,7 +215,7 @@ def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tm
         while not (out / "checkpoints" / "step-000001").is_dir():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        workers = [p for p in descendants(proc.pid) if b"spawn_main" in cmdline(p)]
+        workers = spawned_workers(proc.pid)
         assert workers
         family = descendants(proc.pid)
         os.kill(workers[0], signal.SIGKILL)

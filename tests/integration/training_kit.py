@@ -91,38 +91,58 @@ def start_until_first_checkpoint(
     return proc
 
 
-def descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> dict[int, int]:
+    """The processes below ``pid`` now, each with its start time (``stat``'s field 22), which
+    tells it from a later process given the same pid: a long session wraps the pid counter
+    (``pid_max`` 32768 here) and hands low pids out again within seconds."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [pid]
+        if name.isdigit() and (fields := _stat(int(name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: dict[int, int] = {}
+    todo = [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
+            if (fields := _stat(child)) is not None:
+                found[child] = int(fields[19])
+                todo.append(child)
     return found
 
 
-def wait_gone(pids: set[int], timeout_s: float = 30.0) -> None:
+def spawned_workers(pid: int) -> list[int]:
+    """The worker processes ``pid`` spawned (its children running ``spawn_main``), oldest
+    first. Only children: a worker's own child, between its fork and its exec, shows the
+    worker's command line too."""
+    family = descendants(pid)
+    ours = [p for p in family if (f := _stat(p)) is not None and int(f[1]) == pid]
+    return sorted((p for p in ours if b"spawn_main" in cmdline(p)), key=lambda p: (family[p], p))
+
+
+def wait_gone(pids: dict[int, int] | set[int], timeout_s: float = 30.0) -> None:
+    """Wait until every process of ``pids`` (from ``descendants``: pid and start time) has
+    exited; a pid now held by a process started later is a new process, not one left behind."""
     deadline = time.monotonic() + timeout_s
     alive = set(pids)
     while alive and time.monotonic() < deadline:
-        alive = {p for p in alive if Path(f"/proc/{p}").exists() and not zombie(p)}
+        alive = {p for p in alive if _same(p, pids)}
         time.sleep(0.2)
     assert not alive, f"processes left behind by the killed run: {sorted(alive)}"
 
 
-def zombie(pid: int) -> bool:
+def _same(pid: int, family: dict[int, int] | set[int]) -> bool:
+    """``pid`` still runs (not a zombie) and is the process ``family`` recorded."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
+        return False
+    return not isinstance(family, dict) or int(fields[19]) == family[pid]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, ... (None once it is gone)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return True
+        return None
 
 
 def cmdline(pid: int) -> bytes:
@@ -134,8 +154,8 @@ def cmdline(pid: int) -> bytes:
 
 
 def kill_worker(
-    proc: subprocess.Popen, pick: Callable[[set[int]], int], signum: int = signal.SIGKILL
-) -> tuple[set[int], str]:
+    proc: subprocess.Popen, pick: Callable[[dict[int, int]], int], signum: int = signal.SIGKILL
+) -> tuple[dict[int, int], str]:
     """Send ``signum`` to one of a running ``train``'s processes (``pick`` chooses it from its
     descendants) and wait for the run to end; returns the run's processes as they were, and
     its stderr."""
