@@ -238,7 +238,13 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
             numbers["speedup_vs_sync"] = cells["sync"]["step_time_s"] / numbers["step_time_s"]
         repeats.append(cells)
         strict_costs.append(strict_cost)
-    row = {mode: median_cell([cells[mode] for cells in repeats]) for mode in workload.modes}
+    row = {
+        mode: median_cell(
+            [cells[mode] for cells in repeats],
+            by="step_time_s" if mode == "sync" else "speedup_vs_sync",
+        )
+        for mode in workload.modes
+    }
     return {
         "env_kwargs": workload.env_kwargs,
         "algo": workload.algo,
@@ -248,12 +254,11 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
     }
 
 
-def median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A cell's repeats as one: the numbers of the run whose T_sync/T is the median (sync: whose
-    step time is), with the median ratio, and every repeat's ratio and step time
-    (``repeat_speedups``, ``repeat_step_times_s``, in repeat order)."""
-    key = "step_time_s" if all(r["speedup_vs_sync"] == 1.0 for r in runs) else "speedup_vs_sync"
-    middle = sorted(runs, key=lambda r: r[key])[len(runs) // 2]
+def median_cell(runs: list[dict[str, Any]], *, by: str) -> dict[str, Any]:
+    """A cell's repeats as one: the numbers of the run whose ``by`` is the median, with the
+    median ratio, and every repeat's ratio and step time (``repeat_speedups``,
+    ``repeat_step_times_s``, in repeat order)."""
+    middle = sorted(runs, key=lambda r: r[by])[len(runs) // 2]
     return {
         **middle,
         "speedup_vs_sync": statistics.median(r["speedup_vs_sync"] for r in runs),

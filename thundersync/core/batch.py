@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 import torch
 
 from thundersync.core.canonical import select_groups
-from thundersync.core.gradients import flat_grad, sampler_logprobs, teacher_logprobs
+from thundersync.core.gradients import (
+    flat_grad,
+    recorded_terms,
+    sampler_logprobs,
+    teacher_logprobs,
+)
 from thundersync.core.objectives import (
     GRPO,
     OPD,
@@ -108,7 +113,7 @@ def micro_batches(
     about three tokens of padding per real one (docs/measurements.md). The order is a stable
     sort of the order given, so the same items always make the same micro-batches."""
     trajectories = [record.trajectory() for record in records]
-    lengths = [len(trajectory.context_ids()[0]) for trajectory in trajectories]
+    lengths = [trajectory.context_length() for trajectory in trajectories]
     order = sorted(range(len(items)), key=lengths.__getitem__)
     return [
         ([items[i] for i in chunk], [trajectories[i] for i in chunk])
@@ -147,10 +152,11 @@ def piece_sums(
     *,
     weighted: torch.Tensor,
     pieces: torch.Tensor,
-    kl: torch.Tensor,
+    kl: torch.Tensor | None,
 ) -> None:
     """For (trajectory i, cᵢ) items of one open group, add Σ cᵢhᵢ to ``weighted``, Σ hᵢ to
-    ``pieces`` and Σ kᵢ to ``kl`` (hᵢ, kᵢ: ``gradients.grpo_piece``'s, on-policy): one padded
+    ``pieces`` and Σ kᵢ to ``kl`` (None: the objective has no KL term) (hᵢ, kᵢ:
+    ``gradients.grpo_piece``'s, on-policy): one padded
     forward per micro-batch and a backward per sum, where ``grpo_piece`` takes a forward and
     one or two backwards per trajectory. The same sums, in another floating-point order."""
     for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
@@ -158,25 +164,16 @@ def piece_sums(
         zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         weighted_loss, piece_loss, kl_loss = zero, zero, zero
         for (_, weight), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
-            sampler_T = sampler_logprobs(traj, logp.logp_T)
-            pg, kl_term = grpo_terms(objective, logp.logp_T, sampler_T, ref_T)
-            ctx.stats.record(
-                (traj.episode_id, None),
-                logp.logp_T,
-                sampler_T,
-                ref_T=ref_T,
-                pg=pg,
-                kl=kl_term,
-                entropy_T=logp.entropy_T,
+            pg, kl_term = recorded_terms(
+                objective, ctx.stats, traj, logp.logp_T, logp.entropy_T, ref_T
             )
             weighted_loss = weighted_loss + weight * pg
             piece_loss = piece_loss + pg
             if kl_term is not None:
                 kl_loss = kl_loss + kl_term
-        with_kl = objective.kl_coef != 0.0
         weighted.add_(flat_grad(ctx.policy.params, weighted_loss, retain=True))
-        pieces.add_(flat_grad(ctx.policy.params, piece_loss, retain=with_kl))
-        if with_kl:
+        pieces.add_(flat_grad(ctx.policy.params, piece_loss, retain=kl is not None))
+        if kl is not None:
             kl.add_(flat_grad(ctx.policy.params, kl_loss))
 
 

@@ -63,6 +63,30 @@ def flat_grad(params: Sequence[torch.Tensor], loss: torch.Tensor, *, retain: boo
     )
 
 
+def recorded_terms(
+    objective: GRPO,
+    stats: TokenStats,
+    trajectory: Trajectory,
+    logp_T: torch.Tensor,
+    entropy_T: torch.Tensor,
+    ref_T: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """On-policy (ℓᵢ, κᵢ) of one trajectory from its log-probs (``grpo_terms``), its tokens'
+    statistics recorded in ``stats``."""
+    sampler_T = sampler_logprobs(trajectory, logp_T)
+    pg, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
+    stats.record(
+        (trajectory.episode_id, None),
+        logp_T,
+        sampler_T,
+        ref_T=ref_T,
+        pg=pg,
+        kl=kl,
+        entropy_T=entropy_T,
+    )
+    return pg, kl
+
+
 def grpo_piece(
     policy: Policy,
     objective: GRPO,
@@ -74,21 +98,11 @@ def grpo_piece(
     scaled by an advantage not known yet (k_i is None without a KL term). Trajectories whose
     advantage is already final go through ``batch.weighted_grad`` instead."""
     logp_T, _, entropy_T = policy.action_logprobs(trajectory)
-    sampler_T = sampler_logprobs(trajectory, logp_T)
     ref_T = None
     if reference is not None and objective.kl_coef != 0.0:
         with torch.no_grad():
             ref_T = reference.action_logprobs(trajectory).logp_T
-    pg, kl = grpo_terms(objective, logp_T, sampler_T, ref_T)
-    stats.record(
-        (trajectory.episode_id, None),
-        logp_T,
-        sampler_T,
-        ref_T=ref_T,
-        pg=pg,
-        kl=kl,
-        entropy_T=entropy_T,
-    )
+    pg, kl = recorded_terms(objective, stats, trajectory, logp_T, entropy_T, ref_T)
     if kl is None:
         return flat_grad(policy.params, pg), None
     return flat_grad(policy.params, pg, retain=True), flat_grad(policy.params, kl)

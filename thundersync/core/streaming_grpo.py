@@ -101,7 +101,7 @@ class StreamingGRPO:
         """Run the unblocked work. Trajectories of closed groups have final advantages and are
         batched (one padded backward per micro-batch, like sync); rewarded trajectories of an
         open group are deposited into its accumulators, together when there are several
-        (``_deposit_all``)."""
+        (``_deposit``)."""
         finals: list[tuple[GroupState, EpisodeRecord]] = []
         deposits: dict[str, list[EpisodeRecord]] = {}
         unblocked, self.unblocked = list(self.unblocked.values()), {}
@@ -114,17 +114,12 @@ class StreamingGRPO:
                 self._apply_early(g, rec)
             elif g.closed:
                 finals.append((g, rec))
-            elif rec.has_reward and eid in self.early_pieces:
-                self._deposit(g, rec)
             elif rec.has_reward:
                 deposits.setdefault(g.group_id, []).append(rec)
             elif self.early_start and eid not in self.early_pieces:
                 self._precompute(rec)
         for gid, recs in deposits.items():
-            if len(recs) == 1:
-                self._deposit(self.groups[gid], recs[0])
-            else:
-                self._deposit_all(self.groups[gid], recs)
+            self._deposit(self.groups[gid], recs)
         self._run_finals(finals)
 
     def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
@@ -183,39 +178,52 @@ class StreamingGRPO:
             self.ctx.pool.give(1 + int(piece[1] is not None))
         return piece
 
-    def _deposit(self, g: GroupState, rec: EpisodeRecord) -> None:
+    def _deposit(self, g: GroupState, recs: list[EpisodeRecord]) -> None:
+        """Add rewarded trajectories of open group ``g``: (rᵢ − c) hᵢ to W_g (or the step's
+        gradient), hᵢ to H_g, kᵢ to the KL sum (or the step's gradient). An early piece is
+        added as it is; one trajectory without one gets its own backward (``grpo_piece``),
+        several share batched passes (``batch.piece_sums``): the same sums."""
         if not self._open(g) or g.piece_sum is None:
-            return  # over budget: waits for its group (or keeps its early piece)
-        piece = self._release_early(rec.episode_id)
-        h, k = piece if piece is not None else self._backward(rec)
-        r = rec.reward_value
-        g.shift = r if g.shift is None else g.shift
-        target = g.weighted_sum if g.weighted_sum is not None else self._step_grad()
-        target.add_(h, alpha=r - g.shift)
-        g.piece_sum.add_(h)
-        if k is not None:
-            (g.kl_sum if g.kl_sum is not None else self._step_grad()).add_(k)
-        self.accounted.add(rec.episode_id)
-
-    def _deposit_all(self, g: GroupState, recs: list[EpisodeRecord]) -> None:
-        """``_deposit`` of several rewarded trajectories of open group ``g`` at once (none with
-        an early piece), batched (``batch.piece_sums``): the same three sums."""
-        if not self._open(g) or g.piece_sum is None:
-            return  # over budget: they wait for their group
-        g.shift = recs[0].reward_value if g.shift is None else g.shift
-        step = self._step_grad()
-        started = ev.now()
-        piece_sums(
-            self.ctx,
-            self.objective,
-            [(rec, rec.reward_value - g.shift) for rec in recs],
-            weighted=g.weighted_sum if g.weighted_sum is not None else step,
-            pieces=g.piece_sum,
-            kl=g.kl_sum if g.kl_sum is not None else step,
-        )
+            return  # over budget: they wait for their group (or keep their early pieces)
+        g.shift = shift = recs[0].reward_value if g.shift is None else g.shift
+        pieces = g.piece_sum
+        fresh = []
         for rec in recs:
-            self.accounted.add(rec.episode_id)
-            self.ctx.published(rec.episode_id, None, started)
+            piece = self._release_early(rec.episode_id)
+            if piece is None:
+                fresh.append(rec)
+            else:
+                self._add_piece(g, pieces, rec.reward_value - shift, piece)
+        if len(fresh) == 1:
+            self._add_piece(g, pieces, fresh[0].reward_value - shift, self._backward(fresh[0]))
+        elif fresh:
+            started = ev.now()
+            piece_sums(
+                self.ctx,
+                self.objective,
+                [(rec, rec.reward_value - shift) for rec in fresh],
+                weighted=self._weighted_target(g),
+                pieces=pieces,
+                kl=self._kl_target(g) if self.objective.kl_coef != 0.0 else None,
+            )
+            for rec in fresh:
+                self.ctx.published(rec.episode_id, None, started)
+        self.accounted.update(rec.episode_id for rec in recs)
+
+    def _add_piece(self, g: GroupState, pieces: torch.Tensor, weight: float, piece: Piece) -> None:
+        """One trajectory's (hᵢ, kᵢ) into open group ``g`` (H_g is ``pieces``), hᵢ weighted
+        by rᵢ − c into W_g."""
+        h, k = piece
+        self._weighted_target(g).add_(h, alpha=weight)
+        pieces.add_(h)
+        if k is not None:
+            self._kl_target(g).add_(k)
+
+    def _weighted_target(self, g: GroupState) -> torch.Tensor:
+        return g.weighted_sum if g.weighted_sum is not None else self._step_grad()
+
+    def _kl_target(self, g: GroupState) -> torch.Tensor:
+        return g.kl_sum if g.kl_sum is not None else self._step_grad()
 
     def _close(self, g: GroupState) -> None:
         g.closed = True

@@ -66,6 +66,15 @@ class Trajectory:
     def num_action_tokens(self) -> int:
         return sum(len(turn.action_ids) for turn in self.turns)
 
+    def context_length(self) -> int:
+        """``len(self.context_ids()[0])``, without building the lists."""
+        tail = self.turns[:-1]
+        return (
+            len(self.prompt_ids)
+            + sum(len(turn.action_ids) for turn in self.turns)
+            + sum(len(turn.observation_ids) for turn in tail)
+        )
+
     def context_ids(self, upto_turn: int | None = None) -> tuple[list[int], list[int]]:
         """Token ids up to and including action ``upto_turn`` (all turns when None), and for
         each position the turn index of the action token there, or -1 for prompt/observation.
