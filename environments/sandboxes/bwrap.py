@@ -1,12 +1,16 @@
-"""BwrapSandbox: each command in a fresh bubblewrap namespace over a private host workspace.
+"""BwrapSandbox: a bubblewrap namespace over a private host workspace, running its commands.
 
-Isolation, per ``execute`` call:
+The namespace is a *session* (``bwrap_session.py``): started by the first command, it runs the
+sandbox's commands one after another, and a command's background processes are killed when it
+ends. A command in a running session costs about what the command itself costs (a fresh
+namespace per command cost ~20 ms of CPU and ~25 ms of wall time here). Isolation:
 
 - Only what a task needs is visible, read-only (``host_view.py``): ``/usr`` (and the
   ``/bin``, ``/lib*`` links), a selected part of ``/etc`` (this process's copy of it,
   ``shared_etc``), and the running interpreter's prefixes (the venv and its base Python). The
   rest of the host (``/root``, ``/home``, ``/tmp``, the repository) is not mounted at all.
-  ``/tmp`` is a fresh tmpfs; ``/proc`` and ``/dev`` are private.
+  ``/tmp`` is a private tmpfs that lives as long as the session (as a container's would);
+  ``/proc`` and ``/dev`` are private.
 - The workspace, a host temp dir, is bound read-write at ``spec.workdir`` (any absolute path,
   e.g. ``/workspace`` or ``/testbed``); it is also ``HOME``. Files persist between calls. It
   lies on a disk of its own of ``spec.disk_mb`` (``disk.py``), so filling it fails the
@@ -16,18 +20,22 @@ Isolation, per ``execute`` call:
   read-write at their real places, as Docker's root can create them: published Harbor and
   Terminal-Bench tasks hard-code them.
 - New network namespace (only ``lo``), PID, IPC and UTS namespaces. When the command's shell
-  exits, the namespace's init exits and the kernel kills every process left in it, so
-  background jobs, ``setsid`` and double-forked daemons never outlive their call; a timeout
-  kills bwrap, and ``--die-with-parent`` takes the namespace down with it.
+  exits, the session's init SIGKILLs every other process in the namespace before it reports
+  the exit code, so background jobs, ``setsid`` and double-forked daemons never outlive their
+  call; the init cannot be ptraced or read by the commands (non-dumpable), and a command that
+  kills it ends its own session (reported as killed, exit 137; the next command starts a new
+  one). A timeout kills bwrap, taking the namespace with it (the next command starts a new
+  session), and ``--die-with-parent`` does the same when the owner dies.
 - When run as root, the command runs as an unprivileged per-sandbox uid (no capabilities,
   ``no_new_privs``) rather than in a user namespace: a uid mapped to root is exempt from
   ``RLIMIT_NPROC``, and the per-sandbox uid is what lets the pids limit stop a fork bomb.
   Without root, bwrap makes a user namespace (``--unshare-all``) and the same rlimits apply.
 - Making a user namespace inside fails with EPERM (a seccomp filter, ``seccomp.py``, which
   also says why bubblewrap 0.8's ``--disable-userns`` is not used).
-- rlimits via ``prlimit``: address space (``memory_mb``), processes (``pids``), file size
-  (``MAX_FILE_BYTES``), CPU seconds (the timeout + 1). Where a memory cgroup can be made
-  (``cgroup.py``; root with cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
+- rlimits per command (set by the init before it execs the command): address space
+  (``memory_mb``), processes (``pids``, the init not counted), file size (``MAX_FILE_BYTES``),
+  CPU seconds (the timeout + 1). Where a memory cgroup can be made (``cgroup.py``; root with
+  cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
   memory; otherwise the total is only bounded by ``pids × memory_mb``. ``cpus`` is not
   enforced; ``/tmp`` is a tmpfs of ``host_view.TMPFS_BYTES``.
 - ``close()`` may come from another thread (a run being cancelled): it kills the running
@@ -39,14 +47,12 @@ so ``python``, ``python3`` and ``pytest`` inside the sandbox are the project's o
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import math
 import os
 import posixpath
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,8 +62,8 @@ import weakref
 from collections.abc import Collection
 from pathlib import Path
 
-from environments.sandboxes import cgroup, disk, host_view, seccomp
-from environments.sandboxes.capture import OutputCapture, read_fd_until
+from environments.sandboxes import bwrap_session, cgroup, disk, host_view, seccomp
+from environments.sandboxes.capture import OutputCapture
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
 from environments.sandboxes.workspace import (
@@ -73,8 +79,6 @@ BWRAP = "bwrap"
 MAX_FILE_BYTES = 256 * 1024 * 1024
 SANDBOX_USER = "sandbox"
 MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's argv and env
-MAX_ARGV_CMD_BYTES = 64 * 1024  # longer commands go through a file (one argv string <= 128 KiB)
-CMD_FILE = "/run/thundersync/cmd"
 DRAIN_AFTER_KILL_S = 0.5
 PUBLISHED_DIRS = ("/tests", "/solution", "/logs")
 """Folders published Harbor and Terminal-Bench tasks hard-code (tests in /tests, the oracle's
@@ -110,14 +114,22 @@ class BwrapSandbox:
         self.workspace = self.root / "workspace"
         self._closed = False
         self._close_error: str | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._session: bwrap_session.Session | None = None
+        self._sessions: list[bwrap_session.Session] = []  # the running one, for the finalizer
         self._lock = threading.Lock()
-        self._state_lock = threading.Lock()  # _closed and _proc, between execute and close
+        self._state_lock = threading.Lock()  # _closed and _session, between execute and close
         self._close_lock = threading.Lock()
         self.cgroup = cgroup.create(self.marker, spec.memory_mb)
         self._disks: list[Path] = []
         self._finalizer = weakref.finalize(
-            self, _cleanup, self.root, self.uid, self.is_root, self.cgroup, self._disks
+            self,
+            _cleanup,
+            self.root,
+            self.uid,
+            self.is_root,
+            self.cgroup,
+            self._disks,
+            self._sessions,
         )
         try:
             self._make_workspace()
@@ -189,7 +201,8 @@ class BwrapSandbox:
         glines = f"{SANDBOX_USER}:x:{self.uid}:\n"
         (etc / "group").write_text(group + ("" if self.uid == os.getgid() else glines))
 
-    def _argv(self, cmd: str, timeout: float, ready_fd: int, filter_fd: int | None) -> list[str]:
+    def _argv(self, results_fd: int, filter_fd: int | None) -> list[str]:
+        """bwrap running the session's init (``bwrap_session.py``) as the sandbox's user."""
         argv = [BWRAP, "--die-with-parent", "--new-session"]
         if filter_fd is not None:
             argv += ["--seccomp", str(filter_fd)]
@@ -198,8 +211,7 @@ class BwrapSandbox:
             argv += ["--unshare-cgroup-try"]
         else:
             argv += ["--unshare-all"]
-        cmd, cmd_mount = self._command(cmd)
-        argv += host_view.mount_args(self.workspace, self.root / "etc", self.workdir) + cmd_mount
+        argv += host_view.mount_args(self.workspace, self.root / "etc", self.workdir)
         for inside, host in self.published.items():
             argv += ["--bind", str(host), inside]
         argv += ["--clearenv"]
@@ -211,25 +223,11 @@ class BwrapSandbox:
                 argv += ["--cap-add", cap]
             argv += ["--", "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}"]
             argv += ["--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
-        else:
-            argv += ["--"]
-        spec = self.spec
-        cpu_s = math.ceil(timeout) + 1
-        argv += ["prlimit", f"--as={spec.memory_mb * 1024 * 1024}", f"--nproc={spec.pids}"]
-        argv += [f"--fsize={MAX_FILE_BYTES}", f"--cpu={cpu_s}", "--core=0"]
-        # The prelude proves the sandbox was set up (bwrap's own failures also exit 1) and
-        # closes the pipe before the command runs.
-        prelude = f'printf ok >&{ready_fd}; exec {ready_fd}>&-; exec bash -c "$1"'
-        return [*argv, "--", "bash", "-c", prelude, "bash", cmd]
-
-    def _command(self, cmd: str) -> tuple[str, list[str]]:
-        """``cmd`` itself, or for a long one a line sourcing it from a read-only file."""
-        if len(cmd.encode()) <= MAX_ARGV_CMD_BYTES:
-            return cmd, []
-        path = self.root / "cmd"
-        path.write_text(cmd)
-        dirs = ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/run/thundersync"]
-        return f". {CMD_FILE}", [*dirs, "--ro-bind", str(path), CMD_FILE]
+        argv += ["--"]
+        limits = bwrap_session.Limits(
+            self.spec.memory_mb * 1024 * 1024, self.spec.pids, MAX_FILE_BYTES
+        )
+        return argv + bwrap_session.init_argv(limits, results_fd, sys.executable)
 
     def _environment(self) -> dict[str, str]:
         path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -252,48 +250,44 @@ class BwrapSandbox:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         with self._lock:
             self._check_open()
-            ready_r, ready_w = os.pipe()
             start = time.monotonic()
-            try:
-                proc = self._start(cmd, timeout, ready_w)
-            except BaseException:
-                os.close(ready_r)
-                raise
-            finally:
-                os.close(ready_w)
+            deadline = start + timeout
             capture = OutputCapture(self.spec.max_output_bytes)
-            try:
-                finished = _run_to_deadline(proc, capture, start + timeout)
-                started = _read_all(ready_r)
-            finally:
-                os.close(ready_r)
-                _kill_group(proc)
-                proc.stdout.close()
-                proc.wait()
-                self._proc = None
+            session = self._session or self._start(capture, deadline)
+            code: int | None = None
+            if session is not None:
+                try:
+                    code = session.run(cmd, math.ceil(timeout) + 1, capture, deadline)
+                except bwrap_session.SessionLost:
+                    code = bwrap_session.KILLED_EXIT_CODE  # the command killed its session
+                    self._end_session()
+            if code is None:  # the deadline
+                if self._session is not None:
+                    self._session.kill()
+                    self._session.drain_after_kill(capture, DRAIN_AFTER_KILL_S)
+                self._end_session()
             duration = time.monotonic() - start
         if self._closed:
             raise SandboxError(f"bwrap sandbox {self.marker} was closed while its command ran")
         output, truncated = capture.text()
-        if finished and not started:
-            raise SandboxError(f"bwrap could not set up sandbox {self.marker}: {output.strip()}")
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return ExecResult(
             output=output,
-            exit_code=code if finished else None,
-            timed_out=not finished,
+            exit_code=code,
+            timed_out=code is None,
             duration_s=duration,
             truncated=truncated,
         )
 
-    def _start(self, cmd: str, timeout: float, ready_w: int) -> subprocess.Popen[bytes]:
-        """Start the command's bwrap; a ``close()`` that came first kills it at once."""
+    def _start(self, capture: OutputCapture, deadline: float) -> bwrap_session.Session | None:
+        """Start the sandbox's session (None when ``deadline`` passed first); a ``close()``
+        that came first kills it at once. SandboxError when bwrap could not set it up."""
         filter_fd = seccomp.program_fd()
-        fds = (ready_w,) if filter_fd is None else (ready_w, filter_fd)
+        results_r, results_w = os.pipe()
+        fds = (results_w,) if filter_fd is None else (results_w, filter_fd)
         try:
             proc = subprocess.Popen(
-                cgroup.wrap(self.cgroup, self._argv(cmd, timeout, ready_w, filter_fd)),
-                stdin=subprocess.DEVNULL,
+                cgroup.wrap(self.cgroup, self._argv(results_w, filter_fd)),
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -301,16 +295,36 @@ class BwrapSandbox:
                 pass_fds=fds,
             )
         except OSError as exc:
+            os.close(results_r)
             raise SandboxError(f"could not start bwrap for sandbox {self.marker}: {exc}") from exc
         finally:
+            os.close(results_w)
             if filter_fd is not None:
                 os.close(filter_fd)
+        session = bwrap_session.Session(proc, results_r)
         with self._state_lock:
-            self._proc = proc
+            self._session = session
+            self._sessions.append(session)
             closed = self._closed
         if closed:
-            _kill_group(proc)
-        return proc
+            session.kill()
+        ready = session.wait_ready(capture, deadline)
+        if ready is False:
+            self._end_session()
+            if self._closed:
+                return None
+            output, _ = capture.text()
+            raise SandboxError(f"bwrap could not set up sandbox {self.marker}: {output.strip()}")
+        return session if ready else None
+
+    def _end_session(self) -> None:
+        """Kill the running session, if any, and release it."""
+        with self._state_lock:
+            session, self._session = self._session, None
+            if session is not None:
+                self._sessions.remove(session)
+        if session is not None:
+            session.close()
 
     def upload(self, src: Path, dst: str) -> None:
         """Copy a host file or folder to ``dst`` (inside ``workdir`` or a published folder)."""
@@ -336,10 +350,12 @@ class BwrapSandbox:
             archive_folder(source, posixpath.basename(full) or ".", Path(dst), exclude=exclude)
 
     def stop_processes(self) -> None:
-        """Nothing of a command outlives it (its PID namespace dies with it); as root, the
-        sandbox's processes are killed as well, should any exist (``_kill_leftovers``)."""
+        """Nothing of a command outlives it (its session's init kills the rest when it ends);
+        this also ends the session (the next command starts a new one) and, as root, kills the
+        sandbox's processes, should any exist (``_kill_leftovers``)."""
         self._check_open()
         with self._lock:
+            self._end_session()
             if self.is_root:
                 _kill_leftovers(self.uid, self.cgroup)
 
@@ -349,9 +365,11 @@ class BwrapSandbox:
         first to finish."""
         with self._state_lock:
             self._closed = True
-            proc = self._proc
-        if proc is not None:
-            _kill_group(proc)
+            session = self._session
+        if session is not None:
+            session.kill()  # a running command ends now; its execute releases the session
+        with self._lock:
+            self._end_session()
         with self._close_lock:
             try:
                 self._finalizer()
@@ -365,39 +383,6 @@ class BwrapSandbox:
             raise SandboxError(f"bwrap sandbox {self.marker} is closed")
 
 
-def _run_to_deadline(
-    proc: subprocess.Popen[bytes], capture: OutputCapture, deadline: float
-) -> bool:
-    """Capture output until the command exits (True) or ``deadline`` passes (False)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    finished = read_fd_until(fd, capture, deadline)
-    if finished:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:
-            finished = False
-    if not finished:
-        _kill_group(proc)
-        read_fd_until(fd, capture, time.monotonic() + DRAIN_AFTER_KILL_S)
-    return finished
-
-
-def _read_all(fd: int) -> bytes:
-    """What the prelude wrote to the ready pipe (nothing when bwrap failed before it ran)."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 4096)
-    except BlockingIOError:
-        return b""
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _kill_leftovers(uid: int, group: Path | None) -> None:
     """Kill what is left of a sandbox run as root: the processes of its memory cgroup where it
     has one (all of them, read from the group), else of its uid (a scan of ``/proc``)."""
@@ -407,7 +392,16 @@ def _kill_leftovers(uid: int, group: Path | None) -> None:
         kill_uid(uid)
 
 
-def _cleanup(root: Path, uid: int, is_root: bool, group: Path | None, disks: list[Path]) -> None:
+def _cleanup(
+    root: Path,
+    uid: int,
+    is_root: bool,
+    group: Path | None,
+    disks: list[Path],
+    sessions: list[bwrap_session.Session],
+) -> None:
+    for session in list(sessions):
+        session.close()
     if is_root:
         _kill_leftovers(uid, group)
     cgroup.remove(group)

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from environments.sandboxes import disk, tar_stream
-from environments.sandboxes.bwrap import MAX_ARGV_CMD_BYTES, MAX_FILE_BYTES
+from environments.sandboxes.bwrap import MAX_FILE_BYTES
+from environments.sandboxes.bwrap_session import MAX_ARGV_CMD_BYTES
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -286,3 +287,56 @@ def test_close_kills_every_process_left_in_the_sandboxs_cgroup() -> None:
     assert leftover.wait(timeout=10) == -9
     leftover.stdout.close()
     assert not group.exists()
+
+
+def test_one_session_runs_the_commands_and_tmp_lives_as_long_as_it() -> None:
+    """Commands share one namespace (one bwrap start per sandbox, not per command), so /tmp
+    persists between them as in a container; a timed-out command takes its session down and
+    the next one starts a fresh one (a fresh /tmp, the workspace kept)."""
+    with BwrapSandbox(SandboxSpec()) as sb:
+        first = sb.execute("echo $PPID; echo kept > /tmp/t; echo file > w.txt", 10)
+        again = sb.execute("echo $PPID; cat /tmp/t", 10)
+        assert again.output == first.output.splitlines()[0] + "\nkept\n"
+        assert sb.execute("sleep 30", 0.5).timed_out
+        after = sb.execute("cat /tmp/t 2>/dev/null || echo gone; cat w.txt", 10)
+    assert after.output == "gone\nfile\n"
+
+
+def test_a_command_that_kills_its_session_is_reported_killed_and_the_next_one_runs() -> None:
+    with BwrapSandbox(SandboxSpec()) as sb:
+        killed = sb.execute("echo before; kill -9 $PPID; sleep 5; echo never", 10)
+        assert (killed.output, killed.exit_code, killed.timed_out) == ("before\n", 137, False)
+        assert sb.execute("echo ok", 10).output == "ok\n"
+
+
+def test_the_sessions_init_is_out_of_its_commands_reach() -> None:
+    """The init runs as the commands' uid; non-dumpable, it cannot be ptraced, and its memory,
+    descriptors and environment cannot be read through /proc, so no command can stop it from
+    killing what the command leaves behind."""
+    probe = (
+        "import ctypes, os, sys\n"
+        "init = os.getppid()\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('attach', libc.ptrace(16, init, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
+        "for path in ('mem', 'environ', 'fd'):\n"
+        "    try:\n"
+        "        (os.listdir if path == 'fd' else open)(f'/proc/{init}/{path}')\n"
+        "        print(path, 'open')\n"
+        "    except PermissionError:\n"
+        "        print(path, 'denied')\n"
+    )
+    with BwrapSandbox(SandboxSpec()) as sb:
+        result = sb.execute(f"python3 -c {shlex.quote(probe)}", 10)
+    lines = result.output.splitlines()
+    assert lines[0] == "attach -1 1", result.output  # EPERM
+    assert lines[1:] == ["mem denied", "environ denied", "fd denied"], result.output
+
+
+def test_a_command_longer_than_an_argv_string_runs_whole() -> None:
+    """Past ``MAX_ARGV_CMD_BYTES`` the init sources the command from a memfd."""
+    from environments.sandboxes.bwrap_session import MAX_ARGV_CMD_BYTES
+
+    body = "".join(f"x{i}=1\n" for i in range(MAX_ARGV_CMD_BYTES // 4))
+    with BwrapSandbox(SandboxSpec()) as sb:
+        result = sb.execute(body + 'echo "$x0 $x' + str(MAX_ARGV_CMD_BYTES // 4 - 1) + '"', 20)
+    assert (result.output, result.exit_code) == ("1 1\n", 0)
