@@ -253,14 +253,7 @@ class BwrapSandbox:
             start = time.monotonic()
             deadline = start + timeout
             capture = OutputCapture(self.spec.max_output_bytes)
-            session = self._session or self._start(capture, deadline)
-            code: int | None = None
-            if session is not None:
-                try:
-                    code = session.run(cmd, math.ceil(timeout) + 1, capture, deadline)
-                except bwrap_session.SessionLost:
-                    code = bwrap_session.KILLED_EXIT_CODE  # the command killed its session
-                    self._end_session()
+            code = self._run(cmd, timeout, capture, deadline)
             if code is None:  # the deadline
                 if self._session is not None:
                     self._session.kill()
@@ -277,6 +270,25 @@ class BwrapSandbox:
             duration_s=duration,
             truncated=truncated,
         )
+
+    def _run(self, cmd: str, timeout: float, capture: OutputCapture, deadline: float) -> int | None:
+        """``cmd``'s exit code in the session (started when there is none), or None at
+        ``deadline``. A session that ended between commands (``--die-with-parent`` follows the
+        thread that started it) is started again and the command sent to the new one; one that
+        ends during the command reports it killed (137)."""
+        for _ in range(2):
+            if self._session is not None and self._session.proc.poll() is not None:
+                self._end_session()  # bwrap is gone; its init may still be dying
+            session = self._session or self._start(capture, deadline)
+            if session is None:
+                return None
+            try:
+                return session.run(cmd, math.ceil(timeout) + 1, capture, deadline)
+            except bwrap_session.SessionLost as lost:
+                self._end_session()
+                if lost.sent or self._closed:
+                    return bwrap_session.KILLED_EXIT_CODE  # e.g. the command killed its init
+        raise SandboxError(f"bwrap sandbox {self.marker}: its session ended twice before a command")
 
     def _start(self, capture: OutputCapture, deadline: float) -> bwrap_session.Session | None:
         """Start the sandbox's session (None when ``deadline`` passed first); a ``close()``

@@ -136,6 +136,11 @@ while True:
 class SessionLost(Exception):
     """The session ended without answering (killed from inside, or by the OOM killer)."""
 
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+        """False when the command never reached the init (it did not run)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -187,13 +192,13 @@ class Session:
         try:
             self.proc.stdin.write(len(body).to_bytes(4, "big") + body)
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise SessionLost("the session's init is gone") from exc
+        except OSError as exc:  # a broken pipe: the init is gone
+            raise SessionLost("the session's init is gone", sent=False) from exc
         line = self._result_line(capture, deadline)
         if line is None:
             return None
         if line == b"":
-            raise SessionLost("the session ended during the command")
+            raise SessionLost("the session ended during the command", sent=True)
         _drain_ready(self.output, capture)
         code = os.waitstatus_to_exitcode(int(line))
         return code if code >= 0 else 128 - code

@@ -340,3 +340,21 @@ def test_a_command_longer_than_an_argv_string_runs_whole() -> None:
     with BwrapSandbox(SandboxSpec()) as sb:
         result = sb.execute(body + 'echo "$x0 $x' + str(MAX_ARGV_CMD_BYTES // 4 - 1) + '"', 20)
     assert (result.output, result.exit_code) == ("1 1\n", 0)
+
+
+def test_a_session_started_by_a_thread_that_ended_is_replaced_before_the_next_command() -> None:
+    """bwrap dies with the thread that started it (``--die-with-parent``): a sandbox used from
+    another thread after that one ended runs its next command in a new session, not as a
+    command reported killed."""
+    import threading
+
+    with BwrapSandbox(SandboxSpec()) as sb:
+        results = []
+        worker = threading.Thread(target=lambda: results.append(sb.execute("echo $PPID", 10)))
+        worker.start()
+        worker.join()
+        session = sb._session
+        assert session is not None and results[0].exit_code == 0
+        session.proc.wait(timeout=10)  # the thread's end took the session with it
+        result = sb.execute("echo again", 10)
+    assert (result.output, result.exit_code) == ("again\n", 0)
