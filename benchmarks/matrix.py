@@ -8,9 +8,10 @@ workload in one mode, read back from its run folder (docs/design.md §4):
   its pipeline is full (its throughput); and T_sync / T_mode;
 - **T*/T** for streaming against two bounds: the *per-trajectory* bound charges each work item
   (a trajectory; an OPD turn) what one costs alone, o + b, with o and b fitted to the run's own
-  backward passes (a pass of k items costs o + k·b); the *strict* bound charges it its share of
-  the batched learner time, L_sync / N, measured in the workload's sync run, as if streaming
-  lost nothing to small passes;
+  backward passes by the replay (GRPO: o per micro-batch, b a lone piece of the run's mean
+  length, from costs per padded token; OPD: a pass of k turns costs o + k·b); the *strict*
+  bound charges it its share of the batched learner time, L_sync / N, measured in the
+  workload's sync run, as if streaming lost nothing to small passes;
 - **idle fractions** of the learner and of the engine (rollout) per step;
 - **peak accumulator memory** in multiples of the trainable parameters (against 2·open groups
   + 1, and against ``--buffer-budget-bytes`` in the budget cell);

@@ -16,18 +16,62 @@ its reward: the bound is then max( max_k (e₍ₖ₎ + Σ_{j≥k} b₍ⱼ₎), m
 For OPD the work items are turns, each ready at its teacher score; the step cannot close
 before the batch's last episode has ended either (until an episode ends, another turn may
 come: a last tool call runs after the last scored action), so the tail is at least max eᵢ.
+
+For the simulator's replay (``harness/simulate.py``) a step also carries each trajectory's
+length in tokens (its context, from the token counts ``events.jsonl`` keeps) and the learner's
+passes with the padded tokens each computed, so that a pass can be charged by the rows × the
+longest row it computes.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thundersync.protocol.episode import step_of
+from harness.simulate import micro_batch_shapes
+from thundersync.protocol.episode import EpisodeKey, step_of
 from thundersync.training.run_metrics import read_metrics
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeTimes:
+    """One trajectory of a step's batch, as the learner's schedule and costs see it."""
+
+    episode_id: str
+    group_id: str
+    tokens: int
+    """Its context length (prompt, actions, and every observation but the last: what
+    ``Trajectory.context_length`` counts): a padded forward computes each row of a
+    micro-batch to the longest; 0 when the run's events do not say."""
+    completed: float | None
+    """``EpisodeCompleted``: its last action fixed (early start may begin its backward)."""
+    reward: float | None
+    """``RewardReady``."""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerPass:
+    """One backward pass of the learner: the backward spans that share a start (one drained
+    piece of work: a lone trajectory's piece, an open group's batched deposit, or batched
+    finals)."""
+
+    started: float
+    seconds: float
+    items: int
+    padded_tokens: int = 0
+    """Σ over its micro-batches (shortest first, ``micro_batch_size`` rows) of rows × the
+    longest row's tokens; 0 when a length is unknown (OPD's per-turn pieces, no
+    trajectories kept)."""
+    micro_batches: int = 1
+    backwards: int = 1
+    """Backwards per micro-batch: finals one (their advantages are final); a lone piece one
+    for ∇ℓ and one for the KL term when there is one; a batched deposit one per sum (Σ cᵢhᵢ,
+    Σ hᵢ and with a KL term Σ kᵢ: ``batch.piece_sums``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +90,16 @@ class StepWindow:
     teacher_times: tuple[float, ...] = ()
     """OPD: when the teacher scored each turn (``TeacherScored``), the moment that turn's
     gradient can start."""
-    passes: tuple[tuple[int, float], ...] = ()
-    """The learner's backward passes in the window: (work items in the pass, its seconds).
-    Items of one pass share its start (a drained micro-batch)."""
+    passes: tuple[LearnerPass, ...] = ()
+    """The learner's backward passes in the window. Items of one pass share its start (a
+    drained micro-batch)."""
     step_interval_s: float | None = None
     """Seconds since the previous step ended (``metrics.jsonl``'s ``step_time_s``): the
     run's throughput, which differs from ``time_s`` when batches overlap (async)."""
+    episodes: tuple[EpisodeTimes, ...] = ()
+    """The batch's trajectories (those with a ``RewardReady``)."""
+    step_started: float | None = None
+    """When the learner's ``step`` span (``learner.step()``) began."""
 
     @property
     def time_s(self) -> float:
@@ -78,17 +126,97 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 _TIMES = {"RewardReady": 0, "EpisodeCompleted": 1, "TeacherScored": 2}
 
 
+def context_tokens(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Each completed episode's context length in tokens, from ``events.jsonl``'s lengths
+    (``*_len``): the prompt, every action, and every observation but the last turn's, as
+    ``Trajectory.context_length`` counts what the learner's forward computes."""
+    prompt: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    actions: dict[str, dict[int, int]] = {}
+    observations: dict[str, dict[int, int]] = {}
+    for e in events:
+        eid, kind = str(e.get("episode_id", "")), e.get("event")
+        if kind == "EpisodeStarted":
+            prompt[eid] = int(e.get("prompt_ids_len", 0))
+        elif kind == "TurnCompleted":
+            actions.setdefault(eid, {})[int(e["turn"])] = int(e.get("action_ids_len", 0))
+        elif kind == "ToolFinished":
+            observations.setdefault(eid, {})[int(e["turn"])] = int(e.get("observation_ids_len", 0))
+        elif kind == "EpisodeCompleted":
+            turns[eid] = int(e.get("num_turns", 0))
+    out = {}
+    for eid, n in turns.items():
+        if eid in prompt:
+            acted, seen = actions.get(eid, {}), observations.get(eid, {})
+            out[eid] = (
+                prompt[eid]
+                + sum(acted.get(k, 0) for k in range(n))
+                + sum(seen.get(k, 0) for k in range(n - 1))
+            )
+    return out
+
+
+def _episodes(events: list[dict[str, Any]]) -> dict[int, list[EpisodeTimes]]:
+    """The trajectories of each batch (those graded), with their tokens and times."""
+    tokens = context_tokens(events)
+    completed = {e["episode_id"]: float(e["t"]) for e in events if e["event"] == "EpisodeCompleted"}
+    out: dict[int, list[EpisodeTimes]] = {}
+    for e in events:
+        eid = str(e.get("episode_id", ""))
+        key = EpisodeKey.parse(eid)
+        if e.get("event") == "RewardReady" and key is not None and key.step is not None:
+            times = EpisodeTimes(
+                eid, key.group_id, tokens.get(eid, 0), completed.get(eid), float(e["t"])
+            )
+            out.setdefault(key.step, []).append(times)
+    return out
+
+
+def _learner_pass(
+    started: float,
+    spans: list[dict[str, Any]],
+    episodes: dict[str, EpisodeTimes],
+    closes: dict[str, float],
+    *,
+    micro_batch_size: int,
+    kl: bool,
+) -> LearnerPass:
+    """The pass whose backward spans (one per item) are ``spans``. Its kind is read from the
+    rewards: finals when every item's group had all its rewards in before it started (the
+    group is closed), else a lone piece or a batched deposit."""
+    seconds = max(s["finished"] for s in spans) - started
+    items = [episodes.get(str(s.get("episode_id"))) for s in spans]
+    lengths = [e.tokens if e and s.get("turn") is None else 0 for e, s in zip(items, spans)]
+    shapes = micro_batch_shapes(lengths, micro_batch_size)
+    padded = sum(rows * longest for rows, longest in shapes) if all(lengths) else 0
+    final = all(e is not None and closes.get(e.group_id, float("inf")) <= started for e in items)
+    backwards = 1 if final else (1 if len(spans) == 1 else 2) + int(kl)  # finals: one
+    return LearnerPass(started, seconds, len(spans), padded, len(shapes), backwards)
+
+
 def step_windows(run: Path) -> list[StepWindow]:
-    """The steps of the run folder ``run`` (from metrics.jsonl, events.jsonl, spans.jsonl)."""
+    """The steps of the run folder ``run`` (from metrics.jsonl, events.jsonl, spans.jsonl,
+    and config.json's ``micro_batch_size`` and KL term for the passes' shapes)."""
     metrics = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
     events = read_jsonl(run / "events.jsonl")
     spans = read_jsonl(run / "spans.jsonl")
+    config = (
+        json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else {}
+    )
+    micro_batch_size = int(config.get("micro_batch_size", 8))
+    kl = float((config.get("objective") or {}).get("kl_coef", 0.0)) != 0.0
     times: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for e in events:
         kind = _TIMES.get(e.get("event", ""))
         batch = step_of(str(e.get("episode_id", "")))
         if kind is not None and batch is not None:
             times.setdefault(batch, ([], [], []))[kind].append(float(e["t"]))
+    batches = _episodes(events)
+    by_id = {e.episode_id: e for episodes in batches.values() for e in episodes}
+    closes: dict[str, float] = {}  # each group's last reward
+    for e in by_id.values():
+        if e.reward is not None:
+            closes[e.group_id] = max(closes.get(e.group_id, e.reward), e.reward)
     windows, previous_end = [], float("-inf")
     for m in metrics:
         lo, hi = float(m["submitted_at"]), float(m["finished_at"])
@@ -96,15 +224,18 @@ def step_windows(run: Path) -> list[StepWindow]:
         # out while the learner still works on older ones, so their windows overlap)
         learner_lo, previous_end = max(lo, previous_end), hi
         durations: dict[str, float] = {}
-        passes: dict[float, tuple[int, float]] = {}
+        passes: dict[float, list[dict[str, Any]]] = {}
+        step_started = None
         for s in spans:
             if s.get("worker") == "learner" and learner_lo <= s["started"] and s["finished"] <= hi:
                 durations[s["name"]] = durations.get(s["name"], 0.0) + s["finished"] - s["started"]
                 if s["name"] == "backward":
-                    count, end = passes.get(s["started"], (0, s["started"]))
-                    passes[s["started"]] = (count + 1, max(end, s["finished"]))
+                    passes.setdefault(s["started"], []).append(s)
+                elif s["name"] == "step":
+                    step_started = s["started"]
         batch = m["step"] - 1  # step N trains on batch N-1 (episode ids s<N-1>-…)
         rewards, completed, teacher = times.get(batch, ([], [], []))
+        shape = {"micro_batch_size": micro_batch_size, "kl": kl}
         windows.append(
             StepWindow(
                 m["step"],
@@ -114,8 +245,13 @@ def step_windows(run: Path) -> list[StepWindow]:
                 durations,
                 tuple(completed),
                 tuple(teacher),
-                tuple((k, end - start) for start, (k, end) in sorted(passes.items())),
+                tuple(
+                    _learner_pass(start, group, by_id, closes, **shape)
+                    for start, group in sorted(passes.items())
+                ),
                 m.get("step_time_s"),
+                tuple(batches.get(batch, ())),
+                step_started,
             )
         )
     return windows
@@ -135,7 +271,7 @@ def pass_cost(windows: list[StepWindow]) -> tuple[float, float]:
     """(o, b): the fixed cost of a backward pass and the cost per work item in it, fitted by
     least squares to the passes of ``windows`` (seconds = o + k·b for a pass of k items). With
     passes of one size only, o is 0 and b their mean seconds per item."""
-    passes = [p for w in windows for p in w.passes]
+    passes = [(p.items, p.seconds) for w in windows for p in w.passes]
     if not passes:
         raise ValueError("no backward passes recorded (a sync run computes inside its step)")
     n = len(passes)
@@ -149,6 +285,85 @@ def pass_cost(windows: list[StepWindow]) -> tuple[float, float]:
     if b <= 0 or o < 0:  # noise: a fit that says items are free or passes pay back
         return 0.0, sum(t for _, t in passes) / sum(k for k, _ in passes)
     return o, b
+
+
+def token_pass_cost(windows: list[StepWindow]) -> tuple[float, float, float]:
+    """(o, f, g): a pass costs o per micro-batch plus, per padded token (rows × the longest
+    row, what a padded forward computes), f for the forwards and g for each backward:
+
+        seconds = o · micro-batches + padded tokens · (f + backwards · g)
+
+    fitted by least squares to the passes of ``windows``, none of the three negative. A
+    trajectory's cost grows with its length (ToySum episodes run one to eight turns, and the
+    last to finish are the longest), and a batched deposit's three backwards cost more per
+    token than finals' one: one cost per item and pass (``pass_cost``) charged a closing pass
+    of long trajectories a third to a half of what it took. Where the passes cannot tell two
+    of the costs apart (all of one kind: f from g; all of one shape: f from o), the fit keeps
+    f, the cost per token, then g, then o.
+
+    A pass's kind is read from the rewards (``step_windows``): a deposit that ran after its
+    group closed, later in the same drain, reads as finals (one backward for three)."""
+    passes = [p for w in windows for p in w.passes]
+    if not passes:
+        raise ValueError("no backward passes recorded (a sync run computes inside its step)")
+    if not all(p.padded_tokens for p in passes):
+        raise ValueError("a pass's padded tokens are unknown (no lengths for its items)")
+    rows = [
+        (float(p.padded_tokens), float(p.padded_tokens * p.backwards), float(p.micro_batches))
+        for p in passes
+    ]
+    f, g, o = nonnegative_least_squares(rows, [p.seconds for p in passes])
+    return o, f, g
+
+
+def nonnegative_least_squares(
+    rows: Sequence[Sequence[float]], ys: Sequence[float]
+) -> tuple[float, ...]:
+    """The coefficients c ≥ 0 minimising Σ (y − row·c)², by trying every subset of the
+    columns (a handful here), fewest first, and keeping the best fit whose coefficients are
+    all ≥ 0; a subset whose columns are collinear is skipped, and of fits that are as good
+    the first is kept: the earlier columns."""
+    width = len(rows[0])
+    best: tuple[float, tuple[float, ...]] | None = None
+    for size in range(1, width + 1):
+        for columns in itertools.combinations(range(width), size):
+            coefficients = _least_squares([[r[c] for c in columns] for r in rows], ys)
+            if coefficients is None or min(coefficients) < 0:
+                continue
+            full = [0.0] * width
+            for c, value in zip(columns, coefficients):
+                full[c] = value
+            error = sum((y - sum(a * x for a, x in zip(full, r))) ** 2 for r, y in zip(rows, ys))
+            if best is None or error < best[0] * (1 - 1e-9):
+                best = (error, tuple(full))
+    return best[1] if best is not None else (0.0,) * width
+
+
+def _least_squares(rows: list[list[float]], ys: Sequence[float]) -> list[float] | None:
+    """Ordinary least squares by the normal equations of the columns scaled to unit length
+    (Gaussian elimination with partial pivoting); None when a column is zero or the columns
+    are collinear."""
+    n = len(rows[0])
+    norms = [sum(r[i] ** 2 for r in rows) ** 0.5 for i in range(n)]
+    if min(norms) == 0:
+        return None
+    unit = [[r[i] / norms[i] for i in range(n)] for r in rows]
+    a = [[sum(r[i] * r[j] for r in unit) for j in range(n)] for i in range(n)]
+    b = [sum(r[i] * y for r, y in zip(unit, ys)) for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(a[i][col]))
+        if abs(a[pivot][col]) <= 1e-12:
+            return None
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        for i in range(col + 1, n):
+            factor = a[i][col] / a[col][col]
+            for j in range(col, n):
+                a[i][j] -= factor * a[col][j]
+            b[i] -= factor * b[col]
+    out = [0.0] * n
+    for i in reversed(range(n)):
+        out[i] = (b[i] - sum(a[i][j] * out[j] for j in range(i + 1, n))) / a[i][i]
+    return [value / norm for value, norm in zip(out, norms)]
 
 
 def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool = False) -> float:

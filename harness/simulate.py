@@ -1,15 +1,21 @@
 """``thundersync simulate``: the three modes' step times for a workload, without running a model.
 
 A discrete-event model of one learner fed by one rollout batch per step (docs/design.md §4):
-trajectory i's reward is ready cᵢ after its batch starts; a learner micro-batch of k
-trajectories costs ``o + k·b`` (``b`` the batched cost per trajectory, ``o`` the fixed cost of
-a pass, so a lone backward costs ``o + b``); then the optimizer and the weight sync.
+trajectory i's reward is ready cᵢ after its batch starts; a learner pass over micro-batches
+(``micro_batch_size`` rows, shortest first, each padded to its longest row) costs, per
+micro-batch, ``o`` + rows·``b`` + padded tokens·(``f`` + backwards·``g``) (``o`` the fixed cost
+of a forward and its backwards, ``b`` a cost per trajectory, ``f`` and ``g`` the forward's and
+each backward's cost per padded token: a named workload charges by trajectory, o + k·b, a
+replayed GRPO run by padded tokens); then the optimizer and the weight sync.
 
 - sync: T = max cᵢ + passes of the whole batch + optimizer + sync (replaying a run, the
   learner starts no earlier than the batch is complete: every reward in, which for OPD, whose
   cᵢ are teacher scores per turn, comes after the last score).
 - streaming (lazy drain): whenever the learner is free it takes everything that has arrived
-  as one micro-batch; eager: one pass per trajectory.
+  as one micro-batch; eager: one pass per trajectory. A replayed GRPO run drains as
+  ``StreamingGRPO`` does (``grpo_streaming_step``): per open group a batched deposit of its
+  rewarded trajectories (a lone one: its own piece), the trajectories of closed groups as one
+  batch of finals, and with early start a piece per trajectory that completed unrewarded.
 - async(k): batch n starts when the weights of step n−k−1 exist; the learner takes batch n
   when it is complete; the step time is the learner's throughput.
 - T*: max_k (c₍ₖ₎ + Σ_{j≥k} b) + optimizer + sync, the bound of any zero-staleness schedule.
@@ -43,11 +49,55 @@ class Workload:
     cost_per_trajectory_s: float
     """b: batched learner time per trajectory."""
     pass_overhead_s: float = 0.0
-    """o: fixed cost of one learner pass (a lone trajectory costs o + b)."""
+    """o: fixed cost of each micro-batch of a learner pass (a lone trajectory costs o + b)."""
     optimizer_s: float = 0.0
     sync_s: float = 0.0
     micro_batch_size: int = 8
     notes: dict[str, Any] = field(default_factory=dict)
+    forward_per_token_s: float = 0.0
+    """f: a pass's forward per padded token (rows × a micro-batch's longest row)."""
+    backward_per_token_s: float = 0.0
+    """g: each backward of a pass per padded token."""
+    tokens: tuple[tuple[int, ...], ...] = ()
+    """Per step, its trajectories' lengths in tokens (what sync and async learn in one batch of
+    micro-batches); empty: every trajectory counts as 0 tokens (o and b alone)."""
+    intake_s: float = 0.0
+    """The learner's time from its inputs being in (the batch complete, the last pass done) to
+    the start of its step, measured in a run: the trainer taking in the events that queued
+    while it learned (async, where that queue is a whole batch) and consuming them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One GRPO trajectory of a step as the streaming learner sees it (seconds from the
+    batch's start)."""
+
+    completed: float
+    """Its last action fixed: with early start its piece may start."""
+    reward: float
+    group: str
+    """Its group closes, and its advantages are final, at the group's last reward."""
+    tokens: int = 0
+
+
+def micro_batch_shapes(tokens: Sequence[int], size: int) -> list[tuple[int, int]]:
+    """(rows, longest row) of each micro-batch that ``batch.micro_batches`` makes of
+    trajectories of these lengths: shortest first, ``size`` rows each."""
+    ordered = sorted(tokens)
+    return [
+        (len(ordered[start : start + size]), ordered[min(start + size, len(ordered)) - 1])
+        for start in range(0, len(ordered), size)
+    ]
+
+
+def pass_seconds(tokens: Sequence[int], w: Workload, *, backwards: int = 1) -> float:
+    """One learner pass over trajectories of these lengths: per micro-batch o, b per row and
+    (f + backwards·g) per padded token (a padded forward computes every row to the longest)."""
+    per_token = w.forward_per_token_s + backwards * w.backward_per_token_s
+    return sum(
+        w.pass_overhead_s + rows * w.cost_per_trajectory_s + rows * longest * per_token
+        for rows, longest in micro_batch_shapes(tokens, w.micro_batch_size)
+    )
 
 
 def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:
@@ -96,36 +146,62 @@ def run_workload(folder: Path, sync_folder: Path | None = None) -> Workload:
 
 
 def replay_run(folder: Path) -> dict[str, Any]:
-    """A run replayed in its own mode from its own measurements: each step's ready times
-    (rewards; completions with early start; teacher scores per turn for OPD) and the learner's
-    costs from its spans (a sync or async run: ``learner.step()`` minus the optimizer per work
-    item; a streaming run: o and b fitted to its backward passes, and its closing ``step``),
-    beside the step time it measured: the simulator checked against a real run. Sync and
-    streaming: the median over steps (the first, a warm-up, left out) of a step's time from its
-    batch's submission to its end; async: the mean interval between step ends once the
+    """A run replayed in its own mode from its own measurements, beside the step time it
+    measured: the simulator checked against a real run. Each step's ready times (rewards;
+    completions with early start; teacher scores per turn for OPD); the learner's costs from
+    its spans, charged to the schedule the simulator makes itself:
+
+    - GRPO streaming: o, f and g fitted to its backward passes (``token_pass_cost``), each
+      simulated pass charged by the padded tokens of the trajectories the drain puts in it
+      (``grpo_streaming_step``), then its closing ``step``;
+    - sync and async: the batch's learning (``learner.step()`` minus the optimizer) per padded
+      token of its micro-batches (the median over steps), charged to each step's batch;
+    - without the trajectories' lengths, and OPD's streaming (per-turn pieces): o and b per
+      pass and item, fitted to its passes (``pass_cost``), or ``learner.step()`` per item.
+
+    Every mode adds the measured intake before its step (``Workload.intake_s``). Sync and
+    streaming: the median over steps (the first, a warm-up, left out) of a step's time from
+    its batch's submission to its end; async: the mean interval between step ends once the
     pipeline is full (after step k+1), its throughput."""
-    from harness.critical_path import pass_cost, step_windows
+    from harness.critical_path import pass_cost, step_windows, token_pass_cost
 
     config = json.loads((folder / "config.json").read_text())
     mode, staleness = config["mode"], int(config.get("staleness", 1))
+    kl = float((config.get("objective") or {}).get("kl_coef", 0.0)) != 0.0
     every = step_windows(folder)
     # async: the steady state comes after the pipeline's fill (steps 1..k+1)
     skip = staleness + 1 if mode == "async" else 1
     if len(every) < skip + 2 or not all(w.work_times for w in every):
         raise ValueError(f"{folder}: needs at least {skip + 2} complete steps to replay")
     windows = every if mode == "async" else every[1:]
-    early = mode == "streaming" and bool(config.get("early_start")) and not every[0].teacher_times
+    opd = bool(every[0].teacher_times)
+    early = mode == "streaming" and bool(config.get("early_start")) and not opd
 
     def relative(w: Any, times: Sequence[float]) -> tuple[float, ...]:
         return tuple(t - w.submitted_at for t in times)
 
     ready = tuple(relative(w, w.completed_times if early else w.work_times) for w in windows)
+    # the batch's trajectories by length (0: unknown), what sync and async learn at the step
+    tokens = tuple(tuple(e.tokens for e in w.episodes) for w in windows)
+    by_tokens = all(lengths and all(lengths) for lengths in tokens)
+    micro_batch_size = int(config.get("micro_batch_size", 8))
     publish = statistics.median(w.durations.get("weight_publish", 0.0) for w in windows)
+    o = b = f = g = 0.0
     if mode == "streaming":
-        o, b = pass_cost(windows)
+        if by_tokens and not opd:
+            o, f, g = token_pass_cost(windows)
+        else:
+            o, b = pass_cost(windows)
         closing = statistics.median(w.durations.get("step", 0.0) for w in windows)
     else:
-        o, b = 0.0, statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
+        if by_tokens:
+            f = statistics.median(
+                w.learner_time_s
+                / sum(rows * n for rows, n in micro_batch_shapes(lengths, micro_batch_size))
+                for w, lengths in zip(windows, tokens)
+            )
+        else:
+            b = statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
         closing = statistics.median(w.durations.get("optimizer", 0.0) for w in windows)
     work = Workload(
         folder.name,
@@ -134,7 +210,11 @@ def replay_run(folder: Path) -> dict[str, Any]:
         o,
         optimizer_s=closing,
         sync_s=publish,
-        micro_batch_size=int(config.get("micro_batch_size", 8)),
+        micro_batch_size=micro_batch_size,
+        forward_per_token_s=f,
+        backward_per_token_s=g,
+        tokens=tokens if by_tokens else (),
+        intake_s=intake(windows, mode, skip=skip),
     )
     if mode == "async":
         done = async_schedule(work, staleness)
@@ -145,11 +225,18 @@ def replay_run(folder: Path) -> dict[str, Any]:
         # with early start (completions) and OPD (teacher scores per turn)
         gates = [max(relative(w, w.reward_times), default=0.0) for w in windows]
         if mode == "sync":
-            steps = [sync_step(r, work, gate=g) for r, g in zip(ready, gates)]
+            steps = [sync_step(r, work, gate=g, tokens=n) for r, g, n in zip(ready, gates, tokens)]
+        elif by_tokens and not opd:
+            steps = [
+                grpo_streaming_step(_items(w), work, early_start=early, kl=kl, gate=gate)
+                for w, gate in zip(windows, gates)
+            ]
         else:
             steps = [streaming_step(r, work, gate=g) for r, g in zip(ready, gates)]
         predicted = statistics.median(steps)
         measured = statistics.median(w.time_s for w in windows)
+    lone = 1 + int(kl)  # a lone trajectory's backwards: ∇ℓ, and ∇ of the KL term
+    mean_tokens = statistics.mean(n for lengths in tokens for n in lengths) if by_tokens else 0
     return {
         "run": folder.name,
         "mode": mode if mode != "async" else f"async-k{staleness}",
@@ -157,20 +244,71 @@ def replay_run(folder: Path) -> dict[str, Any]:
         "predicted_step_time_s": predicted,
         "measured_step_time_s": measured,
         "error": predicted / measured - 1.0,
-        "cost_per_item_s": b,
+        # a lone trajectory of the run's mean length costs o + this (sync, async: the
+        # batched learning per trajectory)
+        "cost_per_item_s": (
+            b + mean_tokens * (f + lone * g)
+            if mode == "streaming"
+            else statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
+        ),
         "pass_overhead_s": o,
+        "forward_per_token_s": f,
+        "backward_per_token_s": g,
+        "intake_s": work.intake_s,
     }
 
 
+def _items(w: Any) -> list[Item]:
+    """The graded trajectories of step window ``w``, times from its batch's start."""
+    return [
+        Item(
+            (e.reward if e.completed is None else e.completed) - w.submitted_at,
+            e.reward - w.submitted_at,
+            e.group_id,
+            e.tokens,
+        )
+        for e in w.episodes
+        if e.reward is not None
+    ]
+
+
+def intake(windows: Sequence[Any], mode: str, *, skip: int = 0) -> float:
+    """The learner's wait between having its inputs and starting its ``step`` span (no span
+    covers it): the trainer routing the events that arrived (to the logs, the batch's
+    tracker) and the learner consuming them. Sync: from the last reward; streaming: from the
+    last reward or the end of the last backward pass, whichever is later; async: from the
+    last reward or the previous step's end, the mean over the steady state (steps after
+    ``skip``): there the events of the next batches queue while the learner steps, and one
+    intake may take in two batches, then none (async(2) alternates, 60 ms and 5 ms)."""
+    gaps = []
+    previous_end = None
+    for w in windows:
+        inputs = max(w.reward_times, default=w.submitted_at)
+        if mode == "streaming" and w.passes:
+            inputs = max(inputs, max(p.started + p.seconds for p in w.passes))
+        if mode == "async" and previous_end is not None:
+            inputs = max(inputs, previous_end)
+        if w.step_started is not None:
+            gaps.append(max(w.step_started - inputs, 0.0))
+        previous_end = w.finished_at
+    if mode == "async":
+        steady = gaps[skip:] if len(gaps) > skip else gaps
+        return statistics.mean(steady) if steady else 0.0
+    return statistics.median(gaps) if gaps else 0.0
+
+
 def _passes(k: int, w: Workload) -> float:
-    batches = math.ceil(k / w.micro_batch_size) if k else 0
-    return batches * w.pass_overhead_s + k * w.cost_per_trajectory_s
+    return pass_seconds((0,) * k, w)
 
 
-def sync_step(ready: Sequence[float], w: Workload, *, gate: float = 0.0) -> float:
+def sync_step(
+    ready: Sequence[float], w: Workload, *, gate: float = 0.0, tokens: Sequence[int] = ()
+) -> float:
     """Sync's step: the whole batch learned once it is complete (``gate``: its last reward,
-    where the work's inputs come earlier, as OPD's teacher scores do)."""
-    return max(max(ready), gate) + _passes(len(ready), w) + w.optimizer_s + w.sync_s
+    where the work's inputs come earlier, as OPD's teacher scores do); ``tokens``, its
+    trajectories' lengths when the learner is charged by padded tokens."""
+    learn = pass_seconds(tokens, w) if tokens else _passes(len(ready), w)
+    return max(max(ready), gate) + w.intake_s + learn + w.optimizer_s + w.sync_s
 
 
 def streaming_step(
@@ -184,7 +322,64 @@ def streaming_step(
         k = 1 if eager else sum(1 for a in arrivals[i:] if a <= t)
         t += _passes(k, w)
         i += k
-    return max(t, gate) + w.optimizer_s + w.sync_s
+    return max(t, gate) + w.intake_s + w.optimizer_s + w.sync_s
+
+
+def grpo_streaming_step(
+    items: Sequence[Item],
+    w: Workload,
+    *,
+    early_start: bool = False,
+    kl: bool = False,
+    gate: float = 0.0,
+) -> float:
+    """Streaming GRPO's step, its learner draining as ``StreamingGRPO.drain`` does whenever
+    it is free: of everything that has arrived, the trajectories of closed groups (every
+    reward in) as one batch of finals (one backward per micro-batch), the rewarded ones of
+    each open group as one deposit (a backward per sum: Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ with a KL
+    term; a lone one, its own piece), and with ``early_start`` a piece of its own for each
+    completed trajectory without a reward yet (whose reward then costs nothing more). Each
+    pass is charged by its trajectories' padded tokens (``pass_seconds``), so a closing batch
+    of the longest episodes costs what its rows × length do. ``kl``: the objective has a KL
+    term (one more backward per piece and deposit)."""
+    closes: dict[str, float] = {}
+    for item in items:
+        closes[item.group] = max(closes.get(item.group, item.reward), item.reward)
+    pieces: set[int] = set()
+    left = set(range(len(items)))
+
+    def wakes(i: int) -> float:
+        """When trajectory i next has work: its reward (or with early start, unless its
+        piece is done, its completion)."""
+        item = items[i]
+        return item.completed if early_start and i not in pieces else item.reward
+
+    t = 0.0
+    while left:
+        now = t = max(t, min(wakes(i) for i in left))
+        finals: list[int] = []
+        deposits: dict[str, list[int]] = {}
+        for i in sorted(left, key=wakes):
+            if wakes(i) > now:
+                continue
+            item = items[i]
+            if i in pieces:  # its piece is added, scaled once the group closes: no pass
+                left.discard(i)
+            elif closes[item.group] <= now:
+                finals.append(i)
+            elif item.reward <= now:
+                deposits.setdefault(item.group, []).append(i)
+            else:  # early start: its piece now, in the drain's loop
+                t += pass_seconds([item.tokens], w, backwards=1 + int(kl))
+                pieces.add(i)
+        for group in deposits.values():
+            backwards = (1 if len(group) == 1 else 2) + int(kl)
+            t += pass_seconds([items[i].tokens for i in group], w, backwards=backwards)
+            left.difference_update(group)
+        if finals:
+            t += pass_seconds([items[i].tokens for i in finals], w)
+            left.difference_update(finals)
+    return max(t, gate) + w.intake_s + w.optimizer_s + w.sync_s
 
 
 def bound_step(ready: Sequence[float], w: Workload) -> float:
@@ -203,7 +398,8 @@ def async_schedule(w: Workload, staleness: int) -> list[float]:
     for n, ready in enumerate(w.ready_s):
         start = done[n - staleness - 1] if n - staleness - 1 >= 0 else 0.0
         available = start + max(ready)
-        learner_free = max(learner_free, available) + _passes(len(ready), w) + w.optimizer_s
+        learn = pass_seconds(w.tokens[n], w) if w.tokens else _passes(len(ready), w)
+        learner_free = max(learner_free, available) + w.intake_s + learn + w.optimizer_s
         done.append(learner_free + w.sync_s)
     return done
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.critical_path import StepWindow, bound, pass_cost, step_windows
+from harness.critical_path import (
+    LearnerPass,
+    StepWindow,
+    bound,
+    pass_cost,
+    step_windows,
+    token_pass_cost,
+)
 from harness.simulate import replay_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -19,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def write_run(folder: Path, config: dict, steps: list[dict]) -> Path:
     """A run folder whose step n (from 1) trains on batch n-1. Each step: ``start``, ``end``,
     ``rewards`` and optional ``completed`` / ``teacher`` times (absolute), ``spans`` as
-    (name, started, finished)."""
+    (name, started, finished) or, a backward, (name, started, finished, episode); or instead
+    of ``rewards``, ``episodes`` as (episode, tokens, completed, reward) with episode
+    ``g<group>-e<sample>`` of one turn (its prompt ``tokens`` - 2 and an action of 2)."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"micro_batch_size": 8, **config}))
     metrics, events, spans = [], [], []
@@ -42,8 +51,21 @@ def write_run(folder: Path, config: dict, steps: list[dict]) -> Path:
         ):
             for i, t in enumerate(step.get(key, ())):
                 events.append({"event": kind, "t": t, "episode_id": f"s{n}-g0-e{i}"})
-        for name, lo, hi in step["spans"]:
-            spans.append({"name": name, "started": lo, "finished": hi, "worker": "learner"})
+        for name, tokens, completed, reward in step.get("episodes", ()):
+            eid, group = f"s{n}-{name}", f"s{n}-{name.split('-')[0]}"
+            events += [
+                {"event": "EpisodeStarted", "t": step["start"], "episode_id": eid}
+                | {"group_id": group, "group_size": 8, "prompt_ids_len": tokens - 2},
+                {"event": "TurnCompleted", "t": completed, "episode_id": eid, "turn": 0}
+                | {"action_ids_len": 2},
+                {"event": "EpisodeCompleted", "t": completed, "episode_id": eid, "num_turns": 1},
+                {"event": "RewardReady", "t": reward, "episode_id": eid},
+            ]
+        for name, lo, hi, *episode in step["spans"]:
+            span = {"name": name, "started": lo, "finished": hi, "worker": "learner"}
+            if episode:
+                span["episode_id"] = f"s{n}-{episode[0]}"
+            spans.append(span)
     for name, rows in (("metrics", metrics), ("events", events), ("spans", spans)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
@@ -65,15 +87,40 @@ def sync_step(start: float, rewards: tuple[float, ...]) -> dict:
     }
 
 
+def passes(*shapes: tuple) -> tuple[LearnerPass, ...]:
+    """Passes of (seconds, items[, padded tokens, micro-batches, backwards]), one a second."""
+    return tuple(LearnerPass(float(n), shape[0], *shape[1:]) for n, shape in enumerate(shapes))
+
+
 def test_the_pass_cost_fit_recovers_the_fixed_and_per_item_costs():
-    passes = tuple((k, 0.02 + 0.01 * k) for k in (1, 2, 3, 4, 1))
-    window = StepWindow(1, 0.0, 1.0, (), {}, passes=passes)
+    window = StepWindow(
+        1, 0.0, 1.0, (), {}, passes=passes(*((0.02 + 0.01 * k, k) for k in (1, 2, 3, 4, 1)))
+    )
     o, b = pass_cost([window])
     assert o == pytest.approx(0.02) and b == pytest.approx(0.01)
-    same = StepWindow(1, 0.0, 1.0, (), {}, passes=((2, 0.06), (2, 0.04)))
+    same = StepWindow(1, 0.0, 1.0, (), {}, passes=passes((0.06, 2), (0.04, 2)))
     assert pass_cost([same]) == pytest.approx((0.0, 0.025))
     with pytest.raises(ValueError, match="no backward passes"):
         pass_cost([StepWindow(1, 0.0, 1.0, (), {})])
+
+
+def test_the_token_fit_recovers_the_fixed_forward_and_backward_costs():
+    """A pass costs o per micro-batch and, per padded token, f plus g per backward: passes of
+    every kind and size recover all three; passes of one kind cannot tell f from g, nor
+    passes of one shape o from f: the fit keeps f, the cost per token."""
+
+    def cost(tokens: int, micro_batches: int, backwards: int) -> float:
+        return 0.01 * micro_batches + tokens * (0.001 + backwards * 0.0005)
+
+    shapes = [(20, 1, 3), (50, 1, 2), (50, 1, 1), (400, 2, 1), (90, 1, 3)]
+    window = StepWindow(1, 0.0, 1.0, (), {}, passes=passes(*((cost(*s), 1, *s) for s in shapes)))
+    assert token_pass_cost([window]) == pytest.approx((0.01, 0.001, 0.0005))
+    finals = StepWindow(1, 0.0, 1.0, (), {}, passes=passes((0.03, 2, 20, 1), (0.21, 2, 200, 1)))
+    assert token_pass_cost([finals]) == pytest.approx((0.01, 0.001, 0.0))
+    alike = StepWindow(1, 0.0, 1.0, (), {}, passes=passes((0.3, 32, 1000, 4), (0.2, 32, 1000, 4)))
+    assert token_pass_cost([alike]) == pytest.approx((0.0, 0.00025, 0.0))
+    with pytest.raises(ValueError, match="padded tokens are unknown"):
+        token_pass_cost([StepWindow(1, 0.0, 1.0, (), {}, passes=passes((0.1, 2)))])
 
 
 def test_step_windows_read_passes_teacher_scores_and_intervals(tmp_path):
@@ -89,7 +136,10 @@ def test_step_windows_read_passes_teacher_scores_and_intervals(tmp_path):
         ],
     }
     (window,) = step_windows(write_run(tmp_path / "run", {"mode": "streaming"}, [step]))
-    assert window.passes == (pytest.approx((2, 0.2)), pytest.approx((1, 0.05)))
+    assert [(p.items, p.seconds) for p in window.passes] == [
+        (2, pytest.approx(0.2)),
+        (1, pytest.approx(0.05)),
+    ]
     assert window.teacher_times == (0.3, 0.6) and window.work_times == (0.3, 0.6)
     assert window.step_interval_s == 2.0
     # OPD's bound charges each turn from its teacher score: max(0.3 + 2, 0.6 + 1)
@@ -204,6 +254,201 @@ def test_replaying_async_predicts_the_pipelines_throughput(tmp_path):
     short = write_run(tmp_path / "short", {"mode": "async", "staleness": 2}, steps[:3])
     with pytest.raises(ValueError, match="at least 5 complete steps"):
         replay_run(short)
+
+
+def test_step_windows_read_each_trajectorys_tokens_and_each_passs_shape(tmp_path):
+    """A trajectory's tokens are its context (prompt, actions, every observation but the last
+    turn's); a pass's padded tokens are its micro-batches' rows × longest, shortest first;
+    its backwards by kind: finals (group closed) one, a lone piece two and a batched
+    deposit three with a KL term."""
+    config = {"mode": "streaming", "micro_batch_size": 2, "objective": {"kl_coef": 0.1}}
+    step = {
+        "start": 0.0,
+        "end": 2.0,
+        # group g0 closes at 0.5, g1 at 0.9, g2 at 0.95
+        "episodes": [("g0-e0", 10, 0.1, 0.2), ("g0-e1", 30, 0.1, 0.2), ("g0-e2", 20, 0.1, 0.5)]
+        + [("g1-e0", 40, 0.1, 0.6), ("g1-e1", 50, 0.1, 0.9), ("g2-e0", 45, 0.1, 0.95)],
+        "spans": [
+            ("backward", 0.2, 0.3, "g0-e0"),  # a deposit of two: 2 rows x 30
+            ("backward", 0.2, 0.3, "g0-e1"),
+            ("backward", 0.6, 0.7, "g1-e0"),  # a lone piece
+            # finals of the three groups, micro-batches of 2 shortest first: (20, 45) and (50)
+            ("backward", 1.0, 1.2, "g0-e2"),
+            ("backward", 1.0, 1.2, "g1-e1"),
+            ("backward", 1.0, 1.2, "g2-e0"),
+            ("step", 1.2, 1.3),
+        ],
+    }
+    run = write_run(tmp_path / "run", config, [step])
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    # g0-e0 played two turns: actions of 2 and 3 tokens, observations of 7 and (the last) 5
+    two_turns = [
+        {"event": "TurnCompleted", "turn": 0, "action_ids_len": 2},
+        {"event": "ToolFinished", "turn": 0, "observation_ids_len": 7},
+        {"event": "TurnCompleted", "turn": 1, "action_ids_len": 3},
+        {"event": "ToolFinished", "turn": 1, "observation_ids_len": 5},
+        {"event": "EpisodeCompleted", "num_turns": 2},
+    ]
+    played = ("TurnCompleted", "EpisodeCompleted")
+    events = [e for e in events if e["episode_id"] != "s0-g0-e0" or e["event"] not in played]
+    events += [{"t": 0.1, "episode_id": "s0-g0-e0"} | e for e in two_turns]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (window,) = step_windows(run)
+    tokens = {e.episode_id.removeprefix("s0-"): e.tokens for e in window.episodes}
+    assert tokens == {"g0-e0": 8 + 2 + 7 + 3, "g0-e1": 30, "g0-e2": 20} | {
+        "g1-e0": 40,
+        "g1-e1": 50,
+        "g2-e0": 45,
+    }
+    assert window.step_started == 1.2
+    shapes = [(p.items, p.padded_tokens, p.micro_batches, p.backwards) for p in window.passes]
+    assert shapes == [(2, 2 * 30, 1, 3), (1, 40, 1, 2), (3, 2 * 45 + 50, 2, 1)]
+
+
+def streaming_run(folder: Path, config: dict, step: dict, steps: int = 4) -> Path:
+    """A run of ``steps`` copies of ``step`` (times from its batch's start), 2 s apart."""
+    copies = []
+    for n in range(steps):
+        at = 2.0 * n
+        copies.append(
+            {
+                "start": at,
+                "end": at + step["end"],
+                "episodes": [(e, k, at + c, at + r) for e, k, c, r in step["episodes"]],
+                "spans": [(name, at + lo, at + hi, *rest) for name, lo, hi, *rest in step["spans"]],
+            }
+        )
+    return write_run(folder, config, copies)
+
+
+def test_a_closing_pass_of_long_trajectories_costs_its_padded_tokens(tmp_path):
+    """The replay charges a pass by its padded tokens: o = 10 ms a micro-batch and 1 ms a
+    token here. Two short trajectories close their group at 0.1 s (a pass of 2 × 10 tokens,
+    30 ms), two long ones theirs at 0.5 s (2 × 100 tokens, 210 ms): 0.5 + 0.21 + 0.1. One cost
+    per item and pass (the old model: 60 ms an item) read 0.72 s, the short pass as dear as
+    the long."""
+    step = {
+        "end": 0.81,
+        "episodes": [("g0-e0", 10, 0.05, 0.1), ("g0-e1", 10, 0.05, 0.1)]
+        + [("g1-e0", 100, 0.4, 0.5), ("g1-e1", 100, 0.4, 0.5)],
+        "spans": [
+            ("backward", 0.1, 0.13, "g0-e0"),
+            ("backward", 0.1, 0.13, "g0-e1"),
+            ("backward", 0.5, 0.71, "g1-e0"),
+            ("backward", 0.5, 0.71, "g1-e1"),
+            ("step", 0.71, 0.76),
+            ("weight_publish", 0.76, 0.81),
+        ],
+    }
+    result = replay_run(streaming_run(tmp_path / "run", {"mode": "streaming"}, step))
+    assert result["pass_overhead_s"] == pytest.approx(0.01)
+    assert result["forward_per_token_s"] == pytest.approx(0.001)
+    assert result["measured_step_time_s"] == pytest.approx(0.81)
+    assert result["predicted_step_time_s"] == pytest.approx(0.81)
+
+
+def test_the_replay_drains_per_group_as_the_streaming_learner_does(tmp_path):
+    """Rewarded trajectories of an open group go in one deposit (with a KL term three
+    backwards), a lone one is its own piece (two), a closed group's are finals (one); each
+    pass pays o. o = 10 ms, f = 1 ms and g = 0.5 ms a token: at 0.1 s g0's two deposit (60 ms),
+    at 0.2 s g1-e0 is a piece (110 ms), at 0.31 s g1 has closed and g1-e1 is final (85 ms),
+    at 0.6 s g0-e2 closes g0 (40 ms): 0.64 + 0.1. One pass of everything arrived at a cost
+    per item (the old model) read 0.759 s."""
+    step = {
+        "end": 0.74,
+        "episodes": [("g0-e0", 10, 0.05, 0.1), ("g0-e1", 10, 0.05, 0.1), ("g0-e2", 20, 0.5, 0.6)]
+        + [("g1-e0", 50, 0.15, 0.2), ("g1-e1", 50, 0.25, 0.3)],
+        "spans": [
+            ("backward", 0.1, 0.16, "g0-e0"),
+            ("backward", 0.1, 0.16, "g0-e1"),
+            ("backward", 0.2, 0.31, "g1-e0"),
+            ("backward", 0.31, 0.395, "g1-e1"),
+            ("backward", 0.6, 0.64, "g0-e2"),
+            ("step", 0.64, 0.69),
+            ("weight_publish", 0.69, 0.74),
+        ],
+    }
+    config = {"mode": "streaming", "objective": {"kl_coef": 0.04}}
+    result = replay_run(streaming_run(tmp_path / "run", config, step))
+    assert result["pass_overhead_s"] == pytest.approx(0.01)
+    assert result["forward_per_token_s"] == pytest.approx(0.001)
+    assert result["backward_per_token_s"] == pytest.approx(0.0005)
+    assert result["predicted_step_time_s"] == pytest.approx(0.74)
+
+
+def test_with_early_start_each_unrewarded_trajectory_is_its_own_piece(tmp_path):
+    """Early start: two trajectories complete unrewarded at 0.1 s, a piece each (50 ms: o =
+    10 ms, 40 tokens at 1 ms), and their rewards then cost nothing; a third completes at 0.55
+    s (20 ms). The step closes at its last reward, 0.56 s, or its last piece, 0.57 s: 0.57 +
+    0.1. As one pass of the two at a cost per item (the old model) it read 0.69 s."""
+    step = {
+        "end": 0.67,
+        "episodes": [("g0-e0", 40, 0.1, 0.5), ("g0-e1", 40, 0.1, 0.12), ("g1-e0", 10, 0.55, 0.56)],
+        "spans": [
+            ("backward", 0.1, 0.15, "g0-e0"),
+            ("backward", 0.15, 0.2, "g0-e1"),
+            ("backward", 0.55, 0.57, "g1-e0"),
+            ("step", 0.57, 0.62),
+            ("weight_publish", 0.62, 0.67),
+        ],
+    }
+    config = {"mode": "streaming", "early_start": True}
+    result = replay_run(streaming_run(tmp_path / "run", config, step))
+    assert result["early_start"] and result["pass_overhead_s"] == pytest.approx(0.01)
+    assert result["predicted_step_time_s"] == pytest.approx(0.67)
+
+
+def test_sync_learning_is_charged_by_each_batchs_padded_tokens(tmp_path):
+    """The sync learner's time is 1 ms per padded token here, and the batches differ: two
+    trajectories of 10 tokens (20 ms) or of 10 and 100 (2 × 100: 200 ms). Charged by its own
+    batch, each step replays exactly; at the median cost per trajectory (the old model,
+    100 ms) the median step read 0.05 s long."""
+
+    def step(start: float, last: float, long: int) -> dict:
+        learn = 0.001 * 2 * long
+        end = start + last + learn + 0.1
+        return {
+            "start": start,
+            "end": end,
+            "episodes": [("g0-e0", 10, start, start + 0.1), ("g0-e1", long, start, start + last)],
+            "spans": [
+                ("step", start + last, end - 0.05),
+                ("optimizer", end - 0.1, end - 0.05),
+                ("weight_publish", end - 0.05, end),
+            ],
+        }
+
+    steps = [step(0.0, 1.0, 10), step(2.0, 0.5, 100), step(4.0, 0.6, 100), step(6.0, 0.55, 10)]
+    result = replay_run(write_run(tmp_path / "sync", {"mode": "sync"}, steps))
+    # steps 2-4: 0.5 + 0.2, 0.6 + 0.2, 0.55 + 0.02 (+ 0.1): the median is 0.8
+    assert result["measured_step_time_s"] == pytest.approx(0.8)
+    assert result["forward_per_token_s"] == pytest.approx(0.001)
+    assert result["predicted_step_time_s"] == pytest.approx(0.8)
+
+
+def test_replaying_async_charges_the_intake_before_each_step(tmp_path):
+    """A learner-bound async(1) run: every batch is ready 0.2 s after its start, and the
+    learner starts its step 50 ms after it could (the trainer taking in the events that
+    queued while it stepped), then learns 0.3 s and steps 0.1 s: a step every 0.45 s. Without
+    the intake (the old model) the replay read 0.40 s."""
+    starts, steps, free = [0.0, 0.0], [], 0.0
+    for n in range(6):
+        if n >= 2:
+            starts.append(steps[n - 2]["end"])
+        begin = max(free, starts[n] + 0.2) + 0.05
+        free = begin + 0.4
+        steps.append(
+            {
+                "start": starts[n],
+                "end": free,
+                "rewards": (starts[n] + 0.1, starts[n] + 0.2),
+                "spans": [("step", begin, free), ("optimizer", free - 0.1, free)],
+            }
+        )
+    result = replay_run(write_run(tmp_path / "async", {"mode": "async", "staleness": 1}, steps))
+    assert result["intake_s"] == pytest.approx(0.05)
+    assert result["measured_step_time_s"] == pytest.approx(0.45)
+    assert result["predicted_step_time_s"] == pytest.approx(0.45)
 
 
 @pytest.fixture

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from harness.simulate import (
+    Item,
     Workload,
     async_steps,
     bound_step,
+    grpo_streaming_step,
     named_workload,
+    pass_seconds,
     simulate,
     streaming_step,
     sync_step,
@@ -51,6 +54,42 @@ def test_async_overlaps_rollout_with_learning_at_bounded_staleness():
     # steps end at 3, 4, 6 (batch 2 starts at 3), 7 (batch 3 starts at 4)
     assert async_steps(w, 1) == pytest.approx(7.0 / 4)
     assert async_steps(w, 1) < sum(sync_step(r, w) for r in w.ready_s) / 4
+
+
+def test_a_pass_costs_its_micro_batches_padded_tokens():
+    """Shortest first, two rows a micro-batch, each padded to its longest: (5, 10) and (20, 30)
+    compute 2 x 10 + 2 x 30 tokens; o per micro-batch, f + g per backward per token."""
+    w = Workload("w", (), 0.0, 0.01, micro_batch_size=2, forward_per_token_s=0.001)
+    assert pass_seconds([30, 5, 20, 10], w) == pytest.approx(2 * 0.01 + 80 * 0.001)
+    w = Workload("w", (), 0.0, 0.01, micro_batch_size=8, backward_per_token_s=0.0005)
+    assert pass_seconds([30, 5, 20, 10], w, backwards=3) == pytest.approx(0.01 + 120 * 0.0015)
+    # counted by trajectory (tokens unknown): o per micro-batch and b per row, as before
+    assert pass_seconds([0] * 9, workload([0.0], b=1.0, o=0.5)) == pytest.approx(2 * 0.5 + 9)
+
+
+def test_grpo_streaming_drains_deposits_finals_and_early_pieces_as_the_learner_does():
+    """Group b's first two rewards (0.2 s) deposit together, 5 tokens each; at 1.0 s groups a
+    and b close, and their four trajectories are one batch of finals in micro-batches of two,
+    shortest first. With early start each trajectory is a piece of its own at its
+    completion, and its reward costs nothing more."""
+    w = Workload("w", (), 0.0, 0.01, 0.5, 0.25, micro_batch_size=2, forward_per_token_s=0.001)
+    items = [Item(0.9, 1.0, "a", n) for n in (30, 10, 20)]
+    items += [Item(0.1, 0.2, "b", 5), Item(0.1, 0.2, "b", 5), Item(0.9, 1.0, "b", 5)]
+    # the deposit: 0.2 .. 0.22 (o + 2 x 5 tokens); the finals (5, 10) and (20, 30): 1.0 .. 1.1
+    finals = 2 * 0.01 + (2 * 10 + 2 * 30) * 0.001
+    assert grpo_streaming_step(items, w) == pytest.approx(1.0 + finals + 0.75)
+    # early start: b's two at 0.1 (0.1 .. 0.13), then four pieces from 0.9: 0.9 .. 1.005
+    pieces = 4 * 0.01 + (30 + 10 + 20 + 5) * 0.001
+    early = grpo_streaming_step(items, w, early_start=True, gate=1.0)
+    assert early == pytest.approx(0.9 + pieces + 0.75)
+    # a KL term: the deposit's three backwards and a piece's two, per token
+    kl = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001)
+    pair = [Item(0.0, 0.1, "g", 10), Item(0.0, 0.1, "g", 10), Item(0.0, 0.5, "g", 10)]
+    # at 0.1 a deposit of two (2 x 10 x 3 backwards: 0.06), at 0.5 the last as final (0.01)
+    assert grpo_streaming_step(pair, kl, kl=True) == pytest.approx(0.5 + 0.01)
+    assert grpo_streaming_step(pair[:2] + [Item(0.0, 0.12, "g", 10)], kl, kl=True) == (
+        pytest.approx(0.1 + 0.06 + 0.01)  # the last arrives during the deposit: final at 0.16
+    )
 
 
 @pytest.mark.parametrize("name", ["long-tail", "balanced", "agentic"])
