@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.simulate import micro_batch_shapes
 from thundersync.protocol.episode import EpisodeKey, step_of
 from thundersync.training.run_metrics import read_metrics
 
@@ -115,6 +114,16 @@ class StepWindow:
     def learner_time_s(self) -> float:
         """The learner's batched work in this step: ``learner.step()`` minus its optimizer."""
         return max(self.durations.get("step", 0.0) - self.durations.get("optimizer", 0.0), 0.0)
+
+
+def micro_batch_shapes(tokens: Sequence[int], size: int) -> list[tuple[int, int]]:
+    """(rows, longest row) of each micro-batch that ``batch.micro_batches`` makes of
+    trajectories of these lengths: shortest first, ``size`` rows each."""
+    ordered = sorted(tokens)
+    return [
+        (len(ordered[start : start + size]), ordered[min(start + size, len(ordered)) - 1])
+        for start in range(0, len(ordered), size)
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

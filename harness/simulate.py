@@ -38,6 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.critical_path import (
+    batched_cost_per_trajectory,
+    micro_batch_shapes,
+    pass_cost,
+    step_windows,
+    token_pass_cost,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -80,16 +88,6 @@ class Item:
     tokens: int = 0
 
 
-def micro_batch_shapes(tokens: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """(rows, longest row) of each micro-batch that ``batch.micro_batches`` makes of
-    trajectories of these lengths: shortest first, ``size`` rows each."""
-    ordered = sorted(tokens)
-    return [
-        (len(ordered[start : start + size]), ordered[min(start + size, len(ordered)) - 1])
-        for start in range(0, len(ordered), size)
-    ]
-
-
 def pass_seconds(tokens: Sequence[int], w: Workload, *, backwards: int = 1) -> float:
     """One learner pass over trajectories of these lengths: per micro-batch o, b per row and
     (f + backwards·g) per padded token (a padded forward computes every row to the longest)."""
@@ -126,8 +124,6 @@ def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:
 def run_workload(folder: Path, sync_folder: Path | None = None) -> Workload:
     """A measured run's workload: its reward-ready times per step; b and o from a sync run's
     learner spans (``sync_folder``, or the run itself when it is a sync run)."""
-    from harness.critical_path import batched_cost_per_trajectory, step_windows
-
     windows = step_windows(folder)
     b = batched_cost_per_trajectory(sync_folder or folder)
     ready = tuple(tuple(t - w.submitted_at for t in w.reward_times) for w in windows)
@@ -163,8 +159,6 @@ def replay_run(folder: Path) -> dict[str, Any]:
     streaming: the median over steps (the first, a warm-up, left out) of a step's time from
     its batch's submission to its end; async: the mean interval between step ends once the
     pipeline is full (after step k+1), its throughput."""
-    from harness.critical_path import pass_cost, step_windows, token_pass_cost
-
     config = json.loads((folder / "config.json").read_text())
     mode, staleness = config["mode"], int(config.get("staleness", 1))
     kl = float((config.get("objective") or {}).get("kl_coef", 0.0)) != 0.0
