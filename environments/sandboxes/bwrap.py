@@ -378,10 +378,14 @@ class BwrapSandbox:
         with self._state_lock:
             self._closed = True
             session = self._session
-        if session is not None:
-            session.kill()  # a running command ends now; its execute releases the session
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # a command runs: it ends now
+            if session is not None:
+                session.kill()
+            self._lock.acquire()
+        try:
             self._end_session()
+        finally:
+            self._lock.release()
         with self._close_lock:
             try:
                 self._finalizer()

@@ -51,6 +51,8 @@ MAX_ARGV_CMD_BYTES = 64 * 1024
 """Longer commands are sourced from a memfd (one argv string is at most 128 KiB)."""
 
 KILLED_EXIT_CODE = 128 + signal.SIGKILL
+END_S = 2.0
+"""How long an idle session may take to end by itself before it is killed."""
 
 INIT = r"""
 import ctypes, os, resource, signal, sys
@@ -232,15 +234,33 @@ class Session:
         _drain_to_eof(self.output, capture, time.monotonic() + seconds)
 
     def close(self) -> None:
-        """Kill the session and release its pipes and process."""
-        self.kill()
+        """End the session and release its pipes and process. Between commands the init
+        reads the end of its commands and exits; bwrap's PID 1 then exits only once the
+        kernel has reaped everything in the namespace, and bwrap after it, so once ``proc``
+        is reaped nothing of the session is left (its cgroup can be removed at once). A
+        session that does not end within ``END_S`` (a command still running) is killed."""
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 if stream is not None:
                     stream.close()
         with contextlib.suppress(OSError):
             os.close(self.results)
+        if not _exits_within(self.proc, END_S):
+            self.kill()
         self.proc.wait()
+
+
+def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
+    """Whether ``proc`` exits within ``seconds``: waited on its pidfd (``Popen.wait`` with a
+    timeout polls with sleeps)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:  # exited and reaped already
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _read(fd: int) -> bytes | None:

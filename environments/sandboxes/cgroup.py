@@ -64,10 +64,14 @@ def procs(group: Path) -> list[int]:
 
 
 def remove(group: Path | None, *, wait_s: float = 2.0) -> None:
-    """Remove the cgroup once its processes are gone (they were killed by the caller)."""
+    """Remove the cgroup once its processes are gone (they were killed by the caller). The
+    last one usually leaves within a millisecond or two (a bwrap namespace's PID 1 finishing
+    its exit after bwrap is reaped, then reaped by the host's init); there is no event for an
+    empty v1 cgroup, so the retries back off from 1 ms."""
     if group is None:
         return
     deadline = time.monotonic() + wait_s
+    delay = 0.001
     while True:
         try:
             group.rmdir()
@@ -77,7 +81,8 @@ def remove(group: Path | None, *, wait_s: float = 2.0) -> None:
         except OSError:
             if time.monotonic() > deadline:
                 return  # still busy: reaped by the next run (remove_orphans)
-            time.sleep(0.02)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
 
 def remove_orphans(prefix: str) -> None:
