@@ -257,6 +257,12 @@ def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
         pidfd = os.pidfd_open(proc.pid)
     except ProcessLookupError:  # exited and reaped already
         return True
+    except OSError:  # no pidfds (Linux < 5.3): Popen's own wait
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
     try:
         return bool(select.select([pidfd], [], [], seconds)[0])
     finally:
