@@ -212,7 +212,7 @@ class Session:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            ready, _, _ = select.select([self.results, self.output], [], [], min(remaining, 0.25))
+            ready = _ready([self.results, self.output], min(remaining, 0.25))
             if self.output in ready:
                 _drain_ready(self.output, capture)
             if self.results in ready:
@@ -264,9 +264,19 @@ def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
             return False
         return True
     try:
-        return bool(select.select([pidfd], [], [], seconds)[0])
+        return bool(_ready([pidfd], seconds))
     finally:
         os.close(pidfd)
+
+
+def _ready(fds: list[int], seconds: float) -> list[int]:
+    """The descriptors of ``fds`` readable (or at their end) within ``seconds``. ``poll``, not
+    ``select``: a session's pipes live as long as its sandbox, and with hundreds of sandboxes
+    open their numbers pass ``select``'s limit of 1024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(seconds * 1000)]
 
 
 def _read(fd: int) -> bytes | None:
@@ -285,7 +295,7 @@ def _drain_ready(fd: int, capture: OutputCapture) -> None:
 
 def _drain_to_eof(fd: int, capture: OutputCapture, deadline: float) -> None:
     while (remaining := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.25))
+        ready = _ready([fd], min(remaining, 0.25))
         if ready:
             chunk = _read(fd)
             if chunk == b"":

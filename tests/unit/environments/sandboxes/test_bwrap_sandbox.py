@@ -358,3 +358,26 @@ def test_a_session_started_by_a_thread_that_ended_is_replaced_before_the_next_co
         session.proc.wait(timeout=10)  # the thread's end took the session with it
         result = sb.execute("echo again", 10)
     assert (result.output, result.exit_code) == ("again\n", 0)
+
+
+def test_a_sandbox_whose_pipes_number_past_1024_still_runs_commands() -> None:
+    """A session's pipes live as long as its sandbox: with hundreds of sandboxes open their
+    descriptor numbers pass ``select``'s limit of 1024, so the session waits with ``poll``."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) is below 1200")
+    if soft != resource.RLIM_INFINITY and soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with BwrapSandbox(SandboxSpec()) as sb:
+            sb.execute("true", 10)
+            assert sb._session is not None and sb._session.results >= 1024
+            result = sb.execute("echo high", 10)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (result.output, result.exit_code) == ("high\n", 0)
