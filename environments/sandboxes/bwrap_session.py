@@ -39,13 +39,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 
-from environments.sandboxes.capture import READ_CHUNK_BYTES, OutputCapture
+from environments.sandboxes.capture import (
+    READ_CHUNK_BYTES,
+    OutputCapture,
+    read_fd_until,
+    readable,
+)
 
 MAX_ARGV_CMD_BYTES = 64 * 1024
 """Longer commands are sourced from a memfd (one argv string is at most 128 KiB)."""
@@ -183,7 +187,7 @@ class Session:
             return None
         if line == b"ok":
             return True
-        _drain_to_eof(self.output, capture, deadline)
+        read_fd_until(self.output, capture, deadline)
         return False
 
     def run(self, command: str, cpu_s: int, capture: OutputCapture, deadline: float) -> int | None:
@@ -212,7 +216,7 @@ class Session:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            ready = _ready([self.results, self.output], min(remaining, 0.25))
+            ready = readable([self.results, self.output], min(remaining, 0.25))
             if self.output in ready:
                 _drain_ready(self.output, capture)
             if self.results in ready:
@@ -231,7 +235,7 @@ class Session:
 
     def drain_after_kill(self, capture: OutputCapture, seconds: float) -> None:
         """What a killed session's command wrote before it died."""
-        _drain_to_eof(self.output, capture, time.monotonic() + seconds)
+        read_fd_until(self.output, capture, time.monotonic() + seconds)
 
     def close(self) -> None:
         """End the session and release its pipes and process. Between commands the init
@@ -264,19 +268,9 @@ def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
             return False
         return True
     try:
-        return bool(_ready([pidfd], seconds))
+        return bool(readable([pidfd], seconds))
     finally:
         os.close(pidfd)
-
-
-def _ready(fds: list[int], seconds: float) -> list[int]:
-    """The descriptors of ``fds`` readable (or at their end) within ``seconds``. ``poll``, not
-    ``select``: a session's pipes live as long as its sandbox, and with hundreds of sandboxes
-    open their numbers pass ``select``'s limit of 1024."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(seconds * 1000)]
 
 
 def _read(fd: int) -> bytes | None:
@@ -291,14 +285,3 @@ def _drain_ready(fd: int, capture: OutputCapture) -> None:
     """Feed ``capture`` everything ``fd`` holds now, without waiting for more."""
     while chunk := _read(fd):
         capture.feed(chunk)
-
-
-def _drain_to_eof(fd: int, capture: OutputCapture, deadline: float) -> None:
-    while (remaining := deadline - time.monotonic()) > 0:
-        ready = _ready([fd], min(remaining, 0.25))
-        if ready:
-            chunk = _read(fd)
-            if chunk == b"":
-                return
-            if chunk:
-                capture.feed(chunk)

@@ -50,8 +50,19 @@ class OutputCapture:
         return head + marker + bytes(self._tail).decode("utf-8", "replace"), True
 
 
+def readable(fds: list[int], seconds: float) -> list[int]:
+    """The descriptors of ``fds`` readable (or at their end) within ``seconds``. ``poll``, not
+    ``select``: a process with many sandboxes open holds descriptors numbered past
+    ``select``'s limit of 1024 (a bwrap session's pipes live as long as its sandbox)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(seconds * 1000)]
+
+
 def read_fd_until(fd: int, capture: OutputCapture, deadline: float) -> bool:
-    """Feed ``capture`` from ``fd`` until end of file (True) or ``deadline`` (False).
+    """Feed ``capture`` from ``fd`` (blocking or not) until end of file (True) or
+    ``deadline`` (False).
 
     ``deadline`` is on the ``time.monotonic`` clock; reading never blocks past it.
     """
@@ -59,10 +70,12 @@ def read_fd_until(fd: int, capture: OutputCapture, deadline: float) -> bool:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.25))
-        if not ready:
+        if not readable([fd], min(remaining, 0.25)):
             continue
-        chunk = os.read(fd, READ_CHUNK_BYTES)
+        try:
+            chunk = os.read(fd, READ_CHUNK_BYTES)
+        except BlockingIOError:
+            continue
         if not chunk:
             return True
         capture.feed(chunk)
@@ -77,8 +90,7 @@ def read_docker_frames_until(sock: Any, capture: OutputCapture, deadline: float)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        ready, _, _ = select.select([raw], [], [], min(remaining, 0.25))
-        if not ready:
+        if not readable([raw.fileno()], min(remaining, 0.25)):
             continue
         chunk = raw.recv(READ_CHUNK_BYTES)
         if not chunk:
