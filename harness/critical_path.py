@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from thundersync.protocol.episode import EpisodeKey, step_of
 from thundersync.training.run_metrics import read_metrics
 
@@ -332,47 +334,23 @@ def nonnegative_least_squares(
     columns (a handful here), fewest first, and keeping the best fit whose coefficients are
     all ≥ 0; a subset whose columns are collinear is skipped, and of fits that are as good
     the first is kept: the earlier columns."""
-    width = len(rows[0])
+    a, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
+    width = a.shape[1]
     best: tuple[float, tuple[float, ...]] | None = None
     for size in range(1, width + 1):
         for columns in itertools.combinations(range(width), size):
-            coefficients = _least_squares([[r[c] for c in columns] for r in rows], ys)
-            if coefficients is None or min(coefficients) < 0:
+            part = a[:, columns]
+            if np.linalg.matrix_rank(part) < size:
                 continue
-            full = [0.0] * width
-            for c, value in zip(columns, coefficients):
-                full[c] = value
-            error = sum((y - sum(a * x for a, x in zip(full, r))) ** 2 for r, y in zip(rows, ys))
+            coefficients = np.linalg.lstsq(part, y, rcond=None)[0]
+            if coefficients.min() < 0:
+                continue
+            full = np.zeros(width)
+            full[list(columns)] = coefficients
+            error = float(((y - a @ full) ** 2).sum())
             if best is None or error < best[0] * (1 - 1e-9):
-                best = (error, tuple(full))
+                best = (error, tuple(float(c) for c in full))
     return best[1] if best is not None else (0.0,) * width
-
-
-def _least_squares(rows: list[list[float]], ys: Sequence[float]) -> list[float] | None:
-    """Ordinary least squares by the normal equations of the columns scaled to unit length
-    (Gaussian elimination with partial pivoting); None when a column is zero or the columns
-    are collinear."""
-    n = len(rows[0])
-    norms = [sum(r[i] ** 2 for r in rows) ** 0.5 for i in range(n)]
-    if min(norms) == 0:
-        return None
-    unit = [[r[i] / norms[i] for i in range(n)] for r in rows]
-    a = [[sum(r[i] * r[j] for r in unit) for j in range(n)] for i in range(n)]
-    b = [sum(r[i] * y for r, y in zip(unit, ys)) for i in range(n)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda i: abs(a[i][col]))
-        if abs(a[pivot][col]) <= 1e-12:
-            return None
-        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
-        for i in range(col + 1, n):
-            factor = a[i][col] / a[col][col]
-            for j in range(col, n):
-                a[i][j] -= factor * a[col][j]
-            b[i] -= factor * b[col]
-    out = [0.0] * n
-    for i in reversed(range(n)):
-        out[i] = (b[i] - sum(a[i][j] * out[j] for j in range(i + 1, n))) / a[i][i]
-    return [value / norm for value, norm in zip(out, norms)]
 
 
 def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool = False) -> float:
