@@ -65,7 +65,13 @@ from pathlib import Path
 from environments.sandboxes import bwrap_session, cgroup, disk, host_view, seccomp
 from environments.sandboxes.capture import OutputCapture
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
-from environments.sandboxes.protocol import ExecResult, NeedsDockerError, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import (
+    MAX_FILE_BYTES,
+    ExecResult,
+    NeedsDockerError,
+    SandboxError,
+    SandboxSpec,
+)
 from environments.sandboxes.workspace import (
     archive_folder,
     copy_in,
@@ -76,7 +82,6 @@ from environments.sandboxes.workspace import (
 )
 
 BWRAP = "bwrap"
-MAX_FILE_BYTES = 256 * 1024 * 1024
 SANDBOX_USER = "sandbox"
 MARKER_PREFIX = "thundersync-bwrap-"  # + the owner's pid: in every sandbox's argv and env
 DRAIN_AFTER_KILL_S = 0.5

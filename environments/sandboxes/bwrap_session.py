@@ -50,9 +50,7 @@ from environments.sandboxes.capture import (
     read_fd_until,
     readable,
 )
-
-MAX_ARGV_CMD_BYTES = 64 * 1024
-"""Longer commands are sourced from a memfd (one argv string is at most 128 KiB)."""
+from environments.sandboxes.protocol import MAX_ARGV_CMD_BYTES
 
 KILLED_EXIT_CODE = 128 + signal.SIGKILL
 END_S = 2.0

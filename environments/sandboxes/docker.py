@@ -42,9 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes import disk, tar_stream
-from environments.sandboxes.bwrap import MAX_FILE_BYTES
-from environments.sandboxes.bwrap_session import MAX_ARGV_CMD_BYTES
+from environments.sandboxes import disk, docker_archive
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
@@ -58,6 +56,8 @@ from environments.sandboxes.orphans import (
     remove_orphan_workspaces,
 )
 from environments.sandboxes.protocol import (
+    MAX_ARGV_CMD_BYTES,
+    MAX_FILE_BYTES,
     AgentBrokeSandbox,
     ExecResult,
     SandboxError,
@@ -69,8 +69,6 @@ DISK_PREFIX = "thundersync-docker-"  # + the owner's pid: the host folders of wo
 
 HOST_GRACE_S = 0.5
 CMD_FILE = "/tmp/.thundersync-cmd"
-GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
-GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink
 WRAPPER = r"""
 ulimit -c 0
 ulimit -f "$4"
@@ -336,7 +334,7 @@ class DockerSandbox:
 
     def _create_exec(self, cmd: str, timeout: float) -> str:
         if len(cmd.encode()) > MAX_ARGV_CMD_BYTES:
-            self._put_bytes(cmd.encode(), CMD_FILE)
+            docker_archive.put_bytes(self._container, self.marker, cmd.encode(), CMD_FILE)
             cmd = f". {CMD_FILE}"
         blocks = str(MAX_FILE_BYTES // 512)
         argv = [
@@ -381,53 +379,13 @@ class DockerSandbox:
         self._put(Path(src), posixpath.join(self.workdir, dst))
 
     def _put(self, src: Path, dst: str) -> None:
-        """Unpack ``src`` as ``dst`` (a folder's contents merge into an existing folder)."""
-        if not os.path.lexists(src):
-            raise FileNotFoundError(f"upload source {src} does not exist")
-        dst = posixpath.normpath(dst)
-        if not src.is_dir() and self._is_dir(dst):
-            raise IsADirectoryError(f"upload of file {src} onto folder {dst}: name the new file")
-        with tar_stream.archive_of(src, dst) as buf:
-            try:
-                ok = self._container.put_archive("/", buf)
-            except Exception as exc:
-                msg = f"container {self.marker}: upload to {dst} failed: {exc}"
-                raise SandboxError(msg) from exc
-        if not ok:
-            raise SandboxError(f"container {self.marker}: upload to {dst} was refused")
-
-    def _put_bytes(self, data: bytes, path: str) -> None:
-        try:
-            self._container.put_archive("/", tar_stream.archive_of_bytes(data, path))
-        except Exception as exc:
-            raise SandboxError(f"container {self.marker}: cannot write {path}: {exc}") from exc
-
-    def _is_dir(self, path: str) -> bool:
-        try:
-            stream, stat = self._client.api.get_archive(self._container.id, path)
-        except Exception as exc:
-            if type(exc).__name__ == "NotFound":
-                return False  # missing: the upload creates it
-            raise SandboxError(f"container {self.marker}: cannot inspect {path}: {exc}") from exc
-        stream.close()
-        return bool(stat.get("mode", 0) & GO_MODE_DIR)
+        docker_archive.put(self._client, self._container, self.marker, src, dst)
 
     def download(self, src: str, dst: Path) -> None:
         """Copy container path ``src`` to host path ``dst`` (its full new name)."""
         self._check_open()
         path = posixpath.normpath(posixpath.join(self.workdir, src))
-        try:
-            stream, _ = self._container.get_archive(path)
-        except Exception as exc:
-            if type(exc).__name__ == "NotFound":
-                msg = f"download source {path} not found in {self.marker}"
-                raise FileNotFoundError(msg) from exc
-            raise SandboxError(f"container {self.marker}: download of {path}: {exc}") from exc
-        try:
-            tar_stream.extract_one(stream, Path(dst))
-        except tar_stream.StreamError as exc:
-            msg = f"container {self.marker}: download of {path}: {exc.__cause__}"
-            raise SandboxError(msg) from exc
+        docker_archive.get(self._container, self.marker, path, Path(dst))
 
     def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
         """Archive container folder ``path`` to host ``dst`` with the daemon's archive API
@@ -437,30 +395,9 @@ class DockerSandbox:
         self._check_open()
         full = posixpath.normpath(posixpath.join(self.workdir, path))
         with self._lock:
-            try:
-                stream, stat = self._client.api.get_archive(self._container.id, full)
-            except Exception as exc:
-                if type(exc).__name__ == "NotFound":
-                    raise FileNotFoundError(f"{full} not found in {self.marker}") from exc
-                raise SandboxError(f"container {self.marker}: archive of {full}: {exc}") from exc
-            try:
-                mode = int(stat.get("mode", 0))
-                if mode & GO_MODE_SYMLINK or not mode & GO_MODE_DIR:
-                    target = stat.get("linkTarget") or ""
-                    raise NotADirectoryError(f"{full} is not a folder in {self.marker} {target}")
-                if exclude:
-                    top = posixpath.basename(full) or "."
-                    tar_stream.copy_without(stream, top, frozenset(exclude), Path(dst))
-                else:
-                    with open(dst, "wb") as out:
-                        for chunk in stream:
-                            out.write(chunk)
-            except OSError:
-                raise
-            except Exception as exc:
-                raise SandboxError(f"container {self.marker}: archive of {full}: {exc}") from exc
-            finally:
-                stream.close()
+            docker_archive.export(
+                self._client, self._container, self.marker, full, Path(dst), exclude
+            )
 
     def close(self) -> None:
         """Remove the container (with force), its volume and disk; safe to call twice and

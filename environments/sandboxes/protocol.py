@@ -9,6 +9,10 @@ from typing import Protocol
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
+MAX_FILE_BYTES = 256 * 1024 * 1024
+"""The largest file a sandboxed command may write (``RLIMIT_FSIZE``), in either sandbox."""
+MAX_ARGV_CMD_BYTES = 64 * 1024
+"""Longer commands are sourced from a file or memfd (one argv string is at most 128 KiB)."""
 
 
 class SandboxError(RuntimeError):
