@@ -1,11 +1,9 @@
-"""The simulator replaying a run folder against hand-computed schedules, the learner's pass-cost
-fit, and the benchmark matrix's glue on synthetic run folders."""
+"""The simulator replaying a run folder against hand-computed schedules, and the learner's
+pass-cost fit, on synthetic run folders (``run_folders.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,72 +17,7 @@ from harness.critical_path import (
     token_pass_cost,
 )
 from harness.simulate import replay_run
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def write_run(folder: Path, config: dict, steps: list[dict]) -> Path:
-    """A run folder whose step n (from 1) trains on batch n-1. Each step: ``start``, ``end``,
-    ``rewards`` and optional ``completed`` / ``teacher`` times (absolute), ``spans`` as
-    (name, started, finished) or, a backward, (name, started, finished, episode); or instead
-    of ``rewards``, ``episodes`` as (episode, tokens, completed, reward) with episode
-    ``g<group>-e<sample>`` of one turn (its prompt ``tokens`` - 2 and an action of 2)."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"micro_batch_size": 8, **config}))
-    metrics, events, spans = [], [], []
-    previous_end = 0.0
-    for n, step in enumerate(steps):
-        metrics.append(
-            {
-                "step": n + 1,
-                "step_base": 1,
-                "submitted_at": step["start"],
-                "finished_at": step["end"],
-                "step_time_s": step["end"] - previous_end,
-            }
-        )
-        previous_end = step["end"]
-        for kind, key in (
-            ("RewardReady", "rewards"),
-            ("EpisodeCompleted", "completed"),
-            ("TeacherScored", "teacher"),
-        ):
-            for i, t in enumerate(step.get(key, ())):
-                events.append({"event": kind, "t": t, "episode_id": f"s{n}-g0-e{i}"})
-        for name, tokens, completed, reward in step.get("episodes", ()):
-            eid, group = f"s{n}-{name}", f"s{n}-{name.split('-')[0]}"
-            events += [
-                {"event": "EpisodeStarted", "t": step["start"], "episode_id": eid}
-                | {"group_id": group, "group_size": 8, "prompt_ids_len": tokens - 2},
-                {"event": "TurnCompleted", "t": completed, "episode_id": eid, "turn": 0}
-                | {"action_ids_len": 2},
-                {"event": "EpisodeCompleted", "t": completed, "episode_id": eid, "num_turns": 1},
-                {"event": "RewardReady", "t": reward, "episode_id": eid},
-            ]
-        for name, lo, hi, *episode in step["spans"]:
-            span = {"name": name, "started": lo, "finished": hi, "worker": "learner"}
-            if episode:
-                span["episode_id"] = f"s{n}-{episode[0]}"
-            spans.append(span)
-    for name, rows in (("metrics", metrics), ("events", events), ("spans", spans)):
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return folder
-
-
-def sync_step(start: float, rewards: tuple[float, ...]) -> dict:
-    """A sync step: rewards at ``start`` + each; then 0.4 s of learning in a 0.5 s ``step``
-    (0.1 of it the optimizer) and 0.05 s of weight publishing."""
-    last = start + max(rewards)
-    return {
-        "start": start,
-        "end": last + 0.55,
-        "rewards": tuple(start + r for r in rewards),
-        "spans": [
-            ("step", last, last + 0.5),
-            ("optimizer", last + 0.4, last + 0.5),
-            ("weight_publish", last + 0.5, last + 0.55),
-        ],
-    }
+from tests.unit.harness.run_folders import sync_step, write_run
 
 
 def passes(*shapes: tuple) -> tuple[LearnerPass, ...]:
@@ -449,103 +382,6 @@ def test_replaying_async_charges_the_intake_before_each_step(tmp_path):
     assert result["intake_s"] == pytest.approx(0.05)
     assert result["measured_step_time_s"] == pytest.approx(0.45)
     assert result["predicted_step_time_s"] == pytest.approx(0.45)
-
-
-@pytest.fixture
-def matrix(monkeypatch):
-    """``benchmarks/matrix.py`` as a module (its dataclasses need it in ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location("matrix", ROOT / "benchmarks" / "matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "matrix", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def matrix_run(out: Path, mode: str, last_reward: float = 1.0) -> Path:
-    """A synthetic run folder of one matrix cell, as ``thundersync train`` would leave it: six
-    steps of two rewards (the last ``last_reward`` s in, the step ending 0.55 s after it)."""
-    name, staleness = mode.split("-")[0], 2 if mode == "async-2" else 1
-    config = {"mode": name, "staleness": staleness, "tasks_per_step": 1}
-    config["early_start"] = mode == "streaming-early"
-    steps = []
-    for n in range(6):
-        step = sync_step(4.0 * n, (0.5, last_reward))
-        if name == "streaming":
-            step["spans"].insert(0, ("backward", 4.0 * n + 0.5, 4.0 * n + 0.6))
-        step["completed"] = (4.0 * n + 0.2, 4.0 * n + 0.3)
-        steps.append(step)
-    run = write_run(out, config, steps)
-    learner = {"peak_buffer_bytes": 200, "buffer_bytes": 100}
-    lines = [
-        {**json.loads(line), "learner": learner}
-        | {"learner_idle_fraction": 0.5, "engine_idle_fraction": 0.25}
-        for line in (run / "metrics.jsonl").read_text().splitlines()
-    ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
-    return run
-
-
-def test_the_matrix_reads_each_cell_and_prints_every_verdict(matrix, tmp_path, monkeypatch, capsys):
-    """The benchmark's glue on synthetic runs (its ``train`` replaced): every workload's row,
-    the bounds, memory and the simulator's error reach the table and the verdicts."""
-
-    def fake_train(out, model, workload, mode, args, extra=None):
-        return matrix_run(out, mode)
-
-    monkeypatch.setattr(matrix, "train", fake_train)
-    args = matrix.argparse.Namespace(
-        workloads=list(matrix.WORKLOADS), budget=True, tasks=1, group=2, steps=6, seed=0, repeats=1
-    )
-    result = matrix.run_matrix(tmp_path / "model", tmp_path, args)
-    assert set(result["workloads"]) == set(matrix.WORKLOADS)
-    streaming = result["workloads"]["long-tail"]["modes"]["streaming"]
-    assert streaming["peak_accumulators"] == 2.0 and "efficiency_strict" in streaming
-    assert result["budget"]["budget_bytes"] == 300
-    matrix.print_matrix(result)
-    out = capsys.readouterr().out
-    for expected in (
-        "balanced T_sync/T_streaming",
-        "long-grading early start",
-        "no-overlap T_streaming/T_sync",
-        "budget held: True",
-        "simulator worst error",
-    ):
-        assert expected in out
-    assert "per repeat" not in out
-
-
-def test_repeats_alternate_the_modes_order_and_pair_each_ratio_within_its_repeat(
-    matrix, tmp_path, monkeypatch, capsys
-):
-    """With ``--repeats`` the modes run in turn, in order then reversed (the machine's drift
-    hits each alike), and T_sync/T is the median of the ratios paired within each repeat: a
-    slow moment of the machine slows both runs of its repeat, not one mode's median."""
-    last_reward = {"sync": [1.0, 2.0, 3.0], "streaming": [1.5, 0.5, 2.9]}  # step: + 0.55 s
-    calls = []
-
-    def fake_train(out, model, workload, mode, args, extra=None):
-        repeat = int(out.parent.name.removeprefix("repeat-"))
-        calls.append((repeat, mode))
-        return matrix_run(out, mode, last_reward[mode][repeat])
-
-    monkeypatch.setattr(matrix, "train", fake_train)
-    workload = matrix.Workload("no-overlap", {"tools": "python"}, modes=("sync", "streaming"))
-    args = matrix.argparse.Namespace(steps=6, repeats=3)
-    row = matrix.run_row(tmp_path / "model", tmp_path, workload, args)
-    in_order, reversed_ = [(0, "sync"), (0, "streaming")], [(1, "streaming"), (1, "sync")]
-    assert calls == [*in_order, *reversed_, (2, "sync"), (2, "streaming")]
-    streaming = row["modes"]["streaming"]
-    # step times: sync 1.55, 2.55, 3.55 and streaming 2.05, 1.05, 3.45; paired ratios
-    # 0.756, 2.43, 1.029 (a ratio of the medians would say 2.55 / 2.05 = 1.244)
-    assert streaming["repeat_speedups"] == pytest.approx([1.55 / 2.05, 2.55 / 1.05, 3.55 / 3.45])
-    assert streaming["speedup_vs_sync"] == pytest.approx(3.55 / 3.45)
-    assert streaming["step_time_s"] == pytest.approx(3.45)  # the median run's own numbers
-    assert row["modes"]["sync"]["step_time_s"] == pytest.approx(2.55)
-    assert matrix.paired(streaming, row["modes"]["sync"]) == pytest.approx(3.45 / 3.55)
-    matrix.print_matrix({"workloads": {"no-overlap": row}, "repeats": 3})
-    out = capsys.readouterr().out
-    assert "T_sync/T per repeat: streaming 0.76, 2.43, 1.03" in out
-    assert "no-overlap T_streaming/T_sync 0.972" in out
 
 
 def test_a_one_step_run_is_summarised_from_its_only_step(tmp_path):
