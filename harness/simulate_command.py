@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.projection import load_projection, print_projection, project
-from harness.simulate import named_workload, run_workload, simulate
+from harness.simulate import named_workload, replay_run, run_workload, simulate
 from thundersync.cli_output import HelpFormatter
 
 
@@ -90,11 +90,14 @@ def run_simulate_command(args: Any) -> int:
         if folder.is_dir():
             sync = Path(args.sync_run) if args.sync_run else None
             workload = run_workload(folder, sync)
+            replay = _replay(folder)
         else:
             workload = named_workload(args.workload, steps=args.steps, seed=args.seed)
         if args.staleness < 1 or not workload.ready_s:
             raise ValueError("--staleness must be >= 1 and the workload needs steps")
         result = simulate(workload, staleness=args.staleness)
+        if folder.is_dir():
+            result["replay"] = replay
     except (ValueError, OSError, KeyError) as exc:
         print(f"simulate: error: {exc}", file=sys.stderr)
         return 2
@@ -105,10 +108,27 @@ def run_simulate_command(args: Any) -> int:
     for mode, t in result["step_time_s"].items():
         speed = result["speedup_vs_sync"].get(mode)
         print(f"{mode:<18}{t:>9.3f} s{'' if speed is None else f'{speed:>8.2f}x'}")
-    measured = result.get("measured_step_time_s")
-    extra = f"; measured {measured:.3f} s" if measured is not None else ""
     print(
         f"simulate: {result['workload']}: streaming {result['step_time_s']['streaming']:.3f} s "
-        f"per step, {result['efficiency']['streaming']:.3f} of the bound{extra}"
+        f"per step, {result['efficiency']['streaming']:.3f} of the bound"
     )
+    replay = result.get("replay")
+    if isinstance(replay, dict):
+        mode = replay["mode"] + (", early start" if replay["early_start"] else "")
+        print(
+            f"simulate: the run replayed in its own mode ({mode}, its costs from its spans): "
+            f"predicted {replay['predicted_step_time_s']:.3f} s per step, measured "
+            f"{replay['measured_step_time_s']:.3f} s ({replay['error']:+.1%})"
+        )
+    elif replay is not None:
+        print(f"simulate: the run is not replayed in its own mode: {replay}")
     return 0
+
+
+def _replay(folder: Path) -> dict[str, Any] | str:
+    """The run replayed in its own mode (``replay_run``, what ``benchmarks/matrix.py`` checks
+    against each run), or why it cannot be (too few steps)."""
+    try:
+        return replay_run(folder)
+    except (ValueError, KeyError) as exc:
+        return str(exc)

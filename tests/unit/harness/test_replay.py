@@ -96,6 +96,24 @@ def test_replaying_a_sync_run_predicts_slowest_reward_then_learning(tmp_path):
     assert result["cost_per_item_s"] == pytest.approx(0.2) and result["mode"] == "sync"
 
 
+def test_simulate_on_a_run_folder_prints_the_runs_own_replay_beside_its_measurement(
+    tmp_path, capsys
+):
+    """``thundersync simulate --workload RUN`` shows what the benchmark checks: the run replayed
+    in its own mode beside its measured step time; too short a run says why it is not."""
+    from thundersync.cli import main
+
+    steps = [sync_step(2.0 * n, (0.5, 1.0)) for n in range(4)]
+    run = write_run(tmp_path / "sync", {"mode": "sync"}, steps)
+    assert main(["simulate", "--workload", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "the run replayed in its own mode (sync, its costs from its spans): predicted" in out
+    assert "measured 1.550 s (+0.0%)" in out
+    short = write_run(tmp_path / "short", {"mode": "sync"}, steps[:2])
+    assert main(["simulate", "--workload", str(short)]) == 0
+    assert "not replayed in its own mode: " in capsys.readouterr().out
+
+
 def test_replaying_early_start_streaming_waits_for_the_last_reward(tmp_path):
     def step(start: float) -> dict:
         # episodes complete at +0.1 and +0.2, their backwards (0.1 s each, one pass each) run
