@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -173,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C outside a run that handles it: no traceback
             print("thundersync: interrupted", file=sys.stderr)
             return 128 + signal.SIGINT
+        except BrokenPipeError:  # `| head` closed the pipe: stop quietly, as a shell tool does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+            return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

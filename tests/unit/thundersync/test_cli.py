@@ -102,3 +102,25 @@ def test_python_dash_m_thundersync_runs_the_command_line():
         timeout=120,
     )
     assert done.returncode == 0 and done.stdout.startswith("thundersync "), done.stderr
+
+
+def test_a_reader_that_closed_the_pipe_ends_the_command_quietly():
+    """``thundersync simulate … | head`` closing the pipe early: exit 141 as a shell tool
+    does, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # every write to the command's stdout fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "thundersync", "simulate", "--workload", "balanced"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
