@@ -52,7 +52,13 @@ tools."""
 
 
 def agent_loop_overhead(
-    model: Path, *, episodes: int, seed: int, repeats: int = 5, tools: str = "python"
+    model: Path,
+    *,
+    episodes: int,
+    seed: int,
+    repeats: int = 5,
+    tools: str = "python",
+    prepare: bool = True,
 ) -> dict[str, Any]:
     """The agent loop's overhead over raw engine generation of the same requests.
 
@@ -75,7 +81,12 @@ def agent_loop_overhead(
     within the round and so steady; and ``inflation`` = the engine's time in batches / replay
     wall - 1, the engine itself slower inside the loop (the loop's Python contends for the
     interpreter while rows still sample), measured across two runs and so as noisy as the
-    machine (the same replay varies by ±20 % here from second to second)."""
+    machine (the same replay varies by ±20 % here from second to second).
+
+    With ``prepare`` (as the rollout worker plays a step) each round's envs are made and reset
+    ahead (``EpisodeDriver.prepare_all``: the worker does it while the learner trains the step
+    before), untimed, and reported as ``prepare_s``; without, each episode makes its own env
+    when it starts, on the engine's path."""
     import numpy as np
     import torch
 
@@ -131,13 +142,19 @@ def agent_loop_overhead(
     def play() -> dict[
         str, Any
     ]:  # as the rollout worker does (thundersync/training/rollout_worker.py)
-        for record in (sent, batches, last_batch, in_env, env_seeds):
-            record.clear()
-        started = now()
-        futures = driver.submit_all(
+        jobs = [
             {"task": task, "episode_id": f"e{index}", "seed": derive_seed(seed, f"e{index}")}
             for index, task in enumerate(tasks)
-        )
+        ]
+        env_seeds.clear()
+        prepared = now()
+        if prepare:  # as the worker does while the learner trains the step before
+            for made in driver.prepare_all(jobs):
+                made.result()
+        for record in (sent, batches, last_batch, in_env):
+            record.clear()
+        started = now()
+        futures = driver.submit_all(jobs)
         for future in futures:
             future.result()
         finished = now()
@@ -147,6 +164,7 @@ def agent_loop_overhead(
         calls = [(a, min(b, horizon[env])) for env, a, b in in_env if a < horizon[env]]
         waits = split_idle(started, finished, batches, calls, list(horizon.values()))
         return {
+            "prepare_s": started - prepared,
             "loop_s": finished - started,
             "loop_batches": len(batches),
             "engine_s": sum(end - start for start, end in batches),
@@ -357,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         help="agent-loop cases to run: python (the run's model, in-process tools), sandbox "
         "(the run's model, bubblewrap tools), wide (a wider model, in-process tools)",
     )
+    parser.add_argument(
+        "--unprepared",
+        action="store_true",
+        help="episodes make their envs when they start, not ahead as the rollout worker does",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -379,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 repeats=args.rounds,
                 tools=tools,
+                prepare=not args.unprepared,
             )
             result[key]["model"] = model_shape(chosen)
     if args.json:

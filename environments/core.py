@@ -232,6 +232,12 @@ class ShellEnv(gym.Env[str, str]):
             raise
         return self._clip(self._task.instruction), info
 
+    def start_episode_clock(self) -> None:
+        """Count ``max_episode_s`` from now instead of from ``reset``: a runner that reset
+        the env ahead of the episode (``EpisodeRunner.prepare``) calls it when the episode
+        begins, so the wait for its start is not the agent's time."""
+        self._started = time.monotonic()
+
     def draw_task(self, rng: np.random.Generator) -> Task:
         """A training task drawn with ``rng`` (what ``reset`` uses when no task is given)."""
         if not self.tasks and self.source.tasks(TRAIN) is not None:

@@ -30,6 +30,13 @@ loop, asking the policy for their actions in batches (``thundersync.training.epi
 ``ActionNeeded`` says whether the env declared that its steps answer at once
 (``environments.core.INSTANT_STEPS``), so the driver knows whether sending the action may
 block.
+
+Preparing ahead: ``prepare(...)`` makes and resets an episode's env now (its sandbox started,
+the task set up, the prompt encoded) and publishes nothing; ``episode(prepared=...)`` later
+plays it from there, its events exactly those of an episode started then. The rollout worker
+prepares the next step's episodes while the learner trains, so that sandboxes do not start on
+the engine's path (docs/design.md §5). What making or resetting the env raised is the
+episode's infrastructure failure when it plays, as it would have been.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import numpy as np
 from environments.agents import Action, Agent, ContextExhausted, Message
 from environments.core import INSTANT_STEPS
 from environments.episode_steps import ActionNeeded, EpisodeSteps, drive
+from environments.sandboxes.protocol import SandboxError
 from environments.tasks import TRAIN, Grade, Task, TaskSource
 from thundersync.protocol.episode import EpisodeRecord
 from thundersync.protocol.events import (
@@ -83,6 +91,25 @@ class _Episode:
     def num_turns(self) -> int:
         """Turns published so far."""
         return len(self.record.actions)
+
+
+@dataclass(slots=True)
+class PreparedEpisode:
+    """An episode whose env was made and reset ahead of it (``EpisodeRunner.prepare``): hand
+    it to ``episode(prepared=...)`` to play it, or to ``discard`` to close its env unplayed."""
+
+    episode: _Episode
+    task: Task | None
+    seed: int | None
+    env: gym.Env | None = None
+    reset: tuple[str, dict[str, Any]] | None = None
+    """What ``env.reset`` returned."""
+    error: Exception | None = None
+    """What making or resetting the env raised (its env already closed)."""
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
 
 
 class SinkError(RuntimeError):
@@ -280,17 +307,18 @@ class EpisodeRunner:
         group_size: int = 1,
         seed: int | None = None,
         episode_id: str | None = None,
+        prepared: PreparedEpisode | None = None,
     ) -> EpisodeSteps:
         """``run_episode`` as a generator: yields an ``ActionNeeded`` for each action, is sent
         the ``Action`` (or thrown what producing it raised), returns the ``Trajectory``. Closing
-        it early closes its env."""
-        episode = _Episode(
-            episode_id or self._new_episode_id(), group_id or self.new_group_id(), group_size
-        )
-        if task is not None:
-            episode.task_id = task.task_id
+        it early closes its env. With ``prepared`` (from ``prepare``, whose arguments it
+        carries: the others are ignored) the episode plays in the env made then."""
+        if prepared is None:
+            episode = self._new_episode(task, group_id, group_size, episode_id)
+        else:
+            episode, task, seed = prepared.episode, prepared.task, prepared.seed
         try:
-            reason, grade = yield from self._run_in_env(episode, task, seed)
+            reason, grade = yield from self._run_in_env(episode, task, seed, prepared)
         except SinkError:
             raise
         except Exception as exc:
@@ -306,19 +334,86 @@ class EpisodeRunner:
             reason, grade = StopReason.ERROR, Grade(0.0, infra_failure=True, details=details)
         return self._conclude(episode, reason, grade)
 
-    def _run_in_env(
-        self, episode: _Episode, task: Task | None, seed: int | None
-    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
-        """Play the episode in a fresh env, registered for ``cancel``; closed on every path."""
+    def prepare(
+        self,
+        task: Task | None = None,
+        *,
+        group_id: str | None = None,
+        group_size: int = 1,
+        seed: int | None = None,
+        episode_id: str | None = None,
+    ) -> PreparedEpisode:
+        """Make and reset the env of the episode these arguments (``episode``'s) describe, now,
+        publishing nothing; never raises for the env's failure (it is the episode's, when it
+        plays). The env is the runner's from here: ``cancel`` interrupts it."""
+        episode = self._new_episode(task, group_id, group_size, episode_id)
+        prepared = PreparedEpisode(episode, task, seed)
+        try:
+            prepared.env = self._make_env()
+        except Exception as exc:
+            prepared.error = exc
+            return prepared
+        try:
+            prepared.reset = self._reset(prepared.env, episode, task, seed)
+        except BaseException as exc:
+            error = self._close_env(prepared.env)
+            if error is not None:
+                exc.add_note(error)
+            if not isinstance(exc, Exception):
+                raise
+            prepared.env, prepared.error = None, exc
+        return prepared
+
+    def discard(self, prepared: PreparedEpisode) -> None:
+        """Close the env of a prepared episode that will not play (SandboxError when its
+        sandbox could not be removed)."""
+        env, prepared.env = prepared.env, None
+        if env is not None and (error := self._close_env(env)) is not None:
+            raise SandboxError(error)
+
+    def _new_episode(
+        self, task: Task | None, group_id: str | None, group_size: int, episode_id: str | None
+    ) -> _Episode:
+        episode = _Episode(
+            episode_id or self._new_episode_id(), group_id or self.new_group_id(), group_size
+        )
+        if task is not None:
+            episode.task_id = task.task_id
+        return episode
+
+    def _make_env(self) -> gym.Env:
+        """A fresh env, registered for ``cancel``."""
         if self._stopping.is_set():
             raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
         env = self.make_env()
         with self._live_lock:
             self._live_envs[id(env)] = env
+        if self._stopping.is_set():  # cancel() came before the registration: not seen
+            self._close_env(env)
+            raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
+        return env
+
+    def _run_in_env(
+        self,
+        episode: _Episode,
+        task: Task | None,
+        seed: int | None,
+        prepared: PreparedEpisode | None,
+    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
+        """Play the episode in a fresh env (or the prepared one), registered for ``cancel``;
+        closed on every path."""
+        if prepared is None:
+            env, reset = self._make_env(), None
+        elif prepared.error is not None:
+            raise prepared.error
+        else:
+            env, reset, prepared.env = prepared.env, prepared.reset, None
+            if env is None:
+                raise ValueError(f"the prepared episode {episode.episode_id} was already played")
         try:
-            if self._stopping.is_set():  # cancel() came before the registration: not seen
+            if self._stopping.is_set():
                 raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")
-            reason, grade = yield from self._play(env, episode, task, seed)
+            reason, grade = yield from self._play(env, episode, task, seed, reset)
         except BaseException as exc:
             error = self._close_env(env)
             if error is not None:
@@ -339,9 +434,11 @@ class EpisodeRunner:
             return f"the episode's sandbox could not be removed: {_describe(exc)}"
         return None
 
-    def _play(
+    def _reset(
         self, env: gym.Env, episode: _Episode, task: Task | None, seed: int | None
-    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
+    ) -> tuple[str, dict[str, Any]]:
+        """``env.reset`` for ``episode``, its prompt encoded; what reset returned."""
+
         def before_grading(observation: str, info: dict[str, Any]) -> None:
             if "tool" in info:
                 self._tool_finished(episode, observation, info)
@@ -351,9 +448,27 @@ class EpisodeRunner:
         if task is not None:
             options["task"] = task
         observation, info = env.reset(seed=seed, options=options)
-        task = env.get_wrapper_attr("task")
-        episode.task_id = task.task_id
+        episode.task_id = env.get_wrapper_attr("task").task_id
         episode.prompt_ids = tuple(self.agent.encode_prompt(observation))
+        return observation, info
+
+    def _play(
+        self,
+        env: gym.Env,
+        episode: _Episode,
+        task: Task | None,
+        seed: int | None,
+        reset: tuple[str, dict[str, Any]] | None,
+    ) -> Generator[ActionNeeded, Action, tuple[StopReason, Grade]]:
+        """The episode in ``env``, reset now or (``reset``: what it returned) ahead."""
+        if reset is None:
+            observation, info = self._reset(env, episode, task, seed)
+        else:
+            observation, info = reset
+            # the episode's time budget counts from now, not from when it was prepared
+            if (restart := getattr(env.unwrapped, "start_episode_clock", None)) is not None:
+                restart()
+        task = env.get_wrapper_attr("task")
         self._start(episode)
         if info.get("infra_failure"):
             return StopReason.ERROR, Grade(

@@ -1,8 +1,9 @@
 """The messages the trainer sends its workers (docs/design.md §5), matched with ``match``.
 
-To the rollout worker: ``RunBatch`` (play a batch), ``LoadWeights`` (load the published
-weights between batches), ``Stop``. To a data-parallel learner rank: ``Forwarded`` (an event
-of one of its groups), ``TakeStep``, ``Stop``. To the OPD teacher: events, then ``Stop``.
+To the rollout worker: ``RunBatch`` (play a batch), ``PrepareBatch`` (make a later batch's
+envs ahead), ``LoadWeights`` (load the published weights between batches), ``Stop``. To a
+data-parallel learner rank: ``Forwarded`` (an event of one of its groups), ``TakeStep``,
+``Stop``. To the OPD teacher: events, then ``Stop``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ class RunBatch:
 
     def episodes(self) -> list[EpisodeKey]:
         return EpisodeKey.batch(self.step, self.num_tasks, self.group_size)
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareBatch:
+    """Make and reset ``batch``'s envs ahead (its sandboxes started, its tasks set up), once
+    no episode plays: while the learner trains the step before, off the engine's path. Its
+    ``RunBatch`` then plays in them (``EpisodeDriver.prepare_all``)."""
+
+    batch: RunBatch
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,10 @@ batch. Until some env has said, a first call runs on the pool without the episod
 so the first batch still waits for every episode.
 An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
+``prepare_all`` makes and resets the envs of episodes to be submitted later, once no episode
+plays (``training/preparations.py``); such an episode's first call runs on the loop, since
+nothing in it blocks.
+
 Without a batcher (agents that need no engine: the oracle, scripted agents) each action is the
 agent's ``act``, on the pool of threads, since an agent may block.
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -36,7 +40,9 @@ from environments.episode_steps import ActionNeeded, EpisodeSteps
 from environments.runner import EpisodeRunner
 from thundersync.protocol.events import now
 from thundersync.protocol.types import Trajectory
+from thundersync.training.arrivals import BatchArrivals
 from thundersync.training.engines.batcher import DynamicBatcher
+from thundersync.training.preparations import Preparation, Preparations
 
 
 class EpisodeDriver:
@@ -75,16 +81,22 @@ class EpisodeDriver:
         self._queued: set[asyncio.Task[None]] = set()  # submitted, waiting for a slot
         self._tasks: set[asyncio.Task[None]] = set()  # submitted, not ended
         self._lock = threading.Lock()  # submit vs shutdown
-        self._arrivals: list[tuple[asyncio.Future[Any], Future[Any]]] = []
-        self._arrivals_lock = threading.Lock()
-        self._waking = False  # a delivery of the arrivals is scheduled on the loop
+        self._live = 0  # episodes submitted and not ended (loop thread)
         self._shut = False
         # Where the last env made said its steps run (None: no env has said yet).
         self._instant_start: bool | None = None
+        self._preparations = Preparations(
+            runner,
+            batcher,
+            spawn=self._spawn,
+            in_thread=self._in_thread,
+            instant=lambda: self._instant_start,
+        )
         self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
+        self._arrivals = BatchArrivals(self._loop, self._thread)
         self._thread.start()
         if batcher is not None:
-            batcher.add_settle_hook(self._wake)
+            batcher.add_settle_hook(self._arrivals.wake)
 
     def submit(self, **episode_kwargs: Any) -> Future[Trajectory]:
         """Queue ``runner.episode(**episode_kwargs)``; the future of its ``Trajectory``."""
@@ -104,6 +116,19 @@ class EpisodeDriver:
             self._loop.call_soon_threadsafe(self._start, started)
         return [future for _, future in started]
 
+    def prepare_all(self, jobs: Iterable[Mapping[str, Any]]) -> list[Future[None]]:
+        """Prepare ``jobs`` (episodes' keyword arguments, each with its ``episode_id``) ahead
+        of their ``submit``: their envs are made and reset as soon as no episode plays (see
+        the module docstring). A preparation replaces an earlier one of the same episode;
+        those never submitted are discarded (their envs closed) at ``shutdown``. Returns, for
+        each, a future done when its env is made (cancelled if it never starts)."""
+        preparations = [Preparation(kwargs) for kwargs in jobs]
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot prepare episodes after shutdown")
+            self._loop.call_soon_threadsafe(self._prepare, preparations)
+        return [preparation.made for preparation in preparations]
+
     def shutdown(self) -> None:
         with self._lock:
             if self._shut:
@@ -115,7 +140,7 @@ class EpisodeDriver:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             if self.batcher is not None:
-                self.batcher.remove_settle_hook(self._wake)
+                self.batcher.remove_settle_hook(self._arrivals.wake)
             self._loop.close()
             self._threads.shutdown(wait=True)
 
@@ -123,6 +148,7 @@ class EpisodeDriver:
 
     def _start(self, started: list[tuple[dict[str, Any], Future[Trajectory]]]) -> None:
         for kwargs, future in started:
+            self._live += 1
             task = self._loop.create_task(self._episode(kwargs, future))
             self._queued.add(task)
             self._tasks.add(task)
@@ -131,7 +157,20 @@ class EpisodeDriver:
     async def _drain(self) -> None:
         for task in self._queued:
             task.cancel()
+        self._preparations.discard_all()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _prepare(self, preparations: list[Preparation]) -> None:
+        self._preparations.add(preparations)
+        if not self._live:  # else once the live episodes have ended: they would slow them
+            self._preparations.start()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A task of the driver's (``shutdown`` waits for it)."""
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _episode(self, kwargs: dict[str, Any], future: Future[Trajectory]) -> None:
         task = asyncio.current_task()
@@ -151,13 +190,22 @@ class EpisodeDriver:
         finally:
             if self.batcher is not None:
                 self.batcher.leave()
+            self._live -= 1
+            if not self._live:
+                self._preparations.start()
 
     async def _play(self, kwargs: dict[str, Any]) -> Trajectory:
         """Run one episode to its end; its env is closed on every path out."""
-        steps = self.runner.episode(**kwargs)
-        instant = self._instant_start
+        prepared = await self._preparations.take(kwargs)
+        if prepared is None:
+            steps = self.runner.episode(**kwargs)
+            instant = self._instant_start
+        else:  # its first call blocks on nothing: its env was made and reset
+            steps = self.runner.episode(prepared=prepared)
+            instant = True
         action: Action | None = None
         error: Exception | None = None
+        counted = False  # the batcher counts the episode away already (``_act``)
         try:
             while True:
                 call = _advance(steps, action, error)
@@ -166,11 +214,11 @@ class EpisodeDriver:
                 elif instant is None:  # not told yet: waited for like any episode that will ask
                     need = await self._in_thread(call)
                 else:
-                    need = await self._away(call)
+                    need, counted = await self._away(call, counted), False
                 if not isinstance(need, ActionNeeded):
                     return need
                 instant = self._instant_start = need.instant_steps
-                action, error = await self._act(need)
+                action, error, counted = await self._act(need, then_away=not instant)
         finally:
             # A no-op once the episode returned; else (a sink error, a bug) it closes the env.
             if instant:
@@ -178,63 +226,45 @@ class EpisodeDriver:
             else:
                 await self._in_thread(steps.close)
 
-    async def _act(self, need: ActionNeeded) -> tuple[Action | None, Exception | None]:
+    async def _act(
+        self, need: ActionNeeded, *, then_away: bool
+    ) -> tuple[Action | None, Exception | None, bool]:
         """The agent's action for ``need``, or what producing it raised (thrown into the
-        episode where ``act`` would have raised it: a full context window, a dead engine)."""
-        try:
-            if self.batcher is None:
-                act = self.agent.act
+        episode where ``act`` would have raised it: a full context window, a dead engine);
+        and whether the batcher now counts the episode away: its request was submitted
+        ``then_away`` (its next call is a tool's, so a batch gathering while it gets there
+        does not wait for it) and was settled."""
+        if self.batcher is None:
+            act = self.agent.act
+            try:
                 action = await self._in_thread(
                     lambda: act(need.task, need.messages, episode_id=need.episode_id)
                 )
-                return action, None
+            except Exception as exc:
+                return None, exc, False
+            return action, None, False
+        try:
             request = self.agent.request(need.messages, episode_id=need.episode_id)
             sent = now()
-            completion = await self._arrival(self.batcher.submit(request))
+            pending = self.batcher.submit(request, then_away=then_away)
+        except Exception as exc:
+            return None, exc, False
+        try:
+            completion = await self._arrivals.awaitable(pending)
             action = self.agent.action(
                 completion, need.messages, episode_id=need.episode_id, started=sent
             )
-            return action, None
         except Exception as exc:
-            return None, exc
+            return None, exc, then_away
+        return action, None, then_away
 
-    def _arrival(self, pending: Future[Any]) -> asyncio.Future[Any]:
-        """``pending`` (a batcher's future) as an awaitable on the loop. A batch's completions
-        arrive together: they are queued as the engine's thread settles them, and the loop is
-        woken once, when the whole batch is settled (``DynamicBatcher.add_settle_hook``), not
-        once per episode as with ``asyncio.wrap_future``, where each wake-up hands the
-        interpreter to the loop's thread while the engine's still has futures to settle."""
-        arrived = self._loop.create_future()
-        pending.add_done_callback(lambda done: self._arrive(arrived, done))
-        return arrived
-
-    def _arrive(self, arrived: asyncio.Future[Any], done: Future[Any]) -> None:
-        if threading.get_ident() == self._thread.ident:  # settled before it was awaited
-            _settle(arrived, done)
-            return
-        with self._arrivals_lock:
-            self._arrivals.append((arrived, done))
-
-    def _wake(self) -> None:
-        """The batcher's settle hook (the engine's thread): deliver what arrived, if any."""
-        with self._arrivals_lock:
-            if not self._arrivals or self._waking:
-                return
-            self._waking = True
-        self._loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        with self._arrivals_lock:
-            arrivals, self._arrivals = self._arrivals, []
-            self._waking = False
-        for arrived, done in arrivals:
-            _settle(arrived, done)
-
-    async def _away(self, call: Callable[[], Any]) -> Any:
-        """An env call on the pool, during which the batcher does not wait for this episode."""
+    async def _away(self, call: Callable[[], Any], counted: bool = False) -> Any:
+        """An env call on the pool, during which the batcher does not wait for this episode
+        (``counted``: it counts it away already)."""
         if self.batcher is None:
             return await self._in_thread(call)
-        self.batcher.away()
+        if not counted:
+            self.batcher.away()
         try:
             return await self._in_thread(call)
         finally:
@@ -250,18 +280,6 @@ class EpisodeDriver:
             with contextlib.suppress(BaseException):
                 await running
             raise
-
-
-def _settle(arrived: asyncio.Future[Any], done: Future[Any]) -> None:
-    """Give the loop's ``arrived`` the outcome of the settled ``done``."""
-    if arrived.cancelled():
-        return
-    if done.cancelled():
-        arrived.cancel()
-    elif (error := done.exception()) is not None:
-        arrived.set_exception(error)
-    else:
-        arrived.set_result(done.result())
 
 
 def _advance(

@@ -8,6 +8,9 @@ It receives messages (``training/control.py``) on its control queue, in order:
 - ``RunBatch(step, B, G)``: start the batch's episodes (B tasks × G samples), coroutines on
   one asyncio loop (``EpisodeDriver``); they share one ``DynamicBatcher``, so requests that
   wait together are generated together;
+- ``PrepareBatch(batch)``: make and reset a later batch's envs once no episode plays (the
+  learner is training on the batch before), so that its ``RunBatch`` starts with its
+  sandboxes up and its tasks set up instead of making them on the engine's path;
 - ``Stop()``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
@@ -26,7 +29,7 @@ import numpy as np
 
 from environments.tasks import TRAIN
 from thundersync.protocol import events as ev
-from thundersync.training.control import LoadWeights, RunBatch, Stop
+from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 
 TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
 
@@ -146,7 +149,9 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                         )
                     )
                 case RunBatch():
-                    running += _start(episodes, tasks, spec, message)
+                    running += episodes.submit_all(_jobs(tasks, spec, message))
+                case PrepareBatch(batch):
+                    episodes.prepare_all(_jobs(tasks, spec, batch))
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
         runner.cancel("the rollout worker is stopping")
         if episodes is not None:
@@ -157,14 +162,15 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
         _raise(future)
 
 
-def _start(episodes: Any, source: Any, spec: RolloutSpec, batch: RunBatch) -> list[Future]:
-    """Submit the batch's episodes: every member of a group plays the same task, drawn from
-    the env's training split (no env is made to draw it)."""
+def _jobs(source: Any, spec: RolloutSpec, batch: RunBatch) -> list[dict[str, Any]]:
+    """The batch's episodes (their ``EpisodeRunner.episode`` arguments): every member of a
+    group plays the same task, drawn from the env's training split (no env is made to draw
+    it)."""
     tasks = [
         source.draw(np.random.default_rng([spec.seed, batch.step, g, TRAINING_DRAW]), TRAIN)
         for g in range(batch.num_tasks)
     ]
-    jobs = [
+    return [
         {
             "task": tasks[key.group],
             "group_id": key.group_id,
@@ -174,7 +180,6 @@ def _start(episodes: Any, source: Any, spec: RolloutSpec, batch: RunBatch) -> li
         }
         for key in batch.episodes()
     ]
-    return episodes.submit_all(jobs)
 
 
 def _raise(future: Future) -> bool:

@@ -27,7 +27,7 @@ from thundersync.protocol.episode import EpisodeKey
 from thundersync.protocol.errors import NonFiniteParameterError, ThunderSyncError
 from thundersync.training.checkpoint import Checkpoints
 from thundersync.training.config import TrainConfig
-from thundersync.training.control import LoadWeights, RunBatch, Stop
+from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.modes import Arrivals
 from thundersync.training.ranks import Ranks, RankStepped
@@ -145,14 +145,15 @@ class Trainer:
         return range(self.start_step, self.config.steps)
 
     def submit(self, step: int) -> None:
-        """Start rolling out batch ``step`` (with whatever weights the engine has by then)."""
+        """Start rolling out batch ``step`` (with whatever weights the engine has by then);
+        the next batch's envs are made ahead, once this one has played."""
         c = self.config
-        batch = RunBatch(step, c.tasks_per_step, c.group_size)
+        batch, later = (RunBatch(s, c.tasks_per_step, c.group_size) for s in (step, step + 1))
         ids = frozenset(key.episode_id for key in batch.episodes())
-        self.batches[step] = BatchTracker(
-            step, ids, needs_teacher=c.algo == "opd", submitted_at=ev.now()
-        )
+        self.batches[step] = BatchTracker(step, ids, c.algo == "opd", submitted_at=ev.now())
         self.control.put(batch)
+        if later.step in self.steps() and later.step not in self.batches:
+            self.control.put(PrepareBatch(later))
         what = (
             f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
             f"{c.group_size} episodes, graded in the {c.sandbox} sandbox"

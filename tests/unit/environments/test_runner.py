@@ -10,6 +10,7 @@ import time
 from environments.actions import format_action
 from environments.agents import Action, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
+from environments.episode_steps import drive
 from environments.runner import EpisodeRunner
 from environments.sandboxes.protocol import SandboxError
 from environments.toy import ToySumEnv
@@ -430,3 +431,50 @@ def test_an_episode_generator_closed_early_closes_its_env_and_publishes_no_rewar
     steps.close()
     assert maker.num_open == 0
     assert "RewardReady" not in names(events)
+
+
+def test_an_episode_prepared_ahead_publishes_nothing_until_it_plays_and_its_clock_starts_then(
+    monkeypatch,
+):
+    """``prepare`` makes and resets the env now (its sandbox made, the task set up) and
+    publishes nothing; the episode then plays in that env with the events an unprepared one
+    has, and ``max_episode_s`` counts from when it plays, not from when it was prepared."""
+    clock = [1000.0]
+    monkeypatch.setattr("environments.core.time.monotonic", lambda: clock[0])
+    actions = [format_action("echo ok > answer.txt"), format_action("submit")]
+    reference, _, _, _ = run_one(ScriptedAgent(actions), max_episode_s=10.0)
+    task, maker, events = FileTask(), SandboxMaker(), []
+    agent = ScriptedAgent(actions)
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=maker, max_episode_s=10.0), agent, events.append
+    )
+    prepared = runner.prepare(task, episode_id="e0", group_id="g0")
+    assert events == [] and len(maker.made) == 1 and maker.made[0].commands  # set up
+    clock[0] += 60.0  # it waited a minute for its step: none of it is the episode's
+    result = drive(runner.episode(prepared=prepared), agent)
+    assert result.reward == 1.0 and result.stop_reason == "submitted"
+    assert result.turns == reference.turns and names(events)[0] == "EpisodeStarted"
+    assert (events[0].episode_id, events[0].group_id) == ("e0", "g0")
+    assert len(maker.made) == 1 and maker.num_open == 0
+
+
+def test_a_preparation_that_failed_is_the_episodes_infra_failure_and_discard_closes_one():
+    """What making the env raised when it was prepared is the episode's failure when it plays
+    (as if made then); a prepared episode that will not play is closed by ``discard``."""
+    maker, events, calls = SandboxMaker(), [], [0]
+
+    def make_env():
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("no env today")
+        return ShellEnv([FileTask()], sandbox=maker)
+
+    runner = EpisodeRunner(make_env, OracleAgent(), events.append)
+    failed = runner.prepare(FileTask(), episode_id="e0")
+    assert events == []
+    result = drive(runner.episode(prepared=failed), OracleAgent())
+    assert result.infra_failure and "no env today" in events[-1].details["error"]
+    unplayed = runner.prepare(FileTask(), episode_id="e1")
+    assert maker.num_open == 1
+    runner.discard(unplayed)
+    assert maker.num_open == 0 and len(maker.made) == 1

@@ -34,7 +34,10 @@ class DynamicBatcher:
     waiting out the window for nobody. ``call(fn)`` runs ``fn(engine)`` on the engine thread
     between batches (weight loads: no batch ever sees half-loaded weights). ``on_batch(started,
     finished, requests, completions)`` observes every batch; ``add_settle_hook`` wakes a
-    consumer of many futures once per batch."""
+    consumer of many futures once per batch. A request submitted ``then_away`` counts its
+    caller away from the moment its completion is settled (the engine's thread does it, before
+    the caller can run): an episode whose next call is a tool's, which a batch gathering
+    meanwhile should not wait for; the caller's ``back()`` ends it."""
 
     def __init__(
         self,
@@ -48,7 +51,8 @@ class DynamicBatcher:
         self.window_s = window_s
         self.max_batch_size = max_batch_size
         self.on_batch = on_batch
-        self._inbox: queue.Queue[tuple[str, Any, Future]] = queue.Queue()
+        # (kind, payload, future, then_away)
+        self._inbox: queue.Queue[tuple[str, Any, Future, bool]] = queue.Queue()
         self._requesters = 0
         self._away = 0  # counted callers inside a call that does not ask for an action
         self._requesters_lock = threading.Lock()
@@ -70,14 +74,14 @@ class DynamicBatcher:
     def leave(self) -> None:
         with self._requesters_lock:
             self._requesters -= 1
-        self._inbox.put(("wake", None, Future()))  # a gathering batch may be complete now
+        self._inbox.put(("wake", None, Future(), False))  # a gathering batch may be complete now
 
     def away(self) -> None:
         """A counted caller goes where it will not ask for a while (a sandboxed command, a
         grader: until its ``back()``): a gathering batch stops waiting for it."""
         with self._requesters_lock:
             self._away += 1
-        self._inbox.put(("wake", None, Future()))
+        self._inbox.put(("wake", None, Future(), False))
 
     def back(self) -> None:
         with self._requesters_lock:
@@ -107,36 +111,38 @@ class DynamicBatcher:
     def generate(self, request: GenerationRequest) -> Completion:
         return self.submit(request).result()
 
-    def submit(self, request: GenerationRequest) -> Future:
-        """``generate`` without waiting: a future of the ``Completion``."""
-        return self._submit("generate", request)
+    def submit(self, request: GenerationRequest, *, then_away: bool = False) -> Future:
+        """``generate`` without waiting: a future of the ``Completion``. ``then_away``: the
+        caller is counted away once it is settled, until its ``back()`` (see the class
+        docstring)."""
+        return self._submit("generate", request, then_away)
 
     def call(self, fn: Callable[[Engine], Any]) -> Any:
         return self._submit("call", fn).result()
 
-    def _submit(self, kind: str, payload: Any) -> Future:
+    def _submit(self, kind: str, payload: Any, then_away: bool = False) -> Future:
         if self._closed.is_set():
             raise EngineClosedError(f"the engine is closed ({self._error or 'stopped'})")
         future: Future = Future()
-        self._inbox.put((kind, payload, future))
+        self._inbox.put((kind, payload, future, then_away))
         return future
 
     def close(self) -> None:
         """Stop the engine thread; waiting requests fail with EngineClosedError."""
         if not self._closed.is_set():
             self._closed.set()
-            self._inbox.put(("stop", None, Future()))
+            self._inbox.put(("stop", None, Future(), False))
             self._thread.join(timeout=60)
         self._fail_waiting(EngineClosedError("the engine was closed"))
 
     # --- the engine thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
-        pending: tuple[str, Any, Future] | None = None
+        pending: tuple[str, Any, Future, bool] | None = None
         while True:
             item = pending or self._inbox.get()
             pending = None
-            kind, payload, future = item
+            kind, payload, future, _ = item
             if kind == "stop":
                 return
             if kind == "call":
@@ -161,25 +167,35 @@ class DynamicBatcher:
                 deadline = min(now() + self.window_s, first + MAX_WINDOWS * self.window_s)
             self._generate(batch)
 
-    def _generate(self, batch: list[tuple[str, Any, Future]]) -> None:
-        requests = [payload for _, payload, _ in batch]
+    def _generate(self, batch: list[tuple[str, Any, Future, bool]]) -> None:
+        requests = [payload for _, payload, _, _ in batch]
         started = now()
         try:
             completions = self.engine.generate(requests)
         except BaseException as exc:  # the engine failed: every waiter learns why
             self._error = exc
-            for _, _, future in batch:
+            self._count_away(batch)
+            for _, _, future, _ in batch:
                 future.set_exception(EngineClosedError(f"the engine failed: {exc!r}"))
             self._settled()
             if not isinstance(exc, Exception):
                 raise
             return
         finished = now()
-        for (_, _, future), completion in zip(batch, completions):
+        self._count_away(batch)
+        for (_, _, future, _), completion in zip(batch, completions):
             future.set_result(completion)
         if self.on_batch is not None:
             self.on_batch(started, finished, requests, completions)
         self._settled()
+
+    def _count_away(self, items: list[tuple[str, Any, Future, bool]]) -> None:
+        """Count away the callers of ``items`` submitted ``then_away``, before they are
+        settled (so a caller's ``back()`` never comes first)."""
+        leaving = sum(then_away for _, _, _, then_away in items)
+        if leaving:
+            with self._requesters_lock:
+                self._away += leaving
 
     def _run(self, future: Future, fn: Callable[[Engine], Any]) -> None:
         try:
@@ -190,9 +206,11 @@ class DynamicBatcher:
     def _fail_waiting(self, error: BaseException) -> None:
         while True:
             try:
-                _, _, future = self._inbox.get_nowait()
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 self._settled()
                 return
+            _, _, future, _ = item
             if not future.done():
+                self._count_away([item])
                 future.set_exception(error)

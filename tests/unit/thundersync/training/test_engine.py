@@ -181,6 +181,34 @@ def test_a_batch_does_not_wait_for_a_requester_that_is_away():
     assert engine.batches == [2, 1]
 
 
+def test_a_caller_whose_request_was_submitted_then_away_is_not_waited_for_until_back():
+    """Two episodes in flight whose next calls are tools' (``then_away``): once their batch is
+    settled, the batcher counts them away, so a third caller's request runs at once instead of
+    waiting the 60 s window for two callers inside their tools; ``back()`` ends it, and the
+    next batch waits for them again."""
+    engine = SlowEngine()
+    batcher = DynamicBatcher(engine, window_s=60.0, max_batch_size=8)
+    for _ in range(3):
+        batcher.join()
+    batcher.away()  # the third is in its first tool call
+    first = [batcher.submit(r, then_away=True) for r in requests(2)]
+    assert all(f.result(timeout=20) for f in first)
+    batcher.back()
+    alone = batcher.submit(requests(1)[0])
+    assert alone.result(timeout=20), "a batch waited for callers counted away by then_away"
+    batcher.back()
+    batcher.back()  # both back from their tools: the next batch waits for all three
+    later = [batcher.submit(r) for r in requests(2)]
+    with pytest.raises(TimeoutError):
+        later[0].result(timeout=0.2)
+    later.append(batcher.submit(requests(1)[0]))
+    assert all(f.result(timeout=20) for f in later)
+    for _ in range(3):
+        batcher.leave()
+    batcher.close()
+    assert engine.batches == [2, 1, 3]
+
+
 def test_a_call_runs_between_batches_and_a_dead_engine_fails_every_waiter():
     engine = SlowEngine()
     batcher = DynamicBatcher(engine, window_s=0.0)

@@ -368,3 +368,80 @@ def test_cancel_then_shutdown_ends_live_episodes_drops_queued_ones_and_leaks_no_
     assert rig.batcher._requesters == 0
     assert set(threading.enumerate()) - before == set()
     rig.close()
+
+
+class CountingEnvs:
+    """``make_env`` for ToySum that counts the envs made and closed."""
+
+    def __init__(self, **env_kwargs) -> None:
+        self.make = episode_envs(ENV, **{"tools": "python", **env_kwargs})
+        self.made, self.closed = 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        envs, env = self, self.make()
+
+        class Counted(gym.Wrapper):
+            def close(self):
+                with envs.lock:
+                    envs.closed += 1
+                return super().close()
+
+        with self.lock:
+            self.made += 1
+        return Counted(env)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"tool_latency_s": 0.001}])
+def test_episodes_prepared_ahead_play_exactly_as_unprepared_ones_in_the_envs_made_then(
+    tokenizer, kwargs
+):
+    """What the rollout worker does while the learner trains: the next step's envs are made
+    and reset ahead, publishing nothing; the submitted episodes then play in those envs (no
+    env made twice) and publish exactly what they would have, and all of them are in the
+    first batch at once (none is still making its env)."""
+    reference = Rig(tokenizer, window_s=60.0, **kwargs)
+    driver = EpisodeDriver(reference.runner, reference.batcher, max_concurrency=8)
+    expected = [f.result(timeout=60) for f in driver.submit_all(reference.jobs(8))]
+    driver.shutdown()
+    reference.close()
+
+    envs = CountingEnvs(**kwargs)
+    rig = Rig(tokenizer, window_s=60.0, make_env=envs, **kwargs)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=8)
+    for made in driver.prepare_all(rig.jobs(8)):
+        assert made.result(timeout=60) is None
+    assert envs.made == 8 and rig.events == [] and rig.engine.batches == []
+    trajectories = [f.result(timeout=60) for f in driver.submit_all(rig.jobs(8))]
+    driver.shutdown()
+    rig.close()
+    assert trajectories == expected and per_episode(rig.events) == per_episode(reference.events)
+    assert envs.made == 8 and envs.closed == 8
+    assert rig.engine.batches[0] == 8
+
+
+def test_preparing_waits_for_the_live_episodes_and_unplayed_preparations_are_closed(tokenizer):
+    """Preparations start only once no episode plays (they would slow the live ones); one made
+    for other arguments is closed and the episode makes its own env; those never submitted
+    are closed at shutdown."""
+    envs = CountingEnvs()
+    rig = Rig(tokenizer, make_env=envs)
+    gate = hold_engine(rig)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=4)
+    jobs = rig.jobs(6)
+    live = driver.submit_all(jobs[:2])
+    made = driver.prepare_all(jobs[2:])
+    with pytest.raises(TimeoutError):  # two episodes wait on the held engine
+        made[0].result(timeout=0.2)
+    gate.set()
+    assert all(t.reward is not None for t in (f.result(timeout=60) for f in live))
+    for future in made:
+        future.result(timeout=60)
+    assert envs.made == 6
+    other = {**jobs[2], "seed": jobs[2]["seed"] + 1}  # not what was prepared
+    played = driver.submit(**other).result(timeout=60)
+    assert played == rig.runner.run_episode(**other)
+    assert envs.made == 8  # its own env (and the reference's), not the one prepared
+    driver.shutdown()  # three preparations were never submitted
+    rig.close()
+    assert envs.closed == envs.made
