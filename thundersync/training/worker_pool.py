@@ -10,6 +10,7 @@ run's ``worker_timeout_s`` of silence from every worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 from collections.abc import Callable
@@ -124,6 +125,7 @@ class WorkerPool:
         self.backend, self.timeout_s = backend, timeout_s
         self.inbox = backend.queue()
         self._procs: list[Any] = []
+        self._torn = False  # a read was cut short: the pipe is between two frames
 
     def queue(self) -> Any:
         """A new queue to a worker, on the pool's backend."""
@@ -148,7 +150,7 @@ class WorkerPool:
         waited = 0.0
         while True:
             try:
-                item = self.inbox.get(timeout=min(POLL_S, limit))
+                item = self._get(min(POLL_S, limit))
                 break
             except queue.Empty:
                 waited += min(POLL_S, limit)
@@ -162,9 +164,23 @@ class WorkerPool:
                 raise failed(item)
             route(item)
             try:
-                item = self.inbox.get_nowait()
+                item = self._get(None)
             except queue.Empty:
                 return
+
+    def _get(self, timeout_s: float | None) -> Any:
+        """The inbox's next item (``queue.Empty`` when none comes in ``timeout_s``; None: at
+        once). An interrupt (Ctrl-C) while a message is read leaves the pipe between two
+        frames: from then on the inbox is only drained, raw (``_discard_inbox``)."""
+        try:
+            return (
+                self.inbox.get_nowait() if timeout_s is None else self.inbox.get(timeout=timeout_s)
+            )
+        except queue.Empty:
+            raise
+        except BaseException:
+            self._torn = True
+            raise
 
     def check(self) -> None:
         """WorkerError if a worker has exited (with its crash report when it sent one)."""
@@ -191,12 +207,24 @@ class WorkerPool:
         self.backend.close()
 
     def _discard_inbox(self) -> list[Any]:
+        """Take what the inbox holds (so no worker blocks on a full pipe); once a read was cut
+        short, the pipe's bytes are read and dropped instead, never decoded: a length read
+        from the middle of a message could block on bytes that never come."""
         items = []
-        while True:
+        while not self._torn:
             try:
                 items.append(self.inbox.get_nowait())
             except (queue.Empty, OSError, ValueError):
                 return items
+            except Exception:  # a frame that does not decode: the stream is torn
+                self._torn = True
+        reader = getattr(self.inbox, "_reader", None)  # a multiprocessing queue's pipe
+        if reader is not None:
+            with contextlib.suppress(OSError):
+                os.set_blocking(reader.fileno(), False)
+                while os.read(reader.fileno(), 1 << 16):
+                    pass
+        return items
 
 
 def failed(item: WorkerFailed) -> WorkerError:

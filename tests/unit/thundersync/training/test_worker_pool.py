@@ -72,3 +72,36 @@ def test_an_exited_worker_is_named_by_its_own_report_when_it_sent_one(pool):
     pool.inbox.put(WorkerFailed("rollout", "Traceback: the real cause"))
     with pytest.raises(WorkerError, match=r"the real cause"):
         pool.check()
+
+
+def test_a_read_cut_short_by_ctrl_c_leaves_the_inbox_drained_raw_not_decoded():
+    """Ctrl-C while a message is read leaves the pipe between two frames; closing then drains
+    it (so no worker blocks on a full pipe) without decoding a length read from the middle of
+    a message, which raised EOFError out of the interrupted run's close, or could block."""
+    import multiprocessing
+    import os
+    import struct
+
+    class MpBackend(FakeBackend):
+        def queue(self):
+            return multiprocessing.get_context("spawn").Queue()
+
+    pool = WorkerPool(MpBackend(), timeout_s=0.05)
+    calls = [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        raise KeyboardInterrupt  # as if it landed inside the read
+
+    real_get = pool.inbox.get
+    pool.inbox.get = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        pool.receive(lambda item: None, timeout_s=0.05)
+    pool.inbox.get = real_get
+    assert calls == [1]
+    # the rest of a message whose first bytes were read: read as a frame, an empty "length"
+    # (what the interrupted run's close raised EOFError on), then stray bytes
+    os.write(pool.inbox._writer.fileno(), struct.pack("!i", 0) + b"\x00" * 10)
+    assert pool._discard_inbox() == []
+    assert not pool.inbox._reader.poll(0)  # every byte drained
+    pool.inbox.close()
