@@ -45,20 +45,26 @@ import itertools
 import signal
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from environments.agents import Action, Agent, ContextExhausted, Message
 from environments.core import INSTANT_STEPS
+from environments.episode_state import (
+    EpisodeState,
+    PreparedEpisode,
+    RunCancelled,
+    SinkError,
+    describe,
+    outcome,
+)
 from environments.episode_steps import ActionNeeded, EpisodeSteps, drive
+from environments.groups import run_groups
 from environments.sandboxes.protocol import SandboxError
-from environments.tasks import TRAIN, Grade, Task, TaskSource
-from thundersync.protocol.episode import EpisodeRecord
+from environments.tasks import Grade, Task, TaskSource
 from thundersync.protocol.events import (
     EpisodeCompleted,
     EpisodeStarted,
@@ -70,57 +76,6 @@ from thundersync.protocol.events import (
 from thundersync.protocol.types import StopReason, Trajectory
 
 Sink = Callable[[Event], None]
-
-
-@dataclass(slots=True)
-class _Episode:
-    """One running episode (private to the runner): who it is before ``EpisodeStarted``
-    says so, and the ``record`` of every event it published."""
-
-    episode_id: str
-    group_id: str
-    group_size: int
-    task_id: str = ""
-    prompt_ids: tuple[int, ...] = ()
-    record: EpisodeRecord = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.record = EpisodeRecord(self.episode_id)
-
-    @property
-    def num_turns(self) -> int:
-        """Turns published so far."""
-        return len(self.record.actions)
-
-
-@dataclass(slots=True)
-class PreparedEpisode:
-    """An episode whose env was made and reset ahead of it (``EpisodeRunner.prepare``): hand
-    it to ``episode(prepared=...)`` to play it, or to ``discard`` to close its env unplayed."""
-
-    episode: _Episode
-    task: Task | None
-    seed: int | None
-    env: gym.Env | None = None
-    reset: tuple[str, dict[str, Any]] | None = None
-    """What ``env.reset`` returned."""
-    error: Exception | None = None
-    """What making or resetting the env raised (its env already closed)."""
-
-    @property
-    def episode_id(self) -> str:
-        return self.episode.episode_id
-
-
-class SinkError(RuntimeError):
-    """A subscriber of the runner's events raised: the consumer broke, not the episode. It
-    propagates out of the runner (after the other episodes are stopped and their sandboxes
-    removed) instead of being recorded as the episode's infrastructure failure."""
-
-
-class RunCancelled(RuntimeError):
-    """The run was cancelled (``EpisodeRunner.cancel``: an interrupt, or another episode's sink
-    error): the episode ends as an infrastructure failure."""
 
 
 class EpisodeRunner:
@@ -223,61 +178,20 @@ class EpisodeRunner:
             for signum, handler in previous.items():
                 signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
-    # --- groups ------------------------------------------------------------------------------
+    # --- groups (environments/groups.py) -------------------------------------------------------
 
     def run_group(
         self, task: Task | None, group_size: int, *, seed: int | None = None
     ) -> list[Trajectory]:
-        """``group_size`` episodes of one task (drawn from the env when None)."""
-        return self.run_groups([task], group_size, seed=seed)[0]
+        """``group_size`` episodes of one task (drawn when None): ``environments.groups``."""
+        return run_groups(self, [task], group_size, seed=seed)[0]
 
     def run_groups(
         self, tasks: Sequence[Task | None], group_size: int, *, seed: int | None = None
     ) -> list[list[Trajectory]]:
-        """One group of ``group_size`` episodes per task, all on a bounded thread pool.
-
-        Results come back per group in ``tasks`` order. A None task is drawn from the env with
-        a generator seeded from ``seed``, so every episode of a group plays the same task.
-        """
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        rng = np.random.default_rng(seed)
-        jobs = []
-        for task in tasks:
-            chosen = task if task is not None else self._draw_task(rng)
-            group_id = self.new_group_id()
-            for _ in range(group_size):
-                episode_seed = int(rng.integers(2**31))
-                jobs.append((chosen, group_id, episode_seed))
-        pool = ThreadPoolExecutor(max_workers=self.max_concurrency)
-        futures = [
-            pool.submit(
-                self.run_episode, task, group_id=group_id, group_size=group_size, seed=episode_seed
-            )
-            for task, group_id, episode_seed in jobs
-        ]
-        try:
-            results = [future.result() for future in futures]
-        except BaseException as exc:
-            # Ctrl-C, SIGTERM (the CLI turns it into SystemExit) or a sink error: running
-            # episodes are cut short (their sandboxes closed now), queued ones never start, and
-            # we wait for them so that every sandbox is removed before the exception leaves.
-            for future in futures:
-                future.cancel()  # first: cancelled episodes would end at once and drain the queue
-            self.cancel(type(exc).__name__)
-            pool.shutdown(wait=True)
-            raise
-        pool.shutdown(wait=True)
-        return [results[i : i + group_size] for i in range(0, len(results), group_size)]
-
-    def _draw_task(self, rng: np.random.Generator) -> Task:
-        if self.tasks is not None:
-            return self.tasks.draw(rng, TRAIN)
-        env = self.make_env()  # an env that only knows its tasks once made
-        try:
-            return env.get_wrapper_attr("draw_task")(rng)
-        finally:
-            env.close()
+        """One group of ``group_size`` episodes per task, on a bounded thread pool, per group
+        in ``tasks`` order (``environments.groups.run_groups``)."""
+        return run_groups(self, tasks, group_size, seed=seed)
 
     # --- one episode -------------------------------------------------------------------------
 
@@ -322,7 +236,7 @@ class EpisodeRunner:
         except SinkError:
             raise
         except Exception as exc:
-            reason, grade = StopReason.ERROR, Grade(0.0, True, {"error": _describe(exc)})
+            reason, grade = StopReason.ERROR, Grade(0.0, True, {"error": describe(exc)})
         if self._cancel_reason is not None:
             # Whatever the episode returned once its sandboxes were closed under it is no
             # grade: a grader that swallowed the error must not turn it into a reward.
@@ -373,8 +287,8 @@ class EpisodeRunner:
 
     def _new_episode(
         self, task: Task | None, group_id: str | None, group_size: int, episode_id: str | None
-    ) -> _Episode:
-        episode = _Episode(
+    ) -> EpisodeState:
+        episode = EpisodeState(
             episode_id or self._new_episode_id(), group_id or self.new_group_id(), group_size
         )
         if task is not None:
@@ -395,7 +309,7 @@ class EpisodeRunner:
 
     def _run_in_env(
         self,
-        episode: _Episode,
+        episode: EpisodeState,
         task: Task | None,
         seed: int | None,
         prepared: PreparedEpisode | None,
@@ -431,11 +345,11 @@ class EpisodeRunner:
         try:
             env.close()
         except Exception as exc:
-            return f"the episode's sandbox could not be removed: {_describe(exc)}"
+            return f"the episode's sandbox could not be removed: {describe(exc)}"
         return None
 
     def _reset(
-        self, env: gym.Env, episode: _Episode, task: Task | None, seed: int | None
+        self, env: gym.Env, episode: EpisodeState, task: Task | None, seed: int | None
     ) -> tuple[str, dict[str, Any]]:
         """``env.reset`` for ``episode``, its prompt encoded; what reset returned."""
 
@@ -455,7 +369,7 @@ class EpisodeRunner:
     def _play(
         self,
         env: gym.Env,
-        episode: _Episode,
+        episode: EpisodeState,
         task: Task | None,
         seed: int | None,
         reset: tuple[str, dict[str, Any]] | None,
@@ -506,10 +420,10 @@ class EpisodeRunner:
                 Message("assistant", action.text, action.token_ids),
                 Message("user", observation, observation_ids),
             ]
-        return _outcome(reward, info)
+        return outcome(reward, info)
 
     def _tool_finished(
-        self, episode: _Episode, observation: str, info: dict[str, Any]
+        self, episode: EpisodeState, observation: str, info: dict[str, Any]
     ) -> tuple[int, ...]:
         """Publish the observation of the episode's last action (a tool's output, or the
         corrective message of an unparseable action) and record it in the trajectory."""
@@ -531,7 +445,7 @@ class EpisodeRunner:
     def _version(self, action_version: int | None) -> int:
         return self.agent.policy_version if action_version is None else action_version
 
-    def _publish(self, event: Event, episode: _Episode) -> None:
+    def _publish(self, event: Event, episode: EpisodeState) -> None:
         """Send ``event`` to the sink; once sent, it is part of the episode's record."""
         try:
             self.sink(event)
@@ -539,7 +453,7 @@ class EpisodeRunner:
             raise SinkError(f"event sink failed on {type(event).__name__}: {exc}") from exc
         episode.record.fold(event)
 
-    def _start(self, episode: _Episode) -> None:
+    def _start(self, episode: EpisodeState) -> None:
         self._publish(
             EpisodeStarted(
                 episode_id=episode.episode_id,
@@ -552,7 +466,7 @@ class EpisodeRunner:
             episode,
         )
 
-    def _complete(self, episode: _Episode, reason: StopReason) -> None:
+    def _complete(self, episode: EpisodeState, reason: StopReason) -> None:
         self._publish(
             EpisodeCompleted(
                 episode_id=episode.episode_id,
@@ -562,7 +476,7 @@ class EpisodeRunner:
             episode,
         )
 
-    def _conclude(self, episode: _Episode, reason: StopReason, grade: Grade) -> Trajectory:
+    def _conclude(self, episode: EpisodeState, reason: StopReason, grade: Grade) -> Trajectory:
         """Publish whatever of the skeleton is missing, then ``RewardReady``."""
         if episode.record.started is None:
             self._start(episode)
@@ -580,19 +494,3 @@ class EpisodeRunner:
         # The stop reason is the episode's outcome (a grading failure after the episode ended
         # is ``error``), which its ``EpisodeCompleted`` could not know yet.
         return replace(episode.record.trajectory(), stop_reason=reason.value)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _outcome(reward: float, info: dict[str, Any]) -> tuple[StopReason, Grade]:
-    """The stop reason and grade of a terminal ``step``'s return (the graded reward, or an
-    infrastructure failure; a wrapper that truncated the episode itself counts as the turn
-    limit)."""
-    if info.get("infra_failure"):
-        details = dict(info.get("grade_details") or {})
-        details["error"] = info.get("error") or details.get("error")
-        return StopReason.ERROR, Grade(0.0, infra_failure=True, details=details)
-    reason = info.get("termination_reason") or StopReason.MAX_TURNS
-    return StopReason(reason), Grade(float(reward), details=dict(info.get("grade_details", {})))
