@@ -6,8 +6,10 @@ and cancellation as ``run_episode``) advanced by a coroutine. An action awaits t
 batched completion (``PolicyAgent.request``, the ``DynamicBatcher``'s future, then
 ``PolicyAgent.action``), so every live episode's request waits in the same batch and no thread
 is parked per episode. An env call that may block (making a sandbox, a sandboxed command, a
-grader) runs on a bounded pool of threads, and the batcher does not wait for the episode
-meanwhile (``DynamicBatcher.away``: its next request comes only after the call). An env that
+grader) runs on at most ``max_concurrency`` threads (``ThreadHops``: a put on a queue they
+take from, the results delivered to the loop in one wake-up), and the batcher does not wait
+for the episode meanwhile (``DynamicBatcher.away``: its next request comes only after the
+call). An env that
 declares that its steps answer at once (``environments.core.INSTANT_STEPS``, carried by
 ``ActionNeeded.instant_steps``) is stepped on the loop itself: a thread hop per turn costs the
 interpreter changing hands twice, which is most of what the engine would wait for between two
@@ -29,10 +31,9 @@ agent's ``act``, on the pool of threads, since an agent may block.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from environments.agents import Action
@@ -42,6 +43,7 @@ from thundersync.protocol.events import now
 from thundersync.protocol.types import Trajectory
 from thundersync.training.arrivals import BatchArrivals
 from thundersync.training.engines.batcher import DynamicBatcher
+from thundersync.training.hops import ThreadHops
 from thundersync.training.preparations import Preparation, Preparations
 
 
@@ -74,9 +76,9 @@ class EpisodeDriver:
         self.agent: Any = runner.agent
         self.batcher = batcher
         self.max_concurrency = max_concurrency
-        # One thread per live episode at most: an episode runs one env call or action at a time.
-        self._threads = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode")
         self._loop = asyncio.new_event_loop()
+        # One thread per live episode at most: an episode runs one env call or action at a time.
+        self._hops = ThreadHops(self._loop, max_concurrency, name="episode")
         self._slots = asyncio.Semaphore(max_concurrency)
         self._queued: set[asyncio.Task[None]] = set()  # submitted, waiting for a slot
         self._tasks: set[asyncio.Task[None]] = set()  # submitted, not ended
@@ -142,7 +144,7 @@ class EpisodeDriver:
             if self.batcher is not None:
                 self.batcher.remove_settle_hook(self._arrivals.wake)
             self._loop.close()
-            self._threads.shutdown(wait=True)
+            self._hops.shutdown()
 
     # --- the loop's thread -------------------------------------------------------------------
 
@@ -273,13 +275,7 @@ class EpisodeDriver:
     async def _in_thread(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the pool; awaited to its end even if this task is cancelled, since
         the episode's generator must not be touched while a thread runs it."""
-        running = self._loop.run_in_executor(self._threads, call)
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                await running
-            raise
+        return await self._hops.run(call)
 
 
 def _advance(
