@@ -38,6 +38,10 @@ namespace per command cost ~20 ms of CPU and ~25 ms of wall time here). Isolatio
   cgroup v1 here), ``memory_mb`` also bounds the sandbox's total
   memory; otherwise the total is only bounded by ``pids × memory_mb``. ``cpus`` is not
   enforced; ``/tmp`` is a tmpfs of ``host_view.TMPFS_BYTES``.
+- Tools run behind the trainer: the session's processes at nice ``bwrap_session.NICE`` (10),
+  and its scheduling autogroup (a new session is a group of its own, as heavy as the whole
+  trainer) at the same nice where the host may set it (root). A preference for the shared
+  cores, not an isolation boundary.
 - ``close()`` may come from another thread (a run being cancelled): it kills the running
   command at once, and that ``execute`` raises SandboxError.
 
@@ -326,6 +330,8 @@ class BwrapSandbox:
         if closed:
             session.kill()
         ready = session.wait_ready(capture, deadline)
+        if ready:
+            bwrap_session.lower_priority(proc.pid)
         if ready is False:
             self._end_session()
             if self._closed:

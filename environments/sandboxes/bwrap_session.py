@@ -43,6 +43,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from environments.sandboxes.capture import (
     READ_CHUNK_BYTES,
@@ -55,10 +56,21 @@ from environments.sandboxes.protocol import MAX_ARGV_CMD_BYTES
 KILLED_EXIT_CODE = 128 + signal.SIGKILL
 END_S = 2.0
 """How long an idle session may take to end by itself before it is killed."""
+NICE = 10
+"""The nice value of a session's processes and of its scheduling group. Tools run behind the
+trainer on a shared machine: the loop that sends every episode its next step, the engine and
+the learner take the cores first, and tools use what they leave. Where the kernel groups
+processes by session (autogroups), a new session, as bwrap's ``--new-session`` makes, is a
+group of its own that weighs as much as the whole trainer, whatever its processes' nice: 32
+sandboxes outweighed the trainer 32 to 1. So the host sets the group's nice too
+(``lower_priority``; at 10 a sandbox weighs about a tenth of the trainer). A preference, not a
+limit: a command cannot go below it (that needs ``CAP_SYS_NICE``) but may set its group back to
+0. Measured in docs/measurements.md ("agent loop")."""
 
 INIT = r"""
 import ctypes, os, resource, signal, sys
 
+os.nice(int(sys.argv[6]))  # with autogroups, the host sets the session's group too
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/<init>/mem
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 results = int(sys.argv[1])
@@ -160,8 +172,22 @@ def init_argv(limits: Limits, results_fd: int, python: str) -> list[str]:
     isolated from site-packages and the environment, running INIT."""
     numbers = (limits.address_space_bytes, limits.processes + 1, limits.file_bytes)
     return [python, "-I", "-S", "-c", INIT, str(results_fd), *map(str, numbers)] + [
-        str(MAX_ARGV_CMD_BYTES)
+        str(MAX_ARGV_CMD_BYTES),
+        str(NICE),
     ]
+
+
+def lower_priority(bwrap_pid: int) -> None:
+    """Set the autogroup of the session under ``bwrap_pid`` (made by its ``--new-session``,
+    holding bwrap's child and everything the session runs) to ``NICE``. Only root may set a
+    group's nice freely: other users are limited to one change in 100 ms on the whole machine,
+    so a burst of sessions mostly keeps nice 0 groups (the processes' own nice still holds
+    where the kernel has no autogroups). Best effort: a kernel without autogroups or without
+    ``/proc/PID/task/PID/children`` leaves it as it is."""
+    with contextlib.suppress(OSError, ValueError):
+        children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+        if children:
+            Path(f"/proc/{int(children[0])}/autogroup").write_text(str(NICE))
 
 
 class Session:

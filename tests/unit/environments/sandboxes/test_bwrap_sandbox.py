@@ -19,6 +19,7 @@ from environments.sandboxes import (
     SandboxError,
     SandboxSpec,
     bwrap,
+    bwrap_session,
     host_view,
 )
 
@@ -381,3 +382,24 @@ def test_a_sandbox_whose_pipes_number_past_1024_still_runs_commands() -> None:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert (result.output, result.exit_code) == ("high\n", 0)
+
+
+def test_tools_run_behind_the_trainer_and_cannot_raise_their_priority() -> None:
+    """A sandbox's processes run at ``NICE`` and cannot go below it; where the kernel groups
+    processes by session (autogroups) and the host may set a group's nice (root), the session's
+    group is at ``NICE`` too, for every sandbox of a burst started together (a group of its
+    own at nice 0 weighs as much as the whole trainer)."""
+    nice = bwrap_session.NICE
+    sandboxes = [BwrapSandbox(SandboxSpec()) for _ in range(4)]
+    try:
+        outputs = [
+            sb.execute("nice; renice -n 0 -p $$ >/dev/null 2>&1; nice", 10) for sb in sandboxes
+        ]
+        assert all(out.output.split() == [str(nice), str(nice)] for out in outputs)
+        if os.geteuid() == 0 and Path("/proc/self/autogroup").is_file():
+            groups = [sb.execute("cat /proc/self/autogroup", 10).output for sb in sandboxes]
+            assert all(group.split()[-2:] == ["nice", str(nice)] for group in groups)
+            assert len(set(groups)) == len(sandboxes)  # each session a group of its own
+    finally:
+        for sb in sandboxes:
+            sb.close()
