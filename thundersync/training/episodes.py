@@ -9,15 +9,14 @@ is parked per episode. An env call that may block (making a sandbox, a sandboxed
 grader) runs on at most ``max_concurrency`` threads (``ThreadHops``: a put on a queue they
 take from, the results delivered to the loop in one wake-up), and the batcher does not wait
 for the episode meanwhile (``DynamicBatcher.away``: its next request comes only after the
-call). An env that
-declares that its steps answer at once (``environments.core.INSTANT_STEPS``, carried by
-``ActionNeeded.instant_steps``) is stepped on the loop itself: a thread hop per turn costs the
-interpreter changing hands twice, which is most of what the engine would wait for between two
-batches (docs/design.md §5). An episode's first call (making and resetting its env) runs where
-the previous episode's env said its steps run: a runner's envs all come from one ``make_env``,
-and resets that hop to threads all at once reach the batcher staggered, splitting the first
-batch. Until some env has said, a first call runs on the pool without the episode counted away,
-so the first batch still waits for every episode.
+call). An env that declares that its steps answer at once (``environments.core.INSTANT_STEPS``,
+carried by ``ActionNeeded.instant_steps``) is stepped on the loop itself: a thread hop per turn
+costs the interpreter changing hands twice, which is most of what the engine would wait for
+between two batches (docs/design.md §5). An episode's first call (making and resetting its
+env) runs where the previous episode's env said its steps run: a runner's envs all come from
+one ``make_env``, and resets that hop to threads all at once reach the batcher staggered,
+splitting the first batch. Until some env has said, a first call runs on the pool without the
+episode counted away, so the first batch still waits for every episode.
 An ``asyncio.Semaphore`` bounds the episodes live at once (``max_concurrency``).
 
 ``prepare_all`` makes and resets the envs of episodes to be submitted later, once no episode
