@@ -6,8 +6,9 @@ pool's threads also take, so the loop's thread waits on them while the interpret
 hands) and a wake-up of the loop through its socket for each result. When a batch of completions
 sends dozens of episodes to their tools at once, those costs add up on the loop's thread, in
 series, before the last episode's tool starts, and the engine waits for them (docs/design.md §5).
-Here a call is a put on a lock-free queue that idle threads take from, and the results that
-come back while the loop is busy are delivered in one wake-up.
+Here a call is a put on a ``queue.SimpleQueue`` (one C call, no lock shared with the threads'
+Python) that idle threads take from, and the results that come back while the loop is busy are
+delivered in one wake-up.
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ class ThreadHops:
         while (item := self._calls.get()) is not _STOP:
             call, result = item
             try:
-                outcome = (True, call())
+                done = (result, True, call())
             except BaseException as exc:  # delivered to the awaiting task
-                outcome = (False, exc)
-            self._done.append((result, *outcome))
-            del item, call, result, outcome
+                done = (result, False, exc)
+            self._done.append(done)
+            del item, call, result, done  # no reference kept while the thread waits
             if not self._waking:  # a second wake-up is harmless; a missing one is not
                 self._waking = True
                 try:
