@@ -10,8 +10,9 @@ workload in one mode, read back from its run folder (docs/design.md §4):
   (a trajectory; an OPD turn) what one costs alone, o + b, with o and b fitted to the run's own
   backward passes by the replay (GRPO: o per micro-batch, b a lone piece of the run's mean
   length, from costs per padded token; OPD: a pass of k turns costs o + k·b); the *strict*
-  bound charges it its share of the batched learner time, L_sync / N, measured in the
-  workload's sync run, as if streaming lost nothing to small passes;
+  bound charges it its share of the batched learner time measured in the workload's sync run,
+  by its tokens (L_sync · nᵢ / Σ n; L_sync / N per OPD turn), as if streaming lost nothing to
+  small passes;
 - **idle fractions** of the learner and of the engine (rollout) per step;
 - **peak accumulator memory** in multiples of the trainable parameters (against 2·open groups
   + 1, and against ``--buffer-budget-bytes`` in the budget cell);
@@ -55,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.critical_path import (  # noqa: E402
-    batched_cost_per_trajectory,
+    BatchedCost,
+    batched_cost,
     bound,
     step_windows,
 )
@@ -140,7 +142,7 @@ def train(
     return out
 
 
-def cell(run: Path, *, strict_cost: float | None) -> dict[str, Any]:
+def cell(run: Path, *, strict_cost: BatchedCost | None) -> dict[str, Any]:
     """The numbers of one run (its first step, the warm-up, left out)."""
     config = json.loads((run / "config.json").read_text())
     windows = step_windows(run)[1:]
@@ -233,7 +235,7 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
         if args.repeats > 1:
             under = under / f"repeat-{r}"
         runs = {mode: train(under / mode, model, workload, mode, args) for mode in order}
-        strict_cost = batched_cost_per_trajectory(runs["sync"])
+        strict_cost = batched_cost(runs["sync"])
         cells = {mode: cell(runs[mode], strict_cost=strict_cost) for mode in workload.modes}
         for numbers in cells.values():
             numbers["speedup_vs_sync"] = cells["sync"]["step_time_s"] / numbers["step_time_s"]
@@ -249,10 +251,16 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
     return {
         "env_kwargs": workload.env_kwargs,
         "algo": workload.algo,
-        "strict_cost_per_item_s": statistics.median(strict_costs),
+        "strict_cost_per_item_s": statistics.median(c.per_item for c in strict_costs),
+        "strict_cost_per_token_s": median_or_none([c.per_token for c in strict_costs]),
         "makespan_over_learner": row["sync"]["makespan_s"] / row["sync"]["learner_s"],
         "modes": row,
     }
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if len(known) == len(values) else None
 
 
 def median_cell(runs: list[dict[str, Any]], *, by: str) -> dict[str, Any]:
@@ -328,9 +336,15 @@ def print_matrix(result: dict[str, Any]) -> None:
                 f"{c['peak_accumulators']:>7.1f}{sim['predicted_step_time_s']:>8.3f}"
                 f"{sim['error']:>+7.0%}"
             )
+        per_token = row.get("strict_cost_per_token_s")
+        charge = (
+            f"{per_token * 1e6:.1f} us per token"
+            if per_token is not None
+            else f"{row['strict_cost_per_item_s'] * 1000:.1f} ms per item"
+        )
         print(
             f"{'':<13}makespan / L_sync {row['makespan_over_learner']:.2f}; strict bound "
-            f"charges {row['strict_cost_per_item_s'] * 1000:.1f} ms per item"
+            f"charges {charge}"
         )
         if result.get("repeats", 1) > 1:
             ratios = "; ".join(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bootstrap import median_ci
-from harness.critical_path import batched_cost_per_trajectory
+from harness.critical_path import BatchedCost, batched_cost
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
 
@@ -119,10 +119,16 @@ def _step_statistics(runs: list[Any], sync_folders: dict[int, Path]) -> dict[str
     }
     out["clip_fraction"] = _mean(m["learner"].get("clip_fraction") for m in metrics)
     if sync_folders:  # b_i: the sync runs' batched learner cost, median over their seeds
-        cost = statistics.median(batched_cost_per_trajectory(f) for f in sync_folders.values())
+        costs = [batched_cost(f) for f in sync_folders.values()]
+        per_token = [c.per_token for c in costs if c.per_token is not None]
+        cost = BatchedCost(
+            statistics.median(c.per_item for c in costs),
+            statistics.median(per_token) if len(per_token) == len(costs) else None,
+        )
         efficiencies = [critical_path(run.folder, cost).get("efficiency") for run in runs]
         out["bound_efficiency"] = median_ci(efficiencies)
-        out["cost_per_trajectory_s"] = cost
+        out["cost_per_trajectory_s"] = cost.per_item
+        out["cost_per_token_s"] = cost.per_token
     return out
 
 

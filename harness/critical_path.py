@@ -6,9 +6,11 @@ trajectory, the best any zero-staleness schedule can do on one learner is
 
     T* = max_k ( c₍ₖ₎ + Σ_{j≥k} b₍ⱼ₎ ) + optimizer + weight sync
 
-over trajectories sorted by cᵢ. bᵢ = L_sync / N, the *batched* learner cost per trajectory
-measured in a sync run (a lone trajectory's backward costs more, so this bound assumes
-streaming loses nothing to batching). Streaming's efficiency is T* / T.
+over trajectories sorted by cᵢ. bᵢ is trajectory i's share of the *batched* learner time of a
+sync run, by its tokens: bᵢ = L_sync · nᵢ / Σ n (``BatchedCost``; L_sync / N where the lengths
+are unknown). A lone trajectory's backward costs more, so this bound assumes streaming loses
+nothing to batching; and the share follows the tokens because the long trajectories (more
+turns) are the expensive ones and finish last. Streaming's efficiency is T* / T.
 
 With early start a trajectory's backward may begin when its episode completes (eᵢ), before
 its reward: the bound is then max( max_k (e₍ₖ₎ + Σ_{j≥k} b₍ⱼ₎), max cᵢ ) + optimizer + sync.
@@ -268,6 +270,31 @@ def step_windows(run: Path) -> list[StepWindow]:
     return windows
 
 
+@dataclass(frozen=True, slots=True)
+class BatchedCost:
+    """A sync run's batched learner time, as the strict bound charges it to a work item."""
+
+    per_item: float
+    """L_sync / N (``batched_cost_per_trajectory``)."""
+    per_token: float | None = None
+    """L_sync / Σ nᵢ over the batch's trajectories' context tokens, the median over steps;
+    None where the lengths are unknown (OPD's items are turns)."""
+
+
+def batched_cost(sync_run: Path) -> BatchedCost:
+    """The strict bound's costs from a sync run: per item, and per token where its events say
+    every trajectory's length."""
+    windows = [w for w in step_windows(sync_run) if w.work_times]
+    per_item = batched_cost_per_trajectory(sync_run)
+    sized = [w for w in windows if w.episodes and all(e.tokens for e in w.episodes)]
+    if not sized or any(w.teacher_times for w in windows):
+        return BatchedCost(per_item)
+    per_token = statistics.median(
+        w.learner_time_s / sum(e.tokens for e in w.episodes) for w in sized
+    )
+    return BatchedCost(per_item, per_token)
+
+
 def batched_cost_per_trajectory(sync_run: Path) -> float:
     """bᵢ = L_sync / N: the sync run's learner time per step (its ``learner.step()`` minus
     the optimizer), divided by the work items per batch (trajectories for GRPO, turns for
@@ -353,15 +380,16 @@ def nonnegative_least_squares(
     return best[1] if best is not None else (0.0,) * width
 
 
-def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool = False) -> float:
-    """T* of one step (seconds from its batch's start), each work item charged
-    ``cost_per_trajectory`` (OPD: each turn, from its teacher score)."""
-    times = window.work_times
-    if early_start and not window.teacher_times:
-        times = window.completed_times
-    ready = sorted(t - window.submitted_at for t in times)
-    n = len(ready)
-    tail = max((c + (n - k) * cost_per_trajectory for k, c in enumerate(ready)), default=0.0)
+def bound(window: StepWindow, cost: float | BatchedCost, *, early_start: bool = False) -> float:
+    """T* of one step (seconds from its batch's start), each work item charged ``cost`` (OPD:
+    each turn, from its teacher score); a ``BatchedCost`` with a cost per token charges each
+    trajectory its tokens' share."""
+    items = _charged(window, cost, early_start=early_start)
+    items.sort()
+    rest = sum(b for _, b in items)
+    tail = 0.0
+    for ready, b in items:
+        tail, rest = max(tail, ready + rest), rest - b
     if early_start and not window.teacher_times:
         tail = max([tail, *(t - window.submitted_at for t in window.reward_times)])
     if window.teacher_times:  # OPD: no turn is known to be the last before its episode ends
@@ -370,11 +398,39 @@ def bound(window: StepWindow, cost_per_trajectory: float, *, early_start: bool =
     return tail + overhead
 
 
+def _charged(
+    window: StepWindow, cost: float | BatchedCost, *, early_start: bool
+) -> list[tuple[float, float]]:
+    """(ready time from the batch's start, cost) of each of the step's work items."""
+    start = window.submitted_at
+    per_token = cost.per_token if isinstance(cost, BatchedCost) else None
+    episodes = window.episodes
+    if (
+        per_token is not None
+        and not window.teacher_times
+        and episodes
+        and all(e.tokens for e in episodes)
+    ):
+        return [
+            (
+                ((e.completed if early_start and e.completed is not None else e.reward) or 0.0)
+                - start,
+                per_token * e.tokens,
+            )
+            for e in episodes
+        ]
+    each = cost.per_item if isinstance(cost, BatchedCost) else cost
+    times = window.work_times
+    if early_start and not window.teacher_times:
+        times = window.completed_times
+    return [(t - start, each) for t in times]
+
+
 def summarize(
-    run: Path, cost_per_trajectory: float | None = None, *, skip_first: bool = True
+    run: Path, cost: float | BatchedCost | None = None, *, skip_first: bool = True
 ) -> dict[str, Any]:
-    """Median step time and, given bᵢ, median T* and T*/T of a run (its first step, a
-    warm-up, left out when ``skip_first`` and there are others)."""
+    """Median step time and, given bᵢ (``cost``), median T* and T*/T of a run (its first step,
+    a warm-up, left out when ``skip_first`` and there are others)."""
     windows = step_windows(run)
     if skip_first and len(windows) > 1:
         windows = windows[1:]
@@ -385,10 +441,10 @@ def summarize(
         "step_time_s": statistics.median(w.time_s for w in windows),
         "step_times_s": [w.time_s for w in windows],
     }
-    if cost_per_trajectory is not None:
+    if cost is not None:
         config = run / "config.json"
         early = config.is_file() and bool(json.loads(config.read_text()).get("early_start"))
-        bounds = [bound(w, cost_per_trajectory, early_start=early) for w in windows]
+        bounds = [bound(w, cost, early_start=early) for w in windows]
         out["bound_s"] = statistics.median(bounds)
         out["efficiency"] = statistics.median(b / w.time_s for b, w in zip(bounds, windows))
     return out

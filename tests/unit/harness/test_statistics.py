@@ -104,3 +104,39 @@ def test_the_compare_verdict_names_every_mode_and_fits_80_columns():
         "compare: accuracy at 41 s: sync 0.61, async-k1 0.42, streaming 0.58",
     ]
     assert all(len(line) <= 80 for line in lines)
+
+
+def test_the_strict_bound_charges_each_trajectory_its_tokens_share(tmp_path):
+    """A short trajectory ready early and a long one ready last: charged L_sync / N each, the
+    long one's work would look cheap; charged by tokens it is most of the learner's time."""
+    from harness.critical_path import batched_cost
+    from tests.unit.harness.run_folders import write_run
+
+    def step(start: float) -> dict:
+        # two trajectories of 10 and 90 tokens rewarded at +0.1 and +1.0; 2.0 s of learning
+        # (a 2.5 s step less its 0.5 s optimizer), then 0.25 s publishing weights
+        return {
+            "start": start,
+            "end": start + 3.75,
+            "episodes": [
+                ("g0-e0", 10, start + 0.05, start + 0.1),
+                ("g0-e1", 90, start + 0.9, start + 1.0),
+            ],
+            "spans": [
+                ("step", start + 1.0, start + 3.5),
+                ("optimizer", start + 3.0, start + 3.5),
+                ("weight_publish", start + 3.5, start + 3.75),
+            ],
+        }
+
+    sync = write_run(tmp_path / "sync", {"mode": "sync"}, [step(0.0), step(10.0)])
+    cost = batched_cost(sync)
+    assert cost.per_item == pytest.approx(1.0)  # 2.0 s over 2 trajectories
+    assert cost.per_token == pytest.approx(0.02)  # 2.0 s over 100 tokens
+    (window, _) = step_windows(sync)
+    # per item: max(0.1 + 2 × 1.0, 1.0 + 1.0) = 2.1; per token: max(0.1 + 0.2 + 1.8, 1.0 + 1.8)
+    # = 2.8; each plus 0.5 + 0.25 of optimizer and publishing
+    assert bound(window, cost.per_item) == pytest.approx(2.85)
+    assert bound(window, cost) == pytest.approx(3.55)
+    # early start: the long one's backward may begin at its completion, +0.9
+    assert bound(window, cost, early_start=True) == pytest.approx(0.9 + 1.8 + 0.75)
