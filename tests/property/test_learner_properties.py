@@ -138,6 +138,34 @@ def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, op
     assert float((step_grad(model) - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
 
 
+@given(
+    seed=st.integers(0, 10**6),
+    kl=st.sampled_from([0.0, 0.1]),
+    scale=st.booleans(),
+    rewards_last=st.booleans(),
+)
+def test_early_start_without_a_budget_holds_two_buffers_per_group_and_one_more(
+    model, tiny_model_dirs, seed, kl, scale, rewards_last
+):
+    """Early start needs no buffer per trajectory: what does not depend on the reward runs at
+    completion into the group's accumulators, the rest at the reward. Its peak stays within
+    (2 · groups + 1) parameter copies, and the step is the textbook's."""
+    reference = load_model(tiny_model_dirs["gpt2"], dtype=torch.float64) if kl else None
+    objective = GRPO(kl_coef=kl, scale_by_std=scale)
+    shape = BatchShape(max_groups=3, max_group_size=6, max_turns=2, max_tokens=40)
+    events = random_batch(seed, model.config.vocab_size, shape)
+    if rewards_last:  # long grading: every episode completes before the first reward
+        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
+        events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+    groups = {e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+    grad, _, metrics = run(
+        model, objective, events, streaming=True, early_start=True, reference=reference
+    )
+    assert metrics["peak_buffer_bytes"] <= (2 * len(groups) + 1) * metrics["buffer_bytes"]
+    book = textbook.gradient(model, objective, events, reference)
+    assert float((grad - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
+
+
 def test_an_unlimited_budget_really_holds_groups_open(model):
     """The budget test above must be able to fail: without a budget, buffers are used."""
     shape = BatchShape(

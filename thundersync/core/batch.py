@@ -150,15 +150,15 @@ def piece_sums(
     objective: GRPO,
     items: list[tuple[EpisodeRecord, float]],
     *,
-    weighted: torch.Tensor,
-    pieces: torch.Tensor,
+    weighted: torch.Tensor | None,
+    pieces: torch.Tensor | None,
     kl: torch.Tensor | None,
 ) -> None:
     """For (trajectory i, cᵢ) items of one open group, add Σ cᵢhᵢ to ``weighted``, Σ hᵢ to
-    ``pieces`` and Σ kᵢ to ``kl`` (None: the objective has no KL term) (hᵢ, kᵢ:
-    ``gradients.grpo_piece``'s, on-policy): one padded
-    forward per micro-batch and a backward per sum, where ``grpo_piece`` takes a forward and
-    one or two backwards per trajectory. The same sums, in another floating-point order."""
+    ``pieces`` and Σ kᵢ to ``kl`` (hᵢ, kᵢ: ``gradients.grpo_piece``'s, on-policy), each sum
+    whose target is not None: one padded forward per micro-batch and a backward per sum,
+    where ``grpo_piece`` takes a forward and one or two backwards per trajectory. The same
+    sums, in another floating-point order."""
     for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
         logps, refs = _forwards(ctx, objective, trajectories)
         zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
@@ -171,10 +171,13 @@ def piece_sums(
             piece_loss = piece_loss + pg
             if kl_term is not None:
                 kl_loss = kl_loss + kl_term
-        weighted.add_(flat_grad(ctx.policy.params, weighted_loss, retain=True))
-        pieces.add_(flat_grad(ctx.policy.params, piece_loss, retain=kl is not None))
-        if kl is not None:
-            kl.add_(flat_grad(ctx.policy.params, kl_loss))
+        sums = [
+            (target, loss)
+            for target, loss in ((weighted, weighted_loss), (pieces, piece_loss), (kl, kl_loss))
+            if target is not None
+        ]
+        for n, (target, loss) in enumerate(sums):
+            target.add_(flat_grad(ctx.policy.params, loss, retain=n + 1 < len(sums)))
 
 
 def _forwards(

@@ -12,6 +12,14 @@ processed with its final advantage directly (batched, no buffer); so is every me
 group that could not open within the buffer budget: exact, just later. Rewarded trajectories
 of one open group that a drain finds together are deposited in one batched pass
 (``batch.piece_sums``: the three sums, a backward each per micro-batch).
+
+Early start (a trajectory's work at ``EpisodeCompleted``, before its reward) splits that work
+in two: what does not depend on the reward, hᵢ into H_g and kᵢ (the KL term's gradient) into
+its target, runs at completion; (rᵢ − c) hᵢ into W_g runs at the reward, one forward and one
+backward where a deposit takes three. So the accumulators stay one set per open group. A
+trajectory's whole (hᵢ, kᵢ) is held to its reward instead, with nothing left to do then, only
+where the buffer budget (``--buffer-budget-bytes``, else 2 · groups + 1 copies) has room for it
+besides every open group's accumulators (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -73,6 +81,9 @@ class StreamingGRPO:
         """Episodes with work to run at the next ``drain``."""
         self.early_pieces: dict[str, Piece] = {}
         """(h_i, k_i) computed at ``EpisodeCompleted`` (early start), waiting for the reward."""
+        self.halved: set[str] = set()
+        """Early start's split: episodes whose h_i is in H_g and k_i in its target, their
+        (r_i − c) h_i still to come at the reward."""
         self.accounted: set[str] = set()
         """Episodes whose contribution is in (or that contribute nothing)."""
         self._total: torch.Tensor | None = None
@@ -90,6 +101,7 @@ class StreamingGRPO:
         if eid not in self.accounted:
             if rec.is_infra_failure:
                 self._release_early(eid)
+                self._retract(g, rec)
                 self.accounted.add(eid)
                 self.unblocked.pop(eid, None)
             elif rec.tokens_ready and (rec.has_reward or g.closed or self.early_start):
@@ -104,6 +116,7 @@ class StreamingGRPO:
         (``_deposit``)."""
         finals: list[tuple[GroupState, EpisodeRecord]] = []
         deposits: dict[str, list[EpisodeRecord]] = {}
+        early: list[EpisodeRecord] = []
         unblocked, self.unblocked = list(self.unblocked.values()), {}
         for rec in unblocked:
             eid = rec.episode_id
@@ -116,10 +129,16 @@ class StreamingGRPO:
                 finals.append((g, rec))
             elif rec.has_reward:
                 deposits.setdefault(g.group_id, []).append(rec)
-            elif self.early_start and eid not in self.early_pieces:
-                self._precompute(rec)
+            elif self.early_start and eid not in self.early_pieces and eid not in self.halved:
+                early.append(rec)
         for gid, recs in deposits.items():
             self._deposit(self.groups[gid], recs)
+        halves: dict[str, list[EpisodeRecord]] = {}
+        for rec in early:  # held whole where the budget has room, else split
+            if not self._precompute(rec):
+                halves.setdefault(self.group_of[rec.episode_id].group_id, []).append(rec)
+        for gid, recs in halves.items():
+            self._first_half(self.groups[gid], recs)
         self._run_finals(finals)
 
     def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
@@ -164,13 +183,54 @@ class StreamingGRPO:
             g.kl_sum = self.ctx.pool.take()
         return True
 
-    def _precompute(self, rec: EpisodeRecord) -> None:
+    def _group_buffers(self) -> int:
+        return 1 + int(self._holds_weighted_sum()) + int(self._holds_kl_sum())
+
+    def _precompute(self, rec: EpisodeRecord) -> bool:
+        """Hold ``rec``'s whole piece for its reward if the budget has room for it besides
+        every open group's accumulators; False if not (it is split: ``_first_half``)."""
         count = 1 + int(self.objective.kl_coef != 0.0)
-        if not self.ctx.pool.fits(count):
-            return
-        h, k = self._backward(rec)
         pool = self.ctx.pool
+        unopened = sum(not g.closed and g.piece_sum is None for g in self.groups.values())
+        need = (count + unopened * self._group_buffers()) * pool.buffer_bytes
+        cap = pool.budget_bytes
+        if cap is None:
+            cap = (2 * len(self.groups) + 1) * pool.buffer_bytes
+        if pool.bytes_in_use + need > cap:
+            return False
+        h, k = self._backward(rec)
         self.early_pieces[rec.episode_id] = (pool.take(h), None if k is None else pool.take(k))
+        return True
+
+    def _first_half(self, g: GroupState, recs: list[EpisodeRecord]) -> None:
+        """Early start's work at completion that needs no reward: Σ hᵢ into H_g and Σ kᵢ into
+        its target, one batched pass (if ``g`` can open within the budget; else the
+        trajectories wait for their rewards)."""
+        if not self._open(g) or g.piece_sum is None:
+            return
+        started = ev.now()
+        piece_sums(
+            self.ctx,
+            self.objective,
+            [(rec, 0.0) for rec in recs],
+            weighted=None,
+            pieces=g.piece_sum,
+            kl=self._kl_target(g) if self.objective.kl_coef != 0.0 else None,
+        )
+        for rec in recs:
+            self.halved.add(rec.episode_id)
+            self.ctx.published(rec.episode_id, None, started)
+
+    def _retract(self, g: GroupState, rec: EpisodeRecord) -> None:
+        """Take a split trajectory that turned out an infrastructure failure back out of H_g
+        and the KL target (its piece again: the parameters have not changed)."""
+        if rec.episode_id not in self.halved or g.piece_sum is None:
+            return
+        self.halved.discard(rec.episode_id)
+        h, k = self._backward(rec)
+        g.piece_sum.sub_(h)
+        if k is not None:
+            self._kl_target(g).sub_(k)
 
     def _release_early(self, eid: str) -> Piece | None:
         piece = self.early_pieces.pop(eid, None)
@@ -187,13 +247,21 @@ class StreamingGRPO:
             return  # over budget: they wait for their group (or keep their early pieces)
         g.shift = shift = recs[0].reward_value if g.shift is None else g.shift
         pieces = g.piece_sum
-        fresh = []
+        fresh, halved = [], []
         for rec in recs:
             piece = self._release_early(rec.episode_id)
-            if piece is None:
+            if rec.episode_id in self.halved:
+                halved.append((rec, rec.reward_value - shift))
+            elif piece is None:
                 fresh.append(rec)
             else:
                 self._add_piece(g, pieces, rec.reward_value - shift, piece)
+        if halved:  # the reward's half: (rᵢ − c) hᵢ only
+            started = ev.now()
+            weighted = self._weighted_target(g)
+            piece_sums(self.ctx, self.objective, halved, weighted=weighted, pieces=None, kl=None)
+            for rec, _ in halved:
+                self.ctx.published(rec.episode_id, None, started)
         if len(fresh) == 1:
             self._add_piece(g, pieces, fresh[0].reward_value - shift, self._backward(fresh[0]))
         elif fresh:
@@ -239,6 +307,11 @@ class StreamingGRPO:
             self._admit_waiting()
             return
         g.stats = group_stats(rewards, self.objective) if not degenerate else (0.0, 1.0)
+        split = [
+            m for m in kept if m.episode_id in self.halved and m.episode_id not in self.accounted
+        ]
+        if split:  # their (rᵢ − c) hᵢ, before the fold uses W_g
+            self._deposit(g, split)
         if g.piece_sum is not None:
             self._fold(g, degenerate)
         for m in kept:
