@@ -28,6 +28,7 @@ from thundersync.core.objectives import (
     grpo_terms,
     importance_weights,
     opd_term,
+    pg_term,
     ppo_clip_loss,
 )
 from thundersync.core.policy import ActionLogprobs
@@ -158,15 +159,26 @@ def piece_sums(
     ``pieces`` and Σ kᵢ to ``kl`` (hᵢ, kᵢ: ``gradients.grpo_piece``'s, on-policy), each sum
     whose target is not None: one padded forward per micro-batch and a backward per sum,
     where ``grpo_piece`` takes a forward and one or two backwards per trajectory. The same
-    sums, in another floating-point order."""
+    sums, in another floating-point order. ``weighted`` alone (the second half of early
+    start's split, whose first half recorded the tokens' statistics and the KL term) takes no
+    reference forward and records nothing."""
+    second_half = pieces is None and kl is None
     for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
-        logps, refs = _forwards(ctx, objective, trajectories)
+        if second_half:
+            logps = ctx.policy.batch_action_logprobs(trajectories)
+            refs: list[torch.Tensor | None] = [None] * len(trajectories)
+        else:
+            logps, refs = _forwards(ctx, objective, trajectories)
         zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         weighted_loss, piece_loss, kl_loss = zero, zero, zero
         for (_, weight), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
-            pg, kl_term = recorded_terms(
-                objective, ctx.stats, traj, logp.logp_T, logp.entropy_T, ref_T
-            )
+            if second_half:
+                sampler_T = sampler_logprobs(traj, logp.logp_T)
+                pg, kl_term = pg_term(objective, logp.logp_T, sampler_T), None
+            else:
+                pg, kl_term = recorded_terms(
+                    objective, ctx.stats, traj, logp.logp_T, logp.entropy_T, ref_T
+                )
             weighted_loss = weighted_loss + weight * pg
             piece_loss = piece_loss + pg
             if kl_term is not None:

@@ -186,6 +186,13 @@ def kl_penalty(logp_T: torch.Tensor, ref_logp_T: torch.Tensor, estimator: str) -
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+def pg_term(objective: GRPO, logp_T: torch.Tensor, sampler_logp_T: torch.Tensor) -> torch.Tensor:
+    """ℓ_i alone: ``grpo_terms``'s policy-gradient term."""
+    weight = token_weight(objective.loss_agg, logp_T.numel(), objective.max_tokens)
+    rho_T = importance_weights(logp_T, sampler_logp_T, objective.tis_cap)
+    return -(weight * rho_T * logp_T).sum()
+
+
 def grpo_terms(
     objective: GRPO,
     logp_T: torch.Tensor,
@@ -194,11 +201,10 @@ def grpo_terms(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(ℓ_i, κ_i) for one trajectory: its policy-gradient term (to be scaled by A_i) and its
     group-independent KL term, both before the batch denominator D."""
-    weight = token_weight(objective.loss_agg, logp_T.numel(), objective.max_tokens)
-    rho_T = importance_weights(logp_T, sampler_logp_T, objective.tis_cap)
-    pg = -(weight * rho_T * logp_T).sum()
+    pg = pg_term(objective, logp_T, sampler_logp_T)
     if objective.kl_coef == 0.0:
         return pg, None
+    weight = token_weight(objective.loss_agg, logp_T.numel(), objective.max_tokens)
     if ref_logp_T is None:
         raise ValueError("GRPO kl_coef > 0 needs a reference model (Learner(reference=...))")
     kl = objective.kl_coef * weight * kl_penalty(logp_T, ref_logp_T, objective.kl_estimator)

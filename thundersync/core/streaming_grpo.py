@@ -82,6 +82,8 @@ class StreamingGRPO:
         self.early_pieces: dict[str, Piece] = {}
         """(h_i, k_i) computed at ``EpisodeCompleted`` (early start), waiting for the reward."""
         self.halved: set[str] = set()
+        self.remainders: list[tuple[GroupState, EpisodeRecord, float]] = []
+        """Split episodes of groups closed since the last drain, with their (rᵢ − c) / s_g."""
         """Early start's split: episodes whose h_i is in H_g and k_i in its target, their
         (r_i − c) h_i still to come at the reward."""
         self.accounted: set[str] = set()
@@ -139,7 +141,24 @@ class StreamingGRPO:
                 halves.setdefault(self.group_of[rec.episode_id].group_id, []).append(rec)
         for gid, recs in halves.items():
             self._first_half(self.groups[gid], recs)
+        self._run_remainders()
         self._run_finals(finals)
+
+    def _run_remainders(self) -> None:
+        """Closed groups' split episodes: Σ ((rᵢ − c) / s_g) hᵢ into each group's target, one
+        batched pass per target (the fold has put W_g and H_g there)."""
+        by_target: dict[int, tuple[torch.Tensor, list]] = {}
+        remainders, self.remainders = self.remainders, []
+        for g, rec, weight in remainders:
+            target = self._target(g)
+            if target is None:
+                raise InvariantError(f"group {g.group_id!r}: closed with no target")
+            by_target.setdefault(id(target), (target, []))[1].append((rec, weight))
+        for target, items in by_target.values():
+            started = ev.now()
+            piece_sums(self.ctx, self.objective, items, weighted=target, pieces=None, kl=None)
+            for rec, _ in items:
+                self.ctx.published(rec.episode_id, None, started)
 
     def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
         by_target: dict[int, tuple[torch.Tensor, list]] = {}
@@ -310,10 +329,13 @@ class StreamingGRPO:
         split = [
             m for m in kept if m.episode_id in self.halved and m.episode_id not in self.accounted
         ]
-        if split:  # their (rᵢ − c) hᵢ, before the fold uses W_g
-            self._deposit(g, split)
+        shift = 0.0 if g.shift is None else g.shift  # as the fold reads it
         if g.piece_sum is not None:
             self._fold(g, degenerate)
+        for m in split:  # their (rᵢ − c) hᵢ / s_g, batched with other groups' at the drain
+            if not degenerate:
+                self.remainders.append((g, m, (m.reward_value - shift) / g.stats[1]))
+            self.accounted.add(m.episode_id)
         for m in kept:
             if m.tokens_ready and m.episode_id not in self.accounted:
                 self.unblocked[m.episode_id] = m
