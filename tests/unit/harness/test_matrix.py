@@ -68,7 +68,9 @@ def test_the_matrix_reads_each_cell_and_prints_every_verdict(matrix, tmp_path, m
     out = capsys.readouterr().out
     for expected in (
         "balanced T_sync/T_streaming",
+        "the strict bound allows",
         "long-grading early start",
+        "holding every piece",
         "no-overlap T_streaming/T_sync",
         "budget held: True",
         "simulator worst error",
