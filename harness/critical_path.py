@@ -185,26 +185,44 @@ def _episodes(events: list[dict[str, Any]]) -> dict[int, list[EpisodeTimes]]:
     return out
 
 
-def _learner_pass(
-    started: float,
-    spans: list[dict[str, Any]],
+def _learner_passes(
+    passes: dict[float, list[dict[str, Any]]],
     episodes: dict[str, EpisodeTimes],
     closes: dict[str, float],
     *,
     micro_batch_size: int,
     kl: bool,
-) -> LearnerPass:
-    """The pass whose backward spans (one per item) are ``spans``. Its kind is read from the
-    rewards: finals when every item's group had all its rewards in before it started (the
-    group is closed), else a lone piece or a batched deposit."""
-    seconds = max(s["finished"] for s in spans) - started
-    items = [episodes.get(str(s.get("episode_id"))) for s in spans]
-    lengths = [e.tokens if e and s.get("turn") is None else 0 for e, s in zip(items, spans)]
-    shapes = micro_batch_shapes(lengths, micro_batch_size)
-    padded = sum(rows * longest for rows, longest in shapes) if all(lengths) else 0
-    final = all(e is not None and closes.get(e.group_id, float("inf")) <= started for e in items)
-    backwards = 1 if final else (1 if len(spans) == 1 else 2) + int(kl)  # finals: one
-    return LearnerPass(started, seconds, len(spans), padded, len(shapes), backwards)
+) -> tuple[LearnerPass, ...]:
+    """The passes whose backward spans (one per item) share each start, in order. A pass's
+    kind is read from the rewards and from its items' earlier passes: finals when every
+    item's group had all its rewards in before it started (one backward); an item's second
+    pass is the rest of early start's split work ((rᵢ − c) hᵢ, one backward); else a piece
+    before its reward (early start: hᵢ, with a KL term kᵢ too), a lone deposit (the same) or a
+    batched deposit (Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ)."""
+    seen: set[str] = set()
+    out = []
+    for started, spans in sorted(passes.items()):
+        seconds = max(s["finished"] for s in spans) - started
+        ids = [str(s.get("episode_id")) for s in spans]
+        items = [episodes.get(eid) for eid in ids]
+        lengths = [e.tokens if e and s.get("turn") is None else 0 for e, s in zip(items, spans)]
+        shapes = micro_batch_shapes(lengths, micro_batch_size)
+        padded = sum(rows * longest for rows, longest in shapes) if all(lengths) else 0
+        final = all(
+            e is not None and closes.get(e.group_id, float("inf")) <= started for e in items
+        )
+        rewarded = all(
+            e is not None and e.reward is not None and e.reward <= started for e in items
+        )
+        if final or any(eid in seen for eid in ids):
+            backwards = 1
+        elif len(spans) == 1 or not rewarded:
+            backwards = 1 + int(kl)
+        else:
+            backwards = 2 + int(kl)
+        seen.update(ids)
+        out.append(LearnerPass(started, seconds, len(spans), padded, len(shapes), backwards))
+    return tuple(out)
 
 
 def step_windows(run: Path) -> list[StepWindow]:
@@ -258,10 +276,7 @@ def step_windows(run: Path) -> list[StepWindow]:
                 durations,
                 tuple(completed),
                 tuple(teacher),
-                tuple(
-                    _learner_pass(start, group, by_id, closes, **shape)
-                    for start, group in sorted(passes.items())
-                ),
+                _learner_passes(passes, by_id, closes, **shape),
                 m.get("step_time_s"),
                 tuple(batches.get(batch, ())),
                 step_started,

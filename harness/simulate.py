@@ -170,6 +170,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
     windows = every if mode == "async" else every[1:]
     opd = bool(every[0].teacher_times)
     early = mode == "streaming" and bool(config.get("early_start")) and not opd
+    split = early and not _held_pieces(folder, config)
 
     def relative(w: Any, times: Sequence[float]) -> tuple[float, ...]:
         return tuple(t - w.submitted_at for t in times)
@@ -222,7 +223,9 @@ def replay_run(folder: Path) -> dict[str, Any]:
             steps = [sync_step(r, work, gate=g, tokens=n) for r, g, n in zip(ready, gates, tokens)]
         elif by_tokens and not opd:
             steps = [
-                grpo_streaming_step(_items(w), work, early_start=early, kl=kl, gate=gate)
+                grpo_streaming_step(
+                    _items(w), work, early_start=early, split=split, kl=kl, gate=gate
+                )
                 for w, gate in zip(windows, gates)
             ]
         else:
@@ -291,6 +294,18 @@ def intake(windows: Sequence[Any], mode: str, *, skip: int = 0) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
+def _held_pieces(folder: Path, config: dict[str, Any]) -> bool:
+    """Whether an early-start run held whole pieces to their rewards (its buffers went past
+    two per group and one more, which only a budget with room for them allows) rather than
+    splitting the work (docs/design.md §3)."""
+    bound = 2 * int(config.get("tasks_per_step", 1)) + 1
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        learner = json.loads(line).get("learner") or {}
+        if learner.get("peak_buffer_bytes", 0) > bound * learner.get("buffer_bytes", 1):
+            return True
+    return False
+
+
 def _passes(k: int, w: Workload) -> float:
     return pass_seconds((0,) * k, w)
 
@@ -324,6 +339,7 @@ def grpo_streaming_step(
     w: Workload,
     *,
     early_start: bool = False,
+    split: bool = False,
     kl: bool = False,
     gate: float = 0.0,
 ) -> float:
@@ -332,7 +348,10 @@ def grpo_streaming_step(
     reward in) as one batch of finals (one backward per micro-batch), the rewarded ones of
     each open group as one deposit (a backward per sum: Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ with a KL
     term; a lone one, its own piece), and with ``early_start`` a piece of its own for each
-    completed trajectory without a reward yet (whose reward then costs nothing more). Each
+    completed trajectory without a reward yet (whose reward then costs nothing more), or with
+    ``split`` (early start within two buffers per open group: docs/design.md §3) each open
+    group's completed ones as one pass of Σ hᵢ (and Σ kᵢ), their rewards' halves then a
+    backward each per group, or once the group closes one batch with the finals'. Each
     pass is charged by its trajectories' padded tokens (``pass_seconds``), so a closing batch
     of the longest episodes costs what its rows × length do. ``kl``: the objective has a KL
     term (one more backward per piece and deposit)."""
@@ -340,19 +359,30 @@ def grpo_streaming_step(
     for item in items:
         closes[item.group] = max(closes.get(item.group, item.reward), item.reward)
     pieces: set[int] = set()
+    halves: set[int] = set()
     left = set(range(len(items)))
 
     def wakes(i: int) -> float:
         """When trajectory i next has work: its reward (or with early start, unless its
-        piece is done, its completion)."""
+        piece or first half is done, its completion)."""
         item = items[i]
-        return item.completed if early_start and i not in pieces else item.reward
+        started = i in pieces or i in halves
+        return item.completed if early_start and not started else item.reward
+
+    def passes(groups: dict[str, list[int]], backwards: int) -> float:
+        return sum(
+            pass_seconds([items[i].tokens for i in group], w, backwards=backwards)
+            for group in groups.values()
+        )
 
     t = 0.0
     while left:
         now = t = max(t, min(wakes(i) for i in left))
         finals: list[int] = []
+        remainders: list[int] = []
         deposits: dict[str, list[int]] = {}
+        seconds: dict[str, list[int]] = {}
+        firsts: dict[str, list[int]] = {}
         for i in sorted(left, key=wakes):
             if wakes(i) > now:
                 continue
@@ -360,9 +390,11 @@ def grpo_streaming_step(
             if i in pieces:  # its piece is added, scaled once the group closes: no pass
                 left.discard(i)
             elif closes[item.group] <= now:
-                finals.append(i)
+                (remainders if i in halves else finals).append(i)
             elif item.reward <= now:
-                deposits.setdefault(item.group, []).append(i)
+                (seconds if i in halves else deposits).setdefault(item.group, []).append(i)
+            elif split:
+                firsts.setdefault(item.group, []).append(i)
             else:  # early start: its piece now, in the drain's loop
                 t += pass_seconds([item.tokens], w, backwards=1 + int(kl))
                 pieces.add(i)
@@ -370,9 +402,15 @@ def grpo_streaming_step(
             backwards = (1 if len(group) == 1 else 2) + int(kl)
             t += pass_seconds([items[i].tokens for i in group], w, backwards=backwards)
             left.difference_update(group)
-        if finals:
-            t += pass_seconds([items[i].tokens for i in finals], w)
-            left.difference_update(finals)
+        t += passes(seconds, 1) + passes(firsts, 1 + int(kl))
+        for group in seconds.values():
+            left.difference_update(group)
+        for group in firsts.values():
+            halves.update(group)
+        for batch in (remainders, finals):
+            if batch:
+                t += pass_seconds([items[i].tokens for i in batch], w)
+                left.difference_update(batch)
     return max(t, gate) + w.intake_s + w.optimizer_s + w.sync_s
 
 

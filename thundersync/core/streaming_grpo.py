@@ -82,10 +82,10 @@ class StreamingGRPO:
         self.early_pieces: dict[str, Piece] = {}
         """(h_i, k_i) computed at ``EpisodeCompleted`` (early start), waiting for the reward."""
         self.halved: set[str] = set()
-        self.remainders: list[tuple[GroupState, EpisodeRecord, float]] = []
-        """Split episodes of groups closed since the last drain, with their (rᵢ − c) / s_g."""
         """Early start's split: episodes whose h_i is in H_g and k_i in its target, their
         (r_i − c) h_i still to come at the reward."""
+        self.remainders: list[tuple[GroupState, EpisodeRecord, float]] = []
+        """Split episodes of groups closed since the last drain, with their (rᵢ − c) / s_g."""
         self.accounted: set[str] = set()
         """Episodes whose contribution is in (or that contribute nothing)."""
         self._total: torch.Tensor | None = None

@@ -344,9 +344,47 @@ def test_with_early_start_each_unrewarded_trajectory_is_its_own_piece(tmp_path):
         ],
     }
     config = {"mode": "streaming", "early_start": True}
-    result = replay_run(streaming_run(tmp_path / "run", config, step))
+    run = holding(streaming_run(tmp_path / "run", config, step))
+    result = replay_run(run)
     assert result["early_start"] and result["pass_overhead_s"] == pytest.approx(0.01)
     assert result["predicted_step_time_s"] == pytest.approx(0.67)
+
+
+def holding(run: Path) -> Path:
+    """``run`` with its learner's buffers past two per group and one more (4 copies, one task
+    per step): early start held whole pieces, as only a budget with room for them allows."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    learner = {"peak_buffer_bytes": 4, "buffer_bytes": 1}
+    rows = [json.dumps({**json.loads(line), "learner": learner}) + "\n" for line in lines]
+    (run / "metrics.jsonl").write_text("".join(rows))
+    return run
+
+
+def test_with_early_start_in_two_buffers_per_group_the_work_is_split(tmp_path):
+    """Early start within two buffers per open group (docs/design.md §3): at completion each
+    group's Σ hᵢ (g0's two at 0.1 s: 80 tokens, 130 ms; g1's at 0.3 s: 25 ms); at a reward of
+    a still open group its (rᵢ − c) hᵢ (g0-e0 at 0.5 s: 70 ms); once its group has closed,
+    the rest with the finals (g1-e0 at 0.35 s, 25 ms; g0-e1 at 0.6 s, 70 ms): 0.67 + 0.1.
+    Holding whole pieces instead, the rewards would cost nothing: 0.6 + 0.1."""
+    step = {
+        "end": 0.77,
+        "episodes": [("g0-e0", 40, 0.1, 0.5), ("g0-e1", 40, 0.1, 0.6), ("g1-e0", 10, 0.3, 0.35)],
+        "spans": [
+            ("backward", 0.1, 0.23, "g0-e0"),
+            ("backward", 0.1, 0.23, "g0-e1"),
+            ("backward", 0.3, 0.325, "g1-e0"),
+            ("backward", 0.35, 0.375, "g1-e0"),
+            ("backward", 0.5, 0.57, "g0-e0"),
+            ("backward", 0.6, 0.67, "g0-e1"),
+            ("step", 0.67, 0.72),
+            ("weight_publish", 0.72, 0.77),
+        ],
+    }
+    config = {"mode": "streaming", "early_start": True}
+    split = replay_run(streaming_run(tmp_path / "split", config, step))
+    assert split["predicted_step_time_s"] == pytest.approx(0.77)
+    held = replay_run(holding(streaming_run(tmp_path / "held", config, step)))
+    assert held["predicted_step_time_s"] == pytest.approx(0.70)
 
 
 def test_sync_learning_is_charged_by_each_batchs_padded_tokens(tmp_path):
