@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from thundersync.core.micro_batches import chunk_shapes
 from thundersync.protocol.episode import EpisodeKey, step_of
 from thundersync.training.run_metrics import read_metrics
 
@@ -74,7 +75,10 @@ class LearnerPass:
     backwards: int = 1
     """Backwards per micro-batch: finals one (their advantages are final); a lone piece one
     for ∇ℓ and one for the KL term when there is one; a batched deposit one per sum (Σ cᵢhᵢ,
-    Σ hᵢ and with a KL term Σ kᵢ: ``batch.piece_sums``)."""
+    Σ hᵢ and with a KL term Σ kᵢ: ``batch.piece_sums``); the rest of early start's split one."""
+    forwards: int = 1
+    """Forwards per micro-batch: the policy's, and the reference's where the pass computes
+    the KL term (every pass of a run with one but the rest of early start's split)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +125,9 @@ class StepWindow:
 
 
 def micro_batch_shapes(tokens: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """(rows, longest row) of each micro-batch that ``batch.micro_batches`` makes of
-    trajectories of these lengths: shortest first, ``size`` rows each."""
-    ordered = sorted(tokens)
-    return [
-        (len(ordered[start : start + size]), ordered[min(start + size, len(ordered)) - 1])
-        for start in range(0, len(ordered), size)
-    ]
+    """(rows, longest row) of each micro-batch the learner makes of trajectories of these
+    lengths (``thundersync.core.micro_batches``)."""
+    return chunk_shapes(tokens, size)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -214,14 +214,17 @@ def _learner_passes(
         rewarded = all(
             e is not None and e.reward is not None and e.reward <= started for e in items
         )
-        if final or any(eid in seen for eid in ids):
+        second = any(eid in seen for eid in ids)
+        if final or second:
             backwards = 1
         elif len(spans) == 1 or not rewarded:
             backwards = 1 + int(kl)
         else:
             backwards = 2 + int(kl)
+        forwards = 1 if second else 1 + int(kl)
         seen.update(ids)
-        out.append(LearnerPass(started, seconds, len(spans), padded, len(shapes), backwards))
+        shape = (len(spans), padded, len(shapes), backwards, forwards)
+        out.append(LearnerPass(started, seconds, *shape))
     return tuple(out)
 
 
@@ -342,9 +345,10 @@ def pass_cost(windows: list[StepWindow]) -> tuple[float, float]:
 
 def token_pass_cost(windows: list[StepWindow]) -> tuple[float, float, float]:
     """(o, f, g): a pass costs o per micro-batch plus, per padded token (rows × the longest
-    row, what a padded forward computes), f for the forwards and g for each backward:
+    row, what a padded forward computes), f for each forward (the policy's; the reference's
+    with a KL term) and g for each backward:
 
-        seconds = o · micro-batches + padded tokens · (f + backwards · g)
+        seconds = o · micro-batches + padded tokens · (forwards · f + backwards · g)
 
     fitted by least squares to the passes of ``windows``, none of the three negative. A
     trajectory's cost grows with its length (ToySum episodes run one to eight turns, and the
@@ -362,7 +366,11 @@ def token_pass_cost(windows: list[StepWindow]) -> tuple[float, float, float]:
     if not all(p.padded_tokens for p in passes):
         raise ValueError("a pass's padded tokens are unknown (no lengths for its items)")
     rows = [
-        (float(p.padded_tokens), float(p.padded_tokens * p.backwards), float(p.micro_batches))
+        (
+            float(p.padded_tokens * p.forwards),
+            float(p.padded_tokens * p.backwards),
+            float(p.micro_batches),
+        )
         for p in passes
     ]
     f, g, o = nonnegative_least_squares(rows, [p.seconds for p in passes])

@@ -88,10 +88,13 @@ class Item:
     tokens: int = 0
 
 
-def pass_seconds(tokens: Sequence[int], w: Workload, *, backwards: int = 1) -> float:
+def pass_seconds(
+    tokens: Sequence[int], w: Workload, *, backwards: int = 1, forwards: int = 1
+) -> float:
     """One learner pass over trajectories of these lengths: per micro-batch o, b per row and
-    (f + backwards·g) per padded token (a padded forward computes every row to the longest)."""
-    per_token = w.forward_per_token_s + backwards * w.backward_per_token_s
+    (forwards·f + backwards·g) per padded token (a padded forward computes every row to the
+    longest)."""
+    per_token = forwards * w.forward_per_token_s + backwards * w.backward_per_token_s
     return sum(
         w.pass_overhead_s + rows * w.cost_per_trajectory_s + rows * longest * per_token
         for rows, longest in micro_batch_shapes(tokens, w.micro_batch_size)
@@ -369,10 +372,12 @@ def grpo_streaming_step(
         started = i in pieces or i in halves
         return item.completed if early_start and not started else item.reward
 
-    def passes(groups: dict[str, list[int]], backwards: int) -> float:
+    ref = 1 + int(kl)  # forwards of a pass that computes the KL term: the reference's too
+
+    def passes(groups: dict[str, list[int]], backwards: int, forwards: int) -> float:
         return sum(
-            pass_seconds([items[i].tokens for i in group], w, backwards=backwards)
-            for group in groups.values()
+            pass_seconds([items[i].tokens for i in g], w, backwards=backwards, forwards=forwards)
+            for g in groups.values()
         )
 
     t = 0.0
@@ -396,20 +401,20 @@ def grpo_streaming_step(
             elif split:
                 firsts.setdefault(item.group, []).append(i)
             else:  # early start: its piece now, in the drain's loop
-                t += pass_seconds([item.tokens], w, backwards=1 + int(kl))
+                t += pass_seconds([item.tokens], w, backwards=1 + int(kl), forwards=ref)
                 pieces.add(i)
         for group in deposits.values():
             backwards = (1 if len(group) == 1 else 2) + int(kl)
-            t += pass_seconds([items[i].tokens for i in group], w, backwards=backwards)
+            t += passes({"": group}, backwards, ref)
             left.difference_update(group)
-        t += passes(seconds, 1) + passes(firsts, 1 + int(kl))
+        t += passes(seconds, 1, 1) + passes(firsts, 1 + int(kl), ref)
         for group in seconds.values():
             left.difference_update(group)
         for group in firsts.values():
             halves.update(group)
-        for batch in (remainders, finals):
+        for batch, forwards in ((remainders, 1), (finals, ref)):
             if batch:
-                t += pass_seconds([items[i].tokens for i in batch], w)
+                t += passes({"": batch}, 1, forwards)
                 left.difference_update(batch)
     return max(t, gate) + w.intake_s + w.optimizer_s + w.sync_s
 

@@ -20,6 +20,7 @@ from thundersync.core.gradients import (
     sampler_logprobs,
     teacher_logprobs,
 )
+from thundersync.core.micro_batches import length_chunks
 from thundersync.core.objectives import (
     GRPO,
     OPD,
@@ -107,18 +108,14 @@ def advantage_items(
 def micro_batches(
     items: list[Item], records: list[EpisodeRecord], size: int
 ) -> list[tuple[list[Item], list[Trajectory]]]:
-    """``items`` (one per record of ``records``) in micro-batches of at most ``size``, each with
-    its records' trajectories, shortest first: a padded forward computes every row to its
-    batch's longest, so batching trajectories of like length wastes little on padding. In the
-    order given, the turns of an agentic batch differ so much that its micro-batches computed
-    about three tokens of padding per real one (docs/measurements.md). The order is a stable
-    sort of the order given, so the same items always make the same micro-batches."""
+    """``items`` (one per record of ``records``) in padded micro-batches, each with its
+    records' trajectories: shortest first, at most ``size`` rows, none more than twice as long
+    as its first (``micro_batches.length_chunks``), so that little is computed on padding."""
     trajectories = [record.trajectory() for record in records]
     lengths = [trajectory.context_length() for trajectory in trajectories]
-    order = sorted(range(len(items)), key=lengths.__getitem__)
     return [
         ([items[i] for i in chunk], [trajectories[i] for i in chunk])
-        for chunk in (order[start : start + size] for start in range(0, len(order), size))
+        for chunk in length_chunks(lengths, size)
     ]
 
 

@@ -58,11 +58,12 @@ def test_async_overlaps_rollout_with_learning_at_bounded_staleness():
 
 def test_a_pass_costs_its_micro_batches_padded_tokens():
     """Shortest first, two rows a micro-batch, each padded to its longest: (5, 10) and (20, 30)
-    compute 2 x 10 + 2 x 30 tokens; o per micro-batch, f + g per backward per token."""
+    compute 2 x 10 + 2 x 30 tokens; o per micro-batch, f + g per backward per token. With room
+    for eight rows the same two: 20 is more than twice 5."""
     w = Workload("w", (), 0.0, 0.01, micro_batch_size=2, forward_per_token_s=0.001)
     assert pass_seconds([30, 5, 20, 10], w) == pytest.approx(2 * 0.01 + 80 * 0.001)
     w = Workload("w", (), 0.0, 0.01, micro_batch_size=8, backward_per_token_s=0.0005)
-    assert pass_seconds([30, 5, 20, 10], w, backwards=3) == pytest.approx(0.01 + 120 * 0.0015)
+    assert pass_seconds([30, 5, 20, 10], w, backwards=3) == pytest.approx(2 * 0.01 + 80 * 0.0015)
     # counted by trajectory (tokens unknown): o per micro-batch and b per row, as before
     assert pass_seconds([0] * 9, workload([0.0], b=1.0, o=0.5)) == pytest.approx(2 * 0.5 + 9)
 

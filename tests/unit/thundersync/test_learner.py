@@ -414,9 +414,11 @@ def test_opd_per_turn_gradient_runs_before_its_tool_call_returns(model):
 def test_sync_pads_each_micro_batch_only_to_trajectories_of_like_length(
     model, objective, monkeypatch
 ):
-    """A sync step's padded forwards take the batch's trajectories shortest first, so each
+    """A sync step's padded forwards take the batch's trajectories shortest first, at most
+    ``micro_batch_size`` rows and none more than twice the micro-batch's shortest, so each
     micro-batch pads to about its own length. (In the batch's own order an agentic batch's
-    micro-batches computed about three padding tokens per real one.)"""
+    micro-batches computed about three padding tokens per real one; four at a time
+    shortest first, a micro-batch of three one-turn rows and a long one about two.)"""
     from thundersync.core.policy import Policy
 
     shape = BatchShape(
@@ -442,8 +444,12 @@ def test_sync_pads_each_micro_batch_only_to_trajectories_of_like_length(
         sync.consume(event)
     sync.step()
     lengths = [n for batch in rows for n in batch]
-    assert len(lengths) == 12 and [len(batch) for batch in rows] == [4, 4, 4]
+    assert len(lengths) == 12 and all(1 <= len(batch) <= 4 for batch in rows)
     assert lengths == sorted(lengths)
+    assert all(max(batch) <= 2 * min(batch) for batch in rows)
+    padded = sum(len(batch) * max(batch) for batch in rows)
+    fours = sum(4 * max(lengths[k : k + 4]) for k in range(0, 12, 4))
+    assert padded <= fours
     records: dict[str, EpisodeRecord] = {}
     for event in events:
         if isinstance(getattr(event, "episode_id", None), str):
