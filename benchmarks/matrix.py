@@ -35,10 +35,9 @@ Workloads (ToySum, warm model, B tasks × G episodes per step):
 - ``no-overlap``: instant tools and grading, so every episode ends at about the same time and
   there is nothing to overlap (streaming must not be slower than sync).
 
-Ratios are measured side by side in one run on one machine (it is shared and noisy); run it on
-a quiet machine. One run's ratio moves by 10-15 % with the machine between its cells (two
-modes' runs minutes apart); ``--repeats R`` runs each cell R times, the modes in turn, and
-pairs each ratio within its repeat (``run_row``). ``--json`` prints every number.
+Ratios are measured side by side in one run (run it on a quiet machine): one run's ratio moves
+10-15 % with the machine between its cells; ``--repeats R`` runs each cell R times, the modes
+in turn, and pairs each ratio within its repeat (``run_row``). ``--json`` prints every number.
 """
 
 from __future__ import annotations
@@ -155,9 +154,8 @@ def train(
 
 
 def held(model: Path, args: argparse.Namespace) -> list[str]:
-    """``--buffer-budget-bytes`` of a piece (hᵢ, kᵢ: two copies) per trajectory of the batch
-    besides every group's accumulators: early start then holds each whole piece to its reward
-    instead of splitting the work (docs/design.md §3)."""
+    """A budget with room for every trajectory's piece (hᵢ, kᵢ) besides the groups' sums:
+    early start then holds each to its reward instead of splitting (docs/design.md §3)."""
     copies = 2 * args.tasks * args.group + 2 * args.tasks + 1
     return ["--buffer-budget-bytes", str(copies * parameter_bytes(model))]
 
@@ -281,8 +279,7 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
 
 
 def median_or_none(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if len(known) == len(values) else None
+    return None if None in values else statistics.median(values)
 
 
 def median_cell(runs: list[dict[str, Any]], *, by: str) -> dict[str, Any]:
@@ -358,12 +355,9 @@ def print_matrix(result: dict[str, Any]) -> None:
                 f"{c['peak_accumulators']:>7.1f}{sim['predicted_step_time_s']:>8.3f}"
                 f"{sim['error']:>+7.0%}"
             )
-        per_token = row.get("strict_cost_per_token_s")
-        charge = (
-            f"{per_token * 1e6:.1f} us per token"
-            if per_token is not None
-            else f"{row['strict_cost_per_item_s'] * 1000:.1f} ms per item"
-        )
+        per_token, per_item = row.get("strict_cost_per_token_s"), row["strict_cost_per_item_s"]
+        charge = f"{per_item * 1000:.1f} ms per item"
+        charge = f"{per_token * 1e6:.1f} us per token" if per_token is not None else charge
         print(
             f"{'':<13}makespan / L_sync {row['makespan_over_learner']:.2f}; strict bound "
             f"charges {charge}"
@@ -397,8 +391,7 @@ def print_verdicts(result: dict[str, Any]) -> None:
         return max(candidates, key=lambda c: c["speedup_vs_sync"])
 
     if "balanced" in rows:
-        best = best_streaming(rows["balanced"])
-        ceiling = ""
+        best, ceiling = best_streaming(rows["balanced"]), ""
         if "strict_bound_s" in best:  # what any exact schedule could reach on these batches
             limit = rows["balanced"]["modes"]["sync"]["step_time_s"] / best["strict_bound_s"]
             ceiling = f"; the strict bound allows {limit:.2f}"
