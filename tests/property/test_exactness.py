@@ -26,6 +26,12 @@ VARIANTS = {
     "dynamic-max-groups": (GRPO(dynamic_sampling=True, max_groups=1, kl_coef=0.05), {}),
     "early-start": (GRPO(), {"early_start": True}),
     "dr-grpo-early": (GRPO(scale_by_std=False, kl_coef=0.05), {"early_start": True}),
+    # early start's split (docs/design.md §3) where a closed group's sum waits for selection
+    "dynamic-max-groups-early": (
+        GRPO(dynamic_sampling=True, max_groups=1, kl_coef=0.05),
+        {"early_start": True},
+    ),
+    "token-mean-tis-early": (GRPO(loss_agg="token-mean", tis_cap=1.5), {"early_start": True}),
     "lazy-drain": (GRPO(kl_coef=0.05), {"eager": False}),
     "lazy-early-budget": (
         GRPO(),
