@@ -127,11 +127,12 @@ class TrainConfig:
     batch_window_s: NonNegativeFloat = 0.005
     """A batch gathers until no request has arrived for this long (at most ten such windows)."""
     early_start: bool = False
-    """streaming GRPO: start a trajectory's backward at EpisodeCompleted, during grading."""
+    """streaming GRPO: start a trajectory's work at EpisodeCompleted, during grading."""
     buffer_budget_bytes: NonNegativeInt = 0
-    """streaming: cap on accumulator memory (0: no cap)."""
+    """streaming: cap on accumulator memory (0: no cap; early start then holds a whole
+    trajectory's gradient to its reward only within 2 x groups + 1 parameter copies)."""
     micro_batch_size: PositiveInt = 8
-    """Trajectories per padded backward."""
+    """Most trajectories per padded backward (shortest first, none past twice the first)."""
     learner_threads: PositiveInt = 1
     """torch threads of the learner (1 is robust when rollout shares the CPU)."""
     rollout_threads: PositiveInt = 1
