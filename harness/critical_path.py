@@ -124,12 +124,6 @@ class StepWindow:
         return max(self.durations.get("step", 0.0) - self.durations.get("optimizer", 0.0), 0.0)
 
 
-def micro_batch_shapes(tokens: Sequence[int], size: int) -> list[tuple[int, int]]:
-    """(rows, longest row) of each micro-batch the learner makes of trajectories of these
-    lengths (``thundersync.core.micro_batches``)."""
-    return chunk_shapes(tokens, size)
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -206,7 +200,7 @@ def _learner_passes(
         ids = [str(s.get("episode_id")) for s in spans]
         items = [episodes.get(eid) for eid in ids]
         lengths = [e.tokens if e and s.get("turn") is None else 0 for e, s in zip(items, spans)]
-        shapes = micro_batch_shapes(lengths, micro_batch_size)
+        shapes = chunk_shapes(lengths, micro_batch_size)
         padded = sum(rows * longest for rows, longest in shapes) if all(lengths) else 0
         final = all(
             e is not None and closes.get(e.group_id, float("inf")) <= started for e in items
@@ -303,7 +297,7 @@ def batched_cost(sync_run: Path) -> BatchedCost:
     """The strict bound's costs from a sync run: per item, and per token where its events say
     every trajectory's length."""
     windows = [w for w in step_windows(sync_run) if w.work_times]
-    per_item = batched_cost_per_trajectory(sync_run)
+    per_item = _cost_per_item(windows, sync_run)
     sized = [w for w in windows if w.episodes and all(e.tokens for e in w.episodes)]
     if not sized or any(w.teacher_times for w in windows):
         return BatchedCost(per_item)
@@ -317,10 +311,13 @@ def batched_cost_per_trajectory(sync_run: Path) -> float:
     """bᵢ = L_sync / N: the sync run's learner time per step (its ``learner.step()`` minus
     the optimizer), divided by the work items per batch (trajectories for GRPO, turns for
     OPD); the median over steps."""
-    costs = [w.learner_time_s / len(w.work_times) for w in step_windows(sync_run) if w.work_times]
-    if not costs:
+    return _cost_per_item([w for w in step_windows(sync_run) if w.work_times], sync_run)
+
+
+def _cost_per_item(windows: list[StepWindow], sync_run: Path) -> float:
+    if not windows:
         raise ValueError(f"{sync_run}: no complete steps to measure the learner's cost on")
-    return statistics.median(costs)
+    return statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
 
 
 def pass_cost(windows: list[StepWindow]) -> tuple[float, float]:
@@ -434,14 +431,10 @@ def _charged(
         and episodes
         and all(e.tokens for e in episodes)
     ):
-        return [
-            (
-                ((e.completed if early_start and e.completed is not None else e.reward) or 0.0)
-                - start,
-                per_token * e.tokens,
-            )
-            for e in episodes
+        ready = [
+            e.completed if early_start and e.completed is not None else e.reward for e in episodes
         ]
+        return [(t - start, per_token * e.tokens) for t, e in zip(ready, episodes) if t is not None]
     each = cost.per_item if isinstance(cost, BatchedCost) else cost
     times = window.work_times
     if early_start and not window.teacher_times:

@@ -33,18 +33,19 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.critical_path import (
     batched_cost_per_trajectory,
-    micro_batch_shapes,
     pass_cost,
     step_windows,
     token_pass_cost,
 )
+from thundersync.core.micro_batches import chunk_shapes
+from thundersync.training.run_metrics import read_metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ def pass_seconds(
     per_token = forwards * w.forward_per_token_s + backwards * w.backward_per_token_s
     return sum(
         w.pass_overhead_s + rows * w.cost_per_trajectory_s + rows * longest * per_token
-        for rows, longest in micro_batch_shapes(tokens, w.micro_batch_size)
+        for rows, longest in chunk_shapes(tokens, w.micro_batch_size)
     )
 
 
@@ -195,7 +196,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
         if by_tokens:
             f = statistics.median(
                 w.learner_time_s
-                / sum(rows * n for rows, n in micro_batch_shapes(lengths, micro_batch_size))
+                / sum(rows * n for rows, n in chunk_shapes(lengths, micro_batch_size))
                 for w, lengths in zip(windows, tokens)
             )
         else:
@@ -302,11 +303,11 @@ def _held_pieces(folder: Path, config: dict[str, Any]) -> bool:
     two per group and one more, which only a budget with room for them allows) rather than
     splitting the work (docs/design.md §3)."""
     bound = 2 * int(config.get("tasks_per_step", 1)) + 1
-    for line in (folder / "metrics.jsonl").read_text().splitlines():
-        learner = json.loads(line).get("learner") or {}
-        if learner.get("peak_buffer_bytes", 0) > bound * learner.get("buffer_bytes", 1):
-            return True
-    return False
+    learners = [m.get("learner") or {} for m in read_metrics(folder / "metrics.jsonl")]
+    return any(
+        learner.get("peak_buffer_bytes", 0) > bound * learner.get("buffer_bytes", 1)
+        for learner in learners
+    )
 
 
 def _passes(k: int, w: Workload) -> float:
@@ -374,10 +375,11 @@ def grpo_streaming_step(
 
     ref = 1 + int(kl)  # forwards of a pass that computes the KL term: the reference's too
 
-    def passes(groups: dict[str, list[int]], backwards: int, forwards: int) -> float:
+    def passes(groups: Iterable[list[int]], backwards: int, forwards: int) -> float:
+        """One pass per group of item indices."""
         return sum(
             pass_seconds([items[i].tokens for i in g], w, backwards=backwards, forwards=forwards)
-            for g in groups.values()
+            for g in groups
         )
 
     t = 0.0
@@ -405,16 +407,16 @@ def grpo_streaming_step(
                 pieces.add(i)
         for group in deposits.values():
             backwards = (1 if len(group) == 1 else 2) + int(kl)
-            t += passes({"": group}, backwards, ref)
+            t += passes([group], backwards, ref)
             left.difference_update(group)
-        t += passes(seconds, 1, 1) + passes(firsts, 1 + int(kl), ref)
+        t += passes(seconds.values(), 1, 1) + passes(firsts.values(), 1 + int(kl), ref)
         for group in seconds.values():
             left.difference_update(group)
         for group in firsts.values():
             halves.update(group)
         for batch, forwards in ((remainders, 1), (finals, ref)):
             if batch:
-                t += passes({"": batch}, 1, forwards)
+                t += passes([batch], 1, forwards)
                 left.difference_update(batch)
     return max(t, gate) + w.intake_s + w.optimizer_s + w.sync_s
 

@@ -147,30 +147,35 @@ class StreamingGRPO:
     def _run_remainders(self) -> None:
         """Closed groups' split episodes: Σ ((rᵢ − c) / s_g) hᵢ into each group's target, one
         batched pass per target (the fold has put W_g and H_g there)."""
-        by_target: dict[int, tuple[torch.Tensor, list]] = {}
         remainders, self.remainders = self.remainders, []
-        for g, rec, weight in remainders:
-            target = self._target(g)
-            if target is None:
+        for g, _, _ in remainders:
+            if self._target(g) is None:
                 raise InvariantError(f"group {g.group_id!r}: closed with no target")
-            by_target.setdefault(id(target), (target, []))[1].append((rec, weight))
-        for target, items in by_target.values():
+        for target, items in self._by_target(remainders):
             started = ev.now()
             piece_sums(self.ctx, self.objective, items, weighted=target, pieces=None, kl=None)
             for rec, _ in items:
                 self.ctx.published(rec.episode_id, None, started)
 
-    def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
+    def _by_target(
+        self, entries: list[tuple[GroupState, EpisodeRecord, float]]
+    ) -> list[tuple[torch.Tensor, list[tuple[EpisodeRecord, float]]]]:
+        """(rec, weight) entries grouped by where their groups' contributions go, for one
+        batched pass each; a group with no target yet (``max_groups`` over budget: computed at
+        the step, once selected) is left out."""
         by_target: dict[int, tuple[torch.Tensor, list]] = {}
+        for g, rec, weight in entries:
+            target = self._target(g)
+            if target is not None:
+                by_target.setdefault(id(target), (target, []))[1].append((rec, weight))
+        return list(by_target.values())
+
+    def _run_finals(self, finals: list[tuple[GroupState, EpisodeRecord]]) -> None:
         for g, rec in finals:
             if g.dropped:
                 self.accounted.add(rec.episode_id)
-                continue
-            target = self._target(g)
-            if target is None:
-                continue  # max_groups over budget: computed at the step, once selected
-            by_target.setdefault(id(target), (target, []))[1].append((rec, self._advantage(g, rec)))
-        for target, items in by_target.values():
+        kept = [(g, rec, self._advantage(g, rec)) for g, rec in finals if not g.dropped]
+        for target, items in self._by_target(kept):
             started = ev.now()
             weighted_grad(self.ctx, self.objective, items, total=target)
             for rec, _ in items:
@@ -192,8 +197,7 @@ class StreamingGRPO:
     def _open(self, g: GroupState) -> bool:
         if g.piece_sum is not None:
             return True
-        count = 1 + int(self._holds_weighted_sum()) + int(self._holds_kl_sum())
-        if not self.ctx.pool.fits(count):
+        if not self.ctx.pool.fits(self._group_buffers()):
             return False
         g.piece_sum = self.ctx.pool.take()
         if self._holds_weighted_sum():
