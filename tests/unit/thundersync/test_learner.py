@@ -180,8 +180,76 @@ STRATEGIES = {
 def test_infra_failures_are_excluded_not_scored_zero(model, options):
     """Every strategy drops an infra failure from its group; the group's statistics are over
     the rest: the same step as the batch without that episode."""
-    events = informative_batch(model)
-    failed = next(e for e in events if isinstance(e, ev.RewardReady))
+    flagged, without = flag_infra_failure(informative_batch(model))
+    grads = []
+    for batch in (flagged, without):
+        lrn = learner(model, max_grad_norm=None, **options)
+        for e in batch:
+            lrn.consume(e)
+        metrics = lrn.step()
+        grads.append(step_grad(model))
+        assert metrics["num_trajectories"] == len(
+            {e.episode_id for e in without if isinstance(e, ev.EpisodeStarted)}
+        )
+    assert float(grads[0].norm()) > 0
+    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-15)
+
+
+def test_an_infra_failure_found_after_early_starts_work_is_taken_back_out(model):
+    """Every episode completes before the first reward (grading is the long part), so early
+    start has run each one's reward-free half before the failed grading says to drop one:
+    that half must come back out, leaving the step of the batch without that episode. The
+    budget holds every group's two accumulators and no whole piece, so every episode is
+    split."""
+
+    def rewards_last(events):
+        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
+        return [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+
+    events, failed = batch_with_a_group_informative_without_one(model)
+    flagged, without = flag_infra_failure(events, failed)
+    groups = {e.group_id for e in flagged if isinstance(e, ev.EpisodeStarted)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    copy = sum(p.numel() for p in params) * params[0].element_size()
+    grads = []
+    for batch in (rewards_last(flagged), rewards_last(without)):
+        lrn = learner(
+            model,
+            max_grad_norm=None,
+            streaming=True,
+            early_start=True,
+            buffer_budget_bytes=2 * len(groups) * copy,
+        )
+        for e in batch:
+            lrn.consume(e)
+        lrn.step()
+        grads.append(step_grad(model))
+    assert float(grads[0].norm()) > 0
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
+
+
+def batch_with_a_group_informative_without_one(model) -> tuple[list[ev.Event], str]:
+    """A batch and one of its episodes whose group's other rewards still differ (so dropping
+    it changes the group's statistics, not only its size)."""
+    for s in range(200):
+        events = random_batch(s, model.config.vocab_size, SHAPE)
+        group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+        rewards = [(e.episode_id, e.reward) for e in events if isinstance(e, ev.RewardReady)]
+        for eid, _ in rewards:
+            rest = {r for other, r in rewards if other != eid and group[other] == group[eid]}
+            if len(rest) > 1 and not any(getattr(e, "infra_failure", False) for e in events):
+                return events, eid
+    raise AssertionError("no such batch found")
+
+
+def flag_infra_failure(
+    events: list[ev.Event], episode_id: str | None = None
+) -> tuple[list[ev.Event], list[ev.Event]]:
+    """(the batch with the reward of ``episode_id`` (default: the first) flagged an
+    infrastructure failure, the batch without that episode, its group one smaller)."""
+    failed = next(
+        e for e in events if isinstance(e, ev.RewardReady) and episode_id in (None, e.episode_id)
+    )
     flagged = [
         ev.RewardReady(episode_id=e.episode_id, reward=0.0, infra_failure=True)
         if e is failed
@@ -203,18 +271,7 @@ def test_infra_failures_are_excluded_not_scored_zero(model, options):
         else e
         for e in without
     ]
-    grads = []
-    for batch in (flagged, without):
-        lrn = learner(model, max_grad_norm=None, **options)
-        for e in batch:
-            lrn.consume(e)
-        metrics = lrn.step()
-        grads.append(step_grad(model))
-        assert metrics["num_trajectories"] == len(
-            {e.episode_id for e in without if isinstance(e, ev.EpisodeStarted)}
-        )
-    assert float(grads[0].norm()) > 0
-    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-15)
+    return flagged, without
 
 
 def step_grad(model) -> torch.Tensor:
