@@ -56,6 +56,8 @@ class EpisodeTimes:
     """``EpisodeCompleted``: its last action fixed (early start may begin its backward)."""
     reward: float | None
     """``RewardReady``."""
+    value: float | None = None
+    """The reward itself (None where the run's events do not say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +174,14 @@ def _episodes(events: list[dict[str, Any]]) -> dict[int, list[EpisodeTimes]]:
         eid = str(e.get("episode_id", ""))
         key = EpisodeKey.parse(eid)
         if e.get("event") == "RewardReady" and key is not None and key.step is not None:
+            value = e.get("reward")
             times = EpisodeTimes(
-                eid, key.group_id, tokens.get(eid, 0), completed.get(eid), float(e["t"])
+                eid,
+                key.group_id,
+                tokens.get(eid, 0),
+                completed.get(eid),
+                float(e["t"]),
+                None if value is None else float(value),
             )
             out.setdefault(key.step, []).append(times)
     return out
@@ -191,8 +199,9 @@ def _learner_passes(
     kind is read from the rewards and from its items' earlier passes: finals when every
     item's group had all its rewards in before it started (one backward); an item's second
     pass is the rest of early start's split work ((rᵢ − c) hᵢ, one backward); else a piece
-    before its reward (early start: hᵢ, with a KL term kᵢ too), a lone deposit (the same) or a
-    batched deposit (Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ)."""
+    before its reward (early start: hᵢ, with a KL term kᵢ too), a lone deposit or a batched
+    deposit of one reward (the same: ``batch.weight_classes``), or a batched deposit of
+    mixed rewards (Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ)."""
     seen: set[str] = set()
     out = []
     for started, spans in sorted(passes.items()):
@@ -209,9 +218,11 @@ def _learner_passes(
             e is not None and e.reward is not None and e.reward <= started for e in items
         )
         second = any(eid in seen for eid in ids)
+        values = {e.value if e is not None else None for e in items}
+        shared = len(values) == 1 and None not in values  # one reward: one backward for both
         if final or second:
             backwards = 1
-        elif len(spans) == 1 or not rewarded:
+        elif len(spans) == 1 or not rewarded or shared:
             backwards = 1 + int(kl)
         else:
             backwards = 2 + int(kl)
@@ -464,3 +475,15 @@ def summarize(
         out["bound_s"] = statistics.median(bounds)
         out["efficiency"] = statistics.median(b / w.time_s for b, w in zip(bounds, windows))
     return out
+
+
+def held_pieces(folder: Path, config: dict[str, Any]) -> bool:
+    """Whether an early-start run held whole pieces to their rewards (its buffers went past
+    two per group and one more, which only a budget with room for them allows) rather than
+    splitting the work (docs/design.md §3)."""
+    copies = 2 * int(config.get("tasks_per_step", 1)) + 1
+    learners = [m.get("learner") or {} for m in read_metrics(folder / "metrics.jsonl")]
+    return any(
+        learner.get("peak_buffer_bytes", 0) > copies * learner.get("buffer_bytes", 1)
+        for learner in learners
+    )

@@ -40,12 +40,12 @@ from typing import Any
 
 from harness.critical_path import (
     batched_cost_per_trajectory,
+    held_pieces,
     pass_cost,
     step_windows,
     token_pass_cost,
 )
-from thundersync.core.micro_batches import chunk_shapes
-from thundersync.training.run_metrics import read_metrics
+from thundersync.core.micro_batches import chunk_shapes, weight_classes
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,10 @@ class Item:
     group: str
     """Its group closes, and its advantages are final, at the group's last reward."""
     tokens: int = 0
+    value: float | None = None
+    """Its reward (None: unknown, and a deposit's weights taken to differ): a deposit's
+    trajectories of one reward share their backward (``micro_batches.weight_classes``); where
+    it is its group's shift c, its split work ends at its first half."""
 
 
 def pass_seconds(
@@ -174,7 +178,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
     windows = every if mode == "async" else every[1:]
     opd = bool(every[0].teacher_times)
     early = mode == "streaming" and bool(config.get("early_start")) and not opd
-    split = early and not _held_pieces(folder, config)
+    split = early and not held_pieces(folder, config)
 
     def relative(w: Any, times: Sequence[float]) -> tuple[float, ...]:
         return tuple(t - w.submitted_at for t in times)
@@ -267,6 +271,7 @@ def _items(w: Any) -> list[Item]:
             e.reward - w.submitted_at,
             e.group_id,
             e.tokens,
+            e.value,
         )
         for e in w.episodes
         if e.reward is not None
@@ -296,18 +301,6 @@ def intake(windows: Sequence[Any], mode: str, *, skip: int = 0) -> float:
         steady = gaps[skip:] if len(gaps) > skip else gaps
         return statistics.mean(steady) if steady else 0.0
     return statistics.median(gaps) if gaps else 0.0
-
-
-def _held_pieces(folder: Path, config: dict[str, Any]) -> bool:
-    """Whether an early-start run held whole pieces to their rewards (its buffers went past
-    two per group and one more, which only a budget with room for them allows) rather than
-    splitting the work (docs/design.md §3)."""
-    bound = 2 * int(config.get("tasks_per_step", 1)) + 1
-    learners = [m.get("learner") or {} for m in read_metrics(folder / "metrics.jsonl")]
-    return any(
-        learner.get("peak_buffer_bytes", 0) > bound * learner.get("buffer_bytes", 1)
-        for learner in learners
-    )
 
 
 def _passes(k: int, w: Workload) -> float:
@@ -350,18 +343,24 @@ def grpo_streaming_step(
     """Streaming GRPO's step, its learner draining as ``StreamingGRPO.drain`` does whenever
     it is free: of everything that has arrived, the trajectories of closed groups (every
     reward in) as one batch of finals (one backward per micro-batch), the rewarded ones of
-    each open group as one deposit (a backward per sum: Σ cᵢhᵢ, Σ hᵢ and Σ kᵢ with a KL
+    each open group as one deposit (``micro_batches.weight_classes``: those whose reward is the
+    group's shift c, the first reward it deposited, and the rest, each a backward for Σ hᵢ
+    and Σ cᵢhᵢ where its rewards are one, else a backward per sum; and one for Σ kᵢ with a KL
     term; a lone one, its own piece), and with ``early_start`` a piece of its own for each
     completed trajectory without a reward yet (whose reward then costs nothing more), or with
     ``split`` (early start within two buffers per open group: docs/design.md §3) each open
-    group's completed ones as one pass of Σ hᵢ (and Σ kᵢ), their rewards' halves then a
-    backward each per group, or once the group closes one batch with the finals'. Each
-    pass is charged by its trajectories' padded tokens (``pass_seconds``), so a closing batch
-    of the longest episodes costs what its rows × length do. ``kl``: the objective has a KL
-    term (one more backward per piece and deposit)."""
+    group's completed ones as one pass of Σ hᵢ (and Σ kᵢ), their rewards' halves (none where
+    the reward is c) then a backward each per group, or once the group closes one batch with
+    the finals' (none in a group of equal rewards). Each pass is charged by its trajectories'
+    padded tokens (``pass_seconds``), so a closing batch of the longest episodes costs what
+    its rows × length do. ``kl``: the objective has a KL term (one more backward per piece and
+    deposit)."""
     closes: dict[str, float] = {}
+    values: dict[str, set[float | None]] = {}
     for item in items:
         closes[item.group] = max(closes.get(item.group, item.reward), item.reward)
+        values.setdefault(item.group, set()).add(item.value)
+    equal = {g for g, v in values.items() if len(v) == 1 and None not in v}  # no advantage
     pieces: set[int] = set()
     halves: set[int] = set()
     left = set(range(len(items)))
@@ -381,6 +380,17 @@ def grpo_streaming_step(
             pass_seconds([items[i].tokens for i in g], w, backwards=backwards, forwards=forwards)
             for g in groups
         )
+
+    shifts: dict[str, float | None] = {}  # a group's c: its first reward deposited
+
+    def weight(i: int) -> float | None:
+        """rᵢ − c (None: unknown)."""
+        value, shift = items[i].value, shifts.get(items[i].group, 0.0)
+        return None if value is None or shift is None else value - shift
+
+    def weighted(group: Iterable[int]) -> list[int]:
+        """The split items whose (rᵢ − c) hᵢ is not known to be 0."""
+        return [i for i in group if weight(i) != 0.0]
 
     t = 0.0
     while left:
@@ -405,16 +415,24 @@ def grpo_streaming_step(
             else:  # early start: its piece now, in the drain's loop
                 t += pass_seconds([item.tokens], w, backwards=1 + int(kl), forwards=ref)
                 pieces.add(i)
-        for group in deposits.values():
-            backwards = (1 if len(group) == 1 else 2) + int(kl)
-            t += passes([group], backwards, ref)
+        for gid, group in [*seconds.items(), *deposits.items()]:
+            shifts.setdefault(gid, items[min(group, key=wakes)].value)
+        for group in deposits.values():  # a lone one: its piece, one backward (and kᵢ)
+            weights = [weight(i) for i in group]
+            classes = weight_classes(weights) if len(group) > 1 else [([0], 0.0)]
+            for indices, shared in classes:
+                members = [group[k] for k in indices]
+                t += passes([members], (1 if shared is not None else 2) + int(kl), ref)
             left.difference_update(group)
-        t += passes(seconds.values(), 1, 1) + passes(firsts.values(), 1 + int(kl), ref)
+        t += passes(map(weighted, seconds.values()), 1, 1)
+        t += passes(firsts.values(), 1 + int(kl), ref)
         for group in seconds.values():
             left.difference_update(group)
         for group in firsts.values():
             halves.update(group)
-        for batch, forwards in ((remainders, 1), (finals, ref)):
+        left.difference_update(remainders)
+        rest = weighted(i for i in remainders if items[i].group not in equal)
+        for batch, forwards in ((rest, 1), (finals, ref)):
             if batch:
                 t += passes([batch], 1, forwards)
                 left.difference_update(batch)

@@ -154,10 +154,18 @@ def test_a_learner_drained_every_few_events_matches_the_textbook(
     assert rel(step_grad(model), book) <= 1e-12
 
 
+REWARDS = {
+    "mixed": {},  # ties, halves, and a quarter continuous: the deposits' weights differ
+    # tests that pass or fail: a deposit's weights are 0 and one other, one backward for both
+    "pass-fail": {"reward_values": (0.0, 1.0), "continuous_rate": 0.0},
+}
+
+
+@pytest.mark.parametrize("rewards", sorted(REWARDS))
 @pytest.mark.parametrize("name", ["grpo", "kl-k3", "dr-grpo", "tis", "dapo-token-mean"])
-def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, name):
+def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, name, rewards):
     """Every event but each group's last reward, one drain, then the rest: each group's other
-    trajectories are deposited in one batched pass while the group is still open."""
+    trajectories are deposited in batched passes while the group is still open."""
     out, refs = models
     key = ("gpt2", torch.float64)
     model, (objective, kwargs) = out[key], VARIANTS[name]
@@ -169,6 +177,7 @@ def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, 
         max_turns=3,
         max_tokens=64,
         infra_failure_rate=0.0,
+        **REWARDS[rewards],
     )
     events = random_batch(5, model.config.vocab_size, shape)
     group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}

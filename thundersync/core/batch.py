@@ -20,7 +20,7 @@ from thundersync.core.gradients import (
     sampler_logprobs,
     teacher_logprobs,
 )
-from thundersync.core.micro_batches import length_chunks
+from thundersync.core.micro_batches import length_chunks, weight_classes
 from thundersync.core.objectives import (
     GRPO,
     OPD,
@@ -154,39 +154,76 @@ def piece_sums(
 ) -> None:
     """For (trajectory i, cᵢ) items of one open group, add Σ cᵢhᵢ to ``weighted``, Σ hᵢ to
     ``pieces`` and Σ kᵢ to ``kl`` (hᵢ, kᵢ: ``gradients.grpo_piece``'s, on-policy), each sum
-    whose target is not None: one padded forward per micro-batch and a backward per sum,
-    where ``grpo_piece`` takes a forward and one or two backwards per trajectory. The same
-    sums, in another floating-point order. ``weighted`` alone (the second half of early
-    start's split, whose first half recorded the tokens' statistics and the KL term) takes no
-    reference forward and records nothing."""
+    whose target is not None, in padded micro-batches (one forward each), each pass's items
+    published as one piece of work. Trajectories of one weight share a backward for both
+    Σ cᵢhᵢ and Σ hᵢ (``micro_batches.weight_classes``): a pass/fail group's deposit takes a
+    backward per micro-batch for them and one for the KL term, where mixed weights take a
+    backward per sum; ``grpo_piece`` takes a forward and one or two backwards per
+    trajectory. The same sums, in another floating-point order. ``weighted`` alone (the
+    second half of early start's split, whose first half recorded the tokens' statistics and
+    the KL term) skips the items with cᵢ = 0, takes no reference forward and records
+    nothing."""
     second_half = pieces is None and kl is None
-    for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
+    if second_half:
+        items = [(rec, weight) for rec, weight in items if weight != 0.0]
+    if weighted is None or second_half:  # one sum of hᵢ, or of cᵢhᵢ: one pass
+        classes: list[tuple[list[int], float | None]] = [(list(range(len(items))), None)]
+    else:
+        classes = weight_classes([weight for _, weight in items])
+    for indices, shared in classes if items else []:
+        members = [items[i] for i in indices]
+        started = ev.now()
+        for chunk, trajectories in micro_batches(
+            members, [m for m, _ in members], ctx.micro_batch_size
+        ):
+            _sum_chunk(ctx, objective, chunk, trajectories, shared, weighted, pieces, kl)
+        for rec, _ in members:
+            ctx.published(rec.episode_id, None, started)
+
+
+def _sum_chunk(
+    ctx: BatchContext,
+    objective: GRPO,
+    chunk: list[tuple[EpisodeRecord, float]],
+    trajectories: list[Trajectory],
+    shared: float | None,
+    weighted: torch.Tensor | None,
+    pieces: torch.Tensor | None,
+    kl: torch.Tensor | None,
+) -> None:
+    """One micro-batch of ``piece_sums``: a padded forward and its backwards (a sum each, or
+    with a ``shared`` weight one backward for Σ hᵢ into ``pieces`` and ``shared`` times it
+    into ``weighted``)."""
+    second_half = pieces is None and kl is None
+    if second_half:
+        logps = ctx.policy.batch_action_logprobs(trajectories)
+        refs: list[torch.Tensor | None] = [None] * len(trajectories)
+    else:
+        logps, refs = _forwards(ctx, objective, trajectories)
+    zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
+    weighted_loss, piece_loss, kl_loss = zero, zero, zero
+    for (_, weight), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
         if second_half:
-            logps = ctx.policy.batch_action_logprobs(trajectories)
-            refs: list[torch.Tensor | None] = [None] * len(trajectories)
+            sampler_T = sampler_logprobs(traj, logp.logp_T)
+            pg, kl_term = pg_term(objective, logp.logp_T, sampler_T), None
         else:
-            logps, refs = _forwards(ctx, objective, trajectories)
-        zero = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
-        weighted_loss, piece_loss, kl_loss = zero, zero, zero
-        for (_, weight), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
-            if second_half:
-                sampler_T = sampler_logprobs(traj, logp.logp_T)
-                pg, kl_term = pg_term(objective, logp.logp_T, sampler_T), None
-            else:
-                pg, kl_term = recorded_terms(
-                    objective, ctx.stats, traj, logp.logp_T, logp.entropy_T, ref_T
-                )
-            weighted_loss = weighted_loss + weight * pg
-            piece_loss = piece_loss + pg
-            if kl_term is not None:
-                kl_loss = kl_loss + kl_term
-        sums = [
-            (target, loss)
-            for target, loss in ((weighted, weighted_loss), (pieces, piece_loss), (kl, kl_loss))
-            if target is not None
-        ]
-        for n, (target, loss) in enumerate(sums):
-            target.add_(flat_grad(ctx.policy.params, loss, retain=n + 1 < len(sums)))
+            pg, kl_term = recorded_terms(
+                objective, ctx.stats, traj, logp.logp_T, logp.entropy_T, ref_T
+            )
+        weighted_loss = weighted_loss + weight * pg
+        piece_loss = piece_loss + pg
+        if kl_term is not None:
+            kl_loss = kl_loss + kl_term
+    if shared is not None and pieces is not None:  # Σ cᵢhᵢ is ``shared`` times Σ hᵢ
+        sums = [(pieces, piece_loss, shared), (kl, kl_loss, 0.0)]
+    else:
+        sums = [(weighted, weighted_loss, 0.0), (pieces, piece_loss, 0.0), (kl, kl_loss, 0.0)]
+    sums = [(target, loss, also) for target, loss, also in sums if target is not None]
+    for n, (target, loss, also) in enumerate(sums):
+        grad = flat_grad(ctx.policy.params, loss, retain=n + 1 < len(sums))
+        target.add_(grad)
+        if also != 0.0 and weighted is not None:
+            weighted.add_(grad, alpha=also)
 
 
 def _forwards(

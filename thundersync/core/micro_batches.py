@@ -36,3 +36,20 @@ def length_chunks(lengths: Sequence[int], size: int) -> list[list[int]]:
 def chunk_shapes(lengths: Sequence[int], size: int) -> list[tuple[int, int]]:
     """(rows, longest row) of each micro-batch ``length_chunks`` makes."""
     return [(len(chunk), max(lengths[i] for i in chunk)) for chunk in length_chunks(lengths, size)]
+
+
+def weight_classes(weights: Sequence[float | None]) -> list[tuple[list[int], float | None]]:
+    """A batched deposit's passes (``batch.piece_sums``, where both Σ cᵢhᵢ and Σ hᵢ are
+    wanted) as indices into its rows' weights cᵢ = rᵢ − c, each with the weight its rows
+    share (None: mixed, or unknown where a weight is None): the rows of weight 0 (the reward
+    the group's shift c was taken from), then the rest. A pass of one weight takes one
+    backward for both sums (Σ hᵢ, and the weight times it): a pass/fail group's deposit,
+    whose weights are 0 and one other, takes half the backwards of one pass with a backward
+    per sum, and never more."""
+    zero = [i for i, w in enumerate(weights) if w == 0.0]
+    rest = [i for i, w in enumerate(weights) if w != 0.0]
+    shared = {weights[i] for i in rest}
+    classes: list[tuple[list[int], float | None]] = [(zero, 0.0)] if zero else []
+    if rest:
+        classes.append((rest, shared.pop() if len(shared) == 1 else None))
+    return classes

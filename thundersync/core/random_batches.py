@@ -25,8 +25,9 @@ class BatchShape:
     min_groups: int = 1
     min_group_size: int = 1
     reward_values: tuple[float, ...] = (0.0, 0.0, 1.0, 1.0, 0.5)
-    """Rewards are drawn from these (ties and all-equal groups happen) or, 1 time in 4,
-    uniformly from [0, 1)."""
+    """Rewards are drawn from these (ties and all-equal groups happen) or, a
+    ``continuous_rate`` of the time, uniformly from [0, 1)."""
+    continuous_rate: float = 0.25
 
 
 def random_episode_events(
@@ -92,7 +93,8 @@ def random_episode_events(
                 )
             )
     out.append(ev.EpisodeCompleted(episode_id=episode_id, num_turns=num_turns, stop_reason="x"))
-    reward = rng.random() if rng.random() < 0.25 else rng.choice(shape.reward_values)
+    continuous = rng.random() < shape.continuous_rate
+    reward = rng.random() if continuous else rng.choice(shape.reward_values)
     out.append(
         ev.RewardReady(
             episode_id=episode_id,

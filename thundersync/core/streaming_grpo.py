@@ -10,13 +10,15 @@ Without std scaling (s = 1) W_g needs no buffer: (r_i − c) h_i goes straight i
 step's gradient, so a group costs one buffer. A trajectory whose group is already closed is
 processed with its final advantage directly (batched, no buffer); so is every member of a
 group that could not open within the buffer budget: exact, just later. Rewarded trajectories
-of one open group that a drain finds together are deposited in one batched pass
-(``batch.piece_sums``: the three sums, a backward each per micro-batch).
+of one open group that a drain finds together are deposited in batched passes
+(``batch.piece_sums``: the three sums; trajectories of one reward share the backward of the
+first two, so a pass/fail group's deposit takes a backward per micro-batch, and one more for
+the KL term).
 
 Early start (a trajectory's work at ``EpisodeCompleted``, before its reward) splits that work
 in two: what does not depend on the reward, hᵢ into H_g and kᵢ (the KL term's gradient) into
 its target, runs at completion; (rᵢ − c) hᵢ into W_g runs at the reward, one forward and one
-backward where a deposit takes three. So the accumulators stay one set per open group. A
+backward (none where rᵢ = c). So the accumulators stay one set per open group. A
 trajectory's whole (hᵢ, kᵢ) is held to its reward instead, with nothing left to do then, only
 where the buffer budget (``--buffer-budget-bytes``, else 2 · groups + 1 copies) has room for it
 besides every open group's accumulators (docs/design.md §3).
@@ -152,10 +154,7 @@ class StreamingGRPO:
             if self._target(g) is None:
                 raise InvariantError(f"group {g.group_id!r}: closed with no target")
         for target, items in self._by_target(remainders):
-            started = ev.now()
             piece_sums(self.ctx, self.objective, items, weighted=target, pieces=None, kl=None)
-            for rec, _ in items:
-                self.ctx.published(rec.episode_id, None, started)
 
     def _by_target(
         self, entries: list[tuple[GroupState, EpisodeRecord, float]]
@@ -231,7 +230,6 @@ class StreamingGRPO:
         trajectories wait for their rewards)."""
         if not self._open(g) or g.piece_sum is None:
             return
-        started = ev.now()
         piece_sums(
             self.ctx,
             self.objective,
@@ -240,9 +238,7 @@ class StreamingGRPO:
             pieces=g.piece_sum,
             kl=self._kl_target(g) if self.objective.kl_coef != 0.0 else None,
         )
-        for rec in recs:
-            self.halved.add(rec.episode_id)
-            self.ctx.published(rec.episode_id, None, started)
+        self.halved.update(rec.episode_id for rec in recs)
 
     def _retract(self, g: GroupState, rec: EpisodeRecord) -> None:
         """Take a split trajectory that turned out an infrastructure failure back out of H_g
@@ -280,15 +276,11 @@ class StreamingGRPO:
             else:
                 self._add_piece(g, pieces, rec.reward_value - shift, piece)
         if halved:  # the reward's half: (rᵢ − c) hᵢ only
-            started = ev.now()
             weighted = self._weighted_target(g)
             piece_sums(self.ctx, self.objective, halved, weighted=weighted, pieces=None, kl=None)
-            for rec, _ in halved:
-                self.ctx.published(rec.episode_id, None, started)
         if len(fresh) == 1:
             self._add_piece(g, pieces, fresh[0].reward_value - shift, self._backward(fresh[0]))
         elif fresh:
-            started = ev.now()
             piece_sums(
                 self.ctx,
                 self.objective,
@@ -297,8 +289,6 @@ class StreamingGRPO:
                 pieces=pieces,
                 kl=self._kl_target(g) if self.objective.kl_coef != 0.0 else None,
             )
-            for rec in fresh:
-                self.ctx.published(rec.episode_id, None, started)
         self.accounted.update(rec.episode_id for rec in recs)
 
     def _add_piece(self, g: GroupState, pieces: torch.Tensor, weight: float, piece: Piece) -> None:

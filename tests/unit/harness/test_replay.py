@@ -211,7 +211,7 @@ def test_step_windows_read_each_trajectorys_tokens_and_each_passs_shape(tmp_path
     """A trajectory's tokens are its context (prompt, actions, every observation but the last
     turn's); a pass's padded tokens are its micro-batches' rows × longest, shortest first;
     its backwards by kind: finals (group closed) one, a lone piece two and a batched
-    deposit three with a KL term."""
+    deposit three with a KL term, two where its rewards are one."""
     config = {"mode": "streaming", "micro_batch_size": 2, "objective": {"kl_coef": 0.1}}
     step = {
         "start": 0.0,
@@ -255,6 +255,16 @@ def test_step_windows_read_each_trajectorys_tokens_and_each_passs_shape(tmp_path
     assert window.step_started == 1.2
     shapes = [(p.items, p.padded_tokens, p.micro_batches, p.backwards) for p in window.passes]
     assert shapes == [(2, 2 * 30, 1, 3), (1, 40, 1, 2), (3, 20 + 2 * 50, 2, 1)]
+    # the deposit's two trajectories passed (or failed) alike: one backward gave Σ hᵢ and
+    # Σ cᵢhᵢ (``micro_batches.weight_classes``), one more the KL term's
+    alike = {"s0-g0-e0", "s0-g0-e1"}
+    events = [
+        e | {"reward": 1.0} if e["event"] == "RewardReady" and e["episode_id"] in alike else e
+        for e in events
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (window,) = step_windows(run)
+    assert [p.backwards for p in window.passes] == [2, 2, 1]
 
 
 def streaming_run(folder: Path, config: dict, step: dict, steps: int = 4) -> Path:

@@ -91,6 +91,24 @@ def test_grpo_streaming_drains_deposits_finals_and_early_pieces_as_the_learner_d
     assert grpo_streaming_step(pair[:2] + [Item(0.0, 0.12, "g", 10)], kl, kl=True) == (
         pytest.approx(0.1 + 0.06 + 0.01)  # the last arrives during the deposit: final at 0.16
     )
+    # rewards that pass or fail: a deposit's two of one reward share a backward for Σ hᵢ and
+    # Σ cᵢhᵢ (2 x 10 x 2 backwards: 0.04); of two rewards, a pass each (2 x 10 x 2: 0.04)
+    for values in ((1.0, 1.0), (1.0, 0.0)):
+        graded = [Item(0.0, 0.1, "g", 10, v) for v in values] + [Item(0.0, 0.12, "g", 10, 0.0)]
+        assert grpo_streaming_step(graded, kl, kl=True) == pytest.approx(0.1 + 0.04 + 0.01)
+
+
+def test_early_starts_split_work_ends_at_its_first_half_where_the_reward_is_the_shift():
+    """Split early start (docs/design.md §3): the three Σ hᵢ at 0 (30 ms); at 0.1 s the
+    group's first reward, 0, is its shift c, so (rᵢ − c) hᵢ is 0 and costs nothing; at 0.2 s
+    a reward of 1 costs its 10 ms; at 0.5 s the group closes on another 0: nothing more. Not
+    knowing the rewards, each costs its pass and the step ends at 0.51 s."""
+    w = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001)
+    rewards = ((0.1, 0.0), (0.2, 1.0), (0.5, 0.0))
+    known = [Item(0.0, t, "g", 10, v) for t, v in rewards]
+    assert grpo_streaming_step(known, w, early_start=True, split=True) == pytest.approx(0.5)
+    unknown = [Item(0.0, t, "g", 10) for t, _ in rewards]
+    assert grpo_streaming_step(unknown, w, early_start=True, split=True) == pytest.approx(0.51)
 
 
 @pytest.mark.parametrize("name", ["long-tail", "balanced", "agentic"])

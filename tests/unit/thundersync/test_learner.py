@@ -228,6 +228,55 @@ def test_an_infra_failure_found_after_early_starts_work_is_taken_back_out(model)
     assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
 
 
+def test_split_work_whose_reward_is_the_shift_ends_at_its_first_half(model):
+    """Tests that pass or fail, graded after every episode completed: early start splits each
+    episode (docs/design.md §3), and at its reward adds (rᵢ − c) hᵢ, where c is its group's
+    first reward. Where rᵢ = c that is 0: the episode's work ended at its first half. So an
+    episode whose reward is its group's first has one piece of work published, the others
+    two, and the step is sync's."""
+    shape = BatchShape(
+        min_groups=2,
+        max_groups=2,
+        min_group_size=3,
+        max_group_size=3,
+        max_turns=2,
+        max_tokens=32,
+        infra_failure_rate=0.0,
+        reward_values=(0.0, 1.0),
+        continuous_rate=0.0,
+    )
+    events = random_batch(3, model.config.vocab_size, shape)
+    rewards = [e for e in events if isinstance(e, ev.RewardReady)]
+    events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+    group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+    first: dict[str, float] = {}
+    for e in rewards:
+        first.setdefault(group[e.episode_id], e.reward)
+    assert any(e.reward != first[group[e.episode_id]] for e in rewards)
+    params = [p for p in model.parameters() if p.requires_grad]
+    copy = sum(p.numel() for p in params) * params[0].element_size()
+    published: list[ev.Event] = []
+    lrn = learner(
+        model,
+        max_grad_norm=None,
+        early_start=True,
+        buffer_budget_bytes=2 * len(first) * copy,  # the groups' sums, no whole piece
+        publish=published.append,
+    )
+    for e in events:
+        lrn.consume(e)
+    lrn.step()
+    pieces = [e.episode_id for e in published if isinstance(e, ev.GradientComputed)]
+    expected = {e.episode_id: 1 + int(e.reward != first[group[e.episode_id]]) for e in rewards}
+    assert {eid: pieces.count(eid) for eid in expected} == expected
+    split = step_grad(model)
+    sync = learner(model, streaming=False, max_grad_norm=None)
+    for e in events:
+        sync.consume(e)
+    sync.step()
+    assert torch.allclose(split, step_grad(model), rtol=1e-12, atol=1e-15)
+
+
 def batch_with_a_group_informative_without_one(model) -> tuple[list[ev.Event], str]:
     """A batch and one of its episodes whose group's other rewards still differ (so dropping
     it changes the group's statistics, not only its size)."""
