@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given
@@ -14,6 +16,12 @@ from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
 
 SHAPE = BatchShape(max_groups=3, max_group_size=5, max_turns=4, max_tokens=64)
+
+REWARDS = {
+    "mixed": {},  # ties, halves, and a quarter continuous: the deposits' weights differ
+    # tests that pass or fail: a deposit's weights are 0 and one other, one backward for both
+    "pass-fail": {"reward_values": (0.0, 1.0), "continuous_rate": 0.0},
+}
 
 VARIANTS = {
     "grpo": (GRPO(), {}),
@@ -88,9 +96,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm()) / scale if scale else float(a.norm())
 
 
-def batch(seed: int, model, objective, arrival: str):
+def batch(seed: int, model, objective, arrival: str, rewards: str = "mixed"):
     teacher = isinstance(objective, OPD)
-    return random_batch(seed, model.config.vocab_size, SHAPE, teacher=teacher, arrival=arrival)
+    shape = replace(SHAPE, **REWARDS[rewards])
+    return random_batch(seed, model.config.vocab_size, shape, teacher=teacher, arrival=arrival)
 
 
 arrivals = st.sampled_from(["interleaved", "shuffled", "batch"])
@@ -130,17 +139,19 @@ def test_streaming_and_sync_match_the_textbook_in_float64(models, seed, name, ar
     name=st.sampled_from(sorted(n for n, (o, _) in VARIANTS.items() if isinstance(o, GRPO))),
     arrival=arrivals,
     every=st.integers(2, 60),
+    rewards=st.sampled_from(sorted(REWARDS)),
 )
 def test_a_learner_drained_every_few_events_matches_the_textbook(
-    models, seed, name, arrival, every
+    models, seed, name, arrival, every, rewards
 ):
     """The trainer drains what has queued since its last pass (``modes/streaming.py``), so a
-    drain holds several rewarded trajectories of one open group, deposited in one batched
-    pass (``batch.piece_sums``), beside closed groups' finals and early pieces."""
+    drain holds several rewarded trajectories of one open group, deposited in batched passes
+    (``batch.piece_sums``: with pass/fail rewards a pass per reward), beside closed groups'
+    finals and early pieces."""
     out, refs = models
     key = ("gpt2", torch.float64)
     objective, kwargs = VARIANTS[name]
-    events = batch(seed, out[key], objective, arrival)
+    events = batch(seed, out[key], objective, arrival, rewards)
     book = textbook.gradient(out[key], objective, events, refs[key])
     model = out[key]
     learner = make_learner(
@@ -152,13 +163,6 @@ def test_a_learner_drained_every_few_events_matches_the_textbook(
             learner.drain()
     learner.step()
     assert rel(step_grad(model), book) <= 1e-12
-
-
-REWARDS = {
-    "mixed": {},  # ties, halves, and a quarter continuous: the deposits' weights differ
-    # tests that pass or fail: a deposit's weights are 0 and one other, one backward for both
-    "pass-fail": {"reward_values": (0.0, 1.0), "continuous_rate": 0.0},
-}
 
 
 @pytest.mark.parametrize("rewards", sorted(REWARDS))
