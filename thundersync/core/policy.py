@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -34,6 +35,10 @@ class Policy:
         self.model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._cache_kw = _cache_keyword(model)
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keeps_logits: bool | None = None if takes else False
+        """Whether the model takes a mask of the positions whose logits to compute
+        (``_action_logits``): None until its first answer says."""
 
     @property
     def vocab_size(self) -> int | None:
@@ -84,9 +89,10 @@ class Policy:
             )
         ids_L = torch.tensor(ids, device=self.device)
         turn_L = torch.tensor(turn_of, device=self.device)
-        logits_LV = self.model(input_ids=ids_L[None]).logits[0]
         positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
-        logits_TV = logits_LV[positions]
+        keep_L = torch.zeros_like(ids_L, dtype=torch.bool)
+        keep_L[positions] = True
+        logits_TV = self._action_logits({"input_ids": ids_L[None]}, keep_L[None])
         logp_TV = torch.log_softmax(logits_TV, dim=-1)
         logp_T = logp_TV.gather(-1, ids_L[positions + 1][:, None]).squeeze(-1)
         return ActionLogprobs(logp_T, turn_L[positions + 1], _entropy(logp_TV))
@@ -101,18 +107,47 @@ class Policy:
         length = max(len(ids) for ids, _ in contexts)
         ids_BL = torch.zeros((len(contexts), length), dtype=torch.long, device=self.device)
         mask_BL = torch.zeros_like(ids_BL)
-        for b, (ids, _) in enumerate(contexts):
+        keep_BL = torch.zeros_like(ids_BL, dtype=torch.bool)
+        rows = []
+        for b, (ids, turn_of) in enumerate(contexts):
             ids_BL[b, : len(ids)] = torch.tensor(ids)
             mask_BL[b, : len(ids)] = 1
-        logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL).logits
-        out = []
-        for b, (_, turn_of) in enumerate(contexts):
             turn_L = torch.tensor(turn_of, device=self.device)
             positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
-            logp_TV = torch.log_softmax(logits_BLV[b, positions], dim=-1)
+            keep_BL[b, positions] = True
+            rows.append((positions, turn_L[positions + 1]))
+        inputs = {"input_ids": ids_BL, "attention_mask": mask_BL}
+        logits_NV = self._action_logits(inputs, keep_BL)
+        out = []
+        for (positions, turn_T), (b, logits_TV) in zip(
+            rows, enumerate(logits_NV.split([len(p) for p, _ in rows]))
+        ):
+            logp_TV = torch.log_softmax(logits_TV, dim=-1)
             logp_T = logp_TV.gather(-1, ids_BL[b, positions + 1][:, None]).squeeze(-1)
-            out.append(ActionLogprobs(logp_T, turn_L[positions + 1], _entropy(logp_TV)))
+            out.append(ActionLogprobs(logp_T, turn_T, _entropy(logp_TV)))
         return out
+
+    def _action_logits(self, inputs: dict, keep_BL: torch.Tensor) -> torch.Tensor:
+        """The logits of the positions ``keep_BL`` marks (those that predict an action token),
+        row by row: (marked positions, vocabulary). Where the model takes
+        ``logits_to_keep`` (Hugging Face's, a boolean mask per row) it projects only those
+        positions onto the vocabulary, the rest being context: on an agentic trajectory,
+        whose observations outnumber its actions, most of the head's work and of a batch's
+        logits memory (rows × length × vocabulary, 78 GB in float32 for eight 16k-token rows
+        of a 152k vocabulary). A model that does not, or answers in another shape, gives every
+        position's logits, and the marked ones are taken."""
+        if self._keeps_logits is not False:
+            try:
+                logits = self.model(**inputs, logits_to_keep=keep_BL).logits
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                if self._keeps_logits:  # it took one before: a real error
+                    raise
+                logits = None  # e.g. an int-only ``logits_to_keep``
+            if logits is not None and logits.shape == (int(keep_BL.sum()), logits.shape[-1]):
+                self._keeps_logits = True
+                return logits
+            self._keeps_logits = False
+        return self.model(**inputs).logits[keep_BL]
 
     @torch.no_grad()
     def score_turn(self, trajectory: Trajectory, turn: int, cache: dict | None = None) -> tuple:

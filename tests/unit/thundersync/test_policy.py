@@ -118,3 +118,48 @@ def test_an_empty_prompt_is_rejected_with_the_episode_named(policy):
     )
     with pytest.raises(ValueError, match="e9.*empty prompt_ids"):
         policy.action_logprobs(traj)
+
+
+def test_only_the_positions_that_predict_an_action_are_projected_onto_the_vocabulary(policy):
+    """An agentic context is mostly prompt and observations: the head computes logits for the
+    five positions that predict an action token, not the trajectory's eleven (or, batched, the
+    two rows' padded twenty-two)."""
+    rows: list[int] = []
+    head = policy.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[:-1]))
+    try:
+        policy.action_logprobs(trajectory())
+        policy.batch_action_logprobs([trajectory(), trajectory(obs0=(43,))])
+    finally:
+        hook.remove()
+    assert [torch.Size(r).numel() for r in rows] == [5, 10]
+
+
+class _NoKeep(torch.nn.Module):
+    """A causal LM whose forward takes no ``logits_to_keep``."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+class _IntKeep(_NoKeep):
+    """One that takes ``logits_to_keep`` as a count of last positions only."""
+
+    def forward(self, input_ids, attention_mask=None, logits_to_keep=0):
+        if not isinstance(logits_to_keep, int):
+            raise TypeError("logits_to_keep must be an int")
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+@pytest.mark.parametrize("wrapper", [_NoKeep, _IntKeep])
+def test_a_model_that_cannot_keep_some_logits_gives_the_same_log_probs(policy, wrapper):
+    plain = Policy(wrapper(policy.model))
+    trajs = [trajectory(), trajectory(obs0=(43,))]
+    for _ in range(2):  # the first call finds out, the second goes straight to all logits
+        for a, b in zip(plain.batch_action_logprobs(trajs), policy.batch_action_logprobs(trajs)):
+            assert torch.allclose(a.logp_T, b.logp_T, rtol=0, atol=1e-12)
+    assert plain._keeps_logits is False
