@@ -35,10 +35,12 @@ class Policy:
         self.model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._cache_kw = _cache_keyword(model)
-        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters.values()
+        takes = any(p.name == "logits_to_keep" or p.kind is p.VAR_KEYWORD for p in params)
         self._keeps_logits: bool | None = None if takes else False
         """Whether the model takes a mask of the positions whose logits to compute
-        (``_action_logits``): None until its first answer says."""
+        (``_action_logits``): None until its first answer says (a wrapper that passes on
+        ``**kwargs``, as PEFT's does, may)."""
 
     @property
     def vocab_size(self) -> int | None:

@@ -155,7 +155,16 @@ class _IntKeep(_NoKeep):
         return self.inner(input_ids=input_ids, attention_mask=attention_mask)
 
 
-@pytest.mark.parametrize("wrapper", [_NoKeep, _IntKeep])
+class _Passes(_NoKeep):
+    """A wrapper that passes ``**kwargs`` on to a model that refuses them."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"unexpected {sorted(kwargs)}")
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+@pytest.mark.parametrize("wrapper", [_NoKeep, _IntKeep, _Passes])
 def test_a_model_that_cannot_keep_some_logits_gives_the_same_log_probs(policy, wrapper):
     plain = Policy(wrapper(policy.model))
     trajs = [trajectory(), trajectory(obs0=(43,))]
@@ -163,3 +172,16 @@ def test_a_model_that_cannot_keep_some_logits_gives_the_same_log_probs(policy, w
         for a, b in zip(plain.batch_action_logprobs(trajs), policy.batch_action_logprobs(trajs)):
             assert torch.allclose(a.logp_T, b.logp_T, rtol=0, atol=1e-12)
     assert plain._keeps_logits is False
+
+
+def test_a_wrapper_that_passes_keyword_arguments_on_keeps_only_the_action_logits(policy):
+    """PEFT's models take ``**kwargs`` and hand them to the model they wrap."""
+
+    class Passing(_NoKeep):
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    wrapped = Policy(Passing(policy.model))
+    out = wrapped.action_logprobs(trajectory())
+    assert wrapped._keeps_logits is True
+    assert torch.allclose(out.logp_T, policy.action_logprobs(trajectory()).logp_T, atol=1e-12)
