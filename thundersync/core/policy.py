@@ -26,8 +26,10 @@ class Policy:
 
     ``action_logprobs`` runs one forward pass over the whole context
     ``prompt + a_0 + o_0 + ... + a_k`` and returns log π(a_t | s_t) for the action tokens
-    only: observation tokens are context, never trained on. The model is put in eval mode
-    (dropout off), because a gradient must depend only on the parameters and the data.
+    only: observation tokens are context, never trained on, and where the model takes
+    ``logits_to_keep`` only the positions that predict an action are projected onto the
+    vocabulary (``_action_logits``; docs/design.md §3). The model is put in eval mode (dropout
+    off), because a gradient must depend only on the parameters and the data.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
