@@ -15,7 +15,6 @@ not a test: it exits 0 whatever it finds, 2 on bad arguments.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -26,9 +25,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learner_overhead import learner_seconds  # noqa: E402
-from padding import toysum_like_batch  # noqa: E402
-
-from thundersync.models import build_tiny_model, load_model  # noqa: E402
+from padding import (  # noqa: E402
+    checked,
+    interleaved,
+    pair_parser,
+    print_ratio,
+    tiny_model,
+    toysum_like_batch,
+)
 
 
 class AllLogits(torch.nn.Module):
@@ -60,48 +64,33 @@ def head_rows(model: torch.nn.Module, events) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=7, help="interleaved pairs of steps")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden size")
-    parser.add_argument("--layers", type=int, default=2, help="transformer layers")
+    parser = pair_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--vocab", type=int, default=0, help="vocabulary size (0: the tiny tokenizer's)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="batch seed")
-    args = parser.parse_args(argv)
-    if args.pairs < 1:
-        parser.error("--pairs must be >= 1")
+    args = checked(parser, argv)
     if args.vocab < 0:
         parser.error("--vocab must be >= 0")
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="thundersync-action-logits-") as tmp:
-        folder = build_tiny_model(
-            Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers
-        )
-        model = load_model(folder, dtype=torch.float32)
-        if args.vocab > model.config.vocab_size:  # entries the batch never uses, as in real ones
+        model = tiny_model(Path(tmp) / "model", args)
+        tokens = model.config.vocab_size  # the batch's ids: the tokenizer's
+        if args.vocab > tokens:  # entries the batch never uses, as in real vocabularies
             model.resize_token_embeddings(args.vocab)
-        tokens = min(model.config.vocab_size, 512)  # the batch's ids: the tokenizer's
         models = {"actions": model, "every": AllLogits(model)}
         events = toysum_like_batch(tokens, args.seed)
         rows = {name: head_rows(m, events) for name, m in models.items()}
-        measured: dict[str, list[float]] = {name: [] for name in models}
-        for n in range(args.pairs + 1):  # the first pair warms up
-            for name in ("actions", "every") if n % 2 == 0 else ("every", "actions"):
-                seconds, _ = learner_seconds(models[name], events, streaming=False)
-                if n:
-                    measured[name].append(seconds)
+        measured = interleaved(
+            args.pairs,
+            ("actions", "every"),
+            lambda name: learner_seconds(models[name], events, streaming=False)[0],
+        )
     for name, times in measured.items():
         print(
             f"{name:<8} head rows {rows[name]:>6}; sync step median "
             f"{statistics.median(times) * 1000:.1f} ms"
         )
-    ratios = [e / a for e, a in zip(measured["every"], measured["actions"], strict=True)]
-    print(
-        f"every / actions learner time (vocabulary {model.config.vocab_size}): median "
-        f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
-        f"{len(ratios)} pairs)"
-    )
+    label = f"every / actions learner time (vocabulary {model.config.vocab_size})"
+    print_ratio(label, measured["every"], measured["actions"])
     return 0
 
 

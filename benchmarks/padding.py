@@ -17,6 +17,7 @@ import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -68,32 +69,68 @@ def toysum_like_batch(vocab_size: int, seed: int) -> list[ev.Event]:
     return events
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pair_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a side-by-side sync step on this batch (this benchmark's and
+    ``action_logits.py``'s)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--pairs", type=int, default=7, help="interleaved pairs of steps")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size")
     parser.add_argument("--layers", type=int, default=2, help="transformer layers")
     parser.add_argument("--seed", type=int, default=0, help="batch seed")
+    return parser
+
+
+def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
+    return args
+
+
+def tiny_model(folder: Path, args: argparse.Namespace) -> torch.nn.Module:
+    """The learner's model, on one thread (the learner alone, as on a quiet core)."""
     torch.set_num_threads(1)
+    built = build_tiny_model(folder, hidden_size=args.hidden, num_layers=args.layers)
+    return load_model(built, dtype=torch.float32)
+
+
+def interleaved(
+    pairs: int, names: tuple[str, str], seconds: Callable[[str], float]
+) -> dict[str, list[float]]:
+    """``seconds(name)`` of each of ``names``, ``pairs`` times, in turn then in reverse (the
+    machine's drift hits both alike), after a pair that warms up."""
+    measured: dict[str, list[float]] = {name: [] for name in names}
+    for n in range(pairs + 1):
+        for name in names if n % 2 == 0 else names[::-1]:
+            value = seconds(name)
+            if n:
+                measured[name].append(value)
+    return measured
+
+
+def print_ratio(label: str, slower: list[float], faster: list[float]) -> None:
+    """The median and range of the per-pair ratios ``slower`` / ``faster``."""
+    ratios = [s / f for s, f in zip(slower, faster, strict=True)]
+    print(
+        f"{label}: median {statistics.median(ratios):.2f} "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = checked(pair_parser(__doc__.splitlines()[0]), argv)
     with tempfile.TemporaryDirectory(prefix="thundersync-padding-") as tmp:
-        folder = build_tiny_model(
-            Path(tmp) / "model", hidden_size=args.hidden, num_layers=args.layers
-        )
-        model = load_model(folder, dtype=torch.float32)
+        model = tiny_model(Path(tmp) / "model", args)
         events = toysum_like_batch(model.config.vocab_size, args.seed)
         kept = micro_batches.SPREAD
-        measured: dict[str, list[float]] = {"spread": [], "fixed": []}
         tokens = {}
-        for n in range(args.pairs + 1):  # the first pair warms up
-            for name in ("spread", "fixed") if n % 2 == 0 else ("fixed", "spread"):
-                micro_batches.SPREAD = kept if name == "spread" else float("inf")
-                tokens[name] = padded_tokens(events, 8)
-                seconds, _ = learner_seconds(model, events, streaming=False)
-                if n:
-                    measured[name].append(seconds)
+
+        def seconds(name: str) -> float:
+            micro_batches.SPREAD = kept if name == "spread" else float("inf")
+            tokens[name] = padded_tokens(events, 8)
+            return learner_seconds(model, events, streaming=False)[0]
+
+        measured = interleaved(args.pairs, ("spread", "fixed"), seconds)
         micro_batches.SPREAD = kept
     real = tokens["spread"][1]
     for name, times in measured.items():
@@ -101,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<7} padded {tokens[name][0]:>6} tokens for {real} real; "
             f"sync step median {statistics.median(times) * 1000:.1f} ms"
         )
-    ratios = [f / s for f, s in zip(measured["fixed"], measured["spread"], strict=True)]
-    print(
-        f"fixed / spread learner time: median {statistics.median(ratios):.2f} "
-        f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)"
-    )
+    print_ratio("fixed / spread learner time", measured["fixed"], measured["spread"])
     return 0
 
 
