@@ -116,6 +116,7 @@ def test_max_turns_truncates_and_still_grades():
     _, reward, terminated, truncated, info = env.step(format_action("true"))
     assert truncated and not terminated and reward == 1.0
     assert info["termination_reason"] == StopReason.MAX_TURNS
+    env.close()
 
 
 def test_episode_time_limit_truncates():
