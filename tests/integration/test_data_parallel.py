@@ -215,6 +215,8 @@ def run_ranks(
             if process.is_alive():
                 process.kill()
                 process.join()
+        for path in context.error_files:  # where a failed rank wrote its traceback
+            Path(path).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
