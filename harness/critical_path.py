@@ -76,8 +76,9 @@ class LearnerPass:
     micro_batches: int = 1
     backwards: int = 1
     """Backwards per micro-batch: finals one (their advantages are final); a lone piece one
-    for ∇ℓ and one for the KL term when there is one; a batched deposit one per sum (Σ cᵢhᵢ,
-    Σ hᵢ and with a KL term Σ kᵢ: ``batch.piece_sums``); the rest of early start's split one."""
+    for ∇ℓ and one for the KL term when there is one; a batched deposit of one reward the same
+    (``micro_batches.weight_classes``), of mixed rewards one per sum (Σ cᵢhᵢ, Σ hᵢ and with a
+    KL term Σ kᵢ: ``batch.piece_sums``); the rest of early start's split one."""
     forwards: int = 1
     """Forwards per micro-batch: the policy's, and the reference's where the pass computes
     the KL term (every pass of a run with one but the rest of early start's split)."""
