@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from tests.unit.thundersync.learner_batches import SHAPE, informative_batch, learner
 from thundersync import (
     GRPO,
     OPD,
@@ -23,33 +24,10 @@ from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
 from thundersync.protocol.episode import EpisodeRecord
 
-SHAPE = BatchShape(
-    max_groups=2, max_group_size=3, max_turns=2, max_tokens=32, infra_failure_rate=0.0
-)
-
 
 @pytest.fixture
 def model(tiny_model_dirs):
     return load_model(tiny_model_dirs["gpt2"], dtype=torch.float64)
-
-
-def learner(model, streaming=True, lr=0.0, **kwargs) -> Learner:
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return Learner(model, kwargs.pop("objective", GRPO()), opt, streaming=streaming, **kwargs)
-
-
-def informative_batch(model, seed=0):
-    """A batch with at least one group whose rewards differ (so the gradient is nonzero)."""
-    for s in range(seed, seed + 200):
-        events = random_batch(s, model.config.vocab_size, SHAPE)
-        rewards: dict[str, set] = {}
-        group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
-        for e in events:
-            if isinstance(e, ev.RewardReady):
-                rewards.setdefault(group[e.episode_id], set()).add(e.reward)
-        if any(len(r) > 1 for r in rewards.values()):
-            return events
-    raise AssertionError("no informative batch found")
 
 
 def test_streaming_refuses_a_stale_token(model):
@@ -164,176 +142,6 @@ def test_streaming_publishes_gradient_work_as_it_happens(model):
         lrn.consume(e)
     lrn.step()
     assert isinstance(published[-1], ev.StepFinished)
-
-
-STRATEGIES = {
-    "sync": {"streaming": False},
-    "streaming": {"streaming": True},
-    "streaming-early-start": {"streaming": True, "early_start": True},
-    "deterministic-sync": {"streaming": False, "deterministic": True},
-    "deterministic-streaming": {"streaming": True, "deterministic": True},
-    "off-policy": {"streaming": False, "max_staleness": 1},
-}
-
-
-@pytest.mark.parametrize("options", STRATEGIES.values(), ids=STRATEGIES.keys())
-def test_infra_failures_are_excluded_not_scored_zero(model, options):
-    """Every strategy drops an infra failure from its group; the group's statistics are over
-    the rest: the same step as the batch without that episode."""
-    flagged, without = flag_infra_failure(informative_batch(model))
-    grads = []
-    for batch in (flagged, without):
-        lrn = learner(model, max_grad_norm=None, **options)
-        for e in batch:
-            lrn.consume(e)
-        metrics = lrn.step()
-        grads.append(step_grad(model))
-        assert metrics["num_trajectories"] == len(
-            {e.episode_id for e in without if isinstance(e, ev.EpisodeStarted)}
-        )
-    assert float(grads[0].norm()) > 0
-    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-15)
-
-
-def test_an_infra_failure_found_after_early_starts_work_is_taken_back_out(model):
-    """Every episode completes before the first reward (grading is the long part), so early
-    start has run each one's reward-free half before the failed grading says to drop one:
-    that half must come back out, leaving the step of the batch without that episode. The
-    budget holds every group's two accumulators and no whole piece, so every episode is
-    split."""
-
-    def rewards_last(events):
-        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
-        return [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
-
-    events, failed = batch_with_a_group_informative_without_one(model)
-    flagged, without = flag_infra_failure(events, failed)
-    groups = {e.group_id for e in flagged if isinstance(e, ev.EpisodeStarted)}
-    params = [p for p in model.parameters() if p.requires_grad]
-    copy = sum(p.numel() for p in params) * params[0].element_size()
-    grads = []
-    for batch in (rewards_last(flagged), rewards_last(without)):
-        lrn = learner(
-            model,
-            max_grad_norm=None,
-            streaming=True,
-            early_start=True,
-            buffer_budget_bytes=2 * len(groups) * copy,
-        )
-        for e in batch:
-            lrn.consume(e)
-        lrn.step()
-        grads.append(step_grad(model))
-    assert float(grads[0].norm()) > 0
-    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
-
-
-def test_split_work_whose_reward_is_the_shift_ends_at_its_first_half(model):
-    """Tests that pass or fail, graded after every episode completed: early start splits each
-    episode (docs/design.md §3), and at its reward adds (rᵢ − c) hᵢ, where c is its group's
-    first reward. Where rᵢ = c that is 0: the episode's work ended at its first half. So an
-    episode whose reward is its group's first has one piece of work published, the others
-    two, and the step is sync's."""
-    shape = BatchShape(
-        min_groups=2,
-        max_groups=2,
-        min_group_size=3,
-        max_group_size=3,
-        max_turns=2,
-        max_tokens=32,
-        infra_failure_rate=0.0,
-        reward_values=(0.0, 1.0),
-        continuous_rate=0.0,
-    )
-    events = random_batch(3, model.config.vocab_size, shape)
-    rewards = [e for e in events if isinstance(e, ev.RewardReady)]
-    events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
-    group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
-    first: dict[str, float] = {}
-    for e in rewards:
-        first.setdefault(group[e.episode_id], e.reward)
-    assert any(e.reward != first[group[e.episode_id]] for e in rewards)
-    params = [p for p in model.parameters() if p.requires_grad]
-    copy = sum(p.numel() for p in params) * params[0].element_size()
-    published: list[ev.Event] = []
-    lrn = learner(
-        model,
-        max_grad_norm=None,
-        early_start=True,
-        buffer_budget_bytes=2 * len(first) * copy,  # the groups' sums, no whole piece
-        publish=published.append,
-    )
-    for e in events:
-        lrn.consume(e)
-    lrn.step()
-    pieces = [e.episode_id for e in published if isinstance(e, ev.GradientComputed)]
-    expected = {e.episode_id: 1 + int(e.reward != first[group[e.episode_id]]) for e in rewards}
-    assert {eid: pieces.count(eid) for eid in expected} == expected
-    split = step_grad(model)
-    sync = learner(model, streaming=False, max_grad_norm=None)
-    for e in events:
-        sync.consume(e)
-    sync.step()
-    assert torch.allclose(split, step_grad(model), rtol=1e-12, atol=1e-15)
-
-
-def batch_with_a_group_informative_without_one(model) -> tuple[list[ev.Event], str]:
-    """A batch and one of its episodes whose group's other rewards still differ (so dropping
-    it changes the group's statistics, not only its size)."""
-    for s in range(200):
-        events = random_batch(s, model.config.vocab_size, SHAPE)
-        group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
-        rewards = [(e.episode_id, e.reward) for e in events if isinstance(e, ev.RewardReady)]
-        for eid, _ in rewards:
-            rest = {r for other, r in rewards if other != eid and group[other] == group[eid]}
-            if len(rest) > 1 and not any(getattr(e, "infra_failure", False) for e in events):
-                return events, eid
-    raise AssertionError("no such batch found")
-
-
-def flag_infra_failure(
-    events: list[ev.Event], episode_id: str | None = None
-) -> tuple[list[ev.Event], list[ev.Event]]:
-    """(the batch with the reward of ``episode_id`` (default: the first) flagged an
-    infrastructure failure, the batch without that episode, its group one smaller)."""
-    failed = next(
-        e for e in events if isinstance(e, ev.RewardReady) and episode_id in (None, e.episode_id)
-    )
-    flagged = [
-        ev.RewardReady(episode_id=e.episode_id, reward=0.0, infra_failure=True)
-        if e is failed
-        else e
-        for e in events
-    ]
-    without = [e for e in events if getattr(e, "episode_id", None) != failed.episode_id]
-    groups = {e.group_id: e.group_size for e in without if isinstance(e, ev.EpisodeStarted)}
-    without = [
-        ev.EpisodeStarted(
-            episode_id=e.episode_id,
-            group_id=e.group_id,
-            group_size=groups[e.group_id] - (e.group_id == _group(events, failed)),
-            task_id=e.task_id,
-            prompt_ids=e.prompt_ids,
-            policy_version=0,
-        )
-        if isinstance(e, ev.EpisodeStarted)
-        else e
-        for e in without
-    ]
-    return flagged, without
-
-
-def step_grad(model) -> torch.Tensor:
-    """The step's gradient as the optimizer saw it: every parameter's ``.grad``, flattened."""
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
-def _group(events, reward_event) -> str:
-    return next(
-        e.group_id
-        for e in events
-        if isinstance(e, ev.EpisodeStarted) and e.episode_id == reward_event.episode_id
-    )
 
 
 # --- a non-finite gradient, resuming, memory -------------------------------------------------
