@@ -85,21 +85,12 @@ class Policy:
     ) -> ActionLogprobs:
         """Log-probs (and entropies) of the action tokens of turns ``0..upto_turn`` (all
         when None)."""
-        ids, turn_of = trajectory.context_ids(upto_turn)
         if not trajectory.prompt_ids:
             raise ValueError(
                 f"episode {trajectory.episode_id}: empty prompt_ids; the first action token "
                 "needs at least one context token before it"
             )
-        ids_L = torch.tensor(ids, device=self.device)
-        turn_L = torch.tensor(turn_of, device=self.device)
-        positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
-        keep_L = torch.zeros_like(ids_L, dtype=torch.bool)
-        keep_L[positions] = True
-        logits_TV = self._action_logits({"input_ids": ids_L[None]}, keep_L[None])
-        logp_TV = torch.log_softmax(logits_TV, dim=-1)
-        logp_T = logp_TV.gather(-1, ids_L[positions + 1][:, None]).squeeze(-1)
-        return ActionLogprobs(logp_T, turn_L[positions + 1], _entropy(logp_TV))
+        return self._logprobs([trajectory.context_ids(upto_turn)], padded=False)[0]
 
     def batch_action_logprobs(self, trajectories: Sequence[Trajectory]) -> list[ActionLogprobs]:
         """``action_logprobs`` for several trajectories in one right-padded forward pass.
@@ -107,7 +98,14 @@ class Policy:
         Right padding keeps every real token's position and causal context unchanged, so the
         values agree with the one-by-one pass up to the matmul kernels' rounding.
         """
-        contexts = [t.context_ids() for t in trajectories]
+        return self._logprobs([t.context_ids() for t in trajectories], padded=True)
+
+    def _logprobs(
+        self, contexts: list[tuple[list[int], list[int]]], *, padded: bool
+    ) -> list[ActionLogprobs]:
+        """One forward over the contexts (token ids, each token's turn or −1) as right-padded
+        rows (``padded``: with the attention mask that hides the padding; one row alone needs
+        none), then each row's action tokens' log-probs and entropies."""
         length = max(len(ids) for ids, _ in contexts)
         ids_BL = torch.zeros((len(contexts), length), dtype=torch.long, device=self.device)
         mask_BL = torch.zeros_like(ids_BL)
@@ -120,7 +118,7 @@ class Policy:
             positions = torch.nonzero(turn_L[1:] >= 0).squeeze(-1)
             keep_BL[b, positions] = True
             rows.append((positions, turn_L[positions + 1]))
-        inputs = {"input_ids": ids_BL, "attention_mask": mask_BL}
+        inputs = {"input_ids": ids_BL, **({"attention_mask": mask_BL} if padded else {})}
         logits_NV = self._action_logits(inputs, keep_BL)
         out = []
         for (positions, turn_T), (b, logits_TV) in zip(
