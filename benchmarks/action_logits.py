@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         model = tiny_model(Path(tmp) / "model", args)
         tokens = model.config.vocab_size  # the batch's ids: the tokenizer's
         if args.vocab > tokens:  # entries the batch never uses, as in real vocabularies
-            model.resize_token_embeddings(args.vocab)
+            model.resize_token_embeddings(args.vocab, mean_resizing=False)
         models = {"actions": model, "every": AllLogits(model)}
         events = toysum_like_batch(tokens, args.seed)
         rows = {name: head_rows(m, events) for name, m in models.items()}
