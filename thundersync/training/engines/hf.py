@@ -48,12 +48,13 @@ class HFEngine:
         )
         pad = getattr(config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        forward = inspect.signature(self.model.forward).parameters
         # transformers renamed past_key_values to cache (5.x); accept either.
-        self._cache_kw = (
-            "cache"
-            if "cache" in inspect.signature(self.model.forward).parameters
-            else "past_key_values"
-        )
+        self._cache_kw = "cache" if "cache" in forward else "past_key_values"
+        # The prefill needs only each row's last logits: a model that takes ``logits_to_keep``
+        # projects one position per row onto the vocabulary instead of the whole prompt
+        # (32 prompts of 1000 tokens and a 152k vocabulary: 19 GB of float32 logits).
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
 
     # --- weights -----------------------------------------------------------------------------
 
@@ -99,7 +100,11 @@ class HFEngine:
         live = [True] * batch
         position_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
-            input_ids=ids_BL, attention_mask=mask_BL, position_ids=position_BL, use_cache=True
+            input_ids=ids_BL,
+            attention_mask=mask_BL,
+            position_ids=position_BL,
+            use_cache=True,
+            **self._last_only,
         )
         positions_B = position_BL[:, -1]
         while True:
@@ -139,22 +144,38 @@ class HFEngine:
         tokens: list[list[int]],
         logprobs: list[list[float]],
     ) -> torch.Tensor:
-        """One token for every live request, drawn with its own generator (pad elsewhere)."""
+        """One token for every live request, drawn with its own generator (pad elsewhere).
+
+        A draw is ``torch.multinomial(p, 1, generator=g)``'s, done for the live rows at once:
+        an exponential variate per vocabulary entry from the request's generator, the token the
+        argmax of p / q. The variates come row by row (each from its own generator), the rest in
+        one call for the batch, so a token is bitwise the one ``multinomial`` draws and the
+        generator is left in the same state, at one call per row instead of five
+        (tests/unit/thundersync/training/test_engine.py checks it against ``multinomial``)."""
         next_B = torch.full((len(requests),), self.pad_id, dtype=torch.long)
-        logits_BV = logits_BV.float().cpu()
-        for b, request in enumerate(requests):
-            if not live[b]:
-                continue
-            temperature = request.params.temperature
-            if temperature > 0:
-                logp_V = torch.log_softmax(logits_BV[b] / temperature, dim=-1)
-                token = int(torch.multinomial(logp_V.exp(), 1, generator=generators[b]))
-            else:
-                logp_V = torch.log_softmax(logits_BV[b], dim=-1)
-                token = int(logp_V.argmax())
+        rows = [b for b, alive in enumerate(live) if alive]
+        logits_RV = logits_BV[rows].float().cpu()
+        logp_RV = torch.empty_like(logits_RV)
+        temperatures = [requests[b].params.temperature for b in rows]
+        for temperature in set(temperatures):  # a scalar divides as it did row by row
+            same = torch.tensor([t == temperature for t in temperatures])
+            scaled = logits_RV[same] / temperature if temperature > 0 else logits_RV[same]
+            logp_RV[same] = torch.log_softmax(scaled, dim=-1)
+        token_R = logp_RV.argmax(-1)  # greedy rows keep the argmax
+        sampled = [r for r, t in enumerate(temperatures) if t > 0]
+        if sampled:
+            p_SV = logp_RV[sampled].exp()
+            if torch.isnan(p_SV).any():
+                raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+            q_SV = torch.empty_like(p_SV)
+            for s, r in enumerate(sampled):
+                q_SV[s].exponential_(1, generator=generators[rows[r]])
+            token_R[sampled] = (p_SV / q_SV).argmax(-1)
+        logp_R = logp_RV.gather(1, token_R[:, None])[:, 0]
+        for b, token, logp in zip(rows, token_R.tolist(), logp_R.tolist()):
             tokens[b].append(token)
-            logprobs[b].append(float(logp_V[token]))
-            next_B[b] = token
+            logprobs[b].append(logp)
+        next_B[rows] = token_R
         return next_B.to(self.device)
 
 

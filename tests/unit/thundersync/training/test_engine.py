@@ -66,6 +66,56 @@ def test_greedy_sampling_takes_the_argmax(engine_dir):
     assert engine.generate([request])[0].token_ids == engine.generate([again])[0].token_ids
 
 
+@pytest.mark.parametrize("vocab", [7, 400, 32000])
+def test_a_batch_draws_each_rows_token_as_multinomial_does_with_its_generator(engine_dir, vocab):
+    """The reference is ``torch.multinomial`` on each live row alone, with that row's
+    generator: the same tokens and log-probs bitwise, and every generator left in the same
+    state (the next draw is the same too)."""
+    engine = HFEngine(engine_dir)
+    temperatures = [1.0, 0.7, 0.0, 1.0, 1.3, 1.0, 0.0, 0.7, 1.0]
+    live = [True, True, True, False, True, True, True, True, True]
+    reqs = [
+        GenerationRequest((5,), SamplingParams(4, temperature=t), seed=i)
+        for i, t in enumerate(temperatures)
+    ]
+    for trial in range(20):
+        logits_BV = torch.randn(len(reqs), vocab, generator=torch.Generator().manual_seed(trial))
+        logits_BV *= trial % 5 + 0.5
+        ours = [torch.Generator().manual_seed(100 * trial + b) for b in range(len(reqs))]
+        theirs = [torch.Generator().manual_seed(100 * trial + b) for b in range(len(reqs))]
+        tokens, logprobs = [[] for _ in reqs], [[] for _ in reqs]
+        next_B = engine._sample(logits_BV, reqs, ours, live, tokens, logprobs)
+        for b, request in enumerate(reqs):
+            if not live[b]:
+                assert tokens[b] == [] and int(next_B[b]) == engine.pad_id
+                continue
+            t = request.params.temperature
+            logp_V = torch.log_softmax(logits_BV[b] / t if t > 0 else logits_BV[b], dim=-1)
+            if t > 0:
+                token = int(torch.multinomial(logp_V.exp(), 1, generator=theirs[b]))
+            else:
+                token = int(logp_V.argmax())
+            assert tokens[b] == [token] and int(next_B[b]) == token
+            assert logprobs[b] == [float(logp_V[token])]
+            assert torch.equal(ours[b].get_state(), theirs[b].get_state())
+    broken = torch.full((len(reqs), vocab), float("nan"))
+    with pytest.raises(RuntimeError, match="nan"):
+        engine._sample(broken, reqs, ours, live, [[] for _ in reqs], [[] for _ in reqs])
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
+def test_the_prefill_projects_only_each_prompts_last_position(tiny_model_dirs, arch):
+    engine = HFEngine(tiny_model_dirs[arch])
+    positions: list[int] = []
+    head = engine.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: positions.append(args[0].shape[1]))
+    try:
+        engine.generate(requests(3, max_new=4))
+    finally:
+        hook.remove()
+    assert positions == [1, 1, 1, 1]
+
+
 def test_loaded_weights_change_the_output_and_the_version(engine_dir):
     engine = HFEngine(engine_dir, batch_invariant=True)
     before = engine.generate(requests(2))
