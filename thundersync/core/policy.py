@@ -136,20 +136,27 @@ class Policy:
         positions onto the vocabulary, the rest being context: on an agentic trajectory,
         whose observations outnumber its actions, most of the head's work and of a batch's
         logits memory (rows × length × vocabulary, 78 GB in float32 for eight 16k-token rows
-        of a 152k vocabulary). A model that does not, or answers in another shape, gives every
+        of a 152k vocabulary). A model that does not (``_takes_keep_mask``) gives every
         position's logits, and the marked ones are taken."""
-        if self._keeps_logits is not False:
-            try:
-                logits = self.model(**inputs, logits_to_keep=keep_BL).logits
-            except (TypeError, ValueError, IndexError, RuntimeError):
-                if self._keeps_logits:  # it took one before: a real error
-                    raise
-                logits = None  # e.g. an int-only ``logits_to_keep``
-            if logits is not None and logits.shape == (int(keep_BL.sum()), logits.shape[-1]):
-                self._keeps_logits = True
-                return logits
-            self._keeps_logits = False
+        if self._takes_keep_mask():
+            return self.model(**inputs, logits_to_keep=keep_BL).logits
         return self.model(**inputs).logits[keep_BL]
+
+    def _takes_keep_mask(self) -> bool:
+        """Whether the model takes ``logits_to_keep`` as a boolean mask per row, found out once
+        from a forward of two tokens (so no caller's KV cache ever sees a refused call): a
+        model whose forward names it may take only a count of last positions, and a wrapper
+        that passes on ``**kwargs`` (as PEFT's does) may take it or not."""
+        if self._keeps_logits is None:
+            ids_BL = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            keep_BL = torch.tensor([[False, True]], device=self.device)
+            try:
+                with torch.no_grad():
+                    logits = self.model(input_ids=ids_BL, logits_to_keep=keep_BL).logits
+                self._keeps_logits = tuple(logits.shape[:-1]) == (1,)
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                self._keeps_logits = False  # e.g. an int-only ``logits_to_keep``
+        return self._keeps_logits
 
     @torch.no_grad()
     def score_turn(self, trajectory: Trajectory, turn: int, cache: dict | None = None) -> tuple:
@@ -162,25 +169,37 @@ class Policy:
         ids, turn_of = trajectory.context_ids(turn)
         state = cache if cache is not None else {}
         done = state.get("num_tokens", 0)
-        out = self.model(
-            input_ids=torch.tensor([ids[done:]], device=self.device),
-            **{self._cache_kw: state.get("past_key_values")},
-            use_cache=True,
-        )
-        # Row j predicts token done + j + 1; the first new token's predictor is the last row of
-        # the previous call, kept from then.
-        logp_LV = torch.log_softmax(out.logits[0], dim=-1)
+        # This call runs positions done.. of the context, each predicting the next token: its
+        # logits are needed where that token is one of this turn's actions, and at the last
+        # position, which predicts the next call's first token (an observation's, or an
+        # action's if the observation is empty). Observations are mostly what is new.
+        keep = [turn_of[pos + 1] == turn for pos in range(done, len(ids) - 1)] + [True]
+        inputs = {
+            "input_ids": torch.tensor([ids[done:]], device=self.device),
+            self._cache_kw: state.get("past_key_values"),
+            "use_cache": True,
+        }
+        keep_BL = torch.tensor([keep], device=self.device)
+        if self._takes_keep_mask():
+            out = self.model(**inputs, logits_to_keep=keep_BL)
+            logits_KV = out.logits
+        else:
+            out = self.model(**inputs)
+            logits_KV = out.logits[keep_BL]
+        logp_KV = torch.log_softmax(logits_KV, dim=-1)
+        # The predictors' rows: the previous call's last position (kept from then), then this
+        # call's kept positions in order.
+        predictors = [done - 1] if done else []
+        predictors += [done + j for j, kept in enumerate(keep) if kept]
         if done:
-            logp_LV = torch.cat([state["last_logp_V"][None], logp_LV])
+            logp_KV = torch.cat([state["last_logp_V"][None], logp_KV])
         past = out["cache"] if "cache" in out else out["past_key_values"]
-        state.update(past_key_values=past, num_tokens=len(ids), last_logp_V=logp_LV[-1])
-        start = max(done - 1, 0)
+        state.update(past_key_values=past, num_tokens=len(ids), last_logp_V=logp_KV[-1])
+        row_of = {pos: row for row, pos in enumerate(predictors)}
         positions = [pos for pos in range(max(done, 1), len(ids)) if turn_of[pos] == turn]
-        rows = torch.tensor(
-            [pos - 1 - start for pos in positions], dtype=torch.long, device=self.device
-        )
+        rows = torch.tensor([row_of[pos - 1] for pos in positions], device=self.device)
         tokens = torch.tensor([ids[pos] for pos in positions], dtype=torch.long, device=self.device)
-        return tuple(logp_LV[rows, tokens].tolist())  # one copy off a GPU, not one per token
+        return tuple(logp_KV[rows, tokens].tolist())  # one copy off a GPU, not one per token
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thundersync.core.policy import Policy
+from thundersync.core.policy import Policy, _cache_keyword
 from thundersync.models import load_model
 from thundersync.protocol.types import Trajectory, Turn
 
@@ -85,8 +85,11 @@ def test_batched_logprobs_match_one_by_one(policy):
         assert torch.allclose(out.entropy_T, alone.entropy_T, rtol=0, atol=1e-6)
 
 
-def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy):
-    traj = trajectory()
+@pytest.mark.parametrize("obs0", [(40, 41, 42), ()])
+def test_teacher_scores_turns_incrementally_with_a_kv_cache(policy, obs0):
+    """With an empty observation turn 1's first action is predicted by turn 0's last position,
+    which the first call kept."""
+    traj = trajectory(obs0=obs0)
     cache: dict = {}
     turn0 = policy.score_turn(traj, 0, cache)
     turn1 = policy.score_turn(traj, 1, cache)
@@ -185,3 +188,54 @@ def test_a_wrapper_that_passes_keyword_arguments_on_keeps_only_the_action_logits
     out = wrapped.action_logprobs(trajectory())
     assert wrapped._keeps_logits is True
     assert torch.allclose(out.logp_T, policy.action_logprobs(trajectory()).logp_T, atol=1e-12)
+
+
+def test_the_teacher_projects_only_the_positions_that_predict_its_turns_actions(policy):
+    """Turn 0 (prompt and two actions): the two actions' predictors and its last position,
+    which predicts the next call's first token; turn 1 (three observation tokens, three
+    actions): the three actions' predictors and its last; not all five and six."""
+    policy._takes_keep_mask()  # found out before counting
+    rows: list[int] = []
+    head = policy.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[:-1]))
+    try:
+        cache: dict = {}
+        policy.score_turn(trajectory(), 0, cache)
+        policy.score_turn(trajectory(), 1, cache)
+    finally:
+        hook.remove()
+    assert [torch.Size(r).numel() for r in rows] == [3, 4]
+
+
+class _CachedRefusesKeep(torch.nn.Module):
+    """A causal LM with a KV cache whose forward passes ``**kwargs`` on and refuses
+    ``logits_to_keep``; it records each call's (``logits_to_keep`` given, a cache given)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner, self.calls = model, []
+
+    def forward(self, input_ids, past_key_values=None, use_cache=None, **kwargs):
+        self.calls.append(("logits_to_keep" in kwargs, past_key_values is not None))
+        if kwargs:
+            raise TypeError(f"unexpected {sorted(kwargs)}")
+        cache = {_cache_keyword(self.inner): past_key_values}
+        return self.inner(input_ids=input_ids, use_cache=use_cache, **cache)
+
+
+@pytest.mark.parametrize("obs0", [(40, 41, 42), ()])
+def test_a_teacher_that_cannot_keep_some_logits_scores_the_same_and_never_refuses_a_cache(
+    policy, obs0
+):
+    """It is asked once, of a forward with no cache, so no episode's KV cache holds a call the
+    model refused."""
+    model = _CachedRefusesKeep(policy.model)
+    plain = Policy(model)
+    for scorer in (plain, policy):
+        cache: dict = {}
+        scores = [x for k in (0, 1) for x in scorer.score_turn(trajectory(obs0=obs0), k, cache)]
+        if scorer is plain:
+            expected = scores
+    assert scores == pytest.approx(expected, rel=0, abs=1e-12)
+    assert plain._keeps_logits is False
+    assert (True, True) not in model.calls and model.calls[0] == (True, False)
