@@ -6,11 +6,13 @@ a few up to eight turns of actions and tool observations), the same events both 
 interleaved (this machine is shared and noisy): the model itself, which takes Hugging Face's
 ``logits_to_keep``, against the same model behind a forward that does not take it. The report
 gives the rows the head projects each way and the median of the per-pair ratios of learner
-time; ``--vocab`` grows the model's vocabulary to that many entries (the head's cost and the
-logits' memory grow with it: the tiny tokenizer has 512, real ones 32k-152k). A measurement,
-not a test: it exits 0 whatever it finds, 2 on bad arguments.
+time (``--teacher``: of the OPD teacher's scoring of every turn of the batch, each episode's
+turns in order on its KV cache, ``Policy.score_turn``); ``--vocab`` grows the model's
+vocabulary to that many entries (the head's cost and the logits' memory grow with it: the
+tiny tokenizer has 512, real ones 32k-152k). A measurement, not a test: it exits 0 whatever
+it finds, 2 on bad arguments.
 
-    python benchmarks/action_logits.py [--pairs 7 --hidden 64 --layers 2 --vocab 32768]
+    python benchmarks/action_logits.py [--pairs 7 --hidden 64 --layers 2 --vocab 32768 --teacher]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -44,20 +47,56 @@ class AllLogits(torch.nn.Module):
         self.inner = model
         self.config = model.config
 
-    def forward(self, input_ids, attention_mask=None):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+    def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None):
+        # the teacher's KV cache by transformers 5.x's name
+        cached = {} if cache is None else {"cache": cache, "use_cache": use_cache}
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, **cached)
 
     def get_output_embeddings(self):
         return self.inner.get_output_embeddings()
 
 
-def head_rows(model: torch.nn.Module, events) -> int:
-    """Rows the model's head projected in one sync step."""
+def episodes(events) -> list:
+    """The batch's episode records, folded from its events."""
+    from thundersync.protocol.episode import EpisodeRecord
+
+    records: dict[str, EpisodeRecord] = {}
+    for e in events:
+        eid = getattr(e, "episode_id", None)
+        if isinstance(eid, str):
+            records.setdefault(eid, EpisodeRecord(eid)).fold(e)
+    return list(records.values())
+
+
+def teacher(model: torch.nn.Module):
+    """The OPD teacher's ``Policy``, having asked the model whether it keeps some logits."""
+    from thundersync.core.policy import Policy
+
+    scorer = Policy(model)
+    scorer._takes_keep_mask()
+    return scorer
+
+
+def step_seconds(model: torch.nn.Module, events, scorer) -> float:
+    """A sync step of the batch, or with ``scorer`` (a teacher) its scoring of every turn, each
+    episode's turns in order on its KV cache (the teacher worker's work for one step)."""
+    if scorer is None:
+        return learner_seconds(model, events, streaming=False)[0]
+    started = time.perf_counter()
+    for record in episodes(events):
+        cache: dict = {}
+        for turn in range(record.num_turns):
+            scorer.score_turn(record.trajectory(turn), turn, cache)
+    return time.perf_counter() - started
+
+
+def head_rows(model: torch.nn.Module, events, scorer) -> int:
+    """Rows the model's head projected in ``step_seconds``."""
     rows: list[int] = []
     head = model.get_output_embeddings()
     hook = head.register_forward_hook(lambda _m, args, _o: rows.append(args[0][..., 0].numel()))
     try:
-        learner_seconds(model, events, streaming=False)
+        step_seconds(model, events, scorer)
     finally:
         hook.remove()
     return sum(rows)
@@ -67,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = pair_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--vocab", type=int, default=0, help="vocabulary size (0: the tiny tokenizer's)"
+    )
+    parser.add_argument(
+        "--teacher", action="store_true", help="the OPD teacher's scoring instead of a sync step"
     )
     args = checked(parser, argv)
     if args.vocab < 0:
@@ -78,18 +120,21 @@ def main(argv: list[str] | None = None) -> int:
             model.resize_token_embeddings(args.vocab, mean_resizing=False)
         models = {"actions": model, "every": AllLogits(model)}
         events = toysum_like_batch(tokens, args.seed)
-        rows = {name: head_rows(m, events) for name, m in models.items()}
+        scorers = {name: teacher(m) if args.teacher else None for name, m in models.items()}
+        rows = {name: head_rows(m, events, scorers[name]) for name, m in models.items()}
         measured = interleaved(
             args.pairs,
             ("actions", "every"),
-            lambda name: learner_seconds(models[name], events, streaming=False)[0],
+            lambda name: step_seconds(models[name], events, scorers[name]),
         )
+    work = "teacher scoring" if args.teacher else "sync step"
     for name, times in measured.items():
         print(
-            f"{name:<8} head rows {rows[name]:>6}; sync step median "
+            f"{name:<8} head rows {rows[name]:>6}; {work} median "
             f"{statistics.median(times) * 1000:.1f} ms"
         )
-    label = f"every / actions learner time (vocabulary {model.config.vocab_size})"
+    who = "teacher" if args.teacher else "learner"
+    label = f"every / actions {who} time (vocabulary {model.config.vocab_size})"
     print_ratio(label, measured["every"], measured["actions"])
     return 0
 

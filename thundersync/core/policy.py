@@ -136,17 +136,28 @@ class Policy:
         positions onto the vocabulary, the rest being context: on an agentic trajectory,
         whose observations outnumber its actions, most of the head's work and of a batch's
         logits memory (rows × length × vocabulary, 78 GB in float32 for eight 16k-token rows
-        of a 152k vocabulary). A model that does not (``_takes_keep_mask``) gives every
-        position's logits, and the marked ones are taken."""
-        if self._takes_keep_mask():
-            return self.model(**inputs, logits_to_keep=keep_BL).logits
+        of a 152k vocabulary). A model that does not, or answers in another shape, gives every
+        position's logits, and the marked ones are taken: found out at the first call, from
+        its own inputs (no KV cache is involved here; ``_takes_keep_mask`` for the teacher's)."""
+        if self._keeps_logits is not False:
+            try:
+                logits = self.model(**inputs, logits_to_keep=keep_BL).logits
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                if self._keeps_logits:  # it took one before: a real error
+                    raise
+                logits = None  # e.g. an int-only ``logits_to_keep``
+            if logits is not None and logits.shape == (int(keep_BL.sum()), logits.shape[-1]):
+                self._keeps_logits = True
+                return logits
+            self._keeps_logits = False
         return self.model(**inputs).logits[keep_BL]
 
     def _takes_keep_mask(self) -> bool:
-        """Whether the model takes ``logits_to_keep`` as a boolean mask per row, found out once
-        from a forward of two tokens (so no caller's KV cache ever sees a refused call): a
-        model whose forward names it may take only a count of last positions, and a wrapper
-        that passes on ``**kwargs`` (as PEFT's does) may take it or not."""
+        """Whether the model takes ``logits_to_keep`` as a boolean mask per row, for the
+        teacher's KV-cached forward: where no forward has said yet, a forward of two tokens
+        asks, so no episode's cache ever holds a call the model refused (a model whose forward
+        names it may take only a count of last positions, and a wrapper that passes on
+        ``**kwargs``, as PEFT's does, may take it or not)."""
         if self._keeps_logits is None:
             ids_BL = torch.zeros((1, 2), dtype=torch.long, device=self.device)
             keep_BL = torch.tensor([[False, True]], device=self.device)
