@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner_overhead import learner_seconds  # noqa: E402
 from padding import (  # noqa: E402
     checked,
+    episodes,
     interleaved,
     pair_parser,
     print_ratio,
@@ -54,18 +55,6 @@ class AllLogits(torch.nn.Module):
 
     def get_output_embeddings(self):
         return self.inner.get_output_embeddings()
-
-
-def episodes(events) -> list:
-    """The batch's episode records, folded from its events."""
-    from thundersync.protocol.episode import EpisodeRecord
-
-    records: dict[str, EpisodeRecord] = {}
-    for e in events:
-        eid = getattr(e, "episode_id", None)
-        if isinstance(eid, str):
-            records.setdefault(eid, EpisodeRecord(eid)).fold(e)
-    return list(records.values())
 
 
 def teacher(model: torch.nn.Module):

@@ -32,8 +32,8 @@ from thundersync.models import build_tiny_model, load_model  # noqa: E402
 from thundersync.protocol import events as ev  # noqa: E402
 
 
-def padded_tokens(events: list[ev.Event], size: int) -> tuple[int, int]:
-    """(padded, real) context tokens of the batch's micro-batches as the learner makes them."""
+def episodes(events: list[ev.Event]) -> list:
+    """The batch's episode records, folded from its events."""
     from thundersync.protocol.episode import EpisodeRecord
 
     records: dict[str, EpisodeRecord] = {}
@@ -41,7 +41,12 @@ def padded_tokens(events: list[ev.Event], size: int) -> tuple[int, int]:
         eid = getattr(e, "episode_id", None)
         if isinstance(eid, str):
             records.setdefault(eid, EpisodeRecord(eid)).fold(e)
-    lengths = [r.trajectory().context_length() for r in records.values()]
+    return list(records.values())
+
+
+def padded_tokens(events: list[ev.Event], size: int) -> tuple[int, int]:
+    """(padded, real) context tokens of the batch's micro-batches as the learner makes them."""
+    lengths = [r.trajectory().context_length() for r in episodes(events)]
     shapes = micro_batches.chunk_shapes(lengths, size)
     return sum(rows * longest for rows, longest in shapes), sum(lengths)
 
