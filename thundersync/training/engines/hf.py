@@ -161,7 +161,10 @@ class HFEngine:
             same = torch.tensor([t == temperature for t in temperatures])
             scaled = logits_RV[same] / temperature if temperature > 0 else logits_RV[same]
             logp_RV[same] = torch.log_softmax(scaled, dim=-1)
-        token_R = logp_RV.argmax(-1)  # greedy rows keep the argmax
+        token_R = torch.empty(len(rows), dtype=torch.long)
+        greedy = [r for r, t in enumerate(temperatures) if not t > 0]
+        if greedy:
+            token_R[greedy] = logp_RV[greedy].argmax(-1)
         sampled = [r for r, t in enumerate(temperatures) if t > 0]
         if sampled:
             p_SV = logp_RV[sampled].exp()
