@@ -140,6 +140,43 @@ def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, op
 
 @given(
     seed=st.integers(0, 10**6),
+    drains=st.lists(st.integers(0, 400), max_size=8),
+    early_start=st.booleans(),
+    seconds_per_token=st.sampled_from([1e-9, 1e-4, 1e3]),
+    rewards_last=st.booleans(),
+)
+def test_held_deposits_stay_exact(
+    model, seed, drains, early_start, seconds_per_token, rewards_last
+):
+    """Deposits held for their group's close (``thundersync.core.holds``), released by the
+    close, by the clock or at the step, drained at arbitrary points: the textbook step."""
+    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
+    events = random_batch(seed, model.config.vocab_size, shape)
+    if rewards_last:  # every group's members complete before its rewards: holds happen
+        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
+        events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+    learner = Learner(
+        model,
+        GRPO(),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        streaming=True,
+        eager=False,
+        hold_deposits=True,
+        early_start=early_start,
+        max_grad_norm=None,
+    )
+    learner.pace.seconds_per_token = seconds_per_token
+    for i, event in enumerate(events):
+        learner.consume(event)
+        if i in drains or learner.wake_after() == 0.0:
+            learner.drain()
+    learner.step()
+    book = textbook.gradient(model, GRPO(), events)
+    assert float((step_grad(model) - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
+
+
+@given(
+    seed=st.integers(0, 10**6),
     kl=st.sampled_from([0.0, 0.1]),
     scale=st.booleans(),
     rewards_last=st.booleans(),

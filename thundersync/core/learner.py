@@ -68,6 +68,7 @@ from thundersync.core.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
 from thundersync.core.canonical import CanonicalGRPO
 from thundersync.core.distill import PiecewiseOPD
 from thundersync.core.gradients import BufferPool, write_grads
+from thundersync.core.holds import Pace
 from thundersync.core.learner_metrics import TokenStats, staleness_metrics
 from thundersync.core.objectives import (
     GRPO,
@@ -98,15 +99,16 @@ class Learner:
     from its group and the group's statistics are over the rest; OPD ignores the flag.
 
     Options past the public four: ``reference`` (the frozen model of GRPO's KL term);
-    ``deterministic``; ``early_start``, ``eager`` and ``buffer_budget_bytes`` (streaming only,
-    ignored by sync: the budget caps what streaming holds beyond the step's gradient, and past
-    it work waits for its inputs to be final and stays exact); ``max_grad_norm`` (None: no
-    clipping); ``micro_batch_size`` (trajectories per padded forward); ``max_staleness``
-    (0: on-policy; streaming takes only its own version's tokens, sync any batch it is given,
-    treated as on-policy); ``keep_last_gradient`` (keep a copy of the step's gradient in
-    ``last_gradient``; off, nothing parameter-sized outlives a step but ``.grad``);
-    ``policy_version`` and ``num_steps`` (where a resumed run continues); ``publish``
-    (receives ``GradientComputed`` and ``StepFinished``).
+    ``deterministic``; ``early_start``, ``eager``, ``hold_deposits`` (for a caller that runs
+    ``drain()`` again by ``wake_after()``, with ``eager=False``) and ``buffer_budget_bytes``
+    (streaming only, ignored by sync: the budget caps what streaming holds beyond the step's
+    gradient, and past it work waits for its inputs to be final and stays exact);
+    ``max_grad_norm`` (None: no clipping); ``micro_batch_size`` (trajectories per padded
+    forward); ``max_staleness`` (0: on-policy; streaming takes only its own version's tokens,
+    sync any batch it is given, treated as on-policy); ``keep_last_gradient`` (keep a copy
+    of the step's gradient in ``last_gradient``; off, nothing parameter-sized outlives a step
+    but ``.grad``); ``policy_version`` and ``num_steps`` (where a resumed run continues);
+    ``publish`` (receives ``GradientComputed`` and ``StepFinished``).
 
     ``step()`` returns the metrics: ``step`` (this step's number counted from 1: ``num_steps``
     after it), ``policy_version``, ``grad_norm`` (before
@@ -136,6 +138,7 @@ class Learner:
         deterministic: bool = False,
         early_start: bool = False,
         eager: bool = True,
+        hold_deposits: bool = False,
         max_grad_norm: float | None = 1.0,
         buffer_budget_bytes: int | None = None,
         micro_batch_size: int = 8,
@@ -160,6 +163,7 @@ class Learner:
         self.reference = Policy(reference) if reference is not None else None
         self.objective, self.optimizer = objective, optimizer
         self.streaming, self.deterministic, self.eager = streaming, deterministic, eager
+        self.pace = Pace() if hold_deposits and streaming and not eager else None
         self.max_grad_norm, self.micro_batch_size = max_grad_norm, micro_batch_size
         self.max_staleness, self.keep_last_gradient = max_staleness, keep_last_gradient
         self.budget_bytes, self.publish = buffer_budget_bytes, publish
@@ -206,6 +210,13 @@ class Learner:
         started = time.perf_counter()
         self.strategy.drain()
         self.learner_time_s += time.perf_counter() - started
+
+    def wake_after(self) -> float | None:
+        """Seconds until held work must run (``drain()`` then; 0.0: now), or None when
+        nothing is held. Only with ``hold_deposits`` (``thundersync.core.holds``): a caller
+        that passes it comes back by then even if no event arrives."""
+        wake_after = getattr(self.strategy, "wake_after", None)
+        return None if wake_after is None else wake_after()
 
     # --- the step --------------------------------------------------------------------------------
 
@@ -338,6 +349,7 @@ class Learner:
                 self.micro_batch_size,
                 self.publish,
                 self._step_sum_factory(),
+                self.pace,
             )
         )
         self.learner_time_s = 0.0

@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from thundersync.core.gradients import BufferPool
+from thundersync.core.holds import Pace
 from thundersync.core.learner_metrics import TokenStats
 from thundersync.core.policy import Policy
 from thundersync.protocol import events as ev
@@ -46,6 +47,9 @@ class BatchContext:
     new_sum: Callable[[], torch.Tensor] | None = None
     """Makes the deterministic strategies' step sum (None: a zero buffer). The data-parallel
     learner passes a recorder of the canonical addends (``thundersync.core.data_parallel``)."""
+    pace: Pace | None = None
+    """The learner's measured pace, where its caller wakes it to run held work
+    (``thundersync.core.holds``); None: streaming holds nothing."""
 
     def step_sum(self) -> torch.Tensor:
         """The sum a deterministic strategy adds its canonical addends into, in order."""

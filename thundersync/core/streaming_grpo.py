@@ -26,6 +26,7 @@ besides every open group's accumulators (docs/design.md §3).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +91,9 @@ class StreamingGRPO:
         """Split episodes of groups closed since the last drain, with their (rᵢ − c) / s_g."""
         self.accounted: set[str] = set()
         """Episodes whose contribution is in (or that contribute nothing)."""
+        self.held: dict[str, tuple[float, float]] = {}
+        """Open groups whose deposits are held (``thundersync.core.holds``): since when and
+        until when (``time.monotonic()``) they may wait for the group to close."""
         self._total: torch.Tensor | None = None
 
     # --- event-driven work -------------------------------------------------------------------
@@ -117,7 +121,17 @@ class StreamingGRPO:
         """Run the unblocked work. Trajectories of closed groups have final advantages and are
         batched (one padded backward per micro-batch, like sync); rewarded trajectories of an
         open group are deposited into its accumulators, together when there are several
-        (``_deposit``)."""
+        (``_deposit``), unless they are held for the group's close (``_holds``)."""
+        self._drain(hold=self.ctx.pace is not None)
+
+    def wake_after(self) -> float | None:
+        """Seconds until the first held deposit may no longer wait (0.0: now); None when
+        nothing is held."""
+        if not self.held:
+            return None
+        return max(0.0, min(until for _, until in self.held.values()) - time.monotonic())
+
+    def _drain(self, *, hold: bool) -> None:
         finals: list[tuple[GroupState, EpisodeRecord]] = []
         deposits: dict[str, list[EpisodeRecord]] = {}
         early: list[EpisodeRecord] = []
@@ -136,7 +150,11 @@ class StreamingGRPO:
             elif self.early_start and eid not in self.early_pieces and eid not in self.halved:
                 early.append(rec)
         for gid, recs in deposits.items():
-            self._deposit(self.groups[gid], recs)
+            if hold and self._holds(self.groups[gid], recs):
+                self.unblocked.update((rec.episode_id, rec) for rec in recs)
+            else:
+                self.held.pop(gid, None)
+                self._deposit(self.groups[gid], recs)
         halves: dict[str, list[EpisodeRecord]] = {}
         for rec in early:  # held whole where the budget has room, else split
             if not self._precompute(rec):
@@ -145,6 +163,25 @@ class StreamingGRPO:
             self._first_half(self.groups[gid], recs)
         self._run_remainders()
         self._run_finals(finals)
+
+    def _holds(self, g: GroupState, recs: list[EpisodeRecord]) -> bool:
+        """Whether open group ``g``'s rewarded ``recs`` (every one not yet accounted for)
+        wait for its close instead of being deposited now: only where every member has
+        completed (the rest are being graded), no rec holds early-start work, and the group
+        has waited less than ``recs`` would take as finals (``thundersync.core.holds``)."""
+        pace = self.ctx.pace
+        if pace is None or len(g.members) < g.size:
+            return False
+        early = self.halved.union(self.early_pieces)
+        if any(rec.episode_id in early for rec in recs):
+            return False
+        if not all(m.tokens_ready or m.is_infra_failure for m in g.members.values()):
+            return False
+        now = time.monotonic()
+        since = self.held[g.group_id][0] if g.group_id in self.held else now
+        tokens = sum(rec.trajectory().context_length() for rec in recs)
+        self.held[g.group_id] = (since, since + pace.hold_s(tokens))
+        return now < self.held[g.group_id][1]
 
     def _run_remainders(self) -> None:
         """Closed groups' split episodes: Σ ((rᵢ − c) / s_g) hᵢ into each group's target, one
@@ -175,8 +212,11 @@ class StreamingGRPO:
                 self.accounted.add(rec.episode_id)
         kept = [(g, rec, self._advantage(g, rec)) for g, rec in finals if not g.dropped]
         for target, items in self._by_target(kept):
-            started = ev.now()
+            started, clock = ev.now(), time.perf_counter()
             weighted_grad(self.ctx, self.objective, items, total=target)
+            if self.ctx.pace is not None:
+                tokens = sum(rec.trajectory().context_length() for rec, _ in items)
+                self.ctx.pace.note(time.perf_counter() - clock, tokens)
             for rec, _ in items:
                 self.accounted.add(rec.episode_id)
                 self.ctx.published(rec.episode_id, None, started)
@@ -308,6 +348,7 @@ class StreamingGRPO:
 
     def _close(self, g: GroupState) -> None:
         g.closed = True
+        self.held.pop(g.group_id, None)
         kept = g.kept()
         rewards = g.kept_rewards()
         degenerate = is_degenerate(rewards)
@@ -429,7 +470,7 @@ class StreamingGRPO:
     def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         """The batch's gradient sum over the selected groups (canonical order)."""
         selected = select_groups(groups, self.objective)
-        self.drain()
+        self._drain(hold=False)
         total = self._step_grad()
         late = []
         for gid in selected:

@@ -95,6 +95,8 @@ def build_learner(
         deterministic=config.deterministic,
         early_start=config.early_start,
         eager=False,
+        # the streaming loop wakes the learner for held deposits; ranks' loops do not
+        hold_deposits=config.learner_ranks == 1,
         max_grad_norm=config.max_grad_norm or None,
         buffer_budget_bytes=config.buffer_budget_bytes or None,
         micro_batch_size=config.micro_batch_size,

@@ -168,8 +168,8 @@ class Trainer:
             self.pool.receive(self._route)
         return self.batches[step].take()
 
-    def arrivals(self, step: int) -> Arrivals:
-        self.pool.receive(self._route)
+    def arrivals(self, step: int, timeout_s: float | None = None) -> Arrivals:
+        self.pool.receive(self._route, timeout_s=timeout_s)
         batch = self.batches[step]
         events = batch.take()
         return Arrivals(events, batch.complete)

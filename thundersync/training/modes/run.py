@@ -18,6 +18,10 @@ class EventLearner(Protocol):
 
     def drain(self) -> None: ...
 
+    def wake_after(self) -> float | None:
+        """Seconds until work the learner holds back must run (None: it holds none)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Arrivals:
@@ -46,8 +50,10 @@ class Run(Protocol):
         """Block until batch ``step`` is complete; its events not taken yet."""
         ...
 
-    def arrivals(self, step: int) -> Arrivals:
-        """Block until something arrives; batch ``step``'s events not taken yet."""
+    def arrivals(self, step: int, timeout_s: float | None = None) -> Arrivals:
+        """Block until something arrives, or at most ``timeout_s`` (None: no limit but the
+        run's worker timeout); batch ``step``'s events not taken yet (none when the time ran
+        out)."""
         ...
 
     def finish_step(self, step: int) -> dict[str, Any]:

@@ -9,7 +9,9 @@ fold, one optimizer step, weights to the engine, next batch. The update equals s
 
 The loop drains what has queued and computes it as one micro-batch rather than one backward
 per event, which keeps the learner's share of the step near the bound T* (docs/design.md §4
-has the measurements). Data-parallel ranks do the same with the events forwarded to them.
+has the measurements). Data-parallel ranks do the same with the events forwarded to them. A
+deposit into a group about to close may be held for a while (``thundersync.core.holds``): the
+loop then wakes the learner when the hold runs out even if nothing arrives.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class StreamingMode:
         for step in run.steps():
             run.submit(step)
             while True:
-                # --- take everything that has arrived (blocking until something does) ---
-                arrived = run.arrivals(step)
+                # --- take everything that has arrived (blocking until something does, or
+                # until work the learner holds back must run: thundersync.core.holds) ---
+                arrived = run.arrivals(step, run.learner.wake_after())
                 # --- compute the work it unblocked, batched, while rollout goes on ---
                 self.learn(run.learner, arrived.events)
                 if arrived.is_complete:

@@ -25,12 +25,17 @@ from thundersync.training.modes import (
 @dataclass
 class ScriptedLearner:
     calls: list[str]
+    holds: list[float | None] = field(default_factory=list)
+    """What ``wake_after`` answers, in turn (then None: nothing held)."""
 
     def consume(self, event: ev.Event) -> None:
         self.calls.append(f"consume {event.episode_id}")
 
     def drain(self) -> None:
         self.calls.append("drain")
+
+    def wake_after(self) -> float | None:
+        return self.holds.pop(0) if self.holds else None
 
 
 @dataclass
@@ -62,7 +67,10 @@ class ScriptedRun:
         self.calls.append(f"wait {step}")
         return [self._reward(step, i) for i in range(self.arrivals_per_batch)]
 
-    def arrivals(self, step: int) -> Arrivals:
+    def arrivals(self, step: int, timeout_s: float | None = None) -> Arrivals:
+        if timeout_s is not None:  # a hold runs out before anything arrives
+            self.calls.append(f"arrivals {step} within {timeout_s:g} s: none")
+            return Arrivals([], False)
         i = self.arrived[step] = self.arrived.get(step, -1) + 1
         self.calls.append(f"arrivals {step}")
         return Arrivals([self._reward(step, i)], i + 1 == self.arrivals_per_batch)
@@ -108,6 +116,24 @@ def test_streaming_learns_each_arrival_while_the_batch_rolls_out():
         "finish 0",
     ]
     assert history == [{"step": 1}]
+
+
+def test_streaming_wakes_the_learner_when_its_held_work_must_run():
+    run = ScriptedRun(1)
+    run.learner.holds = [None, 0.25]  # the first arrival's work is held for 0.25 s
+    StreamingMode().run(run)
+    assert run.calls == [
+        "submit 0",
+        "arrivals 0",
+        "consume s0-g0-e0",
+        "drain",
+        "arrivals 0 within 0.25 s: none",
+        "drain",  # nothing arrived: the held work runs now
+        "arrivals 0",
+        "consume s0-g0-e1",
+        "drain",
+        "finish 0",
+    ]
 
 
 @pytest.mark.parametrize(
