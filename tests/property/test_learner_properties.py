@@ -41,6 +41,13 @@ def step_grad(model) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
 
 
+def graded_last(events: list[ev.Event]) -> list[ev.Event]:
+    """``events`` with every reward moved after every other event, in their order (long
+    grading: each episode completes before the first reward)."""
+    rewards = [e for e in events if isinstance(e, ev.RewardReady)]
+    return [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+
+
 def flat_group(model, reward: float, size: int, seed: int) -> list[ev.Event]:
     """One group whose rewards are all ``reward``."""
     events = random_batch(
@@ -153,8 +160,7 @@ def test_held_deposits_stay_exact(
     shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
     events = random_batch(seed, model.config.vocab_size, shape)
     if rewards_last:  # every group's members complete before its rewards: holds happen
-        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
-        events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+        events = graded_last(events)
     learner = Learner(
         model,
         GRPO(),
@@ -192,8 +198,7 @@ def test_early_start_without_a_budget_holds_two_buffers_per_group_and_one_more(
     shape = BatchShape(max_groups=3, max_group_size=6, max_turns=2, max_tokens=40)
     events = random_batch(seed, model.config.vocab_size, shape)
     if rewards_last:  # long grading: every episode completes before the first reward
-        rewards = [e for e in events if isinstance(e, ev.RewardReady)]
-        events = [e for e in events if not isinstance(e, ev.RewardReady)] + rewards
+        events = graded_last(events)
     groups = {e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
     grad, _, metrics = run(
         model, objective, events, streaming=True, early_start=True, reference=reference

@@ -155,6 +155,8 @@ class StreamingGRPO:
             else:
                 self.held.pop(gid, None)
                 self._deposit(self.groups[gid], recs)
+        for gid in [gid for gid in self.held if gid not in deposits]:
+            del self.held[gid]  # nothing of it waits any more: no wake-up for it
         halves: dict[str, list[EpisodeRecord]] = {}
         for rec in early:  # held whole where the budget has room, else split
             if not self._precompute(rec):
