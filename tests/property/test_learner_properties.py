@@ -118,14 +118,22 @@ def test_open_group_memory_never_exceeds_the_budget_and_stays_exact(
     drains=st.lists(st.integers(0, 400), max_size=8),
     early_start=st.booleans(),
     opd=st.booleans(),
+    seconds_per_token=st.sampled_from([None, 1e-9, 1e-4, 1e3]),
+    rewards_last=st.booleans(),
 )
-def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, opd):
-    """A worker drains whenever its inbox runs dry: at arbitrary points of the stream."""
+def test_draining_at_any_points_stays_exact(
+    model, seed, drains, early_start, opd, seconds_per_token, rewards_last
+):
+    """A worker drains whenever its inbox runs dry: at arbitrary points of the stream. With
+    a pace (``thundersync.core.holds``), deposits are held for their group's close and
+    released by the close, by the clock or at the step; the step is the textbook's."""
     from thundersync import OPD
 
     objective = OPD(granularity="turn") if opd else GRPO()
     shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
     events = random_batch(seed, model.config.vocab_size, shape, teacher=opd)
+    if rewards_last:  # every group's members complete before its rewards: holds happen
+        events = graded_last(events)
     kwargs = {} if opd else {"early_start": early_start}
     learner = Learner(
         model,
@@ -133,51 +141,18 @@ def test_draining_at_any_points_stays_exact(model, seed, drains, early_start, op
         torch.optim.SGD(model.parameters(), lr=0.0),
         streaming=True,
         eager=False,
+        hold_deposits=seconds_per_token is not None,
         max_grad_norm=None,
         **kwargs,
     )
-    for i, event in enumerate(events):
-        learner.consume(event)
-        if i in drains:
-            learner.drain()
-    learner.step()
-    book = textbook.gradient(model, objective, events)
-    assert float((step_grad(model) - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
-
-
-@given(
-    seed=st.integers(0, 10**6),
-    drains=st.lists(st.integers(0, 400), max_size=8),
-    early_start=st.booleans(),
-    seconds_per_token=st.sampled_from([1e-9, 1e-4, 1e3]),
-    rewards_last=st.booleans(),
-)
-def test_held_deposits_stay_exact(
-    model, seed, drains, early_start, seconds_per_token, rewards_last
-):
-    """Deposits held for their group's close (``thundersync.core.holds``), released by the
-    close, by the clock or at the step, drained at arbitrary points: the textbook step."""
-    shape = BatchShape(max_groups=3, max_group_size=4, max_turns=3, max_tokens=48)
-    events = random_batch(seed, model.config.vocab_size, shape)
-    if rewards_last:  # every group's members complete before its rewards: holds happen
-        events = graded_last(events)
-    learner = Learner(
-        model,
-        GRPO(),
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        streaming=True,
-        eager=False,
-        hold_deposits=True,
-        early_start=early_start,
-        max_grad_norm=None,
-    )
-    learner.pace.seconds_per_token = seconds_per_token
+    if learner.pace is not None:
+        learner.pace.seconds_per_token = seconds_per_token
     for i, event in enumerate(events):
         learner.consume(event)
         if i in drains or learner.wake_after() == 0.0:
             learner.drain()
     learner.step()
-    book = textbook.gradient(model, GRPO(), events)
+    book = textbook.gradient(model, objective, events)
     assert float((step_grad(model) - book).norm()) <= 1e-12 * max(float(book.norm()), 1e-300)
 
 

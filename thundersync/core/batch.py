@@ -9,6 +9,7 @@ clipped surrogate with the behaviour policy as π_old. ``BatchOPD`` is sync OPD.
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeVar
 
 import torch
@@ -129,9 +130,11 @@ def weighted_grad(
 ) -> torch.Tensor:
     """Add Σ_i ∇[PPO-clip surrogate with advantage A_i + KL_i] for (trajectory, A_i) items,
     one padded forward and one backward per micro-batch; items that contribute nothing
-    (A = 0 and no KL term) are skipped."""
+    (A = 0 and no KL term) are skipped. Each micro-batch's time goes into ``ctx.pace``, where
+    there is one (``thundersync.core.holds``)."""
     items = [(m, a) for m, a in items if a != 0.0 or objective.kl_coef != 0.0]
     for chunk, trajectories in micro_batches(items, [m for m, _ in items], ctx.micro_batch_size):
+        started = time.perf_counter()
         logps, refs = _forwards(ctx, objective, trajectories)
         loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
         for (_, advantage), traj, logp, ref_T in zip(chunk, trajectories, logps, refs):
@@ -140,6 +143,9 @@ def weighted_grad(
             if kl is not None:
                 loss = loss + kl
         total.add_(flat_grad(ctx.policy.params, loss))
+        if ctx.pace is not None:
+            tokens = sum(traj.context_length() for traj in trajectories)
+            ctx.pace.note(time.perf_counter() - started, tokens)
     return total
 
 

@@ -122,7 +122,7 @@ class StreamingGRPO:
         batched (one padded backward per micro-batch, like sync); rewarded trajectories of an
         open group are deposited into its accumulators, together when there are several
         (``_deposit``), unless they are held for the group's close (``_holds``)."""
-        self._drain(hold=self.ctx.pace is not None)
+        self._drain(hold=True)
 
     def wake_after(self) -> float | None:
         """Seconds until the first held deposit may no longer wait (0.0: now); None when
@@ -149,14 +149,12 @@ class StreamingGRPO:
                 deposits.setdefault(g.group_id, []).append(rec)
             elif self.early_start and eid not in self.early_pieces and eid not in self.halved:
                 early.append(rec)
+        held, self.held = self.held, {}  # a group stays held only while deposits wait
         for gid, recs in deposits.items():
-            if hold and self._holds(self.groups[gid], recs):
+            if hold and self._holds(self.groups[gid], recs, held.get(gid)):
                 self.unblocked.update((rec.episode_id, rec) for rec in recs)
             else:
-                self.held.pop(gid, None)
                 self._deposit(self.groups[gid], recs)
-        for gid in [gid for gid in self.held if gid not in deposits]:
-            del self.held[gid]  # nothing of it waits any more: no wake-up for it
         halves: dict[str, list[EpisodeRecord]] = {}
         for rec in early:  # held whole where the budget has room, else split
             if not self._precompute(rec):
@@ -166,24 +164,28 @@ class StreamingGRPO:
         self._run_remainders()
         self._run_finals(finals)
 
-    def _holds(self, g: GroupState, recs: list[EpisodeRecord]) -> bool:
+    def _holds(
+        self, g: GroupState, recs: list[EpisodeRecord], held: tuple[float, float] | None
+    ) -> bool:
         """Whether open group ``g``'s rewarded ``recs`` (every one not yet accounted for)
-        wait for its close instead of being deposited now: only where every member has
-        completed (the rest are being graded), no rec holds early-start work, and the group
-        has waited less than ``recs`` would take as finals (``thundersync.core.holds``)."""
+        wait for its close instead of being deposited now, ``held`` its hold so far: only
+        where every member has completed (the rest are being graded), no rec holds
+        early-start work, and the group has waited less than ``recs`` would take as finals
+        (``thundersync.core.holds``). A hold goes on in ``self.held``."""
         pace = self.ctx.pace
         if pace is None or len(g.members) < g.size:
             return False
-        early = self.halved.union(self.early_pieces)
-        if any(rec.episode_id in early for rec in recs):
+        if any(r.episode_id in self.halved or r.episode_id in self.early_pieces for r in recs):
             return False
         if not all(m.tokens_ready or m.is_infra_failure for m in g.members.values()):
             return False
         now = time.monotonic()
-        since = self.held[g.group_id][0] if g.group_id in self.held else now
-        tokens = sum(rec.trajectory().context_length() for rec in recs)
-        self.held[g.group_id] = (since, since + pace.hold_s(tokens))
-        return now < self.held[g.group_id][1]
+        since = now if held is None else held[0]
+        until = since + pace.hold_s(sum(rec.trajectory().context_length() for rec in recs))
+        if now >= until:
+            return False
+        self.held[g.group_id] = (since, until)
+        return True
 
     def _run_remainders(self) -> None:
         """Closed groups' split episodes: Σ ((rᵢ − c) / s_g) hᵢ into each group's target, one
@@ -214,11 +216,8 @@ class StreamingGRPO:
                 self.accounted.add(rec.episode_id)
         kept = [(g, rec, self._advantage(g, rec)) for g, rec in finals if not g.dropped]
         for target, items in self._by_target(kept):
-            started, clock = ev.now(), time.perf_counter()
+            started = ev.now()
             weighted_grad(self.ctx, self.objective, items, total=target)
-            if self.ctx.pace is not None:
-                tokens = sum(rec.trajectory().context_length() for rec, _ in items)
-                self.ctx.pace.note(time.perf_counter() - clock, tokens)
             for rec, _ in items:
                 self.accounted.add(rec.episode_id)
                 self.ctx.published(rec.episode_id, None, started)
