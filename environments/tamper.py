@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from environments.sandboxes.protocol import Sandbox
-from environments.unified_diff import FileDiff, parse_patch
+from environments.unified_diff import FileDiff, apply_hunks, parse_patch
 
 SHADOWED_MODULES = frozenset({"pytest", "_pytest", "unittest", "py", "pluggy", "conftest"})
 """Module names a test run imports: a new file or package of that name in the agent's work
@@ -69,7 +70,9 @@ _ENTRY_POINT_SOURCES = _MIXED_CONFIGS | {"setup.py"}
 _TEST_SECTION = re.compile(
     r"\[(tool:pytest|pytest|tool\.pytest(\..*)?|coverage:run|tool\.coverage\.run|.*pytest11.*)\]"
 )
-_ANY_SECTION = re.compile(r"^\s*\[\[?[^\]]+\]\]?\s*(#.*)?$")
+_CONFIGPARSER_HEADER = re.compile(r"\[(?P<name>.+)\]")
+"""``configparser``'s own section pattern (coverage reads ``[coverage:run]`` with it): matched
+at the start of the stripped line, anything after the last ``]`` ignored."""
 _ROOT = ""
 """The section of lines before any ``[header]`` (TOML dotted keys such as
 ``tool.pytest.ini_options.addopts`` may sit there)."""
@@ -212,18 +215,53 @@ def is_mixed_config(path: str) -> bool:
     return PurePosixPath(path).name in _MIXED_CONFIGS
 
 
-def pytest_config_sections_touched(old_text: str, new_text: str) -> bool:
+def pytest_config_sections_touched(old_text: str, new_text: str, name: str = "") -> bool:
     """True when a line inside a test section of a mixed config file (``[tool:pytest]``,
     ``[pytest]``, ``[tool.pytest.ini_options]``, ``[coverage:run]``) differs between the two
-    versions, or such a section was added or removed."""
-    return _test_sections(old_text) != _test_sections(new_text)
+    versions, or such a section was added or removed; for ``pyproject.toml`` (``name``), also
+    when its ``tool.pytest`` or ``tool.coverage`` tables differ as TOML parses them (dotted keys,
+    inline tables, escaped or spaced names), or the new text is no longer TOML."""
+    if _test_sections(old_text) != _test_sections(new_text):
+        return True
+    return name == "pyproject.toml" and _toml_test_tables(old_text) != _toml_test_tables(new_text)
+
+
+def _toml_test_tables(text: str) -> object:
+    """What pytest and coverage read from a ``pyproject.toml``, as ``tomllib`` parses it (a
+    marker holding the text where it does not parse: any change to such a file counts)."""
+    try:
+        tool = tomllib.loads(text).get("tool", {})
+    except tomllib.TOMLDecodeError:
+        return ("not TOML", text)
+    if not isinstance(tool, dict):
+        return tool
+    return {key: tool.get(key) for key in ("pytest", "coverage")}
+
+
+def _section_names(line: str) -> list[str] | None:
+    """The names a config-file line opens a section under, as each parser that reads test
+    settings sees it, or None when it opens none: iniconfig (pytest's ``setup.cfg`` and
+    ``tox.ini``: the line without its ``#`` or ``;`` comment ends in ``]``), ``configparser``
+    (coverage's: ``[name]`` at the start, whatever follows), TOML (``[table]``,
+    ``[[array]]``)."""
+    stripped = line.strip()
+    if not stripped.startswith("["):
+        return None
+    names = []
+    cut = re.split(r"[#;]", stripped, maxsplit=1)[0].rstrip()
+    if cut.endswith("]"):
+        names.append(cut[1:-1].strip("[]"))
+    parsed = _CONFIGPARSER_HEADER.match(stripped)
+    if parsed:
+        names.append(parsed.group("name").strip("[]"))
+    return names or None
 
 
 def _test_sections(text: str) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     current: str | None = None
     for line in text.splitlines():
-        if _ANY_SECTION.match(line):
+        if _section_names(line) is not None:
             current = line.strip() if _is_test_section(line) else None
             if current is not None:
                 sections.setdefault(current, [])
@@ -234,8 +272,11 @@ def _test_sections(text: str) -> dict[str, list[str]]:
 
 
 def _is_test_section(header: str) -> bool:
-    name = re.sub(r"[\s\"']", "", header.split("#", 1)[0])
-    return _TEST_SECTION.fullmatch(name) is not None
+    """Whether any parser's reading of the header line names a test section."""
+    return any(
+        _TEST_SECTION.fullmatch("[" + re.sub(r"[\s\"']", "", name) + "]") is not None
+        for name in _section_names(header) or ()
+    )
 
 
 def config_findings(diff: FileDiff, old_text: str | None = None) -> list[TamperFinding]:
@@ -256,7 +297,7 @@ def config_findings(diff: FileDiff, old_text: str | None = None) -> list[TamperF
         section = _section_at(old_lines, before)
         for line in hunk.lines:
             tag, text = line[:1], line[1:]
-            if _ANY_SECTION.match(text):
+            if _section_names(text) is not None:
                 # a header added or removed inside a test section moves the lines below it
                 # out of (or into) that section
                 previous, section = section, text.strip()
@@ -271,6 +312,10 @@ def config_findings(diff: FileDiff, old_text: str | None = None) -> list[TamperF
                 reason = _changed_line_reason(name, section, text)
                 if reason is not None:
                     reasons.add(reason)
+    if name == "pyproject.toml" and old_text is not None:
+        new_text = apply_hunks(old_text, diff)  # git's own diff of real files: it applies
+        if new_text is not None and _toml_test_tables(old_text) != _toml_test_tables(new_text):
+            reasons.add("changes the tool.pytest or tool.coverage tables as TOML reads them")
     return [TamperFinding(diff.path, reason) for reason in sorted(reasons)]
 
 
@@ -281,7 +326,7 @@ def _section_at(old_lines: list[str] | None, before: int) -> str | None:
     if old_lines is None:
         return None
     for line in reversed(old_lines[:before]):
-        if _ANY_SECTION.match(line):
+        if _section_names(line) is not None:
             return line.strip()
     return _ROOT
 

@@ -115,6 +115,31 @@ def _parse_hunk(lines: list[str], index: int) -> tuple[Hunk, int]:
     return Hunk(old_start, old_count, tuple(body)), index
 
 
+def apply_hunks(old_text: str, diff: FileDiff) -> str | None:
+    """The file's text after ``diff`` (its hunks applied to ``old_text``, line by line), or None
+    where a hunk's context or removed lines are not those of ``old_text``."""
+    old = old_text.splitlines()
+    new: list[str] = []
+    at = 0
+    for hunk in diff.hunks:
+        start = hunk.old_start if hunk.old_count == 0 else hunk.old_start - 1
+        if start < at or start > len(old):
+            return None
+        new += old[at:start]
+        at = start
+        for line in hunk.lines:
+            tag, text = line[:1], line[1:]
+            if tag in (" ", "", "-"):
+                if at >= len(old) or old[at] != text:
+                    return None
+                at += 1
+                if tag != "-":
+                    new.append(text)
+            elif tag == "+":
+                new.append(text)
+    return "\n".join(new + old[at:]) + "\n"
+
+
 def _side_path(text: str, prefix: str) -> str | None:
     text = text.rstrip("\t")
     if text == "/dev/null":

@@ -76,6 +76,18 @@ def test_mixed_configs_are_judged_by_their_test_sections():
     toml = '[project]\nname = "x"\n'
     assert pytest_config_sections_touched(toml, toml + '[tool.pytest.ini_options]\naddopts="-x"\n')
     assert not pytest_config_sections_touched(toml, toml + "# a comment\n")
+    # what pytest and coverage parse, not what a line looks like
+    for sneaky in (
+        'tool.pytest.ini_options.addopts = "-p e"\n' + toml,
+        toml + '[tool]\npytest = { ini_options = { addopts = "-p e" } }\n',
+        toml + '[tool."\\u0070ytest".ini_options]\naddopts = "-p e"\n',
+        toml + "[tool.coverage.run]\nplugins = ['evil']\n",
+    ):
+        assert pytest_config_sections_touched(toml, sneaky, "pyproject.toml"), sneaky
+    assert pytest_config_sections_touched(toml, toml + "[unclosed\n", "pyproject.toml")
+    assert not pytest_config_sections_touched(toml, toml + 'license = "MIT"\n', "pyproject.toml")
+    for ini in ("[tool:pytest] ; x\naddopts = -p e\n", "[pytest] ;x\naddopts = -p e\n"):
+        assert pytest_config_sections_touched("", ini, "setup.cfg"), ini
 
 
 # --- unified diffs -------------------------------------------------------------------------
@@ -186,6 +198,27 @@ def test_only_new_modules_shadow():
         ),
         (new_file("tox.ini", "[tox]\nenvlist = py\n[pytest]\naddopts = -p evil"), None, True),
         (new_file("tox.ini", "[tox]\nenvlist = py"), None, False),
+        # headers as iniconfig and configparser read them: a comment after the bracket
+        (new_file("setup.cfg", "[tool:pytest] ; x\naddopts = -p evil"), None, True),
+        (new_file("tox.ini", "[pytest] ;x\naddopts = -p evil"), None, True),
+        (new_file("setup.cfg", "[coverage:run] junk\nplugins = evil"), None, True),
+        # tables as TOML reads them, whatever their spelling
+        (
+            new_file("pyproject.toml", '[tool."\\u0070ytest".ini_options]\naddopts = "-p e"'),
+            "",
+            True,
+        ),
+        (
+            edit("pyproject.toml", 3, [], ['addopts = "-p e"'], []),
+            '[project]\nname = "x"\n[ tool . "pytest" . ini_options ]\n',
+            True,
+        ),
+        (
+            edit("pyproject.toml", 3, [], ['pytest = { ini_options = { addopts = "-p e" } }'], []),
+            '[project]\nname = "x"\n[tool]\n',
+            True,
+        ),
+        (edit("pyproject.toml", 2, [], ['license = "MIT"'], []), '[project]\nname = "x"\n', False),
     ],
 )
 def test_mixed_configs_are_judged_hunk_by_hunk(patch, old_text, flagged):
