@@ -43,6 +43,11 @@ def scratch_folders(workdir: str) -> tuple[str, str]:
 
 
 TIMEOUT_S = 300.0
+CACHE_FOLDER = "__pycache__"
+"""Left out of every clean archive: Python and pytest load a cached module from it when its
+header matches the source's size and time (or hash), which the agent can forge for a pristine
+source (``tests/__pycache__/test_calc.cpython-311-pytest-8.3.2.pyc`` compiled from a test that
+passes). Caches are never work: grading compiles the sources again."""
 
 
 class WorkExportError(Exception):
@@ -152,7 +157,8 @@ def _member_name(raw: str, top: str = ".") -> str | None:
 
 
 def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
-    """Copy ``raw``'s folders, files and links into ``clean``; index them. An archive that no
+    """Copy ``raw``'s folders, files and links into ``clean`` (but ``CACHE_FOLDER``s); index
+    them. An archive that no
     real folder gives (a name twice, a member below a link or a file) is refused: extracted,
     it would write through the link (``zz -> tests`` then ``zz/test_calc.py``)."""
     entries: dict[str, Entry] = {}
@@ -163,6 +169,7 @@ def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
                 for member in source
                 if (name := _member_name(member.name, top)) is not None
                 and (member.isdir() or member.isfile() or member.issym() or member.islnk())
+                and CACHE_FOLDER not in name.split("/")
             ]
             _check_structure(kept)
             for name, member in kept:

@@ -134,14 +134,16 @@ def run_script(
     env: dict[str, str],
     *,
     prefix: str = "",
+    suffix: str = "",
 ) -> ExecResult:
     """Run ``script`` with bash from the workdir, after ``prefix`` (shell commands that set up
     the environment), with the grader's variables and ``env`` (names checked by the loader,
-    values quoted)."""
+    values quoted), then ``suffix`` (commands applied after the task's ``env``)."""
     extra = "".join(f" {k}={shlex.quote(v)}" for k, v in env.items())
     setup = f"{prefix} ; " if prefix else ""
+    after = f" && {suffix}" if suffix else ""
     return sandbox.execute(
-        f"{setup}{paths.exports()}{extra} && bash {shlex.quote(script)}", timeout=timeout
+        f"{setup}{paths.exports()}{extra}{after} && bash {shlex.quote(script)}", timeout=timeout
     )
 
 

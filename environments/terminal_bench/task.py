@@ -20,7 +20,7 @@ from environments.sandboxes.protocol import (
     SandboxSpec,
 )
 from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import grading, inputs, strict
+from environments.terminal_bench import grading, inputs, strict, witness
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.verifier import test_copy_uploads
 
@@ -170,6 +170,9 @@ class TerminalBenchTask:
             grade = self._run_tests(target, pinned=context.strict)
         if self.verifier is not None:
             report["separate_verifier"] = True
+        if grade.details.get("tamper_suspected"):  # the witness contradicted the verifier
+            report["tamper_suspected"] = True
+            report["tamper_reasons"] = sorted([*reasons, *grade.details["tamper_reasons"]])
         return Grade(grade.reward, grade.infra_failure, {**grade.details, **report})
 
     def _verifier_sandbox(self, context: GradingContext) -> Sandbox:
@@ -187,12 +190,34 @@ class TerminalBenchTask:
         paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
         script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
         prefix = strict.pinned_environment(workdir) if pinned else ""
+        seen = witness.prepare(sandbox, paths.verifier) if pinned else None
         result = grading.run_script(
-            sandbox, paths, script, self.test_timeout_s, self.test_env, prefix=prefix
+            sandbox,
+            paths,
+            script,
+            self.test_timeout_s,
+            self.test_env,
+            prefix=prefix,
+            suffix=seen.exports(self.test_env) if seen is not None else "",
         )
         if self.format == "tb1":
-            return grading.grade_tb1(result, self.test_timeout_s)
-        return grading.grade_harbor(sandbox, paths, result, self.test_timeout_s, self.reward_key)
+            grade = grading.grade_tb1(result, self.test_timeout_s)
+        else:
+            grade = grading.grade_harbor(
+                sandbox, paths, result, self.test_timeout_s, self.reward_key
+            )
+        if seen is None or grade.reward <= 0.0 or grade.infra_failure:
+            return grade
+        reasons = witness.contradictions(sandbox, seen, full_pass=grade.reward >= 1.0)
+        if not reasons:
+            return grade
+        details = {
+            **grade.details,
+            "tamper_suspected": True,
+            "tamper_reasons": reasons,
+            "reason": "strict grading: the test run contradicts the verifier's pass",
+        }
+        return Grade(reward=0.0, details=details)
 
     def test_uploads(self) -> list[tuple[Path, str]]:
         """The files the grader uploads (host file, path under the tests folder), each checked
