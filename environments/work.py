@@ -18,6 +18,7 @@ folder of a fresh sandbox (the task's pristine state), which is what tamper dete
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import posixpath
@@ -26,8 +27,9 @@ import tarfile
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from environments.sandboxes.protocol import Sandbox, SandboxError
+from environments.sandboxes.protocol import ExportTooLarge, Sandbox, SandboxError
 
 ARCHIVE_NAME = "work.tar"
 OWN_PREFIX = ".thundersync-"
@@ -107,7 +109,7 @@ def export_work(
     raw = host_dir / f"{name}.raw"
     try:
         sandbox.export_folder(workdir, raw, exclude=exclude)
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ExportTooLarge) as err:
         raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
     except OSError as err:
         raise SandboxError(f"cannot archive the work folder {workdir}: {err}") from err
@@ -118,22 +120,32 @@ def export_work(
 
 
 def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
-    """Replace ``workdir`` in ``sandbox`` (a fresh one) by the clean archive's contents."""
+    """Replace ``workdir`` in ``sandbox`` (a fresh one) by the clean archive's contents.
+    WorkExportError when the fresh sandbox, made from the task, cannot hold or unpack the
+    agent's work (too large for its disk, names too long): the agent's doing, scored 0;
+    SandboxError when the sandbox fails."""
     w = shlex.quote(workdir)
     for scratch in scratch_folders(workdir):
         s = shlex.quote(scratch)
         made = f"mkdir -p {w} && rm -rf {s} && mkdir -p {s}"
         if sandbox.execute(made, timeout=TIMEOUT_S).exit_code != 0:
             continue
-        sandbox.upload(work.archive, f"{scratch}/{ARCHIVE_NAME}")
+        try:
+            sandbox.upload(work.archive, f"{scratch}/{ARCHIVE_NAME}")
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise SandboxError(f"uploading the agent's work failed: {err}") from err
+            raise WorkExportError(f"the agent's work does not fit a fresh sandbox: {err}") from err
         archive = shlex.quote(f"{scratch}/{ARCHIVE_NAME}")
         done = sandbox.execute(
             f"find {w} -mindepth 1 -maxdepth 1 ! -name '{OWN_PREFIX}*' -exec rm -rf {{}} + && "
             f"tar --no-same-owner -C {w} -xf {archive}; rc=$?; rm -rf {s}; exit $rc",
             timeout=TIMEOUT_S,
         )
-        if done.exit_code != 0:
-            raise SandboxError(f"unpacking the agent's work into {workdir} failed: {done.output}")
+        if done.exit_code != 0:  # a fresh sandbox's own tar, on an archive the host wrote
+            raise WorkExportError(
+                f"the agent's work cannot be unpacked in a fresh sandbox: {done.output[-500:]}"
+            )
         return
     raise SandboxError(f"no scratch folder ({', '.join(scratch_folders(workdir))}) in the sandbox")
 
@@ -184,10 +196,10 @@ def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
                     target.addfile(copy)
                     entries[name] = Entry("link", member.linkname)
                 else:  # a regular file, or a hard link read as the file it links to
-                    data = _read_member(source, member)
-                    copy.size = len(data)
-                    target.addfile(copy, io.BytesIO(data))
-                    entries[name] = Entry("file", hashlib.sha256(data).hexdigest())
+                    handle, copy.size = _open_member(source, member)
+                    hashing = _Hashing(handle)
+                    target.addfile(copy, hashing)
+                    entries[name] = Entry("file", hashing.digest.hexdigest())
     except (tarfile.TarError, OSError, EOFError) as err:
         raise WorkExportError(f"the archive of the work folder is unreadable: {err}") from err
     return WorkTree(clean, entries)
@@ -275,9 +287,27 @@ def link_reasons(workdir: str, pristine: WorkTree, work: WorkTree) -> list[str]:
     return reasons
 
 
-def _read_member(source: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+def _open_member(source: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[IO[bytes], int]:
+    """A regular member's data and size (a hard link's are those of the file it links to)."""
     try:
         handle = source.extractfile(member)
     except KeyError:  # a hard link to a member that is not in the archive
-        return b""
-    return handle.read() if handle is not None else b""
+        handle = None
+    if handle is None:
+        return io.BytesIO(b""), 0
+    if member.islnk():  # tar gives the data's size at the linked member: read it to know
+        data = handle.read()
+        return io.BytesIO(data), len(data)
+    return handle, member.size
+
+
+class _Hashing:
+    """A member's data read through sha256, so that no file is held whole in memory."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle, self.digest = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        return data

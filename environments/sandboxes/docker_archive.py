@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.sandboxes import tar_stream
-from environments.sandboxes.protocol import SandboxError
+from environments.sandboxes.protocol import MAX_EXPORT_BYTES, ExportTooLarge, SandboxError
 
 GO_MODE_DIR = 1 << 31  # os.ModeDir in the stat header of Docker's archive API
 GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink
@@ -83,16 +83,28 @@ def export(
         if mode & GO_MODE_SYMLINK or not mode & GO_MODE_DIR:
             target = stat.get("linkTarget") or ""
             raise NotADirectoryError(f"{full} is not a folder in {marker} {target}")
+        chunks = _capped(stream, full)
         if exclude:
             top = posixpath.basename(full) or "."
-            tar_stream.copy_without(stream, top, frozenset(exclude), dst)
+            tar_stream.copy_without(chunks, top, frozenset(exclude), dst)
         else:
             with open(dst, "wb") as out:
-                for chunk in stream:
+                for chunk in chunks:
                     out.write(chunk)
-    except OSError:
+    except (OSError, ExportTooLarge):
         raise
     except Exception as exc:
         raise SandboxError(f"container {marker}: archive of {full}: {exc}") from exc
     finally:
         stream.close()
+
+
+def _capped(chunks: Any, full: str) -> Any:
+    """The daemon's archive stream, ended with ExportTooLarge past ``MAX_EXPORT_BYTES`` (a
+    sparse file streams at its full size)."""
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > MAX_EXPORT_BYTES:
+            raise ExportTooLarge(f"{full} holds over {MAX_EXPORT_BYTES} bytes of file data")
+        yield chunk

@@ -11,6 +11,10 @@ DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
 MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest file a sandboxed command may write (``RLIMIT_FSIZE``), in either sandbox."""
+MAX_EXPORT_BYTES = 2 * 1024 * 1024 * 1024
+"""The most file data ``Sandbox.export_folder`` archives (sparse files count at their full
+size, as an archive holds them): past it, ``ExportTooLarge``. A sandbox's own disk is smaller;
+only sparse files or a disk-less sandbox reach it, and the host must not hold their bytes."""
 MAX_ARGV_CMD_BYTES = 64 * 1024
 """Longer commands are sourced from a file or memfd (one argv string is at most 128 KiB)."""
 
@@ -25,6 +29,11 @@ class AgentBrokeSandbox(Exception):  # noqa: N818 (a failure, not an error of th
     running commands (its main program, shell or tools replaced or deleted). Deliberately not
     a SandboxError: who failed decides the label, and this is the agent's failure, which
     scores 0 with ``details["agent_failure"]`` (docs/design.md §6), never an excluded
+    infrastructure failure."""
+
+
+class ExportTooLarge(Exception):  # noqa: N818 (the agent's folder, not the harness, failed)
+    """The folder to export holds more than ``MAX_EXPORT_BYTES``: what the agent left, not an
     infrastructure failure."""
 
 

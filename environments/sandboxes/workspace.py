@@ -17,6 +17,9 @@ import tarfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from environments.sandboxes import protocol
+from environments.sandboxes.protocol import ExportTooLarge
+
 
 def host_path(workspace: Path, workdir: str, path: str) -> Path:
     """The host path of sandbox ``path`` (absolute, or relative to ``workdir``).
@@ -136,36 +139,40 @@ def archive_folder(folder: Path, top: str, dst: Path, *, exclude: Collection[str
     link: folders, regular files (each opened without following links, without blocking on a
     fifo swapped in, and checked to be the file listed) and links as links; fifos, sockets and
     devices are left out, and so are the children of ``folder`` named in ``exclude``, with all
-    they hold. FileNotFoundError / NotADirectoryError when ``folder`` is missing or not a
-    folder (a link to one included); PermissionError when part of it cannot be read."""
+    they hold. Walked without recursion, so no nesting depth stops it. FileNotFoundError /
+    NotADirectoryError when ``folder`` is missing or not a folder (a link to one included);
+    PermissionError when part of it cannot be read; ExportTooLarge past
+    ``protocol.MAX_EXPORT_BYTES`` of file data."""
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{folder} is not a folder")
+    total = 0
     with tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as archive:
-        _archive_node(archive, str(folder), top, info, frozenset(exclude))
+        pending = [(str(folder), top, info, frozenset(exclude))]
+        while pending:
+            path, name, node, skip = pending.pop()
+            total += _archive_node(archive, path, name, node, total)
+            if stat.S_ISDIR(node.st_mode):
+                with os.scandir(path) as entries:
+                    children = sorted(entry.name for entry in entries if entry.name not in skip)
+                for child in reversed(children):  # popped in name order
+                    child_path = os.path.join(path, child)
+                    try:
+                        child_info = os.lstat(child_path)
+                    except FileNotFoundError:
+                        continue
+                    pending.append((child_path, f"{name}/{child}", child_info, frozenset()))
 
 
 def _archive_node(
-    archive: tarfile.TarFile,
-    path: str,
-    name: str,
-    info: os.stat_result,
-    exclude: frozenset[str] = frozenset(),
-) -> None:
+    archive: tarfile.TarFile, path: str, name: str, info: os.stat_result, total: int
+) -> int:
+    """Add one member (a folder without its children); the bytes of file data it added."""
     member = tarfile.TarInfo(name)
     member.mode, member.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
     if stat.S_ISDIR(info.st_mode):
         member.type = tarfile.DIRTYPE
         archive.addfile(member)
-        with os.scandir(path) as entries:
-            children = sorted(entry.name for entry in entries if entry.name not in exclude)
-        for child in children:
-            child_path = os.path.join(path, child)
-            try:
-                child_info = os.lstat(child_path)
-            except FileNotFoundError:
-                continue
-            _archive_node(archive, child_path, f"{name}/{child}", child_info)
     elif stat.S_ISLNK(info.st_mode):
         member.type, member.linkname = tarfile.SYMTYPE, os.readlink(path)
         archive.addfile(member)
@@ -174,9 +181,15 @@ def _archive_node(
         with os.fdopen(fd, "rb") as handle:
             opened = os.fstat(handle.fileno())
             if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
-                return  # swapped since it was listed: what is there now is not a file
+                return 0  # swapped since it was listed: what is there now is not a file
+            if total + opened.st_size > protocol.MAX_EXPORT_BYTES:
+                raise ExportTooLarge(
+                    f"the folder holds over {protocol.MAX_EXPORT_BYTES} bytes of file data ({name})"
+                )
             member.size = opened.st_size
             archive.addfile(member, handle)
+            return opened.st_size
+    return 0
 
 
 def kill_uid(uid: int, *, rounds: int = 5) -> int:

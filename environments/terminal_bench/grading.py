@@ -33,10 +33,6 @@ class RewardFileError(ValueError):
     ``REWARD_RANGE``: the attempt scores 0 (it is counted, not excluded)."""
 
 
-class RewardFileMissing(RewardFileError):
-    """The verifier wrote neither reward file."""
-
-
 @dataclass(frozen=True, slots=True)
 class GraderPaths:
     """Where the tests and the verifier's logs live in this sandbox."""
@@ -256,8 +252,19 @@ def parse_reward_json(
 def read_harbor_reward(
     sandbox: Sandbox, paths: GraderPaths, reward_key: str | None = None
 ) -> tuple[float, dict[str, Any]]:
-    """Read the verifier's reward file, the first of ``REWARD_FILES`` present."""
+    """Read the verifier's reward file, the first of ``REWARD_FILES`` present. One that is a
+    link or not a regular file is a RewardFileError: code the tests import can turn
+    ``reward.txt`` into a link the verifier's shell writes through (``/proc/self/fd/255``) and
+    the grader cannot read, to make a failure look like a broken task."""
     folder = shlex.quote(paths.verifier)
+    odd = sandbox.execute(
+        f"cd {folder} && for f in {' '.join(REWARD_FILES)}; do "
+        'if [ -L "$f" ] || { [ -e "$f" ] && [ ! -f "$f" ]; }; then echo "$f"; fi; done',
+        timeout=60,
+    )
+    not_files = [name for name in odd.output.split() if name in REWARD_FILES]
+    if not_files:
+        raise RewardFileError(f"{not_files[0]}: a link or not a regular file")
     for name in REWARD_FILES:
         shown = sandbox.execute(f"cat {folder}/{name}", timeout=60)
         if shown.exit_code != 0:
@@ -266,7 +273,7 @@ def read_harbor_reward(
             return parse_reward_txt(shown.output), {}
         reward, metrics = parse_reward_json(shown.output, reward_key, name)
         return reward, {"metrics": metrics}
-    raise RewardFileMissing(
+    raise RewardFileError(
         f"the verifier wrote neither {paths.verifier}/reward.txt nor reward.json nor rewards.json"
     )
 
@@ -283,11 +290,12 @@ def grade_harbor(
     training reward; all metrics go to ``details["metrics"]``). A run past
     its timeout scores 0. A reward file that is malformed, not finite or outside
     ``REWARD_RANGE`` scores 0 with ``details["reward_error"]`` (the agent's output can steer what
-    a verifier writes, so this is never an excluded infrastructure failure). Without a reward
-    file: a verifier that failed (non-zero exit) scores 0, since the agent's final state can
-    break a verifier (delete python3, leave output that crashes it) and must not thereby escape
-    its score; a verifier that exited 0 yet wrote no file is a broken task, an infrastructure
-    failure."""
+    a verifier writes, so this is never an excluded infrastructure failure). No reward file
+    scores 0 the same way, whatever the verifier's exit status: the agent's work runs inside
+    the verifier (the modules its tests import) and can remove the file or end the script, and
+    must not thereby turn its failure into an episode that is never trained on. A task whose
+    verifier never writes one scores 0 for every agent, the oracle too (``eval --agent
+    oracle`` shows it)."""
     if result.timed_out:
         return _timeout_grade(result, timeout)
     details: dict[str, Any] = {
@@ -296,11 +304,6 @@ def grade_harbor(
     }
     try:
         reward, extra = read_harbor_reward(sandbox, paths, reward_key)
-    except RewardFileMissing as err:
-        verifier_failed = result.exit_code != 0
-        return Grade(
-            reward=0.0, infra_failure=not verifier_failed, details={**details, "error": str(err)}
-        )
     except RewardFileError as err:
         return Grade(
             reward=0.0,

@@ -166,7 +166,11 @@ class TerminalBenchTask:
             grade = self._run_tests(sandbox, pinned=False)
         else:
             target = fresh if self.verifier is None else self._verifier_sandbox(context)
-            work.import_work(target, workdir, agent_work)
+            try:
+                work.import_work(target, workdir, agent_work)
+            except work.WorkExportError as err:  # its work does not fit a fresh sandbox
+                failure = {"agent_failure": str(err), "reason": str(err)}
+                return Grade(reward=0.0, details={**report, **failure})
             grade = self._run_tests(target, pinned=context.strict)
         if self.verifier is not None:
             report["separate_verifier"] = True

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from environments.sandboxes import protocol
+from environments.sandboxes.protocol import ExportTooLarge
 from environments.sandboxes.workspace import archive_folder, copy_in, copy_out, host_path
 
 
@@ -93,3 +96,40 @@ def test_archive_folder_leaves_out_the_excluded_children_only(tmp_path: Path) ->
         "testbed/sub/.git",
         "testbed/sub/.git/keep",
     ]
+
+
+def test_archive_folder_takes_any_nesting_depth_in_name_order(tmp_path: Path) -> None:
+    """An agent's 1200 nested folders once hit Python's recursion limit in the grader (here
+    300 under a limit of 200)."""
+    work = tmp_path / "app"
+    deep = work / "/".join(["d"] * 300)
+    deep.mkdir(parents=True)
+    (deep / "leaf").write_text("x")
+    (work / "b").write_text("b")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        archive_folder(work, "app", tmp_path / "deep.tar")
+    finally:
+        sys.setrecursionlimit(limit)
+    with tarfile.open(tmp_path / "deep.tar") as archive:
+        names = [m.name for m in archive]
+    assert names[:3] == ["app", "app/b", "app/d"]
+    assert names[-1] == "app/" + "d/" * 300 + "leaf" and len(names) == 303
+
+
+def test_archive_folder_stops_past_the_export_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sparse files take no disk where the agent made them, but their full size in an archive:
+    past ``MAX_EXPORT_BYTES`` the export stops, as the agent's failure."""
+    monkeypatch.setattr(protocol, "MAX_EXPORT_BYTES", 10_000)
+    work = tmp_path / "app"
+    work.mkdir()
+    with open(work / "sparse", "wb") as handle:
+        handle.truncate(6_000)
+    (work / "sparse2").write_bytes(b"x" * 5_000)
+    with pytest.raises(ExportTooLarge, match="over 10000 bytes"):
+        archive_folder(work, "app", tmp_path / "big.tar")
+    (work / "sparse2").unlink()
+    archive_folder(work, "app", tmp_path / "ok.tar")

@@ -1,6 +1,6 @@
-"""A task's reward file (Harbor's /logs/verifier/reward.txt or reward.json): a bad one scores 0
-with its reason, never an infrastructure failure; none at all blames the task only when its
-verifier succeeded."""
+"""A task's reward file (Harbor's /logs/verifier/reward.txt or reward.json): a bad one, or none
+at all, scores 0 with its reason, never an infrastructure failure (the agent's code runs inside
+the verifier and could otherwise hide its failures from training)."""
 
 from __future__ import annotations
 
@@ -68,11 +68,27 @@ def test_a_bad_reward_file_scores_zero_with_the_reason(
     assert error in grade.details["reason"]
 
 
-@pytest.mark.parametrize(("exit_code", "infra"), [(0, True), (3, False)])
-def test_no_reward_file_is_a_broken_task_only_when_the_verifier_succeeded(
-    exit_code: int, infra: bool
-) -> None:
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_no_reward_file_scores_zero_whatever_the_verifiers_exit(exit_code: int) -> None:
     paths = GraderPaths("/tests", "/logs/verifier")
     grade = grade_harbor(ScriptedSandbox(), paths, result("ran", exit_code), timeout=30)
-    assert (grade.reward, grade.infra_failure) == (0.0, infra)
-    assert "neither /logs/verifier/reward.txt nor reward.json" in grade.details["error"]
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "neither /logs/verifier/reward.txt nor reward.json" in grade.details["reward_error"]
+
+
+class LinkedRewardSandbox(ScriptedSandbox):
+    """reward.txt is a link (to the verifier's own script descriptor): ``cat`` cannot read it."""
+
+    def execute(self, cmd: str, timeout: float):
+        if cmd.startswith("cd /logs/verifier && for f in"):
+            self.commands.append(cmd)
+            return result("reward.txt\n", 0)
+        return super().execute(cmd, timeout)
+
+
+def test_a_reward_file_that_is_a_link_scores_zero() -> None:
+    paths = GraderPaths("/tests", "/logs/verifier")
+    sandbox = LinkedRewardSandbox(files={"/logs/verifier/reward.txt": "1"})
+    grade = grade_harbor(sandbox, paths, result("ran", 0), timeout=30)
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "reward.txt: a link or not a regular file" in grade.details["reward_error"]
