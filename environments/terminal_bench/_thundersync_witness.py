@@ -5,10 +5,9 @@ folder). The grader compares the records with the verifier's verdict (``witness.
 docs/design.md §6.1): code under test that makes a failing session exit 0 from an ``atexit``
 hook, or ends the process before pytest reports, leaves a record that says so.
 
-Stdlib only, and nothing here imports the project: this file is uploaded alone into the
-grading sandbox. It never raises: a witness that cannot write leaves the session as it was."""
-
-from __future__ import annotations
+Uploaded alone into the grading sandbox, whose Python may be old: standard library only,
+nothing of the project, no syntax newer than Python 3.5. It never raises: a witness that
+cannot write leaves the session as it was."""
 
 import json
 import os
@@ -17,31 +16,29 @@ import uuid
 _FOLDER = os.environ.get("THUNDERSYNC_WITNESS", "")
 
 
-def _write(name: str, record: dict) -> None:
+def _write(name, record):
     if not _FOLDER:
         return
     try:
-        with open(os.path.join(_FOLDER, name), "w", encoding="utf-8") as handle:
+        with open(os.path.join(_FOLDER, name), "w") as handle:
             json.dump(record, handle)
-    except (OSError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 (a witness never changes the run it watches)
         pass
 
 
-def pytest_configure(config) -> None:
+def pytest_configure(config):
     token = uuid.uuid4().hex
     config._thundersync_witness_token = token
-    _write(f"{token}.start", {"pid": os.getpid(), "cwd": os.getcwd()})
+    _write(token + ".start", {"pid": os.getpid()})
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
+def pytest_sessionfinish(session, exitstatus):
     token = getattr(session.config, "_thundersync_witness_token", None)
     if token is None:
         return
-    _write(
-        f"{token}.finish",
-        {
-            "exitstatus": int(exitstatus),
-            "failed": int(getattr(session, "testsfailed", 0)),
-            "collected": int(getattr(session, "testscollected", 0)),
-        },
-    )
+    record = {
+        "exitstatus": int(exitstatus),
+        "failed": int(getattr(session, "testsfailed", 0)),
+        "collected": int(getattr(session, "testscollected", 0)),
+    }
+    _write(token + ".finish", record)
