@@ -37,9 +37,13 @@ from pathlib import PurePosixPath
 from environments.sandboxes.protocol import Sandbox
 from environments.unified_diff import FileDiff, apply_hunks, parse_patch
 
-SHADOWED_MODULES = frozenset({"pytest", "_pytest", "unittest", "py", "pluggy", "conftest"})
+SHADOWED_MODULES = frozenset(
+    {"pytest", "_pytest", "unittest", "py", "pluggy", "conftest", "_thundersync_witness"}
+)
 """Module names a test run imports: a new file or package of that name in the agent's work
-shadows the real one, wherever it is (pytest puts test folders on the import path too)."""
+shadows the real one, wherever it is (pytest puts test folders on the import path too).
+``_thundersync_witness`` is strict grading's own plugin (``terminal_bench/witness.py``), found
+after the work folder on the import path."""
 _NEVER_IMPORTED = frozenset({"test", "__main__"})
 STDLIB_MODULES = (
     frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)

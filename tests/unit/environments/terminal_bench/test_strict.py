@@ -112,6 +112,10 @@ def test_a_real_fix_is_not_flagged(tmp_path: Path) -> None:
             {"tox.ini": "[pytest] ;x\naddopts = -p hackplugin\n"},
             "/app/tox.ini: changes a test section",
         ),
+        (
+            {"_thundersync_witness.py": "def pytest_configure(config):\n    pass\n"},
+            "/app/_thundersync_witness.py: a new module that shadows the '_thundersync_witness'",
+        ),
     ],
     ids=[
         "conftest",
@@ -132,6 +136,7 @@ def test_a_real_fix_is_not_flagged(tmp_path: Path) -> None:
         "conftest-in-a-venv",
         "pyproject-dotted-root-key",
         "tox-ini-comment-after-header",
+        "the-witness-shadowed",
     ],
 )
 def test_test_infrastructure_is_flagged(
