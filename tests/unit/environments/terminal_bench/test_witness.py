@@ -94,3 +94,19 @@ def test_the_task_pytest_options_are_kept() -> None:
     exports = seen.exports({"PYTEST_ADDOPTS": "-x --tb=short"})
     assert "PYTEST_ADDOPTS='-x --tb=short -p _thundersync_witness'" in exports
     assert 'PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}"/logs/.thundersync-witness/plugin' in exports
+
+
+class TruncatingShell(HostShell):
+    """As a sandbox answers when a flood of records overflows its output limit."""
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        done = super().execute(cmd, timeout)
+        return ExecResult(done.output, done.exit_code, False, 0.0, truncated=True)
+
+
+def test_records_too_many_to_read_contradict_a_pass(tmp_path: Path) -> None:
+    """A failing session's record hidden among thousands of passing ones is not a pass."""
+    code, seen = watched_run(tmp_path, PASSING)
+    assert code == 0
+    reasons = witness.contradictions(TruncatingShell(), seen, full_pass=True)
+    assert any("more records of pytest sessions than the grader reads" in r for r in reasons)
