@@ -52,6 +52,11 @@ source (``tests/__pycache__/test_calc.cpython-311-pytest-8.3.2.pyc`` compiled fr
 passes). Caches are never work: grading compiles the sources again."""
 
 
+_TREE_ERRORS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+"""Errors reading the work folder that its own names and links cause (24 nested folders of
+200-character names pass the host's 4096-byte path limit): the agent's, not the host's."""
+
+
 class WorkExportError(Exception):
     """The agent's work folder could not be archived in the state the agent left it (deleted,
     unreadable, over the sandbox's file-size limit): the attempt scores 0."""
@@ -112,6 +117,8 @@ def export_work(
     except (FileNotFoundError, NotADirectoryError, PermissionError, ExportTooLarge) as err:
         raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
     except OSError as err:
+        if err.errno in _TREE_ERRORS:  # names or links the agent made
+            raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
         raise SandboxError(f"cannot archive the work folder {workdir}: {err}") from err
     try:
         return _clean(raw, host_dir / name, top=posixpath.basename(workdir.rstrip("/")) or ".")

@@ -3,6 +3,7 @@ the pinned environment the tests run in."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from environments import work as work_module
+from environments.sandboxes.protocol import ExportTooLarge, SandboxError
 from environments.terminal_bench import strict
 from environments.work import WorkExportError, WorkTree, _clean
 
@@ -312,3 +314,41 @@ def tree_with_links(tmp_path: Path, name: str, files: dict[str, str], links: dic
     members += [(f"app/{p}", tarfile.SYMTYPE, target) for p, target in links.items()]
     raw = raw_archive(tmp_path / f"{name}.raw", [("app", tarfile.DIRTYPE, ""), *members])
     return _clean(raw, tmp_path / f"{name}.tar", top="app")
+
+
+class FailingExport:
+    """A sandbox whose engine fails to archive the work folder with ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+
+    def export_folder(self, path: str, dst: Path, *, exclude: object = ()) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (OSError(errno.ENAMETOOLONG, "File name too long"), WorkExportError),
+        (OSError(errno.ELOOP, "Too many levels of symbolic links"), WorkExportError),
+        (ExportTooLarge("over the limit"), WorkExportError),
+        (OSError(errno.EIO, "Input/output error"), SandboxError),
+        (OSError(errno.ENOSPC, "No space left on device"), SandboxError),
+    ],
+    ids=["name-too-long", "link-loop", "too-large", "host-io", "host-disk"],
+)
+def test_who_failed_the_export_decides_the_label(
+    tmp_path: Path, error: Exception, expected: type
+) -> None:
+    """Names, links and sizes the agent made are its failure (scored 0); the host's are the
+    infrastructure's (24 nested 200-character folder names once made an episode unscorable)."""
+    with pytest.raises(expected):
+        work_module.export_work(FailingExport(error), "/app", tmp_path, "work.tar")
+
+
+def test_bytecode_caches_never_enter_the_graded_work(tmp_path: Path) -> None:
+    """A forged ``tests/__pycache__/*.pyc`` would run instead of the task's untouched test."""
+    forged = {"tests/__pycache__/test_calc.cpython-311-pytest-8.3.2.pyc": "forged"}
+    work = tree(tmp_path, "work", {**PRISTINE, **forged, "__pycache__/calc.pyc": "x"})
+    assert not any("__pycache__" in path for path in work.entries)
+    assert "tests/test_calc.py" in work.entries
