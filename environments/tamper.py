@@ -223,23 +223,26 @@ def pytest_config_sections_touched(old_text: str, new_text: str, name: str = "")
     """True when a line inside a test section of a mixed config file (``[tool:pytest]``,
     ``[pytest]``, ``[tool.pytest.ini_options]``, ``[coverage:run]``) differs between the two
     versions, or such a section was added or removed; for ``pyproject.toml`` (``name``), also
-    when its ``tool.pytest`` or ``tool.coverage`` tables differ as TOML parses them (dotted keys,
-    inline tables, escaped or spaced names), or the new text is no longer TOML."""
+    when its ``tool.pytest`` or ``tool.coverage.run`` tables differ as TOML parses them (dotted
+    keys, inline tables, escaped or spaced names), or the new text is no longer TOML."""
     if _test_sections(old_text) != _test_sections(new_text):
         return True
     return name == "pyproject.toml" and _toml_test_tables(old_text) != _toml_test_tables(new_text)
 
 
 def _toml_test_tables(text: str) -> object:
-    """What pytest and coverage read from a ``pyproject.toml``, as ``tomllib`` parses it (a
-    marker holding the text where it does not parse: any change to such a file counts)."""
+    """What pytest and coverage's ``run`` (whose ``plugins`` load code into the test run) read
+    from a ``pyproject.toml``, as ``tomllib`` parses it (a marker holding the text where it
+    does not parse: any change to such a file counts)."""
     try:
         tool = tomllib.loads(text).get("tool", {})
     except tomllib.TOMLDecodeError:
         return ("not TOML", text)
     if not isinstance(tool, dict):
         return tool
-    return {key: tool.get(key) for key in ("pytest", "coverage")}
+    coverage = tool.get("coverage")
+    run = coverage.get("run") if isinstance(coverage, dict) else coverage
+    return {"pytest": tool.get("pytest"), "coverage.run": run}
 
 
 def _section_names(line: str) -> list[str] | None:
@@ -319,7 +322,7 @@ def config_findings(diff: FileDiff, old_text: str | None = None) -> list[TamperF
     if name == "pyproject.toml" and old_text is not None:
         new_text = apply_hunks(old_text, diff)  # git's own diff of real files: it applies
         if new_text is not None and _toml_test_tables(old_text) != _toml_test_tables(new_text):
-            reasons.add("changes the tool.pytest or tool.coverage tables as TOML reads them")
+            reasons.add("changes the tool.pytest or tool.coverage.run tables as TOML reads them")
     return [TamperFinding(diff.path, reason) for reason in sorted(reasons)]
 
 

@@ -86,6 +86,8 @@ def test_mixed_configs_are_judged_by_their_test_sections():
         assert pytest_config_sections_touched(toml, sneaky, "pyproject.toml"), sneaky
     assert pytest_config_sections_touched(toml, toml + "[unclosed\n", "pyproject.toml")
     assert not pytest_config_sections_touched(toml, toml + 'license = "MIT"\n', "pyproject.toml")
+    report = toml + "[tool.coverage.report]\nexclude_lines = ['pragma: no cover']\n"
+    assert not pytest_config_sections_touched(toml, report, "pyproject.toml")
     for ini in ("[tool:pytest] ; x\naddopts = -p e\n", "[pytest] ;x\naddopts = -p e\n"):
         assert pytest_config_sections_touched("", ini, "setup.cfg"), ini
 
