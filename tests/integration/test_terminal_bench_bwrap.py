@@ -139,7 +139,7 @@ def test_a_verifier_the_agent_broke_scores_zero_not_infra(tmp_path: Path) -> Non
     (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho crashed >&2\nexit 3\n")
     grade = run_agent(load_tasks(task_dir).get("sales-report"), "nop")
     assert (grade.reward, grade.infra_failure) == (0.0, False)
-    assert "neither" in grade.details["error"]
+    assert "neither" in grade.details["reward_error"]
 
 
 PRANKS = [
