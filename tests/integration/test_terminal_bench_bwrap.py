@@ -205,17 +205,13 @@ def test_replayed_build_step_that_writes_outside_the_workspace_needs_docker(
         sandbox.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
-def test_every_shipped_task_oracle_scores_1_and_nop_scores_0(task: TerminalBenchTask) -> None:
-    """Graded strictly, as training grades: every shipped task qualifies."""
-    oracle = run_agent(task, "oracle", strict=True)
-    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
-    nop = run_agent(task, "nop", strict=True)
-    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
-    if task.task_id == "fast-pair-count":
-        assert nop.details["timed_out"] is True
+@pytest.mark.parametrize("fmt", ["tb1", "harbor"])
+def test_a_nop_agent_on_a_slow_task_runs_out_its_test_timeout_and_scores_zero(fmt: str) -> None:
+    """fast-pair-count's tests time the agent's program: a nop leaves the slow one, which runs
+    past the task's test timeout. Every shipped task's oracle 1 and nop 0, strict and not, in
+    both sandboxes: ``test_eval_cli.py``'s ``test_shipped_suite_folders_score_oracle_one_...``."""
+    nop = run_agent(by_id(fmt, "fast-pair-count"), "nop", strict=True)
+    assert (nop.reward, nop.infra_failure, nop.details["timed_out"]) == (0.0, False, True)
 
 
 def eval_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

@@ -87,17 +87,6 @@ def test_published_style_tasks_in_docker(ubuntu_alias: None, task_id: str) -> No
     assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS, ids=[f"{t.format}-{t.task_id}" for t in TASKS])
-def test_every_shipped_task_in_docker(task: TerminalBenchTask) -> None:
-    """Graded strictly, as training grades: every shipped task qualifies."""
-    oracle = run_agent(task, "oracle", strict=True)
-    assert (oracle.reward, oracle.infra_failure) == (1.0, False), oracle.details
-    assert oracle.details["tamper_suspected"] is False, oracle.details["tamper_reasons"]
-    nop = run_agent(task, "nop", strict=True)
-    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
-
-
 def test_staged_spec_replays_run_steps_in_docker_too() -> None:
     task = next(t for t in TASKS if t.format == "harbor" and t.task_id == "git-revert-commit")
     assert task.sandbox_spec().build_context is None
