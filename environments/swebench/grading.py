@@ -65,9 +65,13 @@ def grade_log(
     """Turn an eval log into a Grade: reward 1 iff swebench says resolved.
 
     Infrastructure failures (the script never reached the tests; the test patch did not
-    apply although the agent left the test patch's files alone; swebench classifies the log
-    as an environment fault) are flagged, not scored. A timeout is the agent's (its code may
-    hang), as in the official harness, which scores it unresolved.
+    apply although the agent left the test patch's files alone) are flagged, not scored. A
+    timeout is the agent's (its code may hang), as in the official harness, which scores it
+    unresolved. So is a log that swebench's advisory classifier calls an environment fault
+    (``infra_failure_reason``, kept in ``details["swebench_advisory"]``): it matches text such
+    as ``Killed``, ``Cannot allocate memory`` or ``cannot open display``, which the agent's code
+    prints or causes once the tests run (a patch that exhausts memory is killed), and an
+    excluded episode would hide that failure from training (docs/design.md §6.1, principle 3).
     """
     tail = log[-LOG_TAIL_CHARS:]
     if timed_out:
@@ -92,8 +96,7 @@ def grade_log(
         "log_tail": tail,
     }
     if not resolved and report.get("infra_failure"):
-        details["error"] = f"swebench: {report.get('infra_failure_reason')}"
-        return Grade(0.0, infra_failure=True, details=details)
+        details["swebench_advisory"] = f"environment fault? {report.get('infra_failure_reason')}"
     return Grade(1.0 if resolved else 0.0, details=details)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from environments.swebench import load_instances
 from environments.swebench.grading import grade_log, make_spec, patch_paths
+from environments.swebench.snapshot import START_MARKER
 from environments.tasks import TaskList
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -135,6 +136,19 @@ def test_log_without_markers_is_an_infra_failure(verified: TaskList) -> None:
     grade = grade_log(verified.get("pallets__flask-5014").instance, "bash: conda: not found\n")
     assert grade.infra_failure and grade.reward == 0.0
     assert "did not reach the tests" in grade.details["error"]
+
+
+@pytest.mark.parametrize("signature", ["Killed", "bash: fork: Cannot allocate memory"])
+def test_a_run_the_agents_code_killed_is_its_zero_not_infra(
+    verified: TaskList, signature: str
+) -> None:
+    """swebench's advisory classifier reads these as an environment fault; here a patch that
+    exhausted memory caused them once the tests started, and excluding the episode would hide
+    the failure from training."""
+    log = f"{START_MARKER}\n{signature}\n"
+    grade = grade_log(verified.get("pallets__flask-5014").instance, log)
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "out_of_memory" in grade.details["swebench_advisory"]
 
 
 def test_timeout_is_the_agents_zero_not_infra(verified: TaskList) -> None:
