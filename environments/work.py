@@ -177,9 +177,9 @@ def _member_name(raw: str, top: str = ".") -> str | None:
 
 def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
     """Copy ``raw``'s folders, files and links into ``clean`` (but ``CACHE_FOLDER``s); index
-    them. An archive that no
-    real folder gives (a name twice, a member below a link or a file) is refused: extracted,
-    it would write through the link (``zz -> tests`` then ``zz/test_calc.py``)."""
+    them. An archive that no real folder gives (a name twice, a member below a link or a file)
+    is refused: extracted, it would write through the link (``zz -> tests`` then
+    ``zz/test_calc.py``)."""
     entries: dict[str, Entry] = {}
     try:
         with tarfile.open(raw) as source, tarfile.open(clean, "w") as target:

@@ -36,9 +36,4 @@ def pytest_sessionfinish(session, exitstatus):
     token = getattr(session.config, "_thundersync_witness_token", None)
     if token is None:
         return
-    record = {
-        "exitstatus": int(exitstatus),
-        "failed": int(getattr(session, "testsfailed", 0)),
-        "collected": int(getattr(session, "testscollected", 0)),
-    }
-    _write(token + ".finish", record)
+    _write(token + ".finish", {"exitstatus": int(exitstatus)})

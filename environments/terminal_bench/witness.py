@@ -14,12 +14,8 @@ contradicted, and scores 0 as tampering, when a session failed (a non-zero exit 
 a session started and never reached its end (the process exited from inside the run), or when
 the records were removed or the sentinel changed.
 
-Limits, stated: a witness inside the process is evidence, not proof: code under test that
-finds and forges these records, or rewrites pytest's own reports in memory, is not caught;
-tests that must see a pytest session fail (a task about writing tests that catch a bug) do
-not qualify for strict grading, like tasks whose tests check state outside the work folder
-(``eval --agent oracle --strict`` shows which tasks qualify); a nested ``python -I -m pytest``
-cannot import the plugin and stops with a usage error."""
+What it cannot see (code written against it, in the same process) and which tasks qualify:
+docs/design.md §6.1, principle 4."""
 
 from __future__ import annotations
 
@@ -97,7 +93,7 @@ def contradictions(sandbox: Sandbox, witness: Witness, *, full_pass: bool) -> li
     if listed.truncated:  # records hidden in the middle of a flood of sessions
         return [f"{witness.records}: more records of pytest sessions than the grader reads"]
     reasons = []
-    started = sorted(name.removesuffix(".start") for name in records if name.endswith(".start"))
+    started = [name.removesuffix(".start") for name in records if name.endswith(".start")]
     for token in started:
         finish = records.get(f"{token}.finish")
         if finish is None:
