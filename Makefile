@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop
 PYTEST_ARGS ?=
 
-.PHONY: install demo compare-terminal test test-vllm test-browser test-gpu bench-matrix lint clean
+.PHONY: install demo compare-terminal test test-vllm test-browser test-gpu gpu-check bench-matrix lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -117,6 +117,16 @@ test-vllm: $(VLLM_VENV)/.installed
 # Tests marked gpu (a CUDA machine; they skip without one).
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# The GPU path in one run (benchmarks/gpu_check.py, <= 10 minutes on one GPU): in the Python
+# that holds (or is to hold) a CUDA build of torch, pip-installs torch and vLLM where missing
+# and this project, then trains sync == streaming bitwise on the GPU, checks the engines' in-place
+# weight loads and log-probs, OPD's teacher, the balanced workload's step times and the tests
+# marked gpu; one line per item, the whole report in gpu-check.json.
+# `make gpu-check GPU_CHECK_ARGS=--dry-run` runs every item on a CPU at a tiny size.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py --install --report gpu-check.json $(GPU_CHECK_ARGS)
 
 # The leaderboard page in headless Chromium (needs `apt-get install chromium`).
 test-browser: install

@@ -143,6 +143,7 @@ def train(
         *(["--objective", json.dumps({"kl_coef": 0.04})] if workload.algo == "grpo" else []),
         *(["--teacher", str(model)] if workload.algo == "opd" else []),
         *(held(model, args) if mode == "streaming-early-held" else []),
+        *("--device", getattr(args, "device", "cpu")),
         *(extra or []),
     ]
     started = time.monotonic()
@@ -472,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="runs per cell, interleaved across modes; ratios paired within each repeat and "
         "reported as their median (a noisy machine moves one run's ratio by 10-15 %%)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where every cell's learner, reference and engine compute (cpu, cuda, cuda:N)",
     )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -198,6 +198,12 @@ class ShellEnv(gym.Env[str, str]):
         self._interrupted: str | None = None
 
     @property
+    def sandbox_kind(self) -> str | None:
+        """The sandbox kind the episodes run in (``bwrap``, ``docker``), or None when the env
+        brings its own (a factory: ToySum's in-process tools), so no engine need be here."""
+        return self._sandbox_kind if isinstance(self._sandbox_kind, str) else None
+
+    @property
     def task(self) -> Task:
         """The current episode's task (after ``reset``)."""
         if self._task is None:

@@ -256,7 +256,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if not tasks:
         return _fail(f"suite {config.suite!r} has no tasks")
     problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
-    if problem is None:
+    if problem is None and _needs_sandbox(make_env):
         problem = sandbox_problem(config.sandbox)
     if problem is not None:
         return _fail(problem)
@@ -286,6 +286,16 @@ def run_eval_command(args: argparse.Namespace) -> int:
         record(report, config, [t.task_id for t in tasks], args.db)
     print_verdict(line, to_stderr=args.json)
     return code
+
+
+def _needs_sandbox(make_env: Callable[[], Any]) -> bool:
+    """Whether the env's episodes run in the ``--sandbox`` engine (an env that is no
+    ``ShellEnv`` is assumed to); ToySum with ``tools="python"`` runs none."""
+    env = make_env()
+    try:
+        return getattr(env.unwrapped, "sandbox_kind", "") is not None
+    finally:
+        env.close()
 
 
 def task_source(

@@ -3,6 +3,7 @@ kind of the tests that run in both."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,17 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory) -> Path:
     """A tiny model warm-started on ToySum oracle play (it solves a minority of tasks, so
-    groups have differing rewards and the gradient is not zero)."""
+    groups have differing rewards and the gradient is not zero). The demonstrations run in
+    bubblewrap; where it is missing (a GPU machine for ``make gpu-check``), with ToySum's
+    in-process tools."""
     from thundersync.training.warmstart import WarmStartConfig, warm_start
 
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("warm") / "model"
-    config = WarmStartConfig(num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
+    tools = None if shutil.which("bwrap") else {"tools": "python"}
+    config = WarmStartConfig(
+        num_demos=64, steps=120, corrupt_fraction=0.6, seed=1, env_kwargs=tools
+    )
     return warm_start(config, folder)
 
 

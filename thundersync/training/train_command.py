@@ -122,6 +122,7 @@ WARMSTART_FLAGS = (
     "seed",
     "arch",
     "sandbox",
+    "device",
 )
 """The WarmStartConfig fields that are flags (their help: the fields' docstrings)."""
 
@@ -162,7 +163,7 @@ def _run_warmstart(args: Any) -> int:
 
     from thundersync.cli_output import started as first_line_out
     from thundersync.declared import PositiveInt, parse_flag
-    from thundersync.training.checks import folder_problem
+    from thundersync.training.checks import device_problem, folder_problem
     from thundersync.training.warmstart import WarmStartConfig, describe, out_problem, warm_start
 
     try:
@@ -183,6 +184,9 @@ def _run_warmstart(args: Any) -> int:
         from environments.registry import require_env
 
         require_env(config.env)
+        problem = device_problem(config.device)
+        if problem:
+            raise ValueError(f"--device: {problem}")
         problem = folder_problem(args.out) or out_problem(args.out)
         if problem:
             raise ValueError(f"--out: {problem}")

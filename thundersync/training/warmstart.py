@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from thundersync.declared import (
     DOCSTRINGS,
+    Device,
     Fraction,
     NonNegativeInt,
     PositiveFloat,
@@ -74,6 +75,8 @@ class WarmStartConfig:
     """The model's context window."""
     seed: Seed = 0
     """Seeds the task draws, the corruption and the initialisation."""
+    device: Device = "cpu"
+    """Where the fine-tuning computes (cpu, cuda or cuda:N); the model is saved from there."""
 
     def __post_init__(self) -> None:
         check_fields(self)  # types and ranges, as the annotations declare
@@ -189,7 +192,7 @@ def _build(config: WarmStartConfig, folder: Path, progress: Progress) -> None:
         num_heads=config.num_heads,
         max_positions=config.max_positions,
     )
-    model, tokenizer = load_model(folder), load_tokenizer(folder)
+    model, tokenizer = load_model(folder).to(config.device), load_tokenizer(folder)
     _fine_tune(
         model,
         _examples(demos, tokenizer, config),
@@ -274,7 +277,7 @@ def _fine_tune(
             progress(step, steps)
         batch = rng.sample(examples, min(batch_size, len(examples)))
         length = max(len(ids) for ids, _ in batch)
-        ids_BL = torch.zeros((len(batch), length), dtype=torch.long)
+        ids_BL = torch.zeros((len(batch), length), dtype=torch.long, device=model.device)
         mask_BL = torch.zeros_like(ids_BL)
         target_BL = torch.full_like(ids_BL, -100)
         for b, (ids, is_action) in enumerate(batch):
