@@ -92,6 +92,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2
+    for warning in config.train.warnings():  # as train says them; each run's config.json too
+        print(f"compare: warning: {warning}", file=sys.stderr, flush=True)
     try:
         results = run_compare(config)
     except RuntimeError as exc:

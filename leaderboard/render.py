@@ -134,8 +134,12 @@ def compare_rows(entries: list[Entry], sort: str = "accuracy_at_budget") -> list
 
 
 def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
+    """Both tables on the terminal. Every cell is ``Text``, never markup: suites, agents and
+    checkpoint paths are the user's, and a row stays in the append-only store, so a name
+    such as ``a[/b]`` must not crash every later ``leaderboard`` nor ``[reverse]`` restyle it."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(width=140)
     for title, columns, rows in (
@@ -148,7 +152,7 @@ def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
         for column in columns:
             table.add_column(column)
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(Text, row))
         console.print(table)
 
 

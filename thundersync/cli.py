@@ -24,12 +24,13 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="registered environments")
     table.add_column("id")
     table.add_column("entry point")
-    for env in envs:
-        table.add_row(env.id, env.entry_point)
+    for env in envs:  # plugins name their envs: Text, so ``a[/b]`` is not read as markup
+        table.add_row(Text(env.id), Text(env.entry_point))
     Console().print(table)
     return 0
 

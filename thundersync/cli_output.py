@@ -77,7 +77,8 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn(f"{self.label} {{task.description}}"),
+                # what runs names the user's paths: text, so ``a[/b]`` in one is not markup
+                TextColumn(f"{self.label} {{task.description}}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),

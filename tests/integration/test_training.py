@@ -143,6 +143,47 @@ def test_a_checkpoint_loads_with_auto_model_and_generates(warm_model, tmp_path):
     assert state["completed_steps"] == 1 and state["policy_version"] == 1
 
 
+def test_resume_refuses_a_checkpoint_holding_another_steps_state(tmp_path):
+    """step 1's trainer state copied over step 2's: resuming would say "after step 1" and
+    apply update 2 twice (the folder's weights already hold it). It exits 2 naming both
+    steps, before any step runs."""
+    out = tmp_path / "run"
+    small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
+    train(out, "--steps", "2", *small, "--env-kwargs", '{"tools": "python"}')
+    checkpoints = out / "checkpoints"
+    shutil.copyfile(
+        checkpoints / "step-000001" / "trainer_state.pt",
+        checkpoints / "step-000002" / "trainer_state.pt",
+    )
+    steps_before = metrics(out)
+    proc = train(out, "--resume", "--steps", "3", check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "resuming after" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("train: error:")]
+    assert "step-000002" in error and "after step 1" in error and "step 2" in error, error
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-000001", "step-000002"]
+    assert metrics(out) == steps_before
+
+
+@pytest.mark.parametrize("strict", [False, None], ids=["strict-grading-off", "default"])
+def test_training_without_strict_grading_says_so_and_the_run_keeps_it(tmp_path, strict):
+    """Default grading runs the tests in the agent's own sandbox, which a policy can game
+    (docs/design.md §6.1): a run that asks for it is allowed, but it says so on stderr at its
+    start and its config.json keeps the warning. A strict run (the default) has none."""
+    out = tmp_path / "run"
+    env_kwargs = {"tools": "python"} | ({} if strict is None else {"strict_grading": strict})
+    small = ["--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]
+    proc = train(out, "--steps", "1", *small, "--env-kwargs", json.dumps(env_kwargs))
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("train: warning:")]
+    recorded = json.loads((out / "config.json").read_text())["warnings"]
+    if strict is None:
+        assert warned == [] and recorded == []
+        return
+    assert len(warned) == 1 and "strict grading is off" in warned[0], proc.stderr
+    assert proc.stderr.index(warned[0]) < proc.stderr.index("train: step 1/1"), "at the start"
+    assert recorded == [warned[0].removeprefix("train: warning: ")]
+
+
 def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work(warm_model, tmp_path):
     student = noisy_copy(warm_model, tmp_path / "student")  # it still calls the tools
     out = tmp_path / "opd"

@@ -24,7 +24,6 @@ give the tokens the policy sampled, so its log-probs would belong to other token
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync.protocol import events as ev
+from thundersync.protocol.documents import DocumentError, load_file
 from thundersync.protocol.episode import EpisodeRecord
 
 SCHEMA_VERSION = "ATIF-v1.8"
@@ -40,6 +40,12 @@ EXTRA = "thundersync"
 INSTALL = "pip install 'thundersync[interop]' (or pip install atif==1.8.0)"
 TOOL = "env.step"
 """The tool call an action makes: the env parses the action's text and runs it."""
+MAX_DOCUMENT_BYTES = 256 * 1024 * 1024
+"""The most bytes one document may hold: a document repeats each step's whole context, so it
+grows with the square of its turns (100 turns of a 32k-token context is about 25 MB), and its
+parsed ids take several times its bytes in memory. Documents are also read with their nesting
+bounded (``documents.MAX_DEPTH``; ours nest under 10 levels): a file from another harness is
+input from outside, and ``[[[...]]]`` 100,000 deep would otherwise be a ``RecursionError``."""
 
 
 class AtifError(ValueError):
@@ -280,9 +286,11 @@ def _episode(file: Path) -> EpisodeRecord:
     else ``extra.task_id``: GRPO's groups are attempts at one task) and ``extra.reward``."""
     atif = atif_models()
     try:
-        doc = atif.Trajectory.model_validate(json.loads(file.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AtifError(f"{file}: not a JSON document: {exc}") from exc
+        value = load_file(file, kind="json", max_bytes=MAX_DOCUMENT_BYTES)
+    except DocumentError as exc:  # unreadable, not JSON, too large or nested too deep
+        raise AtifError(f"{file}: not an ATIF document: {exc.problem}") from None
+    try:
+        doc = atif.Trajectory.model_validate(value)
     except ValueError as exc:  # pydantic's ValidationError
         first = str(exc).splitlines()
         raise AtifError(f"{file}: not an ATIF trajectory: {' '.join(first[:3])}") from exc

@@ -1,7 +1,11 @@
 """``thundersync serve``: any registered env (ours or a plugin's) as an OpenEnv environment.
 
 One OpenEnv session (a WebSocket connection) is one env instance, hence one sandbox at a time;
-closing the session, or stopping the server, closes the env and removes its sandbox. ``reset``
+closing the session, or stopping the server, closes the env and removes its sandbox. Episodes
+are played in sessions only, at most ``--max-sessions`` at once: the server runs in
+openenv-core's production mode, where HTTP ``POST /reset``, ``POST /step`` and ``GET /state``
+answer 404 naming the sessions, because in its simulation mode each such request makes an env
+(and a reset, a sandbox) of its own outside the session limit (``_production_app``). ``reset``
 draws a task (seeded: the same seed draws the same task as ``gymnasium.make(id).reset(seed=s)``,
 or ``task_id`` names one of a finite list) and returns its instruction; ``step`` takes the
 agent's reply (``TextAction.text``) and returns the tool's output, with the reward graded here
@@ -30,9 +34,10 @@ SHUTDOWN_GRACE_S = 10
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "serve",
-        help="serve a registered env as an OpenEnv environment (HTTP and WebSocket)",
+        help="serve a registered env as an OpenEnv environment (WebSocket sessions)",
         description="Serve a registered env (built-in or a plugin's) through openenv-core: one "
-        "env, hence one sandbox, per OpenEnv session; reset(seed=, task_id=) returns the "
+        "env, hence one sandbox, per OpenEnv session (a WebSocket at /ws; HTTP /reset, /step "
+        "and /state are off, as in openenv's production mode); reset(seed=, task_id=) returns the "
         "task's instruction, step({'text': reply}) the tool's output, and the terminal step "
         "the reward graded here. Listens on 127.0.0.1 unless --host says otherwise. Exit 0: "
         "stopped (Ctrl-C); 2: bad input.",
@@ -118,11 +123,9 @@ class EnvServer:
 
         import gymnasium
         import uvicorn
-        from openenv.core.env_server.http_server import create_fastapi_app
 
         from environments.registry import require_env
         from thundersync.interop.openenv_session import ServedEnv, Sessions
-        from thundersync.interop.openenv_wire import TextAction, TextObservation
 
         if max_sessions < 1:
             raise ValueError(f"--max-sessions: expected an integer >= 1, got {max_sessions}")
@@ -136,9 +139,7 @@ class EnvServer:
         self.host, self.port = host, self.sock.getsockname()[1]
         self.sessions = Sessions()
         factory = functools.partial(ServedEnv, env_id, kwargs, self.sessions)
-        app = create_fastapi_app(
-            factory, TextAction, TextObservation, max_concurrent_envs=max_sessions
-        )
+        app = _production_app(env_id, factory, max_sessions)
         config = uvicorn.Config(
             _quiet_disconnects(app), log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
         )
@@ -164,6 +165,50 @@ class EnvServer:
     def stop(self) -> None:
         """Ask ``run`` to return (from any thread)."""
         self._server.should_exit = True
+
+
+NO_HTTP_EPISODES = (("POST", "/reset"), ("POST", "/step"), ("GET", "/state"))
+"""openenv-core's simulation routes, off here: see ``_production_app``."""
+
+
+def _production_app(env_id: str, factory: Any, max_sessions: int) -> Any:
+    """openenv-core's app in its production mode, bounding sessions at ``max_sessions``, with
+    ``NO_HTTP_EPISODES`` answering 404 and why (left out of the OpenAPI schema, as the mode's
+    contract has them absent).
+
+    In the simulation mode (``create_fastapi_app``'s) each of those HTTP requests makes an env
+    of its own, outside ``max_concurrent_envs``, which bounds WebSocket sessions only:
+    ``--max-sessions 1`` ran five sandboxes at once for six concurrent POST /reset. Nor could
+    they play an episode: an HTTP /step gets a fresh env that was never reset. So an episode
+    is a WebSocket session's alone, and every sandbox belongs to a session the limit counts;
+    the routes left (``/metadata``, a stateless POST ``/mcp``) make an env but never reset it,
+    and an env makes its sandbox in ``reset``."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server.http_server import HTTPEnvServer
+    from openenv.core.env_server.types import ServerMode
+
+    from thundersync.interop.openenv_wire import TextAction, TextObservation
+
+    app = FastAPI(title=f"thundersync serve {env_id} (OpenEnv)")
+    server = HTTPEnvServer(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
+    server.register_routes(app, mode=ServerMode.PRODUCTION)
+
+    def refusal(method: str, path: str) -> Any:
+        detail = (
+            f"{method} {path}: not served over HTTP: thundersync serve plays episodes in "
+            f"WebSocket sessions at /ws (openenv's EnvClient), at most {max_sessions} at once; "
+            "an HTTP request has no session and would make a sandbox of its own"
+        )
+
+        async def no_session() -> JSONResponse:
+            return JSONResponse({"detail": detail}, status_code=404)
+
+        return no_session
+
+    for method, path in NO_HTTP_EPISODES:
+        app.add_api_route(path, refusal(method, path), methods=[method], include_in_schema=False)
+    return app
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -5,8 +5,9 @@
 the optimizer state, the RNG states, the number of completed steps and the policy version.
 It holds only tensors, numbers, strings and plain containers, and is read with
 ``torch.load(weights_only=True)``: a checkpoint folder may come from elsewhere, and a pickle
-can run any code when loaded. A tampered or damaged file is a ``CheckpointError`` naming it,
-found by ``check_resumable`` before a resumed run starts anything.
+can run any code when loaded. A tampered or damaged file, or the state of another step than
+its folder's name says, is a ``CheckpointError`` naming it, found by ``check_resumable``
+before a resumed run starts anything.
 A checkpoint is written to a hidden temporary folder and renamed into place, so a run killed
 while saving leaves the previous checkpoint intact and no half-written one.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -125,7 +127,25 @@ def load_state(checkpoint: Path, *, mmap: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"{file}: not a readable trainer state: {excerpt(reason)}") from None
     if not isinstance(state, dict) or any(key not in state for key in _KEYS):
         raise CheckpointError(f"{file}: expected a trainer state with fields {', '.join(_KEYS)}")
+    _check_step(checkpoint, state, file)
     return state
+
+
+def _check_step(checkpoint: Path, state: dict[str, Any], file: Path) -> None:
+    """CheckpointError unless a ``step-N`` folder's state is the state after step N. Saving
+    names the folder after the state, so a mismatch is a state copied in from another step:
+    resumed, it would continue after the state's step from the folder's weights, redoing the
+    updates between them (or skipping them) without a word."""
+    match = re.fullmatch(rf"{_PREFIX}(\d+)", checkpoint.name)
+    steps = state["completed_steps"]
+    if match is None or (type(steps) is int and steps == int(match[1])):
+        return
+    raise CheckpointError(
+        f"{file}: holds the trainer state after step {excerpt(steps)}, but its folder "
+        f"{checkpoint.name} is the checkpoint after step {int(match[1])} (a state copied from "
+        "another step?): resuming would redo or skip updates; restore the folder's own state "
+        "or remove the folder"
+    )
 
 
 def check_resumable(folder: Path) -> Path | None:

@@ -4,8 +4,9 @@ Each field's annotation declares its type and range (``thundersync.declared``): 
 the command line (each field is a ``--flag``, its help the field's docstring), the checks of
 a config file (JSON or TOML with the same keys) and of every construction. Flags override the
 file, and every run writes the resolved config to ``config.json`` (strict JSON) in its run
-folder. What depends on the machine (the env, installed engines, GPUs, cores, the run
-folder) is ``checks.check_inputs``'s, before any worker starts. What differs between the modes
+folder, with the warnings it printed at its start (``TrainConfig.record``). What depends on
+the machine (the env, installed engines, GPUs, cores, the run folder) is
+``checks.check_inputs``'s, before any worker starts. What differs between the modes
 is the mode object's (``TrainConfig.training_mode()``, ``thundersync.training.modes``).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,10 @@ VLLM_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """The dtypes engine vllm takes (vLLM has no float64; the learner no float16)."""
 MAX_CONFIG_BYTES = 1024 * 1024
 """A config file (or a run's config.json) is at most 1 MiB: a few dozen fields."""
+RUN_NOTES = ("warnings",)
+"""What a run's config.json holds besides the config's fields (``TrainConfig.record``): the
+warnings the run printed at its start. Loading a config (``--resume``, or ``--config`` naming
+a run's config.json) leaves them out: they are the run's record, not settings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +231,25 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def warnings(self) -> list[str]:
+        """What this run does that its user must not miss, one line each: ``train`` prints
+        them on stderr at the start and the run's config.json keeps them (``record``).
+        Default grading is allowed (a benchmark's own grading, an env without strict grading
+        to compare with), but a policy can game it and RL trains whatever hack it finds
+        (docs/design.md §6.1), so a run on it says so rather than looking like any other."""
+        if "strict_grading" in self.env_kwargs and not self.env_kwargs["strict_grading"]:
+            value = json.dumps(self.env_kwargs["strict_grading"])
+            return [
+                f"strict grading is off (env_kwargs strict_grading={value}): the rewards come "
+                "from grading a policy can game, and training optimises toward any hack it "
+                "finds (docs/design.md §6.1)"
+            ]
+        return []
+
+    def record(self) -> dict[str, Any]:
+        """What the run's config.json holds: the config's fields and ``RUN_NOTES``."""
+        return {**self.to_dict(), "warnings": self.warnings()}
+
 
 def early_start_problem(config: TrainConfig) -> str | None:
     """Where ``early_start`` changes nothing (its words after "no effect"), or None: it moves
@@ -255,6 +280,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise DocumentError(file, f"not a readable JSON/TOML config: {exc.problem}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{file}: expected a table of config fields")
+    values = {k: v for k, v in values.items() if k not in RUN_NOTES}  # a run's config.json
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
     if unknown:
         raise ValueError(f"{file}: unknown config field(s) {unknown}")
@@ -266,7 +292,7 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     values = load_file(path, kind="json", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(values, dict):
         raise DocumentError(path, f"expected a JSON object, got {type(values).__name__}")
-    return values
+    return {k: v for k, v in values.items() if k not in RUN_NOTES}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:

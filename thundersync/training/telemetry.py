@@ -25,8 +25,9 @@ RECORDS = ("metrics.jsonl", "events.jsonl", "spans.jsonl", "trajectories.jsonl")
 
 
 class Telemetry:
-    """See the module docstring. ``config`` is the resolved config (``TrainConfig.to_dict``);
-    a resumed run keeps the records of its first ``start_step`` steps, a new run none."""
+    """See the module docstring. ``config`` is the resolved config with the run's warnings
+    (``TrainConfig.record``); a resumed run keeps the records of its first ``start_step``
+    steps, a new run none."""
 
     def __init__(self, out: Path, config: dict[str, Any], *, resume: bool, start_step: int) -> None:
         config_path = out / "config.json"

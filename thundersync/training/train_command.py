@@ -51,7 +51,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 def run_train_command(args: argparse.Namespace) -> int:
     """0 when every step ran; 1 when a worker failed, the backend is unusable or a step would
     make the gradient or the parameters non-finite; 2 on a bad config or (``--resume``) a
-    damaged or tampered checkpoint; 130 on Ctrl-C."""
+    damaged or tampered checkpoint, or one holding another step's state; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
         check_values(TrainConfig, base, f"{args.config}: config field")
@@ -84,6 +84,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     # Ctrl-C stops the run cleanly even where SIGINT was inherited ignored (a job started in
     # the background of a script): Python only raises KeyboardInterrupt if it was not.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for warning in config.warnings():  # also kept in the run's config.json
+        print(f"train: warning: {warning}", file=sys.stderr, flush=True)
     try:
         with (
             Progress("train", config.steps, "steps") as progress,

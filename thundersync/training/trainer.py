@@ -63,7 +63,7 @@ class Trainer:
             self.control = self.pool.queue()
             self._setup_learner(resume)
             self.telemetry = Telemetry(
-                self.out, config.to_dict(), resume=resume, start_step=self.start_step
+                self.out, config.record(), resume=resume, start_step=self.start_step
             )
             self._setup_workers()
         except BaseException:  # a worker that failed to start: stop the others

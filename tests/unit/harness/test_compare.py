@@ -79,3 +79,21 @@ def test_writing_the_results_and_plots_is_not_silent_in_a_pipe(monkeypatch, tmp_
         compare.CompareConfig(train=train, modes=("sync",), seeds=1, out=out, leaderboard=False)
     )
     assert f"compare: writing {tmp_path / 'cmp' / 'results.json'} and the plots" in pipe.text
+
+
+@pytest.mark.parametrize("env_kwargs, warned", [('{"strict_grading": false}', 1), ("{}", 0)])
+def test_training_without_strict_grading_is_said_before_the_runs(
+    env_kwargs, warned, capsys, monkeypatch, tmp_path
+):
+    """As ``train`` does: the runs train on grading a policy can game, so it is said first
+    (each run's config.json keeps it too: the runs are ``train``'s)."""
+
+    def stop(config):
+        raise RuntimeError("compare: stopped here")
+
+    monkeypatch.setattr("harness.compare_command.run_compare", stop)
+    code = main(["compare", "--out", str(tmp_path / "c"), "--env-kwargs", env_kwargs])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == "compare: stopped here", err
+    assert len(err) == warned + 1
+    assert all(line.startswith("compare: warning: strict grading is off") for line in err[:-1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pytest
@@ -174,3 +175,24 @@ def test_time_to_target_sorts_the_fastest_first_and_never_last():
         "sync",
         "async",
     ]
+
+
+MARKUP = ("a[/b]", "[reverse]x[/reverse]", "[i]m[/i]")
+"""Names that rich would read as markup: a closing tag that closes nothing (a MarkupError),
+and styles that would restyle the table."""
+
+
+def test_names_that_look_like_markup_are_shown_literally(tmp_path, capsys):
+    """The store is append-only, so a row named like markup stays: if rendering it crashed,
+    the leaderboard would crash from then on."""
+    from thundersync.cli import main
+
+    compare = dataclasses.replace(compare_entry(tmp_path / "plot.png"), suite=MARKUP[0])
+    compare.metrics["modes"] = {MARKUP[2]: compare.metrics["modes"]["sync"]}
+    with Store(tmp_path / "lb.sqlite") as store:
+        store.append(eval_entry(MARKUP[1], 1.0, suite=MARKUP[0]))
+        store.append(compare)
+    assert main(["leaderboard", "--db", str(tmp_path / "lb.sqlite")]) == 0
+    out = capsys.readouterr().out
+    evaluation, comparison = (line for line in out.splitlines() if MARKUP[0] in line)
+    assert MARKUP[1] in evaluation and MARKUP[2] in comparison, out

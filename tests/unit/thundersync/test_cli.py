@@ -124,3 +124,14 @@ def test_a_reader_that_closed_the_pipe_ends_the_command_quietly():
     finally:
         os.close(write)
     assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_envs_shows_names_that_look_like_markup_literally(monkeypatch, capsys):
+    """A plugin names its envs: ``a[/b]`` must not crash the table nor ``[reverse]`` restyle it."""
+    from environments.registry import RegisteredEnv
+
+    listed = [RegisteredEnv("thundersync/a[/b]-v0", "plugin:[reverse]Env[/reverse]")]
+    monkeypatch.setattr("environments.registry.list_envs", lambda: listed)
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "thundersync/a[/b]-v0" in out and "plugin:[reverse]Env[/reverse]" in out, out

@@ -151,3 +151,19 @@ def test_each_warmstart_phase_keeps_the_interval_of_the_one_before():
         progress("fine-tuning", 0, 2)
         assert progress._bar is not before
         assert progress._bar.quiet_since == before.last_line_at
+
+
+def test_the_bar_shows_what_runs_as_text_not_markup():
+    """What runs names the user's paths (``--model``): on a terminal, ``a[/b]`` in one must
+    not crash the bar (rich's MarkupError) nor ``[reverse]`` restyle it."""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    what = "loading the model /m/[reverse]x[/reverse]/a[/b]"
+    with Progress("train", 2, "steps", stream=terminal) as progress:
+        progress.quietly(what)  # the bar alone shows it: no line of its own
+        progress.advance()
+    assert what in terminal.getvalue()

@@ -288,6 +288,32 @@ def test_verify_refuses_a_log_prob_no_softmax_gives(tmp_path, tiny_gpt2, capsys)
     assert turn.episode_id in line
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000 + "]" * 100_000],
+    ids=["objects", "lists"],
+)
+def test_verify_refuses_a_deeply_nested_document_as_bad_input(tmp_path, tiny_gpt2, capsys, text):
+    """A document nested 100,000 deep is bad input (exit 2, one line naming the file), not a
+    ``RecursionError`` traceback with exit 1, which the contract reads as a violation."""
+    (tmp_path / "deep.json").write_text(text)
+    argv = ["verify", "--trajectories", str(tmp_path), "--model", str(tiny_gpt2)]
+    line = one_line_error(argv, capsys)
+    assert str(tmp_path / "deep.json") in line and "nested more than 100 levels deep" in line
+
+
+def test_verify_refuses_a_document_past_the_size_bound(tmp_path, tiny_gpt2, capsys, monkeypatch):
+    """The bytes read are bounded before anything is parsed (the bound lowered here: a real
+    one is hundreds of MiB)."""
+    import thundersync.interop.atif as atif_module
+
+    write_docs(batch(10, groups=1, size=2), tmp_path / "atif")
+    monkeypatch.setattr(atif_module, "MAX_DOCUMENT_BYTES", 100)
+    argv = ["verify", "--trajectories", str(tmp_path / "atif"), "--model", str(tiny_gpt2)]
+    line = one_line_error(argv, capsys)
+    assert "expected at most 100 bytes" in line and ".json" in line
+
+
 def test_verify_on_tied_rewards_certifies_nothing(tmp_path, tiny_gpt2, capsys):
     events = [
         ev.RewardReady(t=e.t, episode_id=e.episode_id, reward=0.5)

@@ -39,10 +39,10 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 
 
 @contextlib.contextmanager
-def served(env_id: str, env_kwargs: dict | None = None) -> Iterator[EnvServer]:
+def served(env_id: str, env_kwargs: dict | None = None, **options) -> Iterator[EnvServer]:
     """``thundersync serve``'s server of ``env_id`` on a free loopback port, in a thread of
     this process, stopped (every session closed) on every path out."""
-    server = EnvServer(env_id, env_kwargs, port=0)
+    server = EnvServer(env_id, env_kwargs, port=0, **options)
     thread = threading.Thread(target=server.run, name="openenv-server")
     thread.start()  # the socket already listens: a client may connect at once
     try:
@@ -124,6 +124,77 @@ def test_an_openenv_client_plays_toysum_oracle_one_nop_zero_and_its_sandbox_goes
         assert roots(sandbox_roots) == [], "stopping the server removes a live session's sandbox"
     finally:
         left_open.close()
+
+
+def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+    """The status and JSON body of one plain HTTP request (an error's too)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            status, text = answer.status, answer.read()
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read()
+    try:
+        return status, json.loads(text)
+    except ValueError:  # a plain-text error page
+        return status, {"detail": text.decode(errors="replace")}
+
+
+@needs_bwrap
+def test_http_requests_make_no_sandbox_outside_the_session_limit(sandbox_roots, monkeypatch):
+    """openenv-core's HTTP routes /reset, /step and /state make an env per request, outside
+    the limit its WebSocket sessions obey: ``--max-sessions 1`` ran five sandboxes for six
+    concurrent POST /reset. serve answers them with an error naming the sessions instead, so
+    while the one session allowed plays, six concurrent POST /reset make no env, a second
+    session is refused as over capacity, and nothing is left once the session closes."""
+    from websockets.sync.client import connect
+
+    from thundersync.interop.openenv_session import Sessions
+
+    alive: list[int] = []  # the envs alive after each one was made
+    add = Sessions.add
+
+    def counted(self, env) -> None:
+        add(self, env)
+        alive.append(len(self))
+
+    monkeypatch.setattr(Sessions, "add", counted)
+    with served(TOY, max_sessions=1) as server:
+        with client(server) as session:
+            session.reset(seed=7)
+            assert len(roots(sandbox_roots)) == 1
+            together = threading.Barrier(6)
+            answers: list = [None] * 6
+
+            def reset(i: int) -> None:
+                together.wait()
+                answers[i] = http("POST", f"{server.url}/reset", {"seed": i})
+
+            threads = [threading.Thread(target=reset, args=(i,)) for i in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            answers += [
+                http("POST", f"{server.url}/step", {"action": {"text": SUBMIT}}),
+                http("GET", f"{server.url}/state"),
+            ]
+            for status, body in answers:
+                assert status == 404 and "WebSocket session" in body["detail"], (status, body)
+            _, schema = http("GET", f"{server.url}/openapi.json")  # openenv's production mode
+            assert not {"/reset", "/step", "/state"} & set(schema["paths"])
+            with connect(server.ws_url) as second:  # refused before it asks anything
+                assert "Server at capacity: 1/1" in second.recv(timeout=120)
+            assert len(roots(sandbox_roots)) == 1
+            assert not session.step({"text": SUBMIT}).reward  # the session plays on
+        assert server.sessions.wait_for(0, timeout=60)
+    assert alive == [1], "one env (the session's) ever alive"
+    assert roots(sandbox_roots) == []
 
 
 @needs_bwrap

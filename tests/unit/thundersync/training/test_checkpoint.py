@@ -79,6 +79,18 @@ def test_resume_from_a_tampered_run_exits_2_before_anything_runs(tmp_path, capsy
     assert not (run / "metrics.jsonl").exists()  # the trainer never started
 
 
+def test_a_state_in_another_steps_folder_is_refused_naming_both(tmp_path):
+    """``step-000002`` holding step 1's state (copied by hand) would resume after step 1 and
+    apply update 2 a second time on top of weights that already hold it."""
+    state = {"completed_steps": 1, "policy_version": 1, "optimizer": {}, "rng": {}}
+    folder = write_state(tmp_path / "checkpoints" / "step-000002", state)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.check_resumable(tmp_path / "checkpoints")
+    message = str(info.value)
+    assert message.startswith(f"{folder / ckpt.STATE_FILE}: ") and "\n" not in message
+    assert "after step 1" in message and "step-000002" in message and "step 2" in message
+
+
 def test_a_state_saved_before_rng_states_were_plain_data_still_resumes(tmp_path):
     """Run folders written by the previous version hold numpy's RNG state as an ndarray."""
     random.seed(1)

@@ -126,6 +126,21 @@ def test_unknown_file_keys_are_named(tmp_path):
         load_config_file(file)
 
 
+def test_a_runs_config_json_with_its_warnings_loads_as_a_config_again(tmp_path):
+    """config.json keeps the warnings a run printed (not a config field): ``--resume`` and
+    ``--config run/config.json`` read the config it holds, the warnings left out."""
+    from thundersync.training.config import load_saved_config
+
+    config = TrainConfig(steps=3, env_kwargs={"strict_grading": False})
+    assert len(config.warnings()) == 1 and "strict grading is off" in config.warnings()[0]
+    assert TrainConfig().warnings() == []
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps(config.record()))
+    assert json.loads(saved.read_text())["warnings"] == config.warnings()
+    for load in (load_saved_config, load_config_file):
+        assert resolve_config(parse(), load(saved)) == config
+
+
 def test_checkpoints_are_complete_pruned_and_restorable(tiny_model_dirs, tmp_path):
     from thundersync.models import load_model, load_tokenizer
 
