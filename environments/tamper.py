@@ -62,6 +62,10 @@ a sandbox the agent never touched (the fresh grading sandbox), so the list is th
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
+_STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+"""As packages too: ``sitecustomize/__init__.py`` is imported the same way."""
+_COVERAGE_CONFIGS = frozenset({".coveragerc"})
+"""coverage's own file, read whole (its ``[run] plugins`` as ``setup.cfg``'s ``[coverage:run]``)."""
 _PYTEST_ONLY_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml"})
 _SHELL_RC = frozenset(
     {".bashrc", ".bash_profile", ".bash_login", ".profile", ".bash_logout", ".zshrc", ".zshenv"}
@@ -194,6 +198,10 @@ def _reason(path: PurePosixPath, existed: Callable[[str], bool]) -> str | None:
             return f"a new package that shadows the {part!r} module the test run imports"
     if name in _STARTUP_FILES or path.suffix == ".pth":
         return "a Python start-up hook (runs in every interpreter, the test run's too)"
+    if any(PurePosixPath(part).stem in _STARTUP_MODULES for part in parts[:-1]):
+        return "a Python start-up hook package (runs in every interpreter, the test run's too)"
+    if name in _COVERAGE_CONFIGS:
+        return "coverage configuration (its [run] plugins load code into the test run)"
     if name == "entry_points.txt" and any(p.endswith((".dist-info", ".egg-info")) for p in parts):
         return "package metadata: entry points can register a pytest plugin (pytest11)"
     if path.suffix == ".egg-link":

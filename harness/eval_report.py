@@ -90,6 +90,8 @@ def _attempt(result: Trajectory) -> dict[str, Any]:
     for key in ("agent_failure", "reward_error"):
         if key in details:
             attempt[key] = str(details[key])[:500]
+    if details.get("unwatched"):  # strict grading had no test to follow (docs/design.md §6.1)
+        attempt["unwatched"] = True
     return attempt
 
 

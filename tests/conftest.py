@@ -37,6 +37,21 @@ def _leaderboard_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
         os.environ["THUNDERSYNC_LEADERBOARD"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _reference_runs_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
+    """Strict grading caches each task's reference run (``environments/terminal_bench/
+    reference.py``): the tests' cache is their own, computed afresh each session."""
+    from environments.terminal_bench.reference import CACHE_VARIABLE
+
+    previous = os.environ.get(CACHE_VARIABLE)
+    os.environ[CACHE_VARIABLE] = str(tmp_path_factory.mktemp("reference-runs"))
+    yield
+    if previous is None:
+        os.environ.pop(CACHE_VARIABLE, None)
+    else:
+        os.environ[CACHE_VARIABLE] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """Tiny checkpoints built once per session: {"gpt2": Path, "qwen3": Path, "llama": Path}."""

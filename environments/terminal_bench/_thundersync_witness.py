@@ -1,39 +1,306 @@
-"""ThunderSync's witness: a pytest plugin that strict grading loads into every pytest session of
-a verifier run (``-p _thundersync_witness``), recording each session's start and, when pytest
-gets that far, its exit status, in the folder ``$THUNDERSYNC_WITNESS`` names (outside the work
-folder). The grader compares the records with the verifier's verdict (``witness.py``;
-docs/design.md §6.1): code under test that makes a failing session exit 0 from an ``atexit``
-hook, or ends the process before pytest reports, leaves a record that says so.
+"""ThunderSync's witness: started by the grader's own ``sitecustomize`` in every Python process of
+a strict verifier run, before the interpreter has put the work folder on its import path and
+before any conftest, plugin or module of the agent's can run (docs/design.md §6.1).
+
+It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`` names
+(outside the work folder), one Python literal a line (the grader reads them with
+``ast.literal_eval``):
+
+- ``("start", pid, argv)`` when the process starts;
+- ``("load", path, importer)`` for each code file (a module found by the import system, or a
+  ``.py``/``.pyc``/``.so`` file opened for reading) under ``$THUNDERSYNC_WITNESS_WORKDIR``, with
+  the file of the code that asked for it (the first frame outside the import machinery);
+- ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` and ``("finish", sid,
+  status)`` for each pytest session (this module is also the pytest plugin ``-p
+  _thundersync_witness``) and each unittest run (``unittest.result.TestResult`` is wrapped
+  when it is imported): a test counts as passed only where its call phase passed.
+
+The grader compares these with the reference solution's run of the same task: the tests it
+passes must each be seen to pass, and the work folder may contribute only the code files it
+contributes there (or what that code itself imports).
 
 Uploaded alone into the grading sandbox, whose Python may be old: standard library only,
-nothing of the project, no syntax newer than Python 3.5. It never raises: a witness that
-cannot write leaves the session as it was."""
+nothing of the project, no syntax newer than Python 3.5, and nothing imported at start-up that
+is not already loaded (an import would search the work folder before the watch is up). It
+never raises: a witness that cannot write leaves the run as it was."""
 
-import json
+# ruff: noqa: UP004, UP031, SIM105, SIM108 (Python 3.5 syntax, no contextlib at start-up)
+import _thread  # built-in modules, loaded before any path is searched
 import os
-import uuid
+import sys
 
 _FOLDER = os.environ.get("THUNDERSYNC_WITNESS", "")
+_WORK = os.environ.get("THUNDERSYNC_WITNESS_WORKDIR", "").rstrip("/")
+_THIS = os.path.abspath(__file__)
+_CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
+_state = {"token": None, "sessions": 0, "busy": set(), "started": False}
 
 
-def _write(name, record):
+def _token():
+    if _state["token"] is None or _state.get("pid") != os.getpid():  # a fork is a new process
+        _state["token"] = "%d-%s" % (os.getpid(), os.urandom(6).hex())
+        _state["pid"] = os.getpid()
+    return _state["token"]
+
+
+def _append(record):
+    """One record, appended with one write(2) (records of other processes never interleave)."""
     if not _FOLDER:
         return
     try:
-        with open(os.path.join(_FOLDER, name), "w") as handle:
-            json.dump(record, handle)
+        name = os.path.join(_FOLDER, _token() + ".proc")
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (repr(record) + "\n").encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
     except Exception:  # noqa: BLE001 (a witness never changes the run it watches)
         pass
 
 
+def _inside(path):
+    """Whether ``path`` lies in the work folder (as given, or with its links resolved)."""
+    if not _WORK or not path:
+        return False
+    try:
+        path = os.fspath(path) if hasattr(os, "fspath") else path
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "surrogateescape")
+        if not isinstance(path, str):
+            return False
+        full = os.path.abspath(path)
+        if full == _WORK or full.startswith(_WORK + "/"):
+            return True
+        real, work = os.path.realpath(full), os.path.realpath(_WORK)
+        return real == work or real.startswith(work + "/")
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _importer():
+    """The file of the code that asked for a module or opened a file: the first frame that is
+    neither the import machinery's nor this module's."""
+    try:
+        frame = sys._getframe(2)
+    except Exception:  # noqa: BLE001
+        return ""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<frozen") and os.path.abspath(name) != _THIS:
+            return os.path.abspath(name)
+        frame = frame.f_back
+    return ""
+
+
+def _load(path):
+    _append(("load", os.path.abspath(path), _importer()))
+
+
+class _Watch(object):
+    """A meta-path finder ahead of all others: asks the rest for each module's spec and
+    records those found in the work folder (an extension module opens no file Python sees)."""
+
+    def find_spec(self, name, path=None, target=None):
+        ident = _thread_id()
+        busy = _state["busy"]
+        if ident in busy:
+            return None
+        busy.add(ident)
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    _note(name, spec)
+                    return spec
+            return None
+        finally:
+            busy.discard(ident)
+
+
+def _note(name, spec):
+    places = []
+    if getattr(spec, "has_location", False) and spec.origin:
+        places.append(spec.origin)
+    places.extend(spec.submodule_search_locations or ())
+    for place in places:
+        if _inside(place):
+            _load(place)
+            return
+    if name == "unittest.result":
+        _wrap_unittest(spec)
+
+
+def _thread_id():
+    return _thread.get_ident()
+
+
+def _audit(event, args):
+    """Files opened for reading under the work folder that hold code (a test may read the
+    agent's data files; those are not recorded)."""
+    if event != "open" or not _WORK:
+        return
+    try:
+        path, mode, flags = args[0], args[1], args[2]
+        if isinstance(path, int):
+            return
+        text = os.fspath(path)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        if not text.endswith(_CODE_SUFFIXES):
+            return
+        if mode is None:
+            reading = (flags & 3) == 0
+        else:
+            reading = "r" in mode and "+" not in mode
+        if reading and _inside(text):
+            _load(text)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def start():
+    """Called by the grader's ``sitecustomize`` at interpreter start: the process's first
+    record, the watch on imports and opens, then the interpreter's own ``sitecustomize``
+    (found after the grader's folder on the path), as if the grader's were not there."""
+    if _state["started"]:
+        return
+    _state["started"] = True
+    _append(("start", os.getpid(), list(getattr(sys, "orig_argv", sys.argv) or [])))
+    sys.meta_path.insert(0, _Watch())
+    if hasattr(sys, "addaudithook"):
+        sys.addaudithook(_audit)
+    _chain_sitecustomize()
+
+
+def _chain_sitecustomize():
+    here = os.path.dirname(_THIS)
+    ours = sys.modules.pop("sitecustomize", None)
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        __import__("sitecustomize")
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001 (the interpreter's own would have printed and gone on)
+        pass
+    finally:
+        sys.path[:] = saved
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+# --- pytest ------------------------------------------------------------------------------------
+
+
+def _session_id():
+    _state["sessions"] += 1
+    return "%s-%d" % (_token(), _state["sessions"])
+
+
 def pytest_configure(config):
-    token = uuid.uuid4().hex
-    config._thundersync_witness_token = token
-    _write(token + ".start", {"pid": os.getpid()})
+    sid = _session_id()
+    config._thundersync_witness_sid = sid
+    _state["pytest_sid"] = sid
+    _append(("session", sid, "pytest"))
+
+
+def pytest_runtest_logreport(report):
+    sid = _state.get("pytest_sid")
+    if sid is None:
+        return
+    if report.when == "call":
+        outcome = report.outcome
+        if outcome == "passed" and hasattr(report, "wasxfail"):
+            outcome = "xpassed"
+        elif outcome == "skipped" and hasattr(report, "wasxfail"):
+            outcome = "xfailed"
+        _append(("test", sid, outcome, report.nodeid))
+    elif report.outcome != "passed":  # a setup or teardown that failed or skipped
+        _append(("test", sid, "%s-%s" % (report.when, report.outcome), report.nodeid))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    token = getattr(session.config, "_thundersync_witness_token", None)
-    if token is None:
+    sid = getattr(session.config, "_thundersync_witness_sid", None)
+    if sid is not None:
+        _append(("finish", sid, int(exitstatus)))
+
+
+# --- unittest ----------------------------------------------------------------------------------
+
+
+def _wrap_unittest(spec):
+    """Wrap ``unittest.result``'s loader so that, once the module is executed, its
+    ``TestResult`` records each test's outcome and each run's start and end."""
+    loader = spec.loader
+    execute = getattr(loader, "exec_module", None)
+    if execute is None:
         return
-    _write(token + ".finish", {"exitstatus": int(exitstatus)})
+
+    def exec_module(module):
+        execute(module)
+        try:
+            _patch_result(module.TestResult)
+        except Exception:  # noqa: BLE001
+            pass
+
+    try:
+        loader.exec_module = exec_module
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _patch_result(cls):
+    outcomes = {
+        "addSuccess": "passed",
+        "addFailure": "failed",
+        "addError": "error",
+        "addSkip": "skipped",
+        "addExpectedFailure": "xfailed",
+        "addUnexpectedSuccess": "xpassed",
+    }
+
+    def recording(method, outcome):
+        def wrapper(self, test, *args):
+            sid = getattr(self, "_thundersync_sid", None)
+            if sid is not None:
+                try:
+                    test_id = test.id()
+                except Exception:  # noqa: BLE001
+                    test_id = repr(test)
+                _append(("test", sid, outcome, test_id))
+            return method(self, test, *args)
+
+        return wrapper
+
+    for name, outcome in outcomes.items():
+        method = getattr(cls, name, None)
+        if method is not None:
+            setattr(cls, name, recording(method, outcome))
+    sub_test = getattr(cls, "addSubTest", None)
+    if sub_test is not None:
+
+        def add_sub_test(self, test, subtest, err):
+            sid = getattr(self, "_thundersync_sid", None)
+            if sid is not None and err is not None:
+                _append(("test", sid, "subtest-failed", test.id()))
+            return sub_test(self, test, subtest, err)
+
+        cls.addSubTest = add_sub_test
+    start_run, stop_run = cls.startTestRun, cls.stopTestRun
+
+    def start_test_run(self):
+        self._thundersync_sid = _session_id()
+        _append(("session", self._thundersync_sid, "unittest"))
+        return start_run(self)
+
+    def stop_test_run(self):
+        result = stop_run(self)
+        sid = getattr(self, "_thundersync_sid", None)
+        if sid is not None:
+            _append(("finish", sid, 0 if self.wasSuccessful() else 1))
+        return result
+
+    cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run

@@ -113,6 +113,9 @@ def _metadata(path: Path, table: dict[str, Any]) -> dict[str, Any]:
             path, "metadata.category", table.get("category"), "general"
         ),
         "tags": schema.read_tags(path, "metadata.tags", table.get("tags")),
+        "output_checked": schema.read_bool(
+            path, "metadata.output_checked", table.get("output_checked"), False
+        ),
     }
 
 

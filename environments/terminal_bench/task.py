@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import shlex
 import tarfile
@@ -20,7 +21,7 @@ from environments.sandboxes.protocol import (
     SandboxSpec,
 )
 from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import grading, inputs, strict, witness
+from environments.terminal_bench import grading, inputs, reference, strict, witness
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.verifier import test_copy_uploads
 
@@ -64,6 +65,16 @@ class TerminalBenchTask:
     run in the agent's sandbox (or, strict, a fresh one like it)."""
     reward_key: str | None = None
     """Harbor's ``[verifier] reward_key``: the metric of a reward.json that is the reward."""
+
+    @property
+    def output_checked(self) -> bool:
+        """Declared (``[metadata] output_checked = true``): the verifier checks the work's
+        output itself, with no test session the witness can follow test by test, so strict
+        grading takes its reward with the other checks of the run (``witness.py``) but no
+        test-by-test proof (``details["unwatched"]``). A verifier that loads none of the
+        agent's code (a shell script comparing files) needs no declaration; one that runs
+        the agent's code with no test to follow, undeclared, is not graded strictly."""
+        return bool(self.metadata.get("output_checked"))
 
     @property
     def needs_docker_reason(self) -> str | None:
@@ -120,7 +131,7 @@ class TerminalBenchTask:
                 )
                 return Grade(reward=0.0, infra_failure=True, details={"error": error})
             if context is None:
-                return self._run_tests(sandbox, pinned=False)
+                return self._run_tests(sandbox, pinned=False)[0]
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
                 return self._grade_against_pristine(sandbox, context, Path(tmp))
         except grading.GraderSetupError as err:
@@ -135,23 +146,102 @@ class TerminalBenchTask:
     def _grade_against_pristine(
         self, sandbox: Sandbox, context: GradingContext, tmp: Path
     ) -> Grade:
+        standard = self._standard(context, type(sandbox).__name__)
+        grade, _ = self._strict_grade(sandbox, context, tmp, standard=standard)
+        return grade
+
+    def _standard(
+        self, context: GradingContext, kind: str
+    ) -> reference.ReferenceRun | Grade | None:
+        """What a strict pass is proven against (the reference run), or the grade every
+        attempt gets where there is none; None when grading is not strict."""
+        if not context.strict:
+            return None
+        run = self.reference_run(context, kind)
+        if run.error is not None or run.reference is None:
+            error = (
+                f"strict grading cannot prove a pass on task {self.task_id}: {run.error} "
+                "(`eval --agent oracle --strict` shows why; grade it without --strict)"
+            )
+            return Grade(reward=0.0, infra_failure=True, details={"error": error})
+        if not run.reference.tests and run.reference.loads and not self.output_checked:
+            error = (
+                f"task {self.task_id}: its verifier runs the agent's code "
+                f"({', '.join(sorted(run.reference.loads)[:3])}) but no pytest or unittest test "
+                "the grader can watch, so strict grading cannot prove a pass (unwatched); a "
+                "task whose verifier checks the output itself declares [metadata] "
+                "output_checked = true"
+            )
+            return Grade(
+                reward=0.0, infra_failure=True, details={"error": error, "unwatched": True}
+            )
+        return run
+
+    def reference_run(self, context: GradingContext, kind: str) -> reference.ReferenceRun:
+        """The reference solution's strict run of this task (cached per task and sandbox
+        ``kind``, the sandbox class where the context names none: ``reference``)."""
+        commands = self.reference_solution()
+        key = reference.task_key(self.path, commands, context.sandbox_kind or kind)
+        return reference.reference_run(key, lambda: self._run_reference(context, commands))
+
+    def _run_reference(
+        self, context: GradingContext, commands: list[str]
+    ) -> reference.ReferenceRun:
+        """Play the reference solution in a fresh sandbox, then grade its work strictly, watched
+        (with no standard but its own run's consistency). A sandbox failure raises
+        SandboxError (nothing cached)."""
+        oracle = context.fresh_sandbox()
+        self.setup(oracle)
+        for command in commands:
+            oracle.execute(command, timeout=self.timeout_s)
+        oracle.stop_processes()
+        with tempfile.TemporaryDirectory(prefix="thundersync-reference-") as tmp:
+            grade, seen = self._strict_grade(oracle, context, Path(tmp), standard=None)
+        if grade.infra_failure:
+            raise SandboxError(f"the reference solution's run: {grade.details.get('error')}")
+        if grade.reward < 1.0 or seen is None:
+            why = (
+                grade.details.get("reason")
+                or grade.details.get("reward_error")
+                or (grade.details.get("output", "")[-300:])
+            )
+            return reference.ReferenceRun(
+                None,
+                f"its reference solution scores {grade.reward:g} strictly ({why})",
+                grade.reward,
+            )
+        return reference.ReferenceRun(seen.reference(), None, grade.reward)
+
+    def _strict_grade(
+        self,
+        sandbox: Sandbox,
+        context: GradingContext,
+        tmp: Path,
+        *,
+        standard: reference.ReferenceRun | Grade | None,
+    ) -> tuple[Grade, witness.Observation | None]:
+        """The grade against the task's pristine state, and what the witness saw (strict).
+        ``standard``: the reference run a strict pass is proven against; a Grade, the one to
+        give (there is none); None, no proof asked (not strict, or the reference run itself)."""
         workdir = self.environment.workdir
         try:
             agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
         except work.WorkExportError as err:  # the agent's doing: its 0 when strict or separate
             if context.strict or self.verifier is not None:
                 failure = {"agent_failure": str(err), "reason": str(err)}
-                return Grade(reward=0.0, details={"strict": context.strict, **failure})
-            grade = self._run_tests(sandbox, pinned=False)
+                return Grade(reward=0.0, details={"strict": context.strict, **failure}), None
+            grade, _ = self._run_tests(sandbox, pinned=False)
             unreported = {"strict": False, "tamper_report_error": str(err)}
-            return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported})
+            return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported}), None
         fresh = context.fresh_sandbox()
         self.setup(fresh)
         try:
             pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
         except work.WorkExportError as err:
             raise SandboxError(f"the fresh sandbox's work folder: {err}") from err
-        modules = tamper.importable_modules(fresh)
+        separate = self._verifier_sandbox(context) if self.verifier is not None else None
+        # the names the interpreter that runs the tests imports: the verifier image's, if any
+        modules = tamper.importable_modules(separate or fresh)
         reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
         reasons = sorted([*reasons, *work.link_reasons(workdir, pristine, agent_work)])
         report = {
@@ -161,23 +251,31 @@ class TerminalBenchTask:
         }
         if context.strict and reasons:
             reason = "strict grading: the agent's work touches test infrastructure"
-            return Grade(reward=0.0, details={**report, "reason": reason})
+            return Grade(reward=0.0, details={**report, "reason": reason}), None
+        if isinstance(standard, Grade):
+            return Grade(
+                standard.reward, standard.infra_failure, {**standard.details, **report}
+            ), None
+        seen = None
         if not context.strict and self.verifier is None:
-            grade = self._run_tests(sandbox, pinned=False)
+            grade, _ = self._run_tests(sandbox, pinned=False)
         else:
-            target = fresh if self.verifier is None else self._verifier_sandbox(context)
+            target = separate or fresh
             try:
                 work.import_work(target, workdir, agent_work)
             except work.WorkExportError as err:  # its work does not fit a fresh sandbox
                 failure = {"agent_failure": str(err), "reason": str(err)}
-                return Grade(reward=0.0, details={**report, **failure})
-            grade = self._run_tests(target, pinned=context.strict)
+                return Grade(reward=0.0, details={**report, **failure}), None
+            proof = standard.reference if isinstance(standard, reference.ReferenceRun) else None
+            grade, seen = self._run_tests(target, pinned=context.strict, standard=proof)
         if self.verifier is not None:
             report["separate_verifier"] = True
+        if isinstance(standard, reference.ReferenceRun) and not standard.reference.tests:
+            report["unwatched"] = True  # no test to follow: the verifier's own check stands
         if grade.details.get("tamper_suspected"):  # the witness contradicted the verifier
             report["tamper_suspected"] = True
             report["tamper_reasons"] = sorted([*reasons, *grade.details["tamper_reasons"]])
-        return Grade(grade.reward, grade.infra_failure, {**grade.details, **report})
+        return Grade(grade.reward, grade.infra_failure, {**grade.details, **report}), seen
 
     def _verifier_sandbox(self, context: GradingContext) -> Sandbox:
         """A sandbox of the separate verifier's image (of the episode's sandbox kind)."""
@@ -187,14 +285,18 @@ class TerminalBenchTask:
         self.verifier.setup(made)
         return made
 
-    def _run_tests(self, sandbox: Sandbox, *, pinned: bool) -> Grade:
-        """Upload the tests and run them in ``sandbox`` (with the strict environment when
-        ``pinned``); the reward as the task's format defines it."""
+    def _run_tests(
+        self, sandbox: Sandbox, *, pinned: bool, standard: witness.Reference | None = None
+    ) -> tuple[Grade, witness.Observation | None]:
+        """Upload the tests and run them in ``sandbox``; the reward as the task's format defines
+        it. ``pinned`` (strict): with the strict environment, watched by the witness, and a
+        pass the records contradict (or, given the reference run's ``standard``, do not prove)
+        scores 0 as tampering; what the witness saw is returned beside the grade."""
         workdir = self.environment.workdir
         paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
         script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
         prefix = strict.pinned_environment(workdir) if pinned else ""
-        seen = witness.prepare(sandbox, paths.verifier) if pinned else None
+        watch = witness.prepare(sandbox, paths.verifier, workdir) if pinned else None
         result = grading.run_script(
             sandbox,
             paths,
@@ -202,7 +304,7 @@ class TerminalBenchTask:
             self.test_timeout_s,
             self.test_env,
             prefix=prefix,
-            suffix=seen.exports(self.test_env) if seen is not None else "",
+            suffix=watch.exports(self.test_env) if watch is not None else "",
         )
         if self.format == "tb1":
             grade = grading.grade_tb1(result, self.test_timeout_s)
@@ -210,18 +312,23 @@ class TerminalBenchTask:
             grade = grading.grade_harbor(
                 sandbox, paths, result, self.test_timeout_s, self.reward_key
             )
-        if seen is None or grade.reward <= 0.0 or grade.infra_failure:
-            return grade
-        reasons = witness.contradictions(sandbox, seen, full_pass=grade.reward >= 1.0)
+        if watch is None or grade.infra_failure:
+            return grade, None
+        seen = witness.observe(sandbox, watch)
+        if grade.reward <= 0.0:
+            return grade, seen
+        reasons = witness.contradictions(
+            seen, full_pass=grade.reward >= 1.0, reference=standard, workdir=workdir
+        )
         if not reasons:
-            return grade
+            return grade, seen
         details = {
             **grade.details,
             "tamper_suspected": True,
             "tamper_reasons": reasons,
-            "reason": "strict grading: the test run contradicts the verifier's pass",
+            "reason": "strict grading: the test run does not prove the verifier's pass",
         }
-        return Grade(reward=0.0, details=details)
+        return Grade(reward=0.0, details=details), seen
 
     def test_uploads(self) -> list[tuple[Path, str]]:
         """The files the grader uploads (host file, path under the tests folder), each checked
@@ -278,7 +385,12 @@ def _pack(files: list[tuple[Path, str]], script_name: str) -> str:
     """A base64 tar.gz of ``files`` (host path, name in the archive; an empty name is the
     script itself): Harbor's solution/ folder or TB1's single solution.sh."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+    # gzip's header stamped with 0, not the time: the same solution packs to the same command
+    # (the reference run's cache key holds it)
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as packed,
+        tarfile.open(fileobj=packed, mode="w") as archive,
+    ):
         for path, name in files:
             archive.add(path, arcname=name or script_name, recursive=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -1,29 +1,38 @@
-"""Strict grading's witness of the verifier's pytest sessions (docs/design.md §6.1).
+"""Strict grading's witness of the verifier's run, and the proof of a pass (docs/design.md §6.1).
 
 The code under test runs inside the verifier's test process: ``from calc import add`` imports
-the agent's module into pytest. Such code can register ``atexit.register(lambda:
-os._exit(0))`` and a failing session then exits 0, which a Harbor ``test.sh`` turns into a
-reward of 1; or it prints a passing summary at exit, which Terminal-Bench's parser reads. No
-rule over file names can see that: the module is the agent's legitimate work.
+the agent's module into pytest, and Python's own start-up imports whatever the work folder
+names like a module it looks for (``copy`` tries ``org.python.core``). Such code can end the
+process with ``os._exit(0)``, call ``pytest.exit(returncode=0)``, raise ``SkipTest`` so that
+nothing fails, or print a passing summary: a verdict read from an exit status, a reward file
+or a summary is then a pass that nothing proves.
 
-So strict grading loads a plugin of its own into every pytest session the verifier starts
-(``_thundersync_witness.py``: ``PYTEST_ADDOPTS=-p _thundersync_witness``, its folder appended to
-``PYTHONPATH`` after the task's own), which records each session's start and its exit status
-outside the work folder, beside a sentinel the grader wrote. A verdict of a full pass is
-contradicted, and scores 0 as tampering, when a session failed (a non-zero exit status), when
-a session started and never reached its end (the process exited from inside the run), or when
-the records were removed or the sentinel changed.
+So strict grading watches the run from the interpreter's start. Its folder (beside the
+verifier's log folder, outside the work folder) holds ``sitecustomize.py`` and the witness
+``_thundersync_witness.py``; the folder goes first on ``PYTHONPATH``, so every Python process of
+the run starts the witness before the work folder is on its import path, and pytest loads the
+witness as a plugin (``-p``). It records each process's start, each code file the process loads
+from the work folder and which code asked for it, and each pytest session's and unittest run's
+tests, outcome by outcome (``Observation``).
 
-What it cannot see (code written against it, in the same process) and which tasks qualify:
-docs/design.md §6.1, principle 4."""
+A pass is then proven against the task's *reference run* (``reference.py``: the reference
+solution graded the same way, once per task): a full pass needs every test the reference
+solution passes to be seen passing (its call phase passed, not skipped, xfailed, errored or
+missing) in sessions that started and finished under the watch; and the work folder may
+contribute only the code files the reference run loads from it, or what that code itself
+imports. Anything else it contributes (``org/__init__.py`` imported by ``copy``; an
+``iniconfig.py`` imported by pytest) is tampering.
+
+What it cannot see (code written against it, in the same process: it can forge records) and
+which tasks qualify: docs/design.md §6.1, principle 4."""
 
 from __future__ import annotations
 
-import json
+import ast
 import posixpath
 import shlex
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.protocol import Sandbox
@@ -31,90 +40,255 @@ from environments.terminal_bench.grading import GraderSetupError
 
 PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
 MODULE = PLUGIN.stem
+STARTUP = Path(__file__).with_name("_thundersync_sitecustomize.py")
 FOLDER_NAME = ".thundersync-witness"
+VERSION = 2
+"""Bumped whenever what the witness records or the proof's rule changes (cached reference
+runs are keyed by it)."""
 _SENTINEL = ".sentinel"
+MAX_RECORD_FILES = 256
+"""Python processes a verifier run may start before its records are too many to read."""
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""Bytes of records read in all; a run that wrote more hides what it did in the flood."""
+_CHUNK = 48 * 1024
+"""Bytes per read: below the sandbox's output limit."""
+_MAX_LINE = 16 * 1024
+PASSED = "passed"
 
 
 @dataclass(frozen=True, slots=True)
 class Witness:
-    """Where the plugin and its records live in one grading sandbox, and the sentinel's text."""
+    """Where the witness and its records live in one grading sandbox, the sentinel's text, and
+    the work folder it watches."""
 
     folder: str
     nonce: str
+    workdir: str = "/app"
 
     @property
     def records(self) -> str:
         return f"{self.folder}/records"
 
     def exports(self, test_env: dict[str, str]) -> str:
-        """Shell exports loading the plugin into every pytest session, applied after the task's
-        ``[verifier] env`` (whose ``PYTEST_ADDOPTS`` is kept, the plugin added to it)."""
+        """Shell exports starting the witness in every Python process and loading it into every
+        pytest session, applied after the task's ``[verifier] env`` (whose ``PYTEST_ADDOPTS`` is
+        kept, the plugin added; whose ``PYTHONPATH`` follows the witness's folder)."""
         addopts = f"{test_env.get('PYTEST_ADDOPTS', '')} -p {MODULE}".strip()
         plugin = shlex.quote(f"{self.folder}/plugin")
         return (
             f"export THUNDERSYNC_WITNESS={shlex.quote(self.records)} "
+            f"THUNDERSYNC_WITNESS_WORKDIR={shlex.quote(self.workdir.rstrip('/'))} "
             f"PYTEST_ADDOPTS={shlex.quote(addopts)} "
-            f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{plugin}'
+            f'PYTHONPATH={plugin}"${{PYTHONPATH:+:$PYTHONPATH}}"'
         )
 
 
-def prepare(sandbox: Sandbox, verifier_folder: str) -> Witness:
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """What the task's reference solution's run showed: the tests it passes (``runner:test
+    id``) and the code files (relative to the work folder) its test processes load from the
+    work folder. No tests: the verifier runs none the witness can see (``unwatched``)."""
+
+    tests: frozenset[str]
+    loads: frozenset[str]
+
+
+@dataclass
+class Observation:
+    """What the witness recorded in one verifier run."""
+
+    processes: int = 0
+    loads: dict[str, set[str]] = field(default_factory=dict)
+    """Code file (relative to the work folder) → the files of the code that loaded it."""
+    sessions: dict[str, str] = field(default_factory=dict)
+    """Session id → its runner (pytest, unittest)."""
+    finished: dict[str, int | None] = field(default_factory=dict)
+    """Session id → its exit status (0: every test passed; None: unreadable)."""
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    """``runner:test id`` → each outcome recorded for it (a test may run in several sessions)."""
+    problem: str | None = None
+    """Why the records cannot be trusted (removed, changed, too many): contradicts any pass."""
+
+    def passed(self) -> frozenset[str]:
+        """Tests seen to pass: a passing call phase, and no failing record beside it."""
+        return frozenset(
+            test
+            for test, seen in self.outcomes.items()
+            if PASSED in seen and all(o == PASSED for o in seen)
+        )
+
+    def reference(self) -> Reference:
+        return Reference(self.passed(), frozenset(self.loads))
+
+
+def prepare(sandbox: Sandbox, verifier_folder: str, workdir: str = "/app") -> Witness:
     """Make the witness's folder beside the verifier's log folder (outside the work folder
-    where the sandbox has /logs), upload the plugin and write the sentinel."""
+    where the sandbox has /logs), upload the witness and its start-up hook, write the
+    sentinel."""
     folder = posixpath.join(posixpath.dirname(verifier_folder.rstrip("/")), FOLDER_NAME)
-    witness = Witness(folder, uuid.uuid4().hex)
-    q, records = shlex.quote(folder), shlex.quote(witness.records)
+    seen = Witness(folder, uuid.uuid4().hex, workdir)
+    q, records = shlex.quote(folder), shlex.quote(seen.records)
     made = sandbox.execute(
         f"rm -rf {q} && mkdir -p {q}/plugin {records} && chmod 777 {records} && "
-        f"echo {witness.nonce} > {records}/{_SENTINEL}",
+        f"echo {seen.nonce} > {records}/{_SENTINEL}",
         timeout=60,
     )
     if made.exit_code != 0:
         raise GraderSetupError(f"cannot make {folder}: {made.output.strip()[-300:]}")
     sandbox.upload(PLUGIN, f"{folder}/plugin/{MODULE}.py")
-    return witness
+    sandbox.upload(STARTUP, f"{folder}/plugin/sitecustomize.py")
+    return seen
 
 
-def contradictions(sandbox: Sandbox, witness: Witness, *, full_pass: bool) -> list[str]:
-    """Why the records contradict a passing verdict (empty when they do not). A session that
-    failed contradicts only a ``full_pass``: a verifier that gives partial credit runs failing
-    sessions by design."""
+def observe(sandbox: Sandbox, seen: Witness) -> Observation:
+    """Read the records (bounded: ``MAX_RECORD_FILES`` files, ``MAX_RECORD_BYTES`` in all)."""
+    records = shlex.quote(seen.records)
     listed = sandbox.execute(
-        f"cd {shlex.quote(witness.records)} && for f in {_SENTINEL} *.start *.finish; do "
-        'if [ -f "$f" ] && [ ! -L "$f" ]; then '
-        'printf "%s\\t%s\\n" "$f" "$(head -c 2048 "$f" | tr -d "\\n\\t")"; fi; done',
+        f"cd {records} && head -c 64 {_SENTINEL} && echo && "
+        'for f in *.proc; do if [ -f "$f" ] && [ ! -L "$f" ]; then '
+        'printf "%s %s\\n" "$(wc -c < "$f")" "$f"; fi; done | head -n '
+        f"{MAX_RECORD_FILES + 1}",
         timeout=60,
     )
-    records = dict(
-        line.split("\t", 1) for line in listed.output.splitlines() if line.count("\t") == 1
-    )
-    if listed.exit_code != 0 or records.get(_SENTINEL, "").strip() != witness.nonce:
-        return [f"{witness.records}: the grader's records of the test run were removed or changed"]
-    if listed.truncated:  # records hidden in the middle of a flood of sessions
-        return [f"{witness.records}: more records of pytest sessions than the grader reads"]
-    reasons = []
-    started = [name.removesuffix(".start") for name in records if name.endswith(".start")]
-    for token in started:
-        finish = records.get(f"{token}.finish")
-        if finish is None:
-            reasons.append(
-                "a pytest session of the test run ended before pytest finished it (the process "
-                "exited from inside the run: os._exit, a signal, a crash)"
-            )
-            continue
-        status = _exit_status(finish)
-        if full_pass and status != 0:
-            reasons.append(
-                f"a pytest session of the test run finished with exit status {status} "
-                "(tests failed or errored), yet the verifier reported a pass"
-            )
-    return sorted(set(reasons))
+    lines = listed.output.splitlines()
+    if listed.exit_code != 0 or not lines or lines[0].strip() != seen.nonce:
+        return Observation(
+            problem=f"{seen.records}: the grader's records of the test run were removed or changed"
+        )
+    files = []
+    for line in lines[1:]:
+        size, _, name = line.partition(" ")
+        if size.strip().isdigit() and name.endswith(".proc") and "/" not in name:
+            files.append((name, int(size)))
+    if listed.truncated or len(files) > MAX_RECORD_FILES:
+        return Observation(problem=f"{seen.records}: more records than the grader reads")
+    if sum(size for _, size in files) > MAX_RECORD_BYTES:
+        return Observation(problem=f"{seen.records}: more records than the grader reads")
+    observation = Observation(processes=len(files))
+    for name, size in files:
+        text = _read(sandbox, f"{seen.records}/{name}", size)
+        if text is None:
+            return Observation(problem=f"{seen.records}: a record could not be read")
+        for line in text.splitlines():
+            _take(observation, line, seen.workdir)
+    return observation
 
 
-def _exit_status(record: str) -> int | None:
-    """The ``exitstatus`` of a finish record; None where it cannot be read."""
+def _read(sandbox: Sandbox, path: str, size: int) -> str | None:
+    parts = []
+    for start in range(0, size, _CHUNK):
+        shown = sandbox.execute(
+            f"tail -c +{start + 1} {shlex.quote(path)} | head -c {_CHUNK}", timeout=60
+        )
+        if shown.exit_code != 0 or shown.truncated:
+            return None
+        parts.append(shown.output)
+    return "".join(parts)
+
+
+def _take(observation: Observation, line: str, workdir: str) -> None:
+    """One record line into the observation (a line that is no record is ignored)."""
+    if len(line) > _MAX_LINE:
+        return
     try:
-        value = json.loads(record).get("exitstatus")
-    except (ValueError, AttributeError):
+        record = ast.literal_eval(line)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return
+    if (
+        not isinstance(record, tuple)
+        or not record
+        or not all(isinstance(x, str | int | list | type(None)) for x in record)
+    ):
+        return
+    kind = record[0]
+    if kind == "load" and len(record) == 3 and isinstance(record[1], str):
+        relative = work_relative(record[1], workdir)
+        if relative is not None:
+            importer = record[2] if isinstance(record[2], str) else ""
+            observation.loads.setdefault(relative, set()).add(importer)
+    elif kind == "session" and len(record) == 3:
+        observation.sessions[str(record[1])] = str(record[2])
+    elif kind == "finish" and len(record) == 3:
+        status = record[2] if isinstance(record[2], int) else None
+        observation.finished[str(record[1])] = status
+    elif kind == "test" and len(record) == 4:
+        runner = observation.sessions.get(str(record[1]), "pytest")
+        observation.outcomes.setdefault(f"{runner}:{record[3]}", []).append(str(record[2]))
+
+
+def work_relative(path: str, workdir: str) -> str | None:
+    """``path`` relative to the work folder, a bytecode cache's file named by its source
+    (``__pycache__/calc.cpython-311.pyc`` → ``calc.py``); None outside it."""
+    root = workdir.rstrip("/") or "/"
+    full = posixpath.normpath(path)
+    if not (full == root or full.startswith(root.rstrip("/") + "/")):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    relative = posixpath.relpath(full, root)
+    folder, name = posixpath.split(relative)
+    if posixpath.basename(folder) == "__pycache__" and name.endswith((".pyc", ".pyo")):
+        source = name.split(".", 1)[0] + ".py"
+        relative = posixpath.join(posixpath.dirname(folder), source)
+    return relative
+
+
+def _inside(path: str, workdir: str) -> bool:
+    return work_relative(path, workdir) is not None if path else False
+
+
+def contradictions(
+    observation: Observation,
+    *,
+    full_pass: bool,
+    reference: Reference | None = None,
+    workdir: str = "/app",
+) -> list[str]:
+    """Why the records contradict a passing verdict (empty when they prove it). Without a
+    ``reference`` (the reference run itself) only the run's own consistency is judged: every
+    session finished, and, for a ``full_pass``, finished without failure (a verifier that gives
+    partial credit runs failing sessions by design)."""
+    if observation.problem:
+        return [observation.problem]
+    reasons = set()
+    for sid, runner in observation.sessions.items():
+        if sid not in observation.finished:
+            reasons.add(
+                f"a {runner} session of the test run ended before {runner} finished it (the "
+                "process exited from inside the run: os._exit, a signal, a crash)"
+            )
+        elif full_pass and observation.finished[sid] != 0:
+            reasons.add(
+                f"a {runner} session of the test run finished with exit status "
+                f"{observation.finished[sid]} (tests failed or errored), yet the verifier "
+                "reported a pass"
+            )
+    if reference is None:
+        return sorted(reasons)
+    for relative, importers in sorted(observation.loads.items()):
+        outside = sorted(i for i in importers if not _inside(i, workdir))
+        if relative not in reference.loads and outside:
+            reasons.add(
+                f"{posixpath.join(workdir, relative)}: the test run loaded it from the work "
+                f"folder (asked for by {outside[0] or 'the interpreter'}), which the reference "
+                "solution's run does not: code the tests never asked for ran inside them"
+            )
+    if reference.tests:
+        passed = observation.passed()
+        missing = sorted(reference.tests - passed)
+        if full_pass and missing:
+            shown = ", ".join(_describe(t, observation) for t in missing[:3])
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            reasons.add(
+                f"{len(missing)} of the {len(reference.tests)} tests the reference solution "
+                f"passes were not seen to pass: {shown}{more}"
+            )
+        elif not full_pass and not (reference.tests & passed):
+            reasons.add(
+                "none of the tests the reference solution passes was seen to pass, yet the "
+                "verifier gave credit"
+            )
+    return sorted(reasons)
+
+
+def _describe(test: str, observation: Observation) -> str:
+    seen = observation.outcomes.get(test)
+    return f"{test} ({', '.join(sorted(set(seen))) if seen else 'not run'})"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import ExecResult, Sandbox, make_sandbox
+from environments.sandboxes import ExecResult, Sandbox, SandboxSpec, make_sandbox
 from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from tests.conftest import SANDBOX_KINDS
@@ -261,16 +261,22 @@ def run_episode(task: TerminalBenchTask, kind: str, commands: list[str], *, stri
     """The grade of one episode that ran ``commands`` (their failures are the hack's)."""
     made: list[Sandbox] = []
 
-    def fresh() -> Sandbox:
-        made.append(make_sandbox(task.sandbox_spec(kind), kind=kind))
+    def made_from(spec: SandboxSpec) -> Sandbox:
+        made.append(make_sandbox(spec, kind=kind))
         return made[-1]
 
     sandbox = make_sandbox(task.sandbox_spec(kind), kind=kind)
+    context = GradingContext(
+        fresh_sandbox=lambda: made_from(task.sandbox_spec(kind)),
+        strict=strict,
+        sandbox_kind=kind,
+        make_sandbox=made_from,  # a Harbor task's separate verifier image
+    )
     try:
         task.setup(sandbox)
         for command in commands:
             sandbox.execute(command, timeout=60)
-        return task.grade(sandbox, GradingContext(fresh_sandbox=fresh, strict=strict))
+        return task.grade(sandbox, context)
     finally:
         sandbox.close()
         for other in made:
