@@ -109,21 +109,40 @@ def export_work(
     """Archive ``workdir`` through the sandbox engine (``Sandbox.export_folder``: no program
     of the sandbox, which the agent could have replaced, takes part), without its children
     named in ``exclude``, and read it into a clean archive ``host_dir/name``. WorkExportError
-    when the agent left the folder missing, not a folder, unreadable, or an archive that could
-    not come from a real folder; SandboxError when the engine (or the host) fails."""
+    when the agent left the folder missing, not a folder, unreadable, too large, too deep, or
+    an archive that could not come from a real folder; SandboxError when the engine (or the
+    host) fails (``export_agent_folder``'s map)."""
     raw = host_dir / f"{name}.raw"
-    try:
-        sandbox.export_folder(workdir, raw, exclude=exclude)
-    except (FileNotFoundError, NotADirectoryError, PermissionError, ExportTooLarge) as err:
-        raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
-    except OSError as err:
-        if err.errno in _TREE_ERRORS:  # names or links the agent made
-            raise WorkExportError(f"cannot archive the work folder {workdir}: {err}") from err
-        raise SandboxError(f"cannot archive the work folder {workdir}: {err}") from err
+    export_agent_folder(sandbox, workdir, raw, exclude=exclude, what="the work folder")
     try:
         return _clean(raw, host_dir / name, top=posixpath.basename(workdir.rstrip("/")) or ".")
     finally:
         raw.unlink(missing_ok=True)
+
+
+def export_agent_folder(
+    sandbox: Sandbox,
+    path: str,
+    dst: Path,
+    *,
+    exclude: Collection[str] = (),
+    what: str = "the folder",
+) -> None:
+    """``sandbox.export_folder(path, dst, exclude=exclude)`` with the one error map for every
+    export of state the agent could reach (a work folder, a repository's tree, its ``.git``):
+    what the agent's files cause (the folder missing, not a folder, unreadable, over
+    ``MAX_EXPORT_BYTES``, names or links past the host's limits) raises WorkExportError, its
+    0; anything else the host or engine raises is SandboxError, an infrastructure failure.
+    One map, so that the same thing the agent left cannot score 0 in one folder and exclude
+    the episode from training in another."""
+    try:
+        sandbox.export_folder(path, dst, exclude=exclude)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ExportTooLarge) as err:
+        raise WorkExportError(f"cannot archive {what} {path}: {err}") from err
+    except OSError as err:
+        if err.errno in _TREE_ERRORS:  # names or links the agent made
+            raise WorkExportError(f"cannot archive {what} {path}: {err}") from err
+        raise SandboxError(f"cannot archive {what} {path}: {err}") from err
 
 
 def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:

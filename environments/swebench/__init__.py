@@ -12,7 +12,9 @@ The agent works in the repository at ``/testbed``. The reward is 1 iff swebench'
 ``get_eval_report`` says resolved (every FAIL_TO_PASS and PASS_TO_PASS test passes) on the log
 of the instance's eval script, run through swebench's own ``make_test_spec`` (which adds the
 test exit-code anti-spoofing line). A grader that could not run gives
-``Grade(infra_failure=True)``, never a plain 0.
+``Grade(infra_failure=True)``, never a plain 0; a log that did not reach the tests is one only
+when a control run of the same script on the base commit, without the agent's patch, fails too
+(``control.py``: once per instance), else it is the agent's 0. So is a log over 64 MiB.
 
 Grading, as the official harness does it, sees only the agent's patch: ``git add -A`` into a
 throwaway index and ``git diff --cached --binary --no-renames <base_commit>``, with git hooks,
@@ -33,7 +35,10 @@ pytest configuration judged section by section, new modules shadowing pytest, st
 plugin entry points, shell rc and git config files) and for changes to the task's test files
 and test folders, the agent's git hooks and risky git config are compared with a fresh
 repository's, the task's test files are restored to the base commit, and the eval script runs
-with ``PYTHONPATH``, ``LD_PRELOAD``, ``PYTHONSTARTUP`` and the like unset. Every grade's
+with ``PYTHONPATH``, ``LD_PRELOAD``, ``PYTHONSTARTUP`` and the like unset. The eval script itself
+records the tree just before its test command (``tree_audit.py``): what an install step's
+``setup.py`` planted there that the diff did not show (a ``conftest.py``, a ``.pth`` hook...)
+is reported like the diff's findings, in both modes. Every grade's
 details hold ``tamper_suspected`` (bool), ``tamper_reasons`` (list of strings) and ``strict``;
 non-strict grading reports them and scores as the official harness does, strict grading
 scores a suspected patch 0. Rewards are exactly 0.0 or 1.0.

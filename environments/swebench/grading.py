@@ -65,7 +65,9 @@ def grade_log(
     """Turn an eval log into a Grade: reward 1 iff swebench says resolved.
 
     Infrastructure failures (the script never reached the tests; the test patch did not
-    apply although the agent left the test patch's files alone) are flagged, not scored. A
+    apply although the agent left the test patch's files alone) are flagged, not scored; a
+    log alone cannot say who caused them, so ``SWEBenchTask`` keeps the label only when a
+    control run on the base commit fails too (``control.py``). A
     timeout is the agent's (its code may hang), as in the official harness, which scores it
     unresolved. So is a log that swebench's advisory classifier calls an environment fault
     (``infra_failure_reason``, kept in ``details["swebench_advisory"]``): it matches text such

@@ -17,7 +17,9 @@ the agent may have replaced ``git`` (to emit a patch its tree does not hold), ``
   --binary`` against the base commit, hooks and fsmonitor off.
 
 What the agent can cause (no ``.git``, an unreadable tree, a tree git cannot add, a patch over
-the limit) raises ``AgentFailure``: its 0, never an infrastructure failure.
+the limit) raises ``AgentFailure``: its 0, never an infrastructure failure. Both exports, the
+tree and ``.git``, go through one error map (``work.export_agent_folder``): sparse files past
+the export limit or folder names past the host's path limit are the agent's doing in either.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from environments.sandboxes.protocol import Sandbox, SandboxError
 from environments.swebench.transfer import read_bytes, write_bytes
-from environments.work import WorkExportError, WorkTree, export_work
+from environments.work import WorkExportError, WorkTree, export_agent_folder, export_work
 
 GIT_LEFT_OUT = ("objects", "modules", "lfs")
 """Children of ``.git`` never exported: the object stores, by far the largest part."""
@@ -84,14 +86,13 @@ def _git_metadata(sandbox: Sandbox, testbed: str, host_dir: Path) -> tuple[bytes
     with tempfile.TemporaryDirectory(prefix="git-", dir=host_dir) as tmp:
         raw = Path(tmp) / "git.tar"
         try:
-            sandbox.export_folder(git_dir, raw, exclude=GIT_LEFT_OUT)
-        except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
+            export_agent_folder(sandbox, git_dir, raw, exclude=GIT_LEFT_OUT, what="the folder")
+        except WorkExportError as err:  # the same map as the work tree's: one label per cause
             raise AgentFailure(
-                f"{git_dir} is missing, not a folder or unreadable after the episode: the "
-                f"agent broke the repository, which scores 0 as a failed git diff does: {err}"
+                f"{git_dir} is missing, not a folder, unreadable, too large or too deep to "
+                "archive after the episode: the agent broke the repository, which scores 0 as "
+                f"a failed git diff does: {err}"
             ) from err
-        except OSError as err:
-            raise SandboxError(f"cannot archive {git_dir}: {err}") from err
         hooks: list[str] = []
         files: dict[str, bytes] = {}
         try:
@@ -105,8 +106,8 @@ def _git_metadata(sandbox: Sandbox, testbed: str, host_dir: Path) -> tuple[bytes
                         handle = archive.extractfile(member)
                         data = handle.read(MAX_GIT_FILE_BYTES + 1) if handle else b""
                         files["/".join(parts[1:])] = data
-        except (tarfile.TarError, OSError, EOFError) as err:
-            raise SandboxError(f"the archive of {git_dir} is unreadable: {err}") from err
+        except (tarfile.TarError, OSError, EOFError) as err:  # as work.py's _clean: the agent's
+            raise AgentFailure(f"the archive of {git_dir} is unreadable: {err}") from err
         config = _config_entries(files.get("config", b""), Path(tmp) / "config")
     state = {f"hook {name}" for name in sorted(hooks)[:MAX_HOOKS]} | config
     exclude = files.get("info/exclude", b"")

@@ -10,18 +10,29 @@ from pathlib import Path
 
 from environments.actions import SUBMIT_WORD
 from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
+from environments.swebench import tree_audit
 from environments.swebench.audit import (
     PINNED_ENV,
     BaseTree,
     git_state_reasons,
     patch_reasons,
     restore_command,
+    task_test_files,
+    task_test_folders,
 )
-from environments.swebench.grading import grade_log, make_spec, patch_paths
+from environments.swebench.control import CONTROL_RUNS, REACHED
+from environments.swebench.grading import LOG_TAIL_CHARS, grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.patch import AgentFailure, AgentRepo, diff_in, export_repo, git_state
 from environments.swebench.repository import RepoSource, repo_source
-from environments.swebench.transfer import read_text, write_text
+from environments.swebench.transfer import (
+    MAX_READ_BYTES,
+    CommandFailed,
+    file_size,
+    read_bytes,
+    read_text,
+    write_text,
+)
 from environments.tamper import importable_modules
 from environments.tasks import Grade, GradingContext
 
@@ -38,6 +49,13 @@ _HOOKS_OFF_ENV = "GIT_CONFIG_PARAMETERS=\"'core.hooksPath=/dev/null' 'core.fsmon
 """For the eval script: its own ``export GIT_CONFIG_COUNT=...`` (snapshot instances) would
 override settings passed that way; GIT_CONFIG_PARAMETERS (what ``git -c`` uses) survives."""
 PATCH_FILE = f"{SCRATCH}/model.patch"
+TREE_BEFORE = f"{SCRATCH}/tree-before.json"
+TREE_AFTER = f"{SCRATCH}/tree-after.json"
+MAX_LOG_BYTES = MAX_READ_BYTES
+"""The largest eval log graded; a larger one is the agent's 0 with its tail (its code printed
+it: nothing before the tests prints more than a few megabytes)."""
+_MAX_INLINE_SCRIPT_BYTES = 96 * 1024
+"""Under the kernel's 128 KiB limit on one argument (official eval scripts are under 30 KB)."""
 MAX_PATCH_BYTES = 16 * 1024 * 1024
 _PATCH_DELIMITER = "THUNDERSYNC_GOLD_PATCH_EOF"
 
@@ -154,11 +172,14 @@ class SWEBenchTask:
         process in it is killed from outside (``stop_processes``), the engine takes its
         repository out, and the diff is made by the new sandbox's git. What the agent can
         cause (no ``.git``, an unreadable tree, a patch over MAX_PATCH_BYTES, a sandbox it
-        broke) scores 0 with ``details["agent_failure"]``; only the engine's and the new
-        sandbox's failures are infrastructure failures.
+        broke, an eval log over MAX_LOG_BYTES) scores 0 with ``details["agent_failure"]``;
+        only the engine's and the new sandbox's failures are infrastructure failures. A log
+        that did not reach the tests is one only when a control run of the script on the
+        base commit fails too (``_confirmed``); else the agent's patch stopped them.
 
         Every grade's details report ``tamper_suspected`` and ``tamper_reasons``
-        (``environments.swebench.audit``) and ``strict``. With ``context.strict`` (the default
+        (``environments.swebench.audit``, and ``tree_audit`` for what appeared during the eval
+        script, before its test command) and ``strict``. With ``context.strict`` (the default
         for training) a suspected grade scores 0, the task's test files are restored to the
         base commit before the eval script runs, and the script runs with a pinned
         environment (``audit.PINNED_ENV``). Rewards are exactly 0.0 or 1.0.
@@ -184,12 +205,13 @@ class SWEBenchTask:
         self, context: GradingContext, agent: AgentRepo, host_dir: Path, reasons: list[str]
     ) -> Grade:
         """The official flow in a new sandbox; appends the audit's findings to ``reasons``
-        as soon as they are known (a patch that does not apply is still reported)."""
+        as soon as they are known (a patch that does not apply is still reported). A log that
+        did not reach the tests is then judged by a control run (``_confirmed``)."""
         sandbox = context.fresh_sandbox()
+        kind = context.sandbox_kind or f"{type(sandbox).__module__}.{type(sandbox).__qualname__}"
         try:
             self.setup(sandbox)
             sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
-            chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
             patch = diff_in(
                 sandbox,
                 agent,
@@ -198,7 +220,7 @@ class SWEBenchTask:
                 scratch=SCRATCH,
                 out=PATCH_FILE,
                 max_bytes=MAX_PATCH_BYTES,
-                chunk_bytes=max(chunk, 1024),
+                chunk_bytes=self._chunk_bytes(),
             )
             text = patch.decode("utf-8", errors="replace")
             base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
@@ -219,25 +241,123 @@ class SWEBenchTask:
                     problem = f"the agent's patch does not apply: {applied.output[-1000:]}"
                     details = {"resolved": False, "patch_successfully_applied": False}
                     return Grade(0.0, details={**details, "error": problem})
-            if context.strict:
-                restored = sandbox.execute(restore_command(self.instance, TESTBED), timeout=300)
-                if restored.exit_code != 0:
-                    raise SandboxError(f"restoring the task's test files: {restored.output}")
-            return self._run_eval(sandbox, text, strict=context.strict)
+            grade = self._run_eval(sandbox, text, strict=context.strict, modules=modules)
+            reasons += grade.details.pop("install_reasons", [])
         finally:
             sandbox.close()
+        if grade.infra_failure:  # a log that never reached the tests: who stopped it?
+            return self._confirmed(grade, context, kind)
+        return grade
 
-    def _run_eval(self, sandbox: Sandbox, patch: str, *, strict: bool) -> Grade:
+    def _chunk_bytes(self) -> int:
+        """One read's size: its base64 well under the sandbox's output limit."""
+        return max(self.sandbox_spec().max_output_bytes * 3 // 4 - 1024, 1024)
+
+    def _run_eval(
+        self, sandbox: Sandbox, patch: str, *, strict: bool, modules: frozenset[str]
+    ) -> Grade:
+        """Run the eval script in ``sandbox`` (the repository as grading left it) and grade
+        its log. An infrastructure grade here means only that the log did not show the tests
+        running (``_confirmed`` decides whose failure it was). ``details["install_reasons"]``
+        holds the tree audit's findings (``tree_audit``), for the caller to take out.
+
+        From the moment the script starts, the agent's code runs in ``sandbox``: what a command
+        then fails to read from it (the log, the tree record) is never by itself an
+        infrastructure failure; only the engine's own failures (SandboxError) are."""
+        if strict:
+            restored = sandbox.execute(restore_command(self.instance, TESTBED), timeout=300)
+            if restored.exit_code != 0:
+                raise SandboxError(f"restoring the task's test files: {restored.output}")
         script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
-        write_text(sandbox, script, make_spec(self.instance).eval_script)
-        env = f"{PINNED_ENV} " if strict else ""
-        result = sandbox.execute(
-            f"{_HOOKS_OFF_ENV} {env}bash {script} > {log} 2>&1", timeout=self.eval_timeout_s
+        chunk = self._chunk_bytes()
+        folders = task_test_folders(task_test_files(self.instance))
+        before = tree_audit.record(
+            sandbox, TESTBED, TREE_BEFORE, chunk_bytes=chunk, test_folders=folders
         )
-        chunk = self.sandbox_spec().max_output_bytes * 3 // 4 - 1024
-        text = read_text(sandbox, log, chunk_bytes=max(chunk, 1024))
+        recorder = tree_audit.injected(TESTBED, TREE_AFTER, before.site_dirs, folders)
+        text, audited = tree_audit.with_audit(make_spec(self.instance).eval_script, recorder)
+        write_text(sandbox, script, text)
+        env = f"{PINNED_ENV} " if strict else ""
+        paths = tree_audit.script_env(TESTBED, TREE_AFTER)
+        result = sandbox.execute(
+            f"{_HOOKS_OFF_ENV} {env}{paths} {_run_script(script, text)} > {log} 2>&1",
+            timeout=self.eval_timeout_s,
+        )
+        grade = self._graded_log(sandbox, log, patch, timed_out=result.timed_out, chunk=chunk)
+        found: list[str] = []
+        after = tree_audit.read_after(sandbox, TREE_AFTER, chunk_bytes=chunk) if audited else None
+        reached = not grade.infra_failure and "timed_out" not in grade.details
+        if after is not None or (audited and reached and "agent_failure" not in grade.details):
+            own = patch_paths(self.instance.test_patch)
+            found = tree_audit.reasons(
+                before, after, task_paths=own, test_folders=folders, modules=modules
+            )
+        return Grade(grade.reward, grade.infra_failure, {**grade.details, "install_reasons": found})
+
+    def _graded_log(
+        self, sandbox: Sandbox, log: str, patch: str, *, timed_out: bool, chunk: int
+    ) -> Grade:
+        """The eval log graded by swebench (``grade_log``), read after the agent's code ran.
+        Over ``MAX_LOG_BYTES`` (the code under test printed it: a debug print in a loop), it
+        is the agent's 0 with its tail, read alone; a log the sandbox's commands cannot read
+        (removed, replaced) gives an infrastructure grade for ``_confirmed`` to judge."""
+        try:
+            size = file_size(sandbox, log)
+            if size > MAX_LOG_BYTES or timed_out:
+                tail_bytes = read_bytes(
+                    sandbox, log, chunk_bytes=chunk, start=size - 4 * LOG_TAIL_CHARS
+                )
+                tail = tail_bytes.decode("utf-8", errors="replace")[-LOG_TAIL_CHARS:]
+                if timed_out:
+                    return grade_log(self.instance, tail, timed_out=True)
+                failure = (
+                    f"the eval log is {size} bytes, over {MAX_LOG_BYTES}: the code under test "
+                    "printed more than grading reads"
+                )
+                details = {"resolved": False, "agent_failure": failure, "error": failure}
+                return Grade(0.0, details={**details, "log_tail": tail})
+            text = read_text(sandbox, log, chunk_bytes=chunk)
+        except CommandFailed as exc:
+            if timed_out:
+                return grade_log(self.instance, "", timed_out=True)
+            problem = f"the eval log could not be read: {exc}"
+            return Grade(0.0, infra_failure=True, details={"error": problem, "log_tail": ""})
         changed = sorted(patch_paths(patch))
-        return grade_log(self.instance, text, changed_files=changed, timed_out=result.timed_out)
+        return grade_log(self.instance, text, changed_files=changed)
+
+    def _confirmed(self, grade: Grade, context: GradingContext, kind: str) -> Grade:
+        """``grade`` (a log that did not show the tests running) labelled by a control run:
+        the same eval script on the base commit, without the agent's patch (``control``).
+        When the control fails too, the instance or the machine is at fault: an
+        infrastructure failure, as before. When it reaches the tests, the agent's patch (its
+        ``setup.py`` at install time, its code truncating the log) stopped them: its 0."""
+        key = (self.instance, context.strict, kind, self.eval_timeout_s)
+        control = CONTROL_RUNS.outcome(key, lambda: self._control(context))
+        problem = grade.details.get("error", "")
+        if control != REACHED:
+            return Grade(0.0, infra_failure=True, details={**grade.details, "control_run": control})
+        failure = (
+            f"{problem} with the agent's patch, while a control run of the same eval script on "
+            "the base commit, without it, reached the tests: the agent's patch stopped them"
+        )
+        details = {**grade.details, "resolved": False, "agent_failure": failure, "error": failure}
+        return Grade(0.0, details={**details, "control_run": "reached the tests"})
+
+    def _control(self, context: GradingContext) -> str:
+        """Run the eval script on the base commit in a fresh sandbox: ``REACHED``, or the
+        problem its log shows (the instance's own). SandboxError when the machine could not
+        tell (the sandbox failed, the script timed out, the log too large): nothing kept."""
+        sandbox = context.fresh_sandbox()
+        try:
+            self.setup(sandbox)
+            sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
+            grade = self._run_eval(sandbox, "", strict=context.strict, modules=frozenset())
+        finally:
+            sandbox.close()
+        if grade.details.get("timed_out") or "agent_failure" in grade.details:
+            problem = grade.details.get("agent_failure") or "its eval script timed out"
+            raise SandboxError(f"the control run on the base commit cannot tell: {problem}")
+        return str(grade.details["error"]) if grade.infra_failure else REACHED
 
     def reference_solution(self) -> list[str]:
         """One command applying the gold patch with ``git apply`` (base64-wrapped when the
@@ -249,6 +369,16 @@ class SWEBenchTask:
             encoded = base64.b64encode(patch.encode()).decode()
             return [f"printf %s {shlex.quote(encoded)} | base64 -d | ({apply} -)"]
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
+
+
+def _run_script(path: str, text: str) -> str:
+    """The command running the eval script at ``path`` (holding ``text``): its text read whole
+    before it starts (``bash -c "$(cat ...)"``), so that code it runs (the agent's
+    ``setup.py`` at install time) cannot rewrite the lines still to come, which ``bash FILE``
+    reads from the file as it goes. A script too long for one argument runs from the file."""
+    if len(text.encode()) > _MAX_INLINE_SCRIPT_BYTES:
+        return f"bash {path}"
+    return f'bash -c "$(cat {path})" eval.sh'
 
 
 def _audited(grade: Grade, reasons: list[str], *, strict: bool) -> Grade:

@@ -3,6 +3,12 @@
 Grading needs the whole test log, but ``execute`` truncates its output and ``bash -c`` caps
 one argument at 128 KiB; and a sandbox may keep files only in its workspace. Chunked base64
 through ``execute`` works in any sandbox that has ``base64`` and keeps its workspace files.
+
+Two failures are told apart: the engine failing to run a command (``execute`` raises
+SandboxError) and a command that ran and failed (``CommandFailed``, a SandboxError too: a file
+missing, a tool that exits non-zero, bad output). Once the agent's code has run in a sandbox,
+the second may be the agent's doing, and a caller reading what that code could reach (an eval
+log) decides the label itself (docs/design.md §6.1, principle 3).
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError
 WRITE_CHUNK_BYTES = 48 * 1024
 MAX_READ_BYTES = 64 * 1024 * 1024
 MIN_READ_CHUNK_BYTES = 512
+
+
+class CommandFailed(SandboxError):
+    """A transfer's command ran in the sandbox and failed (its exit status, a timeout, output
+    cut or not base64, a file missing or shrinking): unlike a SandboxError the engine raises,
+    a failure the sandbox's own state caused."""
 
 
 def write_text(sandbox: Sandbox, path: str, text: str, *, timeout: float = 60.0) -> None:
@@ -37,19 +49,31 @@ def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float =
     return data.decode("utf-8", errors="replace")
 
 
-def read_bytes(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float = 60.0) -> bytes:
-    """Read ``path`` from the sandbox. ``chunk_bytes`` should keep one chunk's base64 (4/3 of
-    it) under the sandbox's output limit; a truncated chunk is retried at half the size."""
-    quoted = shlex.quote(path)
-    size_text = _run(sandbox, f"stat -c %s {quoted}", timeout).strip()
+def file_size(sandbox: Sandbox, path: str, *, timeout: float = 60.0) -> int:
+    """The size of ``path`` in the sandbox (CommandFailed when it cannot be stat'ed)."""
+    size_text = _run(sandbox, f"stat -c %s {shlex.quote(path)}", timeout).strip()
     if not size_text.isdigit():
-        raise SandboxError(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
-    size = int(size_text)
-    if size > MAX_READ_BYTES:
-        raise SandboxError(f"{path} in the sandbox is {size} bytes, over {MAX_READ_BYTES}")
+        raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
+    return int(size_text)
+
+
+def read_bytes(
+    sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float = 60.0, start: int = 0
+) -> bytes:
+    """Read ``path`` from the sandbox from byte ``start`` to its end (at most
+    ``MAX_READ_BYTES``: a larger read raises CommandFailed; read a tail with ``start``).
+    ``chunk_bytes`` should keep one chunk's base64 (4/3 of it) under the sandbox's output
+    limit; a truncated chunk is retried at half the size."""
+    quoted = shlex.quote(path)
+    size = file_size(sandbox, path, timeout=timeout)
+    start = max(0, min(start, size))
+    if size - start > MAX_READ_BYTES:
+        raise CommandFailed(
+            f"{path} in the sandbox is {size} bytes, over {MAX_READ_BYTES} from byte {start}"
+        )
     data = bytearray()
-    while len(data) < size:
-        cmd = f"tail -c +{len(data) + 1} {quoted} | head -c {chunk_bytes} | base64 -w0"
+    while start + len(data) < size:
+        cmd = f"tail -c +{start + len(data) + 1} {quoted} | head -c {chunk_bytes} | base64 -w0"
         result = sandbox.execute(cmd, timeout=timeout)
         if result.truncated and chunk_bytes > MIN_READ_CHUNK_BYTES:
             chunk_bytes //= 2
@@ -58,9 +82,9 @@ def read_bytes(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float 
         try:
             chunk = base64.b64decode(encoded.strip(), validate=True)
         except ValueError as exc:
-            raise SandboxError(f"reading {path} from the sandbox: bad base64 chunk") from exc
+            raise CommandFailed(f"reading {path} from the sandbox: bad base64 chunk") from exc
         if not chunk:
-            raise SandboxError(f"{path} in the sandbox shrank while being read")
+            raise CommandFailed(f"{path} in the sandbox shrank while being read")
         data += chunk
     return bytes(data)
 
@@ -71,7 +95,7 @@ def _run(sandbox: Sandbox, cmd: str, timeout: float) -> str:
 
 def _checked(result: ExecResult, cmd: str) -> str:
     if result.timed_out or result.exit_code != 0 or result.truncated:
-        raise SandboxError(
+        raise CommandFailed(
             f"sandbox command failed (exit {result.exit_code}, timed out {result.timed_out}, "
             f"truncated {result.truncated}): {cmd[:120]!r}: {result.output[-500:]!r}"
         )

@@ -1,0 +1,87 @@
+"""Who failed decides the label, with real sandboxes and the real eval script (pytest and all),
+in bubblewrap and (marked ``docker``) Docker: a log that never reached the tests because of
+the agent's code is its 0, found by a control run of the same script on the base commit, run
+once per instance (docs/design.md §6.1, principle 3). Host stand-in versions, with the export
+and log-size cases: tests/unit/environments/swebench/test_swebench_labels.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from environments.sandboxes import Sandbox, make_sandbox
+from environments.swebench import SWEBenchTask, load_instances
+from environments.swebench.control import CONTROL_RUNS
+from environments.tasks import Grade, GradingContext
+
+FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
+TASK = load_instances(FIXTURES).get("thundersync__intervals-1")
+
+TRUNCATE_THE_LOG = (
+    "printf '%s\\n' 'import os' "
+    "\"open('/proc/%d/fd/1' % os.getppid(), 'w').close()\" >> intervals/ops.py"
+)
+"""The code under test, imported by pytest's collection, reopens its parent's standard output
+(the eval log) for writing: the log is emptied, its start marker with it."""
+KILL_THE_EVAL_SCRIPT = (
+    "printf '%s\\n' 'import os, signal' 'os.kill(os.getppid(), signal.SIGKILL)' > setup.py"
+)
+"""A ``setup.py`` that kills whatever runs it: the eval script's install step."""
+
+
+@pytest.fixture(autouse=True)
+def _no_control_outcomes_between_tests() -> Iterator[None]:
+    CONTROL_RUNS.clear()
+    yield
+    CONTROL_RUNS.clear()
+
+
+def with_install_step(task: SWEBenchTask) -> SWEBenchTask:
+    """The instance with an install step before the test files are reset, as official eval
+    scripts have (``python -m pip install -e .`` runs ``setup.py`` just the same)."""
+    script = task.instance.eval_script
+    at = script.index(f"git checkout {task.instance.base_commit} ")
+    step = "if [ -f setup.py ]; then python3 setup.py develop; fi\n"
+    return SWEBenchTask(replace(task.instance, eval_script=script[:at] + step + script[at:]))
+
+
+def graded(task: SWEBenchTask, kind: str, command: str) -> tuple[Grade, int]:
+    """Run ``command`` in a set-up sandbox and grade it strictly; the grade and how many fresh
+    sandboxes grading made."""
+    sandbox = make_sandbox(task.sandbox_spec(kind), kind=kind)
+    made: list[Sandbox] = []
+
+    def fresh() -> Sandbox:
+        made.append(make_sandbox(task.sandbox_spec(kind), kind=kind))
+        return made[-1]
+
+    try:
+        task.setup(sandbox)
+        result = sandbox.execute(command, timeout=60)
+        assert result.exit_code == 0, result.output
+        grade = task.grade(sandbox, GradingContext(fresh, sandbox_kind=kind))
+    finally:
+        sandbox.close()
+        for each in made:
+            each.close()
+    return grade, len(made)
+
+
+@pytest.mark.parametrize(
+    ("case", "command"),
+    [("truncated-log", TRUNCATE_THE_LOG), ("killed-at-install", KILL_THE_EVAL_SCRIPT)],
+)
+def test_a_log_the_agents_code_stopped_is_its_zero(kind: str, case: str, command: str) -> None:
+    """Both logs lack the start marker, which once made the episode an infrastructure
+    failure; the control run on the base commit reaches the tests, so it is the agent's 0.
+    A second attempt reuses the control's outcome (one fresh sandbox, not two)."""
+    task = with_install_step(TASK)
+    for attempt, sandboxes in ((1, 2), (2, 1)):
+        grade, made = graded(task, kind, command)
+        assert (grade.reward, grade.infra_failure) == (0.0, False), (attempt, grade.details)
+        assert "did not reach the tests" in grade.details["agent_failure"], grade.details
+        assert grade.details["control_run"] == "reached the tests"
+        assert made == sandboxes, f"attempt {attempt}: {made} fresh sandboxes"
