@@ -138,8 +138,8 @@ def _thread_id():
 
 
 def _audit(event, args):
-    """Files opened for reading under the work folder that hold code (a test may read the
-    agent's data files; those are not recorded)."""
+    """Code files under the work folder opened for reading by an import (a test may read the
+    agent's files as data; those are not recorded)."""
     if event != "open" or not _WORK:
         return
     try:
@@ -155,10 +155,23 @@ def _audit(event, args):
             reading = (flags & 3) == 0
         else:
             reading = "r" in mode and "+" not in mode
-        if reading and _inside(text):
+        if reading and _inside(text) and _importing():
             _load(text)
     except Exception:  # noqa: BLE001
         pass
+
+
+def _importing():
+    """Whether the import system is on the stack: a code file opened to be imported (by
+    Python, or by pytest's assertion rewriter inside an import), not a test reading the
+    agent's source as data (a style check over every ``*.py`` of the work folder)."""
+    frame = sys._getframe(2)
+    depth = 0
+    while frame is not None and depth < 200:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
 
 
 def start():

@@ -178,6 +178,23 @@ def test_code_the_agents_own_modules_import_is_theirs(tmp_path: Path) -> None:
     assert "helpers.py" in witness.observe(HostShell(), seen).loads
 
 
+def test_a_test_reading_the_agents_source_as_data_loads_nothing(tmp_path: Path) -> None:
+    """A style check over every ``*.py`` of the work folder reads files the reference run
+    never had: data, not code the test run executes."""
+    work = tmp_path / "app"
+    work.mkdir()
+    (work / "extra_module.py").write_text("X = 1\n")
+    source = (
+        "import glob\n\n\ndef test_ok():\n"
+        "    assert all(len(open(p).read()) >= 0 for p in glob.glob('*.py'))\n"
+        "\n\ndef test_two():\n    pass\n"
+    )
+    code, seen = watched_run(tmp_path, source)
+    assert code == 0
+    assert "extra_module.py" not in witness.observe(HostShell(), seen).loads
+    assert judged(seen, full_pass=True, reference=STANDARD) == []
+
+
 def test_a_unittest_run_is_watched_test_by_test(tmp_path: Path) -> None:
     """``python3 -m unittest``: an atexit hook turns a failing run's status into 0."""
     source = (
