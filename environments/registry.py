@@ -9,6 +9,8 @@ discovers plugins itself, so ``load_plugins`` (called by ``list_envs``) does it.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 import threading
 import warnings
@@ -136,6 +138,9 @@ def task_source(env_id: str, **kwargs: Any) -> TaskSource:
     creator = spec.entry_point
     if isinstance(creator, str):
         creator = load_env_creator(creator)
+    problem = keyword_problem(env_id, creator, kwargs)
+    if problem:
+        raise ValueError(problem)
     merged = {**spec.kwargs, **kwargs}
     declared = getattr(creator, "task_source", None)
     if callable(declared):
@@ -154,6 +159,62 @@ def task_source(env_id: str, **kwargs: Any) -> TaskSource:
         return FixedTasks(env_id, tuple(tasks))
     finally:
         env.close()
+
+
+def keyword_problem(env_id: str, creator: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why ``kwargs`` holds a keyword the env takes nowhere (with the closest it does take,
+    and every one: the env's own and its tasks'), or None. The env's are its constructor's
+    named parameters; a constructor that also takes ``**kwargs`` passes them to its tasks,
+    whose names it declares in ``task_kwarg_ranges`` (ToySum's) — an env that declares none
+    takes any keyword, and its own check answers. Gymnasium's ``make`` keywords are always
+    taken."""
+    try:
+        parameters = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an object without a signature
+        return None
+    named = {
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+    }
+    tasks: set[str] = set()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        declared = getattr(creator, "task_kwarg_ranges", None)
+        if not isinstance(declared, dict):
+            return None
+        tasks = {str(name) for name in declared}
+    unknown = sorted(set(kwargs) - named - tasks - _MAKE_KEYWORDS)
+    if not unknown:
+        return None
+    closest = [difflib.get_close_matches(name, sorted(named | tasks), n=1) for name in unknown]
+    said = ", ".join(
+        f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+        for name, near in zip(unknown, closest, strict=True)
+    )
+    task_part = f"; task keywords: {sorted(tasks)}" if tasks else ""
+    return f"env {env_id}: unknown keyword(s) {said}; env keywords: {sorted(named)}{task_part}"
+
+
+_MAKE_KEYWORDS = frozenset(
+    name for name in inspect.signature(gymnasium.make).parameters if name not in ("id", "kwargs")
+)
+"""What ``gymnasium.make`` takes itself (``max_episode_steps``, ``disable_env_checker``...)."""
+
+
+def grading_place(env: gymnasium.Env, sandbox: str) -> str:
+    """Where ``env`` (made with ``sandbox=sandbox``) plays and grades its episodes, as a
+    progress line says it: ``in the bwrap sandbox``; ``in this process`` for an env that
+    brings its own tools (ToySum's ``tools="python"``: ``sandbox_kind`` None); ``by the server
+    at URL`` for an env that runs none of ours but a server's (OpenEnv's remote env, which
+    takes ``sandbox=`` and ignores it). Any other env is taken at its ``sandbox=``."""
+    made = env.unwrapped
+    if hasattr(made, "sandbox_kind"):
+        kind = made.sandbox_kind
+        return f"in the {kind} sandbox" if kind else "in this process"
+    url = getattr(made, "url", None)
+    if isinstance(url, str) and url:
+        return f"by the server at {url}"
+    return f"in the {sandbox} sandbox"
 
 
 def require_env(env_id: str, *, option: str = "--env") -> None:

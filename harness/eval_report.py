@@ -4,13 +4,17 @@ the one-line summary (docs/design.md §7)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 from harness.passk import mean_pass_at_k
-from thundersync.cli_output import fit, plain_table
+from thundersync.cli_output import WIDTH, fit, plain_table
 from thundersync.protocol.types import Trajectory
 
+NOTE_CHARS = 1000
+"""The most of an outcome said under the table: every actionable message we write fits (the
+unmapped-image one is 260); past it, a dumped log's first line is cut."""
 PASS = 1.0 - 1e-9
 """An attempt passes (for pass@k) when its reward is 1: the task fully solved."""
 
@@ -92,7 +96,68 @@ def _attempt(result: Trajectory) -> dict[str, Any]:
             attempt[key] = str(details[key])[:500]
     if details.get("unwatched"):  # strict grading had no test to follow (docs/design.md §6.1)
         attempt["unwatched"] = True
+    if not result.infra_failure and not _score(result) >= PASS:
+        attempt["reason"] = shortfall(result)
     return attempt
+
+
+def shortfall(result: Trajectory) -> str:
+    """Why a scored attempt fell short of 1, in a line: what its grader recorded (a reason,
+    tampering, a broken sandbox, a test run past its timeout, the failing tests, the answer
+    against the expected one), and how the episode ended when the agent did not submit. A
+    0 in a table without its reason reads as a policy that failed, whatever happened."""
+    d = result.details
+    if not math.isfinite(result.reward):
+        return f"the grader returned a non-finite reward ({result.reward!r}); scored 0"
+    if d.get("tamper_suspected"):
+        first = next(iter(d.get("tamper_reasons") or []), "")
+        why = f"tamper suspected: {first}" if first else "tamper suspected"
+    else:
+        why = next(
+            (
+                _line(d[key])
+                for key in ("reason", "agent_failure", "reward_error", "error")
+                if d.get(key)
+            ),
+            "",
+        )
+    if not why:
+        why = _outcome(d) or f"graded {result.reward:g} (the grader gave no reason)"
+    if result.stop_reason not in (None, "submitted", "error"):
+        why += f"; {result.stop_reason}"
+    return why
+
+
+def _outcome(d: dict[str, Any]) -> str:
+    """What the grader's details say of the outcome: the answer, the failing tests."""
+    if "expected" in d:
+        answer = d.get("answer")
+        if answer is None or answer == "":
+            return f"no answer (expected {d['expected']})"
+        return f"answered {answer}, expected {d['expected']}"
+    if d.get("timed_out"):
+        return "the tests timed out"
+    failing = [name for name, status in (d.get("tests") or {}).items() if status in _FAILING]
+    for group in (d.get("tests_status") or {}).values():
+        if isinstance(group, dict):
+            failing += [str(name) for name in group.get("failure") or []]
+    text = (
+        f"failed: {', '.join(failing[:3])}{', ...' if len(failing) > 3 else ''}" if failing else ""
+    )
+    if d.get("resolved") is False:
+        return "not resolved" + (f"; {text}" if text else "")
+    if not text and isinstance(d.get("exit_code"), int) and d["exit_code"] != 0:
+        return f"the tests exited {d['exit_code']}"
+    return text
+
+
+_FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
+"""A pytest summary's statuses of a failing test."""
+
+
+def _line(value: Any) -> str:
+    """The first non-empty line of a recorded message."""
+    return next((line.strip() for line in str(value).splitlines() if line.strip()), "")
 
 
 def summary(report: dict) -> tuple[int, str]:
@@ -129,20 +194,31 @@ def pass_at_k_line(report: dict) -> str | None:
 
 
 def report_table(report: dict) -> list[str]:
-    """Per task: the reward and the first infrastructure error, in at most 80 columns."""
+    """Per task: the reward and its outcome (solved, why it fell short, or the first
+    infrastructure error), in at most 80 columns. An outcome too long for its column is
+    numbered and said whole once under the table: cut to the column, the unmapped-image error
+    lost the ``--image-alias`` it names at its end."""
     several = report.get("k", 1) > 1  # then each task's passed/scored attempts too
-    header = ["task", "reward", *(["passed"] if several else []), "infra failure"]
+    header = ["task", "reward", *(["passed"] if several else []), "outcome"]
+    widths = [28, 6, 6, 34] if several else [28, 6, 42]
+    notes: dict[str, int] = {}
     rows = []
     for row in report["tasks"]:
         reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
-        errors = [a["error"] for a in row["attempts"] if a["infra_failure"] and "error" in a]
-        failure = ("yes: " + errors[0].splitlines()[0]) if errors else "no"
         passed = [f"{row['num_passed']}/{row['num_scored']}"] if several else []
-        rows.append([row["task_id"], reward, *passed, failure])
+        rows.append([row["task_id"], reward, *passed, _cell(_task_outcome(row), widths[-1], notes)])
     engine = f" ({report['engine']})" if report.get("engine") else ""
     title = f"{report['suite']} · agent {report['agent']}{engine} · {report['sandbox']}"
-    widths = [28, 6, 6, 35] if several else [28, 6, 42]
     lines = [fit(title), *plain_table(header, rows, widths)]
+    for text, number in notes.items():
+        said = text if len(text) <= NOTE_CHARS else fit(text, NOTE_CHARS) + " (--json: whole)"
+        lines += textwrap.wrap(
+            f"[{number}] {said}",
+            WIDTH,
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+            break_long_words=True,
+        )
     passing = pass_at_k_line(report)
     if passing:
         lines.append(passing)
@@ -151,3 +227,29 @@ def report_table(report: dict) -> list[str]:
             "infra-failed attempts are excluded from the means; non-finite rewards score 0"
         )
     return lines
+
+
+def _task_outcome(row: dict) -> tuple[str, str]:
+    """(label, text): ``solved``; an infrastructure failure and its first error; or why the
+    task's first attempt short of 1 fell short."""
+    attempts = row["attempts"]
+    if row["infra_failure"]:
+        errors = [_line(a.get("error", "")) for a in attempts if a["infra_failure"]]
+        return "infra failure", next((e for e in errors if e), "no error recorded")
+    short = [a for a in attempts if not a["infra_failure"] and "reason" in a]
+    if not short:
+        return "solved", ""
+    return "", short[0]["reason"]
+
+
+def _cell(outcome: tuple[str, str], width: int, notes: dict[str, int]) -> str:
+    """The outcome as it fits ``width``, or its label and note number (the text is in
+    ``notes``, numbered once however many tasks share it)."""
+    label, text = outcome
+    whole = f"{label}: {text}" if label and text else label or text
+    if len(whole) <= width:
+        return whole
+    number = notes.setdefault(text, len(notes) + 1)
+    head = f"{label} [{number}]" if label else f"[{number}]"
+    room = width - len(head) - 1
+    return f"{head} {fit(text, room)}" if room > 10 else head

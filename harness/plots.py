@@ -96,7 +96,9 @@ def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     engine, the learner) and what one episode spent in tools and in grading (those run
     concurrently across episodes, so they are per episode, not summed)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    # the legend goes below the axes: inside them, with bars of every height in every group,
+    # no corner is free and "best" puts it over a bar
+    fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
     names = list(results["modes"])
     bars = (
         ("step time", lambda m: m.get("step_time_s", 0.0)),
@@ -119,15 +121,17 @@ def _breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("seconds per step (median over steps and seeds)")
     ax.set_title("where a step's time goes")
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
+    fig.legend(fontsize=7, ncol=3, loc="outside lower center")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
 def _busy(mode: dict[str, Any], name: str) -> float:
-    return mode.get("breakdown_fraction", {}).get(name, 0.0) * mode.get("step_time_s", 0.0)
+    """Seconds per step a worker spent on ``name`` (its fraction of the training time, at
+    the median step)."""
+    fraction = mode.get("breakdown_fraction", {}).get(name) or 0.0
+    return fraction * mode.get("step_time_s", 0.0)
 
 
 def _timeline_plot(runs: list[Any], path: Path) -> Path:
@@ -138,12 +142,15 @@ def _timeline_plot(runs: list[Any], path: Path) -> Path:
 
 
 def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None) -> Path:
-    """One step of each run (its middle step by default) as a Gantt chart."""
+    """One step of each run (its middle step by default) as a Gantt chart, the runs one above
+    the other on one time axis, so that a longer step looks longer."""
     plt = _pyplot()
-    shown = folders
-    fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.6 + 1.6 * len(shown)), squeeze=False)
-    for ax, (mode, folder) in zip(axes[:, 0], shown.items()):
-        spans, start, end, chosen = _one_step(folder, step)
+    shown = {mode: _one_step(folder, step) for mode, folder in folders.items()}
+    longest = max((end - start for _, start, end, _ in shown.values()), default=0.0)
+    fig, axes = plt.subplots(
+        len(shown), 1, figsize=(8, 1.6 + 1.6 * len(shown)), squeeze=False, sharex=True
+    )
+    for ax, (mode, (spans, start, end, chosen)) in zip(axes[:, 0], shown.items()):
         rows = ["engine", "tools", "grading", "teacher", "learner"]
         row_of = {
             "engine": "engine",
@@ -167,7 +174,7 @@ def timeline_plot(folders: dict[str, Path], path: Path, step: int | None = None)
                 alpha=0.5,
             )
         ax.set_yticks(range(len(rows)), rows)
-        ax.set_xlim(0, max(end - start, 1e-3))
+        ax.set_xlim(0, max(longest, 1e-3))
         ax.set_title(
             f"{mode}: step {chosen['step']} of {chosen['of']} ({end - start:.2f} s, "
             "tools and grading summed over concurrent episodes)",

@@ -29,6 +29,13 @@ def add_simulate_parser(sub: Any) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
+        "run",
+        nargs="?",
+        default=None,
+        metavar="RUN_DIR",
+        help="a run folder of thundersync train, replayed (as timeline and export take one)",
+    )
+    source.add_argument(
         "--workload",
         help="long-tail, balanced, agentic, or a run folder of thundersync train",
     )
@@ -64,9 +71,45 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON: {value!r}")
 
 
+def source_problem(args: Any) -> str | None:
+    """Why the source given cannot be what its flag takes, naming the flag that takes it: a
+    run folder given to ``--project``, a path to no folder as a workload, a folder that holds
+    no run."""
+    if args.project is not None:
+        if args.project.is_dir():
+            what = "a run folder" if (args.project / "metrics.jsonl").is_file() else "a folder"
+            return (
+                f"--project {args.project} is {what}, not a projection file: give a run "
+                f"folder as `thundersync simulate {args.project}`"
+            )
+        return None
+    name = args.run if args.run is not None else args.workload
+    folder = Path(name)
+    if args.run is None and not folder.is_dir() and not _looks_like_a_path(name):
+        return None  # a named workload (an unknown name is refused with the known ones)
+    if not folder.is_dir():
+        return f"{name}: no such run folder"
+    if not (folder / "metrics.jsonl").is_file():
+        return (
+            f"{name}: not a run folder (no metrics.jsonl): give a folder thundersync train "
+            "wrote (--out), or --workload long-tail|balanced|agentic, or --project FILE"
+        )
+    return None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    return "/" in name or name.startswith((".", "~"))
+
+
 def run_simulate_command(args: Any) -> int:
     import sys
 
+    problem = source_problem(args)
+    if problem:
+        print(f"simulate: error: {problem}", file=sys.stderr)
+        return 2
+    if args.run is not None:
+        args.workload = args.run
     if args.project is not None:
         try:
             if args.staleness < 1 or args.steps < 1:

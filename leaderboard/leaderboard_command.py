@@ -37,7 +37,7 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
         "--html",
         default=None,
         metavar="DIR",
-        help="write a static page (tables and plots) to DIR/index.html",
+        help="also write a static page (tables and plots) to DIR/index.html",
     )
     parser.set_defaults(func=run_leaderboard_command)
 
@@ -69,10 +69,10 @@ def run_leaderboard_command(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"leaderboard: error: {exc}", file=sys.stderr)
         return 2
+    print_tables(entries, sort=args.sort)  # with --html too: the page is for sharing
     if args.html:
         index = write_html(entries, args.html)
         print(f"leaderboard: {len(entries)} result(s) from {path}; page written to {index}")
         return 0
-    print_tables(entries, sort=args.sort)
     print(f"leaderboard: {len(entries)} result(s) from {path}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 import re
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ EVAL_COLUMNS = (
     "#",
     "suite",
     "agent / checkpoint",
+    "sandbox / engine",
     "mean reward",
     "pass@1",
     "pass@k",
@@ -26,9 +28,10 @@ COMPARE_COLUMNS = (
     "#",
     "env",
     "mode",
+    "sandbox / engine",
     "time to target (s)",
     "acc @ budget",
-    "speed-up vs sync",
+    "speed-up vs sync (per seed)",
     "seeds",
     "steps",
     "target",
@@ -40,6 +43,10 @@ EVAL_SORT_KEYS = ("mean_reward", "pass@1", "pass@N", "num_tasks")
 COMPARE_SORT_KEYS = ("accuracy_at_budget", "final_accuracy", "speedup_vs_sync", "time_to_target_s")
 """What ``--sort`` takes for comparisons (medians; time to target the lowest first)."""
 _LOWER_IS_BETTER = {"time_to_target_s"}
+WIDTH = 140
+"""Columns the terminal tables take, when they fit (a wider table gets what it needs)."""
+UNBOUNDED = 10_000
+"""A console width no table reaches, to measure a table's natural width."""
 
 
 def sort_problem(sort: str) -> str | None:
@@ -74,6 +81,17 @@ def subject_label(entry: Entry) -> str:
     return path.name or entry.subject
 
 
+def runs_on(config: dict[str, Any], *, policy: bool = True) -> str:
+    """Where a result's episodes ran: the sandbox and, for a model's agent, the engine (and
+    the device when not the CPU). Two rows that differ only here are not the same result."""
+    sandbox = str(config.get("sandbox") or "-")
+    if not policy:
+        return sandbox
+    engine = str(config.get("engine") or "-")
+    device = config.get("device")
+    return f"{sandbox} / {engine}" + (f" ({device})" if device and device != "cpu" else "")
+
+
 def _yes_no(value: Any) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
@@ -90,6 +108,7 @@ def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]
                 str(e.id),
                 e.suite,
                 subject_label(e),
+                runs_on(e.config, policy=e.config.get("agent", "policy") == "policy"),
                 _num(m.get("mean_reward")),
                 _num(m.get("pass@1")),
                 f"{_num(m.get(f'pass@{k}'))} (k={k})",
@@ -102,35 +121,66 @@ def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]
     return rows
 
 
-def compare_rows(entries: list[Entry], sort: str = "accuracy_at_budget") -> list[list[str]]:
-    sign = 1.0 if sort in _LOWER_IS_BETTER else -1.0
-    rows = []
-    for e in (x for x in entries if x.kind == "compare"):
-        modes = e.metrics.get("modes", {})
-
-        def key(item: tuple[str, dict[str, Any]]) -> tuple[bool, float]:
-            median = (item[1].get(sort) or {}).get("median")
-            return median is None, sign * (median or 0.0)  # never reached: last
-
+def compare_rows(entries: list[Entry], sort: str | None = None) -> list[list[str]]:
+    """A row per mode of each comparison. Without ``sort``, each comparison's modes together
+    (the most accurate at the budget first); with it, every row ranked by it, whichever
+    comparison it is from, a mode that never reached the target last."""
+    rows = [(e, name, m) for e in entries if e.kind == "compare" for name, m in _modes(e)]
+    if sort is None:
+        rows.sort(key=lambda row: (row[0].id or 0, _rank(row[2], "accuracy_at_budget")))
+    else:
+        rows.sort(key=lambda row: _rank(row[2], sort))
+    out = []
+    for e, name, m in rows:
         train = e.config.get("train") or {}
         target, budget = e.metrics.get("target"), e.metrics.get("budget_s")
-        for name, m in sorted(modes.items(), key=key):
-            rows.append(
-                [
-                    str(e.id),
-                    e.suite,
-                    name,
-                    _ci(m.get("time_to_target_s"), 1),
-                    _ci(m.get("accuracy_at_budget")),
-                    _ci(m.get("speedup_vs_sync")),
-                    str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
-                    str(train.get("steps", "-")),
-                    _num(target, 2),
-                    _num(budget, 1),
-                    e.created_at[:10],
-                ]
-            )
-    return rows
+        out.append(
+            [
+                str(e.id),
+                e.suite,
+                name,
+                runs_on(train),
+                _ci(m.get("time_to_target_s"), 1),
+                _ci(m.get("accuracy_at_budget")),
+                _speedup(m),
+                str(len(m.get("time_to_target_s", {}).get("per_seed", []))),
+                str(train.get("steps", "-")),
+                _num(target, 2),
+                _num(budget, 1),
+                e.created_at[:10],
+            ]
+        )
+    return out
+
+
+def _modes(entry: Entry) -> list[tuple[str, dict[str, Any]]]:
+    return list((entry.metrics.get("modes") or {}).items())
+
+
+def _rank(mode: dict[str, Any], sort: str) -> tuple[bool, float]:
+    """Sort key: the best first, no value (never reached) last. A speed-up of None over a
+    sync that never reached the target is ∞ when the mode did: the best."""
+    median = (mode.get(sort) or {}).get("median")
+    if median is None and sort == "speedup_vs_sync" and _reached(mode):
+        median = math.inf
+    if median is None:
+        return True, 0.0
+    return False, median if sort in _LOWER_IS_BETTER else -median
+
+
+def _reached(mode: dict[str, Any]) -> bool:
+    return (mode.get("time_to_target_s") or {}).get("median") is not None
+
+
+def _speedup(mode: dict[str, Any]) -> str:
+    """The median per-seed speed-up with its CI: "never" when this mode never reached the
+    target, ∞ when it did and sync never did."""
+    stat = mode.get("speedup_vs_sync")
+    if stat and stat.get("median") is None and _reached(mode):
+        return "∞ (sync never)"
+    if stat and not _reached(mode) and "time_to_target_s" in mode:
+        return "never"
+    return _ci(stat)
 
 
 def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
@@ -141,10 +191,9 @@ def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(width=140)
     for title, columns, rows in (
         ("evaluations", EVAL_COLUMNS, eval_rows(entries, sort or "mean_reward")),
-        ("comparisons", COMPARE_COLUMNS, compare_rows(entries, sort or "accuracy_at_budget")),
+        ("comparisons", COMPARE_COLUMNS, compare_rows(entries, sort)),
     ):
         if not rows:
             continue
@@ -153,7 +202,10 @@ def print_tables(entries: list[Entry], *, sort: str | None = None) -> None:
             table.add_column(column)
         for row in rows:
             table.add_row(*map(Text, row))
-        console.print(table)
+        # as wide as the table needs (140 columns when that suffices): a narrower console
+        # cuts names to "…" first, and a leaderboard row is read by its env and its mode
+        needed = Console(width=UNBOUNDED).measure(table).maximum
+        Console(width=max(WIDTH, needed)).print(table)
 
 
 def write_html(entries: list[Entry], folder: str | Path, *, title: str = "ThunderSync") -> Path:

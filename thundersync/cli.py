@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from thundersync.cli_output import HelpFormatter, Startup
 
@@ -41,8 +44,50 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return run_verify_command(args)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with the closest flag or command suggested for one it does not know
+    (``--stpes`` -> ``--steps``): Python 3.14 does this itself, 3.11 does not. Subcommand
+    parsers are of this class too (``add_subparsers`` makes them of their parent's)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subcommands().get(getattr(parsed, "command", None) or "")
+            owner = command if command is not None else self
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            owner.error(message + _guess(extras, _flags(owner)))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument command: invalid choice: '([^']*)'", message)
+        if choice:
+            near = difflib.get_close_matches(choice.group(1), list(self._subcommands()), n=1)
+            message += f"; did you mean {near[0]!r}?" if near else ""
+        super().error(message)
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for a in parser._actions for flag in a.option_strings if flag.startswith("--")]
+
+
+def _guess(extras: Sequence[str], flags: list[str]) -> str:
+    """``; did you mean --steps?`` for the first unknown flag that resembles one, else ""."""
+    for word in extras:
+        if word.startswith("--"):
+            near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
+            if near:
+                return f"; did you mean {near[0]}?"
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="thundersync",
         description="Exact gradient streaming for agentic RL.",
         formatter_class=HelpFormatter,

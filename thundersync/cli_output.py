@@ -21,7 +21,9 @@ from typing import IO, Any
 PIPE_INTERVAL_S = 5.0
 """Seconds between two progress lines when stderr is not a terminal."""
 WIDTH = 80
-"""Columns a verdict line and a plain table fit in."""
+"""Columns a verdict line, a plain table and a progress status fit in."""
+BAR_WIDTH = 16
+"""Columns of the terminal bar itself (rich's default 40 left a long description none)."""
 
 
 class Progress:
@@ -29,10 +31,15 @@ class Progress:
     and says what it is doing.
 
     On a terminal it shows a transient rich bar with ETA, and the lines of ``say``/``phase``
-    above it. Elsewhere those lines are printed plain, and a daemon thread prints
-    ``<label>: <done>/<total> <unit>, <seconds> s[, still <what>]`` whenever nothing was
-    printed for ``PIPE_INTERVAL_S`` seconds, also while a single unit takes long (that line
-    is how a user tells slow from stuck). Every method may be called from any thread.
+    above it; what runs is cut to the width left, never the count and the ETA. Elsewhere
+    those lines are printed plain, and a daemon thread prints the status,
+    ``<label>: <done>/<total> <unit>, <seconds> s, ETA <time>[, still <what>]`` (``no ETA
+    yet`` before the first unit is done) in at most 80 columns (``what`` cut first):
+    whenever nothing was printed for ``PIPE_INTERVAL_S`` seconds, also while a single unit
+    takes long (that line is how a user tells slow from stuck), and every
+    ``PIPE_INTERVAL_S`` while units finish, though other lines come (a command that prints a
+    line per unit would otherwise never show its count and ETA). Every method may be called
+    from any thread.
     """
 
     def __init__(
@@ -54,14 +61,22 @@ class Progress:
         """What runs now (``phase``/``quietly``), for the periodic line and the bar."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._started = self._last_line = time.monotonic()
+        self._started = self._last_line = self._last_status = time.monotonic()
+        self._status_done = 0
+        """``done`` when the status was last printed."""
+        self._advanced: list[tuple[float, int]] = []
+        """(time, done) at this process's start and at its first and latest advance: the rate
+        the ETA is computed from."""
         self._thread: threading.Thread | None = None
         self._bar: Any = None
         self._bar_task: Any = None
 
     def __enter__(self) -> Progress:
         before = started()
-        self._started = self._last_line = time.monotonic()
+        self._started = self._last_line = self._last_status = time.monotonic()
+        with self._lock:
+            self._advanced = [(self._started, self.done)]
+            self._status_done = self.done
         for since in (before, self.quiet_since):
             if since is not None:
                 self._last_line = min(self._last_line, since)
@@ -75,17 +90,24 @@ class Progress:
                 TimeRemainingColumn,
             )
             from rich.progress import Progress as RichProgress
+            from rich.table import Column
 
             self._bar = RichProgress(
-                # what runs names the user's paths: text, so ``a[/b]`` in one is not markup
-                TextColumn(f"{self.label} {{task.description}}", markup=False),
-                BarColumn(),
+                # what runs names the user's paths: text, so ``a[/b]`` in one is not markup;
+                # it takes the width the others leave, cut with "…" (the count and ETA stay)
+                TextColumn(
+                    f"{self.label} {{task.description}}",
+                    markup=False,
+                    table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+                ),
+                BarColumn(bar_width=BAR_WIDTH),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 console=Console(file=self.stream),
                 transient=True,
+                expand=True,
             )
             self._bar.__enter__()
             self._bar_task = self._bar.add_task(self.unit, total=self.total, completed=self.done)
@@ -105,13 +127,19 @@ class Progress:
     def advance(self, n: int = 1) -> None:
         with self._lock:
             self.done += n
+            latest = (time.monotonic(), self.done)
+            if len(self._advanced) < 3:
+                self._advanced.append(latest)
+            else:
+                self._advanced[2] = latest
         if self._bar is not None:
             self._bar.advance(self._bar_task, n)
 
     def skip_to(self, done: int) -> None:
         """Units finished before this process started (a resumed run)."""
         with self._lock:
-            self.done = done
+            self.done = self._status_done = done
+            self._advanced = [(self._advanced[0][0] if self._advanced else time.monotonic(), done)]
         if self._bar is not None:
             self._bar.update(self._bar_task, completed=done)
 
@@ -147,18 +175,52 @@ class Progress:
         return f"{self.label}: {self._status()}"
 
     def _status(self) -> str:
+        """The status, in ``WIDTH`` columns with the label: what runs is cut, never the count
+        or the ETA before it."""
+        now = time.monotonic()
         with self._lock:
-            done, what = self.done, self.what
-        elapsed = time.monotonic() - self._started
-        still = f", still {what}" if what else ""
-        return f"{done}/{self.total} {self.unit}, {elapsed:.0f} s{still}"
+            done, what, advanced = self.done, self.what, list(self._advanced)
+            self._last_status, self._status_done = now, done
+        eta = _eta(advanced, self.total, now)
+        head = f"{done}/{self.total} {self.unit}, {now - self._started:.0f} s, {eta}"
+        room = WIDTH - len(self.label) - 2 - len(head)
+        still = fit(f", still {what}", room) if what and room > len(", still ...") else ""
+        return head + still
 
     def _tick(self) -> None:
         while not self._stop.wait(PIPE_INTERVAL_S / 5):
+            now = time.monotonic()
             with self._lock:
-                silent = time.monotonic() - self._last_line >= PIPE_INTERVAL_S
-            if silent:
+                silent = now - self._last_line >= PIPE_INTERVAL_S
+                moved = self.done != self._status_done
+                due = moved and now - self._last_status >= PIPE_INTERVAL_S
+            if silent or due:
                 self.say(self._status())
+
+
+def _eta(advanced: list[tuple[float, int]], total: int, now: float) -> str:
+    """``ETA <time>`` from the rate units finished at: between the first and the latest
+    advance (the first unit also carries the start-up, so it is the rate only until a second
+    one is in), counting down from the latest; never below what the other units left need,
+    while one takes longer than the rate."""
+    if len(advanced) < 2:
+        return "no ETA yet"
+    (t0, d0), (t1, d1) = (advanced[0], advanced[-1]) if len(advanced) == 2 else advanced[1:3]
+    if d1 <= d0:
+        return "no ETA yet"
+    per_unit, left = (t1 - t0) / (d1 - d0), max(total - d1, 0)
+    seconds = max(left * per_unit - (now - t1), (left - 1) * per_unit, 0.0)
+    return f"ETA {duration(seconds)}"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 class Startup:

@@ -11,9 +11,42 @@ import torch
 Arch = Literal["qwen3", "llama", "gpt2"]
 
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% if tools %}<|im_start|>system\nYou may call these tools, each call on its own as "
+    '<tool_call>\n{"name": <tool>, "arguments": <JSON object>}\n</tool_call>:\n<tools>'
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>"
+    "<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% endif %}"
+    "{% for call in m['tool_calls'] or [] %}"
+    "{% set f = call['function'] if call['function'] is defined else call %}"
+    "{% if not loop.first or m['content'] %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ f[\'name\'] }}", "arguments": '
+    "{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ f['arguments'] | tojson }}"
+    "{% endif %}}\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+"""ChatML. With ``tools`` (TRL's ``GRPOTrainer`` passes its environment's), a system turn
+lists them and an assistant turn's ``tool_calls`` render as ``<tool_call>`` JSON, as Qwen's
+templates do; without them it renders exactly as it always has (the ids of every earlier run
+stay what they were)."""
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""How a reply under ``CHAT_TEMPLATE`` parses back into content and tool calls
+(transformers' ``response_template``, saved with the tokenizer): what TRL reads a sampled tool
+call with."""
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = """\
@@ -30,7 +63,9 @@ File "/testbed/src/module.py", line 12, in main: KeyError: 'name'
 
 
 def train_tokenizer(texts: list[str] | None = None, *, vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained in well under a second, with a chat template.
+    """A byte-level BPE tokenizer trained in well under a second, with a chat template that
+    takes tools (``CHAT_TEMPLATE``, ``RESPONSE_TEMPLATE``: TRL's tool-calling trainers refuse
+    a template without them).
 
     Byte-level means every string encodes (no unknown tokens) and decodes back exactly.
     """
@@ -54,6 +89,7 @@ def train_tokenizer(texts: list[str] | None = None, *, vocab_size: int = 512):
         padding_side="left",
     )
     fast.chat_template = CHAT_TEMPLATE
+    fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 
@@ -190,6 +226,9 @@ def model_folder(value: str | Path, *, option: str = "--model") -> str:
     try:
         return snapshot_download(text, local_files_only=True)
     except (LocalEntryNotFoundError, HFValidationError, OSError) as exc:
+        local = _missing_local_folder(text)
+        if local:
+            raise ValueError(f"{option} {text}: no such folder ({local})") from None
         cause = "" if isinstance(exc, LocalEntryNotFoundError) else f" ({type(exc).__name__})"
         raise ValueError(
             f"{option} {text}: no such folder, and no model {text} in the local Hugging Face "
@@ -197,6 +236,18 @@ def model_folder(value: str | Path, *, option: str = "--model") -> str:
             f"`hf download {text}` (or `huggingface-cli download {text}`): ThunderSync never "
             "downloads"
         ) from None
+
+
+def _missing_local_folder(text: str) -> str | None:
+    """What is there instead, when ``text`` (``org/name`` in form) names a folder under an
+    existing one (``runs/warm`` with ``runs/`` here): the user meant a local path, not a hub
+    id. None when its first part is no folder here (then it reads as a hub id)."""
+    parent = Path(text).expanduser().parent
+    if not parent.is_dir():
+        return None
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"{parent}/ holds {shown}" if names else f"{parent}/ holds no folder"
 
 
 def load_tokenizer(path: str | Path):

@@ -124,13 +124,17 @@ def to_atif(
     texts: list[str] | None = None,
     version: str = "",
     agent: dict[str, Any] | None = None,
+    decoded_with: Path | str | None = None,
 ) -> Any:
     """The episode as an ``atif.Trajectory`` (validated by its models). ``texts``: the
-    conversation (prompt, action 0, observation 0, ..., last action) when it was recorded;
-    ``agent``: the run's settings that say who acted (model, agent, mode, strict grading)."""
+    conversation (prompt, action 0, observation 0, ..., last action, and the last action's
+    observation when known) as recorded, or as decoded from the ids with the tokenizer in
+    ``decoded_with``; ``agent``: the run's settings that say who acted (model, agent, mode,
+    strict grading)."""
     atif = atif_models()
     s, r, c = episode.started, episode.reward, episode.completed
-    texts = texts if texts is not None and len(texts) == 2 * len(episode.turns) else None
+    whole = texts is not None and len(texts) in (2 * len(episode.turns), 2 * len(episode.turns) + 1)
+    texts = texts if whole else None
     steps = [
         atif.Step(
             step_id=1,
@@ -191,7 +195,11 @@ def to_atif(
         ),
         steps=steps,
         notes="token-in/token-out: metrics hold the exact ids and sampling log-probs; "
-        "messages hold text only where the run recorded it",
+        + (
+            f"messages are the ids decoded with the run's tokenizer ({decoded_with})"
+            if decoded_with is not None and texts
+            else "messages hold text only where the run recorded it"
+        ),
         final_metrics=atif.FinalMetrics(
             total_prompt_tokens=sum(st.metrics.prompt_tokens for st in steps if st.metrics),
             total_completion_tokens=sum(len(t.action_ids) for t in episode.turns),

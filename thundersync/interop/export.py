@@ -2,7 +2,9 @@
 
 The source is a folder's ``trajectories.jsonl`` (every episode event in full, token ids and
 log-probs included); ``events.jsonl`` holds only token counts, so a folder without the former
-cannot give a training-grade export and is refused with the reason. A ``compare`` folder is
+cannot give a training-grade export and is refused with the reason. Messages hold text: an
+eval's from its ``attempts.jsonl``, a training run's decoded from its ids with the tokenizer
+of the model its ``config.json`` names (``TextDecoder``). A ``compare`` folder is
 exported run by run (``OUT/<run>/``). Light to import: the ``atif`` package is loaded only when
 a document is built. Exit codes: 0 written, 2 bad input (with a one-line reason).
 """
@@ -32,7 +34,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
         "models), from the folder's trajectories.jsonl (train, compare and eval --out write "
         "it; a folder from before it existed is refused): each agent "
         "turn's exact prompt and completion token ids, sampling log-probs and policy version, "
-        "tool calls and observations, the reward and how it was graded. Needs the interop "
+        "tool calls and observations, their text (an eval's as it recorded it, a training "
+        "run's decoded with the tokenizer of the model its config.json names), the reward and "
+        "how it was graded. Needs the interop "
         "extra: pip install 'thundersync[interop]'. Exit 0: written; 2: bad input.",
         formatter_class=HelpFormatter,
     )
@@ -122,13 +126,21 @@ def export_run(run: Path, events: list[ev.Event], out: Path) -> tuple[int, list[
 
     done, incomplete = episodes(events)
     texts = _conversations(run)
+    decoder = None if texts else TextDecoder.of_run(run)
     version, agent = _version(), _agent(run)
     out.mkdir(parents=True, exist_ok=True)
     names: set[str] = set()
     for episode in done:
         episode_id = episode.started.episode_id
+        recorded = texts.get(episode_id)
+        decoded = decoder is not None and recorded is None
         doc = to_atif(
-            episode, session_id=run.name, texts=texts.get(episode_id), version=version, agent=agent
+            episode,
+            session_id=run.name,
+            texts=decoder.texts(episode) if decoded else recorded,
+            version=version,
+            agent=agent,
+            decoded_with=decoder.folder if decoded else None,
         ).to_json_dict()
         name = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
         while name in names:
@@ -152,6 +164,81 @@ def _conversations(run: Path) -> dict[str, list[str]]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             continue  # text is a courtesy: the ids are the trajectory
     return out
+
+
+class TextDecoder:
+    """The text of a run's token ids, for a run that recorded ids only (``train``): the
+    run's own tokenizer decodes them, and its chat template's wrapping (role headers,
+    end-of-turn markers) is taken off the prompt and each observation, so that a message holds
+    what an eval's export holds: the instruction, the action, the tool's output."""
+
+    def __init__(self, folder: Path, chat: Any) -> None:
+        self.folder, self.chat = folder, chat
+        self._prompt = _wrapping(chat, chat.prompt_ids)
+        self._observation = _wrapping(chat, chat.observation_ids)
+
+    @classmethod
+    def of_run(cls, run: Path) -> TextDecoder | None:
+        """The decoder of the tokenizer the run names (its model, its initial tiny model or a
+        checkpoint), or None when none loads: the ids are the trajectory, text a courtesy."""
+        folder = _tokenizer_folder(run)
+        if folder is None:
+            return None
+        try:
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            from thundersync.training.chat import ChatFormat
+
+            hf_logging.disable_progress_bar()
+            return cls(folder, ChatFormat(AutoTokenizer.from_pretrained(folder)))
+        except (ImportError, OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"export: no text for {run}'s ids ({folder}: {exc})", file=sys.stderr)
+            return None
+
+    def texts(self, episode: Any) -> list[str]:
+        """The prompt's content, then each turn's action and tool output."""
+        out = [self._content(episode.started.prompt_ids, self._prompt)]
+        for k, turn in enumerate(episode.turns):
+            tool = episode.tools.get(k)
+            out.append(self.chat.action_text(tuple(turn.action_ids)))
+            out.append(self._content(tool.observation_ids, self._observation) if tool else "")
+        return out
+
+    def _content(self, ids: Any, wrapping: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+        head, tail = wrapping
+        ids = tuple(ids)
+        wrapped = len(ids) >= len(head) + len(tail) and ids[: len(head)] == head
+        if wrapped and ids[len(ids) - len(tail) :] == tail:
+            # content was encoded with special-token strings split as text: decode it whole
+            middle = list(ids[len(head) : len(ids) - len(tail)])
+            return self.chat.tokenizer.decode(middle, skip_special_tokens=False)
+        return self.chat.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _wrapping(chat: Any, wrap: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids ``wrap`` (``prompt_ids`` or ``observation_ids``) puts before and after a
+    message's content, found by wrapping nothing and a probe."""
+    empty, probe = tuple(wrap("")), "x"
+    wrapped, content = tuple(wrap(probe)), tuple(chat.content_ids(probe))
+    for cut in range(len(empty) + 1):
+        if wrapped == empty[:cut] + content + empty[cut:]:
+            return empty[:cut], empty[cut:]
+    return (), ()
+
+
+def _tokenizer_folder(run: Path) -> Path | None:
+    """A folder with the run's tokenizer: the model ``config.json`` names, the tiny model a
+    run without one built, else its newest checkpoint (every checkpoint saves it)."""
+    try:
+        config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        config = {}
+    named = [config.get(k) for k in ("model", "checkpoint")] if isinstance(config, dict) else []
+    candidates = [Path(str(p)) for p in named if p]
+    candidates.append(run / "init-model")
+    candidates += sorted((run / "checkpoints").glob("step-*"), reverse=True)
+    return next((p for p in candidates if (p / "tokenizer_config.json").is_file()), None)
 
 
 AGENT_SETTINGS = ("agent", "mode", "algo", "env", "suite", "strict", "temperature", "seed")

@@ -139,3 +139,54 @@ def test_episode_envs_leaves_a_checker_the_registration_turned_off_off():
                 episode_envs("testonly/Unchecked-v0")().reset(seed=0)
     finally:
         gym.registry.pop("testonly/Unchecked-v0")
+
+
+# --- an env's keywords, and where its episodes are graded --------------------------------------
+
+
+def test_a_misspelt_env_keyword_names_the_envs_keywords_and_the_closest(tmp_path):
+    """``{"tool": "python"}`` for ToySum's ``tools``: the error listed the task's keywords
+    only (num_keys, max_value), so the keyword meant was nowhere in it."""
+    from environments.registry import task_source
+
+    with pytest.raises(ValueError) as caught:
+        task_source("thundersync/ToySum-v0", tool="python")
+    message = str(caught.value)
+    assert "'tool'" in message and "did you mean 'tools'?" in message, message
+    assert "tools" in message.split("env keywords:")[1] and "num_keys" in message, message
+    task_source("thundersync/ToySum-v0", tools="python", num_keys=3)  # the right ones pass
+
+
+def test_train_names_the_env_keyword_a_typo_meant(tmp_path, capsys):
+    from thundersync.cli import main
+
+    code = main(
+        ["train", "--env", "thundersync/ToySum-v0", "--env-kwargs", '{"tool": "python"}']
+        + ["--steps", "1", "--out", str(tmp_path / "run")]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "did you mean 'tools'?" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs, place",
+    [
+        ("thundersync/ToySum-v0", {"sandbox": "bwrap"}, "in the bwrap sandbox"),
+        ("thundersync/ToySum-v0", {"sandbox": "bwrap", "tools": "python"}, "in this process"),
+        (
+            "openenv/Remote-v0",
+            {"sandbox": "bwrap", "url": "http://127.0.0.1:9"},
+            "by the server at http://127.0.0.1:9",
+        ),
+    ],
+)
+def test_where_an_envs_episodes_are_graded_is_said_as_it_is(env_id, kwargs, place):
+    """A remote OpenEnv env is graded on its server, ToySum with in-process tools in this
+    process: neither "in the bwrap sandbox", which is what ``train`` said of both."""
+    from environments.registry import grading_place
+
+    env = gym.make(env_id, disable_env_checker=True, **kwargs)
+    try:
+        assert grading_place(env, kwargs["sandbox"]) == place
+    finally:
+        env.close()

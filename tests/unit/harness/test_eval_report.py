@@ -107,14 +107,16 @@ def test_the_summary_is_the_last_line_and_the_table_fits_80_columns(canned, caps
     lines = capsys.readouterr().out.splitlines()
     assert all(len(line) <= 80 for line in lines), [x for x in lines if len(x) > 80]
     assert lines[-1] == "eval: mean reward 1.000 over 1/2 tasks; 1/2 attempts infra-failed"
-    assert any(line.startswith("b ") and "yes: SandboxError: died" in line for line in lines)
+    assert any(
+        line.startswith("b ") and "infra failure: SandboxError: died" in line for line in lines
+    )
 
 
 def test_the_table_marks_each_task():
     report = build_report(CONFIG, [[result("a", 1.0, False, "e0")]])  # k=2: passed/scored too
-    assert report_table(report)[2].split() == ["a", "1.000", "1/1", "no"]
+    assert report_table(report)[2].split() == ["a", "1.000", "1/1", "solved"]
     one = build_report(dataclasses.replace(CONFIG, k=1), [[result("a", 1.0, False, "e0")]])
-    assert report_table(one)[2].split() == ["a", "1.000", "no"]
+    assert report_table(one)[2].split() == ["a", "1.000", "solved"]
 
 
 # --- sandbox prerequisites ------------------------------------------------------------------
@@ -199,6 +201,69 @@ def test_with_k_above_one_the_summary_and_table_show_pass_at_k(canned, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "eval: mean reward 0.333 over 2/2 tasks; 0/6 attempts infra-failed"
     assert lines[-2] == "pass@1 0.333, pass@3 0.500 (unbiased; an attempt passes with reward 1)"
-    assert lines[1].split() == ["task", "reward", "passed", "infra", "failure"]
+    assert lines[1].split() == ["task", "reward", "passed", "outcome"]
     assert lines[2].split()[:3] == ["a", "0.667", "2/3"] and lines[3].split()[2] == "0/3"
     assert all(len(line) <= 80 for line in lines)
+
+
+IMAGE_ERROR = (
+    "SandboxError: no local image ubuntu:24.04 and no registry to pull it from: pass "
+    "--image-alias ubuntu:24.04=thundersync/base:bookworm (or set THUNDERSYNC_IMAGE_ALIASES="
+    "ubuntu:24.04=thundersync/base:bookworm) to build on the local base image, if the task "
+    "needs nothing else from ubuntu:24.04"
+)
+
+
+def scored(task_id: str, reward: float, details: dict, stop: str = "submitted") -> Trajectory:
+    return Trajectory(f"{task_id}-e0", "g", 1, task_id, (), (), reward, False, stop, details)
+
+
+@pytest.mark.parametrize(
+    "details, stop, reason",
+    [
+        ({"answer": "41", "expected": "42"}, "submitted", "answered 41, expected 42"),
+        ({"answer": None, "expected": "42"}, "max_turns", "no answer (expected 42); max_turns"),
+        (
+            {"timed_out": True, "reason": "the tests ran past their 8 s timeout"},
+            "submitted",
+            "the tests ran past their 8 s timeout",
+        ),
+        (
+            {"exit_code": 1, "tests": {"test_a": "PASSED", "test_b": "FAILED"}},
+            "submitted",
+            "failed: test_b",
+        ),
+        (
+            {"resolved": False, "tests_status": {"FAIL_TO_PASS": {"failure": ["t::x"]}}},
+            "submitted",
+            "not resolved; failed: t::x",
+        ),
+        ({"tamper_suspected": True, "tamper_reasons": ["conftest.py"]}, "submitted", "tamper"),
+        ({}, "submitted", "graded 0 (the grader gave no reason)"),
+    ],
+)
+def test_every_zero_in_the_table_carries_its_reason(details, stop, reason):
+    report = build_report(dataclasses.replace(CONFIG, k=1), [[scored("t", 0.0, details, stop)]])
+    assert report["tasks"][0]["attempts"][0]["reason"].startswith(reason)
+    row = report_table(report)[2]
+    assert row.split()[:2] == ["t", "0.000"] and reason in row, row
+
+
+def test_a_long_reason_is_never_cut_before_the_flag_it_names(canned, capsys):
+    """The unmapped-image error names the --image-alias to pass at its end: cut to the
+    column, the table kept only ``SandboxError: no local image ubunt...``. A reason too long
+    for its column is numbered, and said whole once under the table, within 80 columns."""
+    infra = [
+        Trajectory(f"e{i}", "g", 1, f"task-{i}", (), (), 0.0, True, "error", {"error": IMAGE_ERROR})
+        for i in range(3)
+    ]
+    canned([[infra[0]], [infra[1]], [infra[2]], [scored("ok", 1.0, {})]])
+    assert main(["eval", "--suite", "toy-sum", "--no-leaderboard"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines), [x for x in lines if len(x) > 80]
+    rows = [line for line in lines if line.startswith("task-")]
+    assert len(rows) == 3 and all("infra failure [1]" in row for row in rows), rows
+    notes = lines[lines.index(next(x for x in lines if x.startswith("[1] "))) :]
+    said = " ".join(line.strip() for line in notes if not line.startswith("eval:"))
+    assert IMAGE_ERROR in said.removeprefix("[1] "), said
+    assert sum(line.startswith("[") for line in lines) == 1  # said once for the three tasks

@@ -461,3 +461,41 @@ def test_a_one_step_run_is_summarised_from_its_only_step(tmp_path):
     assert summary["steps"] == 1 and summary["step_time_s"] == pytest.approx(1.55)
     # T*: the first trajectory's learning runs before the second reward: 1.0 + 0.2 + 0.15
     assert summary["efficiency"] == pytest.approx(1.35 / 1.55)
+
+
+def test_simulate_takes_a_run_folder_as_timeline_and_export_do(tmp_path, capsys):
+    """``timeline RUN_DIR`` and ``export RUN_DIR`` take the folder itself: so does simulate."""
+    from thundersync.cli import main
+
+    steps = [sync_step(2.0 * n, (0.5, 1.0)) for n in range(4)]
+    run = write_run(tmp_path / "sync", {"mode": "sync"}, steps)
+    assert main(["simulate", str(run)]) == 0
+    assert "the run replayed in its own mode (sync" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flag, make, message",
+    [
+        (
+            "--project",
+            "run",
+            "is a run folder, not a projection file: give a run folder as `thundersync simulate ",
+        ),
+        ("--workload", "missing", "no such run folder"),
+        ("", "empty", "not a run folder (no metrics.jsonl)"),
+    ],
+)
+def test_a_folder_given_to_the_wrong_flag_names_the_right_one(
+    tmp_path, capsys, flag, make, message
+):
+    from thundersync.cli import main
+
+    steps = [sync_step(2.0 * n, (0.5, 1.0)) for n in range(4)]
+    folder = {
+        "run": lambda: write_run(tmp_path / "sync", {"mode": "sync"}, steps),
+        "missing": lambda: tmp_path / "runs" / "nothing-here",
+        "empty": lambda: tmp_path,
+    }[make]()
+    code = main(["simulate", *([flag] if flag else []), str(folder)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err

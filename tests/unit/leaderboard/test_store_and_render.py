@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from leaderboard.render import compare_rows, eval_rows, write_html
+from leaderboard.render import COMPARE_COLUMNS, compare_rows, eval_rows, write_html
 from leaderboard.store import (
     SCHEMA_VERSION,
     Entry,
@@ -100,7 +100,7 @@ def test_tables_sort_and_the_page_holds_rows_and_plots(tmp_path):
     assert [row[2] for row in eval_rows(entries)] == ["oracle", "nop"]
     rows = compare_rows(entries)
     assert [row[2] for row in rows] == ["sync", "streaming"]
-    assert rows[0][3] == "12.5 [10.0, inf]"
+    assert rows[0][4] == "12.5 [10.0, inf]"
     index = write_html(entries, tmp_path / "site")
     page = index.read_text()
     assert page.count("<tr>") == 1 + 2 + 1 + 2  # two headers, two evals, two modes
@@ -137,9 +137,9 @@ def test_rows_show_strict_the_run_of_a_checkpoint_and_the_comparison_settings(tm
         }
     )
     (row,) = eval_rows([entry])
-    assert row[2] == "streaming-seed0/step-000004" and row[8] == "yes"
+    assert row[2] == "streaming-seed0/step-000004" and row[9] == "yes"
     (old,) = eval_rows([eval_entry("oracle", 1.0)])  # a row from before: no strict recorded
-    assert old[2] == "oracle" and old[8] == "-"
+    assert old[2] == "oracle" and old[9] == "-"
     plot = tmp_path / "p.png"
     compare = compare_entry(plot)
     compare = Entry(
@@ -150,7 +150,7 @@ def test_rows_show_strict_the_run_of_a_checkpoint_and_the_comparison_settings(tm
         }
     )
     rows = compare_rows([compare])
-    assert [r[7:10] for r in rows] == [["12", "0.60", "40.0"]] * 2
+    assert [r[8:11] for r in rows] == [["12", "0.60", "40.0"]] * 2
 
 
 def test_time_to_target_sorts_the_fastest_first_and_never_last():
@@ -196,3 +196,119 @@ def test_names_that_look_like_markup_are_shown_literally(tmp_path, capsys):
     out = capsys.readouterr().out
     evaluation, comparison = (line for line in out.splitlines() if MARKUP[0] in line)
     assert MARKUP[1] in evaluation and MARKUP[2] in comparison, out
+
+
+def _stat(median):
+    return {"median": median, "ci": [median, median], "per_seed": [median, median, median]}
+
+
+def _comparison(suite: str, speedups: dict, times: dict, sandbox: str = "bwrap") -> Entry:
+    modes = {
+        name: {
+            "time_to_target_s": _stat(times[name]),
+            "accuracy_at_budget": _stat(0.5),
+            "speedup_vs_sync": _stat(speed),
+        }
+        for name, speed in speedups.items()
+    }
+    train = {"steps": 12, "sandbox": sandbox, "engine": "hf", "device": "cpu"}
+    return Entry(
+        kind="compare",
+        suite=suite,
+        suite_version="v",
+        subject=",".join(modes),
+        metrics={"modes": modes, "target": 0.6, "budget_s": 40.0},
+        config={"train": train},
+        machine=MACHINE,
+    )
+
+
+LONG_ENV = "thundersync/TerminalGen-v0-with-a-long-plugin-name"
+
+
+def _store(tmp_path) -> str:
+    """Two comparisons: the first never reached its target (no speed-up in any mode), the
+    second did, in bwrap; and two evaluations of one agent, in bwrap and in Docker."""
+    db = tmp_path / "lb.sqlite"
+    with Store(db) as store:
+        store.append(
+            _comparison(
+                LONG_ENV,
+                {"sync": None, "async-k1": None, "streaming": None},
+                {"sync": None, "async-k1": None, "streaming": None},
+            )
+        )
+        store.append(
+            _comparison(
+                "thundersync/ToySum-v0",
+                {"sync": 1.0, "async-k1": 0.3, "streaming": 1.22},
+                {"sync": 6.7, "async-k1": 21.9, "streaming": 6.0},
+                sandbox="docker",
+            )
+        )
+        for sandbox in ("bwrap", "docker"):
+            entry = eval_entry("oracle", 1.0, suite="tb1-mini")
+            entry = dataclasses.replace(entry, config={"agent": "oracle", "sandbox": sandbox})
+            store.append(entry)
+    return str(db)
+
+
+def _table_rows(out: str, title: str) -> list[str]:
+    """The data rows of the rich table titled ``title`` (its lines that start with │ and hold
+    a row number)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == title)
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip() or (line.strip() and line.strip()[0] not in "┏┃┡│└"):
+            break
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if line.startswith("│") and cells[0].isdigit():
+            rows.append(line)
+    return rows
+
+
+def test_html_also_prints_the_tables(tmp_path, capsys):
+    """The README's first hour shows `leaderboard --html` printing the terminal tables and
+    then where the page went."""
+    from thundersync.cli import main
+
+    db = _store(tmp_path)
+    assert main(["leaderboard", "--db", db, "--html", str(tmp_path / "site")]) == 0
+    out = capsys.readouterr().out
+    assert "evaluations" in out and "comparisons" in out
+    assert _table_rows(out, "evaluations") and _table_rows(out, "comparisons")
+    assert out.rstrip().splitlines()[-1] == (
+        f"leaderboard: 4 result(s) from {db}; page written to {tmp_path / 'site' / 'index.html'}"
+    )
+
+
+def test_rows_name_their_sandbox_and_engine_and_env_names_are_whole(tmp_path, capsys):
+    from thundersync.cli import main
+
+    assert main(["leaderboard", "--db", _store(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    evaluations = _table_rows(out, "evaluations")
+    assert len(evaluations) == 2
+    assert "bwrap" in evaluations[0] and "docker" in evaluations[1]
+    assert "bwrap" not in evaluations[1] and "docker" not in evaluations[0]
+    comparisons = _table_rows(out, "comparisons")
+    assert all("hf" in row for row in comparisons)
+    assert sum(LONG_ENV in row for row in comparisons) == 3, out
+
+
+def test_sorting_by_speed_up_ranks_every_comparison_and_never_comes_last(tmp_path, capsys):
+    from thundersync.cli import main
+
+    assert main(["leaderboard", "--db", _store(tmp_path), "--sort", "speedup_vs_sync"]) == 0
+    rows = _table_rows(capsys.readouterr().out, "comparisons")
+    modes = [[c.strip() for c in row.strip("│ ").split("│")][2] for row in rows]
+    assert modes[:3] == ["streaming", "sync", "async-k1"], rows
+    assert all("never" in row for row in rows[3:]) and len(rows) == 6
+
+
+def test_a_speed_up_over_a_sync_that_never_reached_the_target_is_not_never():
+    entry = _comparison("e", {"sync": None, "streaming": None}, {"sync": None, "streaming": 9.0})
+    rows = {row[2]: row for row in compare_rows([entry])}
+    speed = COMPARE_COLUMNS.index("speed-up vs sync (per seed)")
+    assert rows["sync"][speed] == "never" and rows["streaming"][speed].startswith("∞")

@@ -135,3 +135,27 @@ def test_envs_shows_names_that_look_like_markup_literally(monkeypatch, capsys):
     assert main(["envs"]) == 0
     out = capsys.readouterr().out
     assert "thundersync/a[/b]-v0" in out and "plugin:[reverse]Env[/reverse]" in out, out
+
+
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["train", "--stpes", "3"], "did you mean --steps?"),
+        (["train", "--stpes=3"], "did you mean --steps?"),
+        (["eval", "--suite", "toy-sum", "--tsks", "3"], "did you mean --tasks?"),
+        (["trian"], "did you mean 'train'?"),
+    ],
+)
+def test_a_misspelt_flag_or_command_gets_the_closest_one(argv, suggestion, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2
+    assert err[-1].startswith("thundersync") and err[-1].endswith(suggestion), err
+
+
+def test_a_flag_nothing_resembles_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--zzzzzz", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("unrecognized arguments: --zzzzzz 1"), err

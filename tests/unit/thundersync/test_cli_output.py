@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import threading
 import time
 
@@ -153,7 +154,7 @@ def test_each_warmstart_phase_keeps_the_interval_of_the_one_before():
         assert progress._bar.quiet_since == before.last_line_at
 
 
-def test_the_bar_shows_what_runs_as_text_not_markup():
+def test_the_bar_shows_what_runs_as_text_not_markup(monkeypatch):
     """What runs names the user's paths (``--model``): on a terminal, ``a[/b]`` in one must
     not crash the bar (rich's MarkupError) nor ``[reverse]`` restyle it."""
 
@@ -161,9 +162,53 @@ def test_the_bar_shows_what_runs_as_text_not_markup():
         def isatty(self):
             return True
 
+    monkeypatch.setenv("COLUMNS", "160")  # wide enough for the whole of what runs
+
     terminal = Terminal()
     what = "loading the model /m/[reverse]x[/reverse]/a[/b]"
     with Progress("train", 2, "steps", stream=terminal) as progress:
         progress.quietly(what)  # the bar alone shows it: no line of its own
         progress.advance()
     assert what in terminal.getvalue()
+
+
+ROLLING_OUT = "rolling out step 4/12: 8 tasks × 8 episodes, graded in the bwrap sandbox"
+"""What ``train`` names while a step rolls out: long enough to push anything after it past
+80 columns."""
+
+
+def test_through_a_pipe_train_keeps_its_step_count_and_eta_within_80_columns(monkeypatch):
+    """Each step prints its own line, so the periodic status (printed after a silence) never
+    came, and it had no ETA anyway: the count and the ETA come at least every interval while
+    steps finish, first on the line, the line within 80 columns."""
+    monkeypatch.setattr(cli_output, "PIPE_INTERVAL_S", 0.05)
+    pipe = Pipe(wanted=10**9)
+    with Progress("train", 12, "steps", stream=pipe) as progress:
+        progress.phase(ROLLING_OUT)
+        for step in range(1, 7):
+            time.sleep(0.03)  # a step, shorter than the interval: its line keeps it busy
+            progress.say(f"step {step}/12: reward mean 0.500, solved 50% of 64 episodes " * 2)
+            progress.advance()
+    status = [line for line in pipe.getvalue().splitlines() if " steps, " in line]
+    assert all(len(line) <= 80 for line in status), status
+    counted = [line for line in status if not line.startswith("train: 0/12")]
+    assert counted, pipe.getvalue()  # the status came although every step printed a line
+    for line in counted:
+        assert re.match(r"train: [1-6]/12 steps, \d+ s, ETA \d+ s, still rolling out", line), line
+
+
+def test_on_an_80_column_terminal_the_bar_keeps_its_count_and_eta(monkeypatch):
+    """A long description took the whole line: ``...graded in the bwrap sand… E…``."""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "80")
+    terminal = Terminal()
+    with Progress("train", 12, "steps", stream=terminal) as progress:
+        progress.quietly(ROLLING_OUT)
+        progress.advance(3)
+        progress._bar.refresh()
+        shown = terminal.getvalue().split("\r")[-1]
+    assert "3/12" in shown and "ETA" in shown, shown

@@ -107,3 +107,16 @@ def test_train_with_an_uncached_hub_id_is_one_line_and_exit_2(hub_cache, tmp_pat
         "first with `hf download nobody/not-cached` (or `huggingface-cli download "
         "nobody/not-cached`): ThunderSync never downloads"
     ]
+
+
+def test_a_missing_local_folder_is_not_sent_to_the_hub(hub_cache, tmp_path, monkeypatch):
+    """``runs/warm`` reads as an ``org/name`` id too, but ``runs/`` is a folder here: the user
+    meant the folder, which does not exist; `hf download runs/warm` would be no help."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "first-hour").mkdir(parents=True)
+    with pytest.raises(ValueError) as caught:
+        model_folder("runs/warm")
+    message = str(caught.value)
+    assert "\n" not in message and "hf download" not in message, message
+    assert message.startswith("--model runs/warm: no such folder"), message
+    assert "runs/ holds first-hour" in message, message

@@ -365,3 +365,83 @@ def test_an_episode_played_again_after_a_resume_is_exported_as_replayed(tmp_path
     first, again = batch(14, groups=1, size=1), batch(15, groups=1, size=1)
     done, incomplete = episodes([*first[:3], *again])  # the first play stopped mid-episode
     assert not incomplete and [e.events() for e in done] == [again]
+
+
+# --- text of a training run's episodes --------------------------------------------------------
+
+
+def train_folder(tmp_path, model, *, turns: list[tuple[str, str]]):
+    """A train run folder (config.json names its model; no attempts.jsonl, whose text an eval
+    keeps) of one episode: the instruction, then each turn's action and tool output as the
+    rollout worker tokenises them."""
+    from thundersync.models import load_tokenizer
+    from thundersync.training.chat import ChatFormat
+
+    chat = ChatFormat(load_tokenizer(model))
+    folder = tmp_path / "train"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"mode": "sync", "model": str(model)}))
+    (folder / "events.jsonl").write_text("")
+    eid = "s0-g0-e0"
+    started = ev.EpisodeStarted(
+        t=0.0,
+        episode_id=eid,
+        group_id="s0-g0",
+        group_size=1,
+        task_id="t",
+        prompt_ids=chat.prompt_ids(INSTRUCTION),
+        policy_version=0,
+    )
+    events: list = [started]
+    for k, (action, output) in enumerate(turns):
+        ids = (*chat.content_ids(action), chat.end_of_turn_id)
+        events.append(
+            ev.TurnCompleted(
+                t=1.0 + k,
+                episode_id=eid,
+                turn=k,
+                action_ids=ids,
+                action_logprobs=tuple([-0.5] * len(ids)),
+                policy_version=0,
+            )
+        )
+        observation = chat.observation_ids(output)
+        events.append(
+            ev.ToolFinished(
+                t=1.5 + k,
+                episode_id=eid,
+                turn=k,
+                observation_ids=observation,
+                duration_s=0.1,
+                exit_code=0,
+                timed_out=False,
+            )
+        )
+    events += [
+        ev.EpisodeCompleted(t=9.0, episode_id=eid, num_turns=len(turns), stop_reason="submitted"),
+        ev.RewardReady(t=9.5, episode_id=eid, reward=1.0, infra_failure=False, details={}),
+    ]
+    with ev.JsonlSink(folder / "trajectories.jsonl", lossless=True) as sink:
+        for event in events:
+            sink(event)
+    return folder
+
+
+INSTRUCTION = "Add the values of alpha and beta; write the sum to answer.txt."
+
+
+def test_a_training_runs_export_has_the_text_its_model_saw(tmp_path, tiny_model_dirs, capsys):
+    """A train run records token ids only; its model's tokenizer (config.json names it) gives
+    back the text: the prompt's instruction, each action, each tool's output."""
+    turns = [("```bash\nlookup alpha\n```", "17"), ("```bash\nanswer 42\n```", "<|im_end|> ok")]
+    folder = train_folder(tmp_path, tiny_model_dirs["qwen3"], turns=turns)
+    assert main(["export", str(folder), "--out", str(tmp_path / "o")]) == 0
+    (file,) = (tmp_path / "o").glob("*.json")
+    doc = atif.Trajectory.model_validate_json(file.read_text())
+    assert doc.steps[0].message == INSTRUCTION
+    agent = [step for step in doc.steps if step.source == "agent"]
+    assert [step.message for step in agent] == [action for action, _ in turns]
+    outputs = [step.observation.results[0].content for step in agent]
+    assert outputs == [output for _, output in turns]
+    assert "decoded" in doc.notes
+    capsys.readouterr()
