@@ -72,7 +72,8 @@ PROTOCOL_VERSION = 2
 sandbox, context)`` take their arguments explicitly. 1: ``sandbox_spec(self)`` and ``grade(self,
 sandbox)`` (optionally with a ``fresh_sandbox=`` keyword); still served through
 ``TaskV1Adapter``. A task may say which version it implements with a ``protocol_version``
-attribute; without one, its methods' signatures decide."""
+attribute, read from the task (instance), so a dataclass field does, ``slots=True`` or not;
+without one, its methods' signatures decide."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """The oldest ``Task`` protocol version still served (through an adapter)."""
@@ -214,7 +215,8 @@ def as_current(task: Any) -> Task:
     otherwise. Checked once per task class (a dictionary look-up after that)."""
     if isinstance(task, TaskV1Adapter):
         return task
-    version, fresh_keyword = _protocol_of(type(task), _described(task))
+    declared = getattr(task, "protocol_version", None)  # the instance's: see _protocol_of
+    version, fresh_keyword = _protocol_of(type(task), declared, _described(task))
     if version == PROTOCOL_VERSION:
         return task
     return TaskV1Adapter(task, fresh_keyword)
@@ -225,24 +227,31 @@ def _described(task: Any) -> str:
     return f"task {getattr(task, 'task_id', '?')!r} ({kind.__module__}.{kind.__qualname__})"
 
 
-def _protocol_of(kind: type, described: str) -> tuple[int, bool]:
+def _protocol_of(kind: type, declared: Any, described: str) -> tuple[int, bool]:
+    """The protocol of a task of class ``kind`` whose instance declares ``declared`` (None:
+    nothing). ``declared`` is read from the instance, never the class: a field of a
+    ``slots=True`` dataclass is a member descriptor on the class (the README's task style),
+    and a dataclass instance may be made with another value than its class default. The
+    signatures are the class's, so the answer is cached per (class, declared version)."""
     try:
-        return _PROTOCOLS[kind]
+        return _PROTOCOLS[kind, declared]
     except KeyError:
         pass
-    except TypeError:  # an unhashable class: checked every time
-        return _check_protocol(kind, described)
-    found = _PROTOCOLS[kind] = _check_protocol(kind, described)
+    except TypeError:  # an unhashable class or declared value: checked every time
+        return _check_protocol(kind, declared, described)
+    found = _PROTOCOLS[kind, declared] = _check_protocol(kind, declared, described)
     return found
 
 
-_PROTOCOLS: dict[type, tuple[int, bool]] = {}
+_PROTOCOLS: dict[tuple[type, Any], tuple[int, bool]] = {}
 
 
-def _check_protocol(kind: type, described: str) -> tuple[int, bool]:
-    """(version, whether a protocol-1 ``grade`` takes ``fresh_sandbox=``) of a task class."""
-    declared = getattr(kind, "protocol_version", None)
-    if declared is not None and (isinstance(declared, bool) or declared not in _SIGNATURES):
+def _check_protocol(kind: type, declared: Any, described: str) -> tuple[int, bool]:
+    """(version, whether a protocol-1 ``grade`` takes ``fresh_sandbox=``) of a task of class
+    ``kind`` whose instance declares ``declared``."""
+    if declared is not None and (
+        isinstance(declared, bool) or not isinstance(declared, int) or declared not in _SIGNATURES
+    ):
         raise TaskProtocolError(
             f"{described}: declares protocol_version {declared!r}; this ThunderSync serves "
             f"Task protocol {OLDEST_PROTOCOL_VERSION}..{PROTOCOL_VERSION}"

@@ -11,6 +11,7 @@ step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -154,11 +155,18 @@ def _say(text: str) -> None:
 
 
 def checkpoints(folder: Path) -> list[tuple[int, float, Path]]:
-    """(completed steps, training seconds, checkpoint folder) of a finished run."""
+    """(completed steps, training seconds, checkpoint folder) of a finished run. A checkpoint
+    whose step the run's metrics.jsonl lacks is another run's (``out_problem`` keeps a
+    comparison from starting in a folder holding one): a RuntimeError naming it."""
     times = {m["step"]: m["time_s"] for m in read_metrics(folder / "metrics.jsonl")}
     found = []
     for path in sorted((folder / "checkpoints").glob("step-*")):
         steps = int(path.name.split("-")[1])
+        if steps not in times:
+            raise RuntimeError(
+                f"compare: {path}: {folder / 'metrics.jsonl'} has no step {steps}: the "
+                "checkpoint is another run's"
+            )
         found.append((steps, times[steps], path))
     return found
 
@@ -225,6 +233,112 @@ def accuracy(groups: list[list[Any]]) -> float:
         if scored:
             per_task.append(sum(scored) / len(scored))
     return sum(per_task) / len(per_task) if per_task else 0.0
+
+
+COMPARE_WRITES = frozenset(
+    {
+        "results.json",
+        "accuracy_vs_time.png",
+        "accuracy_vs_step.png",
+        "step_breakdown.png",
+        "step_timeline.png",
+        "init-model",
+        "runs",
+    }
+)
+"""Every top-level name a comparison writes in its ``--out`` (``runs/`` holds one run folder
+per mode and seed)."""
+
+
+def run_folders(config: CompareConfig) -> list[Path]:
+    """The comparison's run folders, one per (mode, seed), as ``run_compare`` names them."""
+    return [
+        Path(config.out) / "runs" / f"{mode_name(mode, config.train)}-seed{config.train.seed + i}"
+        for i in range(config.seeds)
+        for mode in config.modes
+    ]
+
+
+def out_problem(config: CompareConfig, *, overwrite: bool) -> str | None:
+    """Why the comparison may not start in ``config.out`` (one line saying what to do), or
+    None; checked before the first run trains. A folder holding a comparison (its
+    results.json, or a run in ``runs/``, which a killed comparison leaves) is refused, or
+    with ``overwrite`` replaced, but only when it holds nothing a comparison does not write
+    (``thundersync.training.run_folder``: a run folder is created once)."""
+    from thundersync.training.run_folder import run_folder_problem, survey
+
+    out = Path(config.out)
+    run = survey(out)
+    if run.holds_run:  # a train run's folder: not a comparison's, whatever the flags
+        return f"--out {out} holds {run.described()}, not a comparison: choose another --out"
+    foreign: list[str] = []
+    previous: list[str] = []
+    if out.is_dir():
+        for entry in sorted(out.iterdir(), key=lambda p: p.name):
+            if entry.name not in COMPARE_WRITES and not entry.name.startswith(".write-probe-"):
+                foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+        runs = out / "runs"
+        for entry in sorted(runs.iterdir(), key=lambda p: p.name) if runs.is_dir() else ():
+            contents = survey(entry)
+            if not entry.is_dir():
+                foreign.append(f"runs/{entry.name}")
+            foreign.extend(f"runs/{entry.name}/{name}" for name in contents.foreign)
+            if contents.holds_run:
+                previous.append(entry.name)
+        if runs.exists() and not runs.is_dir():
+            foreign.append("runs")
+    if (out / "results.json").exists() or previous:
+        held = ", ".join(previous[:3]) + (", ..." if len(previous) > 3 else "")
+        what = "results.json" + (f" and runs {held}" if previous else "")
+        if not overwrite:
+            return (
+                f"--out {out} holds a comparison ({what}): --overwrite to replace it, or "
+                "another --out"
+            )
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            return (
+                f"--out {out} holds a comparison ({what}) and files a comparison does not "
+                f"write ({shown}): --overwrite removes only a comparison's own files; remove "
+                "those or choose another --out"
+            )
+        for path in (config.train.model, config.train.teacher):
+            if path and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(out)):
+                return (
+                    f"--out {out}: --overwrite would remove {path}, a model the runs need; "
+                    "copy it elsewhere or choose another --out"
+                )
+        return None
+    for folder in run_folders(config):  # a name a run writes, held by something else
+        problem = run_folder_problem(folder, option="--out")
+        if problem:
+            return problem
+    return None
+
+
+def clear_outputs(config: CompareConfig) -> None:
+    """Remove a previous comparison's files from ``config.out`` (``--overwrite``, after
+    ``out_problem`` found nothing else there). The folder itself stays; a run folder is
+    emptied by ``clear_run_folder`` and removed only when nothing is left in it."""
+    import shutil
+
+    from thundersync.training.run_folder import clear_run_folder
+
+    out = Path(config.out)
+    runs = out / "runs"
+    for folder in sorted(runs.iterdir()) if runs.is_dir() else ():
+        if folder.is_dir():
+            clear_run_folder(folder)
+            if not any(folder.iterdir()):
+                folder.rmdir()
+    if runs.is_dir() and not any(runs.iterdir()):
+        runs.rmdir()
+    for name in COMPARE_WRITES - {"runs"}:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:

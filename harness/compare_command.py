@@ -6,13 +6,23 @@ import argparse
 import json
 import sys
 
-from harness.compare import COMPARE_FLAGS, CompareConfig, run_compare
+from harness.compare import (
+    COMPARE_FLAGS,
+    CompareConfig,
+    clear_outputs,
+    out_problem,
+    run_compare,
+)
 from harness.eval_checks import output_problem
 from thundersync.cli_output import HelpFormatter
 from thundersync.declared import add_flags, parse_flag
 from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.checks import check_inputs, with_model_folders
-from thundersync.training.config import add_config_flags, load_config_file, resolve_config
+from thundersync.training.config_files import (
+    add_config_flags,
+    load_config_file,
+    resolve_config,
+)
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
 _NUMBERS = (
@@ -46,6 +56,13 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(parser, CompareConfig, _NUMBERS, flags=COMPARE_FLAGS)
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")
     parser.add_argument("--config", default=None, help="JSON/TOML file of training fields")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the comparison in --out: remove what a comparison wrote there first "
+        "(refused when the folder holds anything else); without it, a folder holding a "
+        "comparison or one of its runs is refused",
+    )
     parser.add_argument("--json", action="store_true", help="print results.json")
     parser.add_argument(
         "--db",
@@ -87,11 +104,14 @@ def run_compare_command(args: argparse.Namespace) -> int:
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
         problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
+        problem = problem or out_problem(config, overwrite=args.overwrite)
         if problem is not None:
             raise ValueError(problem)
     except (ValueError, TypeError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2
+    if args.overwrite:  # every check passed: replace the previous comparison now
+        clear_outputs(config)
     for warning in config.train.warnings():  # as train says them; each run's config.json too
         print(f"compare: warning: {warning}", file=sys.stderr, flush=True)
     try:
@@ -127,7 +147,7 @@ def _print_table(results: dict) -> None:
         "mode",
         "time to target (s)",
         "acc @ budget",
-        "speed-up",
+        "speed-up (per seed)",
         "step (s)",
         "learner idle",
         "T*/T",

@@ -43,7 +43,7 @@ from thundersync.declared import (
 from thundersync.protocol.events import EventBus, JsonlSink, RewardReady, reset_clock
 from thundersync.protocol.types import Trajectory
 from thundersync.training.checks import device_problem, engine_problem
-from thundersync.training.config import json_object
+from thundersync.training.config_files import json_object
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:

@@ -112,7 +112,7 @@ def _kept_checkpoints(run: Path) -> list[str]:
 def _run_setting(run: Path, name: str) -> Any:
     """A field of a run folder's config.json, or None where it cannot be read."""
     from thundersync.protocol.documents import DocumentError
-    from thundersync.training.config import load_saved_config
+    from thundersync.training.config_files import load_saved_config
 
     try:
         return load_saved_config(run / "config.json").get(name)

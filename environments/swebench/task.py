@@ -20,7 +20,7 @@ from environments.swebench.audit import (
     task_test_files,
     task_test_folders,
 )
-from environments.swebench.control import CONTROL_RUNS, REACHED
+from environments.swebench.control_run import CONTROL_RUNS, REACHED
 from environments.swebench.grading import LOG_TAIL_CHARS, grade_log, make_spec, patch_paths
 from environments.swebench.instance import SWEBenchInstance
 from environments.swebench.patch import AgentFailure, AgentRepo, diff_in, export_repo, git_state

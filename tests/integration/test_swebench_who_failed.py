@@ -14,7 +14,7 @@ import pytest
 
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
-from environments.swebench.control import CONTROL_RUNS
+from environments.swebench.control_run import CONTROL_RUNS
 from environments.tasks import Grade, GradingContext
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"

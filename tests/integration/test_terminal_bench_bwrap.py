@@ -206,12 +206,17 @@ def test_replayed_build_step_that_writes_outside_the_workspace_needs_docker(
 
 
 @pytest.mark.parametrize("fmt", ["tb1", "harbor"])
-def test_a_nop_agent_on_a_slow_task_runs_out_its_test_timeout_and_scores_zero(fmt: str) -> None:
-    """fast-pair-count's tests time the agent's program: a nop leaves the slow one, which runs
-    past the task's test timeout. Every shipped task's oracle 1 and nop 0, strict and not, in
-    both sandboxes: ``test_eval_cli.py``'s ``test_shipped_suite_folders_score_oracle_one_...``."""
-    nop = run_agent(by_id(fmt, "fast-pair-count"), "nop", strict=True)
-    assert (nop.reward, nop.infra_failure, nop.details["timed_out"]) == (0.0, False, True)
+def test_a_nop_agent_on_a_slow_task_fails_its_timed_tests_and_scores_zero(fmt: str) -> None:
+    """fast-pair-count's tests time the agent's program against what a linear-time program
+    needs on the machine now: a nop leaves the slow one, which each test stops and fails,
+    well inside the task's test timeout (a loaded machine's margin costs a nop nothing). Every
+    shipped task's oracle 1 and nop 0, strict and not, in both sandboxes: ``test_eval_cli.py``'s
+    ``test_shipped_suite_folders_score_oracle_one_...``."""
+    task = by_id(fmt, "fast-pair-count")
+    nop = run_agent(task, "nop", strict=True)
+    assert (nop.reward, nop.infra_failure) == (0.0, False), nop.details
+    assert not nop.details.get("timed_out")
+    assert "count_pairs.py ran past" in nop.details["output"]
 
 
 def eval_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

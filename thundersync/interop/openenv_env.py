@@ -18,12 +18,24 @@ play it: a server does not send its tasks' reference solutions.
 A server that is down, answers something that is not this wire, or stays silent past
 ``timeout_s`` ends the episode as an infrastructure failure naming the URL and the reason
 (``info["error"]``), never a hang. ``interrupt`` closes the connection from any thread.
+
+A server allows so many sessions at once (``serve --max-sessions``): a session past them is
+refused as over capacity, which is no failure of the episode. So this process opens no more
+sessions on a server than it allows (``SessionGate``: asked once, ``GET /capacity``, or learnt
+from the first refusal), an episode past them waits for a free one (said once on stderr), and
+closing a session waits until the server has closed it, so the next one is not refused while
+the server is still removing the last one's sandbox. ``max_sessions`` lets ``train`` play no
+more episodes at once, and open no more envs ahead, than the server allows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +50,18 @@ from thundersync.protocol.types import StopReason
 
 ENV_ID = "openenv/Remote-v0"
 SEEDS = 2**31
+CAPACITY_PATH = "/capacity"
+"""``thundersync serve``'s route answering how many sessions it allows (``max_sessions``);
+openenv-core 0.3.0 counts its sessions but has no route for it (``openenv_server``)."""
+ASK_TIMEOUT_S = 10.0
+"""The longest wait for that answer (a server without the route answers 404 at once)."""
+CLOSE_TIMEOUT_S = 10.0
+"""The longest wait, after closing a session, for the server to close its connection."""
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+"""Hosts asked directly, never through a proxy the environment names."""
+RETRY_S = (0.05, 2.0)
+"""A refused session, while no session of this process holds the server: the first and the
+longest wait before trying again (doubling), within the call's ``timeout_s``."""
 
 
 class RemoteError(RuntimeError):
@@ -93,6 +117,183 @@ class RemoteTasks:
         if split != TRAIN:
             raise ValueError(f"task source {self.name!r}: no split {split!r}; it has ['train']")
 
+    def max_sessions(self) -> int | None:
+        """How many sessions (episodes, envs) the server allows at once, or None when it does
+        not say (``GET /capacity``; asked once per process). ``train`` plays no more episodes
+        at once, and opens no more envs ahead, than this."""
+        return session_gate(self.name).ask()
+
+
+class SessionGate:
+    """The sessions this process holds on one OpenEnv server (``session_gate(url)``), kept
+    within the server's limit: ``acquire`` before a session opens waits while this process
+    holds the limit (a ``Condition``: woken by ``release``, or by ``wake`` on an interrupt);
+    ``refused`` after the server refused one as over capacity learns the limit from the
+    refusal and waits likewise, or, when the sessions that fill the server are not this
+    process's (another client's, or one the server is still closing), a short while that
+    doubles. Each wait ends by the caller's deadline. The first wait is said once on stderr:
+    an episode that waits is slower, not lost."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.limit: int | None = None
+        self.held = 0
+        self.waiting = 0
+        self._changed = threading.Condition()
+        self._asking = threading.Lock()  # one question, outside the condition's lock
+        self._asked = False
+        self._said = False
+
+    def ask(self, timeout_s: float = ASK_TIMEOUT_S) -> int | None:
+        """The server's limit: asked once (``GET /capacity``, waiting ``timeout_s`` at most
+        for the answer; callers meanwhile wait for it); None when it does not say."""
+        with self._asking:
+            if not self._asked:
+                asked = _ask_capacity(self.url, timeout_s)
+                with self._changed:
+                    self._asked = True
+                    if asked is not None:
+                        self.limit = asked if self.limit is None else min(self.limit, asked)
+        with self._changed:
+            return self.limit
+
+    def acquire(self, deadline: float, stopped: Any, ask_timeout_s: float) -> None:
+        """Hold one session (wait while this process holds the limit); ``RemoteError`` past
+        ``deadline`` (``time.monotonic``) or once ``stopped()`` names a reason."""
+        self.ask(ask_timeout_s)
+        with self._changed:
+            while self.limit is not None and self.held >= self.limit:
+                self._wait(deadline, stopped)
+            self.held += 1
+
+    def refused(self, limit: int | None, deadline: float, stopped: Any, retry_s: float) -> None:
+        """The session just held was refused as over capacity (``limit``: the server's, as the
+        refusal says it): release it, wait for a free one, hold it again."""
+        with self._changed:
+            self.held -= 1
+            self._changed.notify_all()
+            if limit is not None:
+                self.limit = limit if self.limit is None else min(self.limit, limit)
+            if self.limit is not None and self.held >= self.limit:
+                while self.held >= self.limit:  # ours fill the server: wait for one of them
+                    self._wait(deadline, stopped)
+            else:  # others' sessions fill it, or one the server is still closing
+                self._wait(deadline, stopped, retry_s)
+            self.held += 1
+
+    def release(self) -> None:
+        with self._changed:
+            self.held -= 1
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake every waiter to check its ``stopped`` (an env interrupted)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_waiting(self, count: int, timeout: float) -> bool:
+        """Whether ``count`` callers wait for a session within ``timeout`` seconds (tests)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.waiting >= count, timeout)
+
+    def _wait(self, deadline: float, stopped: Any, at_most: float | None = None) -> None:
+        """One wait on the condition (the lock held), at most ``at_most`` seconds."""
+        if not self._said:
+            self._said = True
+            allows = f"allows {_sessions(self.limit)} at once" if self.limit else "is at capacity"
+            print(
+                f"{ENV_ID}: the OpenEnv server at {self.url} {allows}; episodes past them "
+                "wait for a free session (thundersync serve --max-sessions N allows more)",
+                file=sys.stderr,
+                flush=True,
+            )
+        left = deadline - time.monotonic()
+        if left <= 0:
+            allows = f"it allows {self.limit} at once" if self.limit else "it is at capacity"
+            raise RemoteError(f"OpenEnv server {self.url}: no free session in time ({allows})")
+        self.waiting += 1
+        self._changed.notify_all()
+        try:
+            self._changed.wait(left if at_most is None else min(left, at_most))
+        finally:
+            self.waiting -= 1
+        reason = stopped()
+        if reason is not None:
+            raise RemoteError(f"the env was interrupted: {reason}")
+
+
+def _sessions(count: int) -> str:
+    return f"{count} session" + ("" if count == 1 else "s")
+
+
+_GATES: dict[str, SessionGate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def session_gate(url: str) -> SessionGate:
+    """This process's ``SessionGate`` of the server at ``url`` (one per server)."""
+    with _GATES_LOCK:
+        return _GATES.setdefault(url, SessionGate(url))
+
+
+def _ask_capacity(url: str, timeout_s: float) -> int | None:
+    """The server's ``max_sessions`` (``GET /capacity``), or None: a server without the route,
+    one that is down, or an answer that is not a positive integer."""
+    import urllib.request
+
+    parts = urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    address = parts._replace(scheme=scheme).geturl().rstrip("/") + CAPACITY_PATH
+    handlers = [urllib.request.ProxyHandler({})] if parts.hostname in LOOPBACK else []
+    try:
+        with urllib.request.build_opener(*handlers).open(address, timeout=timeout_s) as answer:
+            limit = json.loads(answer.read(4096)).get("max_sessions")
+    except Exception:  # noqa: BLE001 (no answer is an answer: the limit is learnt on refusal)
+        return None
+    return limit if type(limit) is int and limit >= 1 else None
+
+
+_CAPACITY = re.compile(r"(\d+)/(\d+) sessions active")
+
+
+def capacity_refusal(said: object) -> tuple[bool, int | None]:
+    """Whether ``said`` (an exception, or a message the server sent) is openenv's refusal of a
+    session over capacity, and the server's limit it names (``Server at capacity: 8/8 sessions
+    active ... (code: CAPACITY_REACHED)``)."""
+    text = str(said) if said is not None else ""
+    if "CAPACITY_REACHED" not in text:
+        return False, None
+    found = _CAPACITY.search(text)
+    return True, int(found[2]) if found else None
+
+
+def _closed(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server closed the connection (websockets' ConnectionClosed)."""
+    from websockets.exceptions import ConnectionClosed
+
+    return isinstance(exc, ConnectionClosed)
+
+
+def _left_unread(client: Any) -> str | None:
+    """The message the server sent before closing the connection, if it is still unread, else
+    None. openenv's server refuses a session over capacity by sending its error at once and
+    closing: a client whose first message meets the closed connection has not read it yet
+    (``_ws`` and ``_run``: openenv-core 0.3.0's, pinned)."""
+    import asyncio
+
+    socket = getattr(getattr(client, "async_client", None), "_ws", None)
+    if socket is None:
+        return None
+
+    async def read() -> Any:
+        return await asyncio.wait_for(socket.recv(), ASK_TIMEOUT_S)
+
+    try:
+        message = client._run(read())
+    except Exception:  # noqa: BLE001 (nothing left: it was not a refusal)
+        return None
+    return message if isinstance(message, str) else None
+
 
 def checked_url(url: Any) -> str:
     """``url`` if it is an http(s):// or ws(s):// address with a host; ValueError otherwise."""
@@ -147,6 +348,8 @@ class OpenEnvRemote(gym.Env[str, str]):
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self._client: Any = None
+        self._gate = session_gate(self.url)
+        self._held = False  # a session of the gate's is this env's (until close)
         self._lock = threading.Lock()
         self._interrupted: str | None = None
         self._task: RemoteTask | None = None
@@ -260,15 +463,30 @@ class OpenEnvRemote(gym.Env[str, str]):
         from thundersync.interop.openenv_wire import TextObservation
 
         where = f"OpenEnv server {self.url}"
-        try:
-            client = self._connected()
-            result = client.reset(**payload) if kind == "reset" else client.step(payload)
-        except TimeoutError:
-            raise RemoteError(f"{where}: no answer to {kind} within {self.timeout_s:g} s") from None
-        except RemoteError:
-            raise
-        except Exception as exc:  # a refused connection, a dropped socket, the server's error
-            raise RemoteError(f"{where}: {kind} failed: {type(exc).__name__}: {exc}") from None
+        deadline = time.monotonic() + self.timeout_s
+        retry_s = RETRY_S[0]
+        while True:
+            try:
+                client = self._connected(deadline)
+                result = client.reset(**payload) if kind == "reset" else client.step(payload)
+                break
+            except TimeoutError:
+                raise RemoteError(
+                    f"{where}: no answer to {kind} within {self.timeout_s:g} s"
+                ) from None
+            except RemoteError:
+                raise
+            except Exception as exc:  # a refused connection, a dropped socket, the server's error
+                over, limit = capacity_refusal(exc)
+                if not over and _closed(exc):  # the refusal may be waiting unread
+                    over, limit = capacity_refusal(_left_unread(self._client))
+                if not over:
+                    raise RemoteError(
+                        f"{where}: {kind} failed: {type(exc).__name__}: {exc}"
+                    ) from None
+            # over capacity: not the episode's failure; wait for a free session and try again
+            self._refused(limit, deadline, retry_s)
+            retry_s = min(2 * retry_s, RETRY_S[1])
         observation = result.observation
         text = observation.get(self.observation_field) if isinstance(observation, dict) else None
         if not isinstance(text, str):
@@ -284,27 +502,52 @@ class OpenEnvRemote(gym.Env[str, str]):
             problem = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise RemoteError(f"{where}: {kind} answered off the wire: {problem}") from None
 
-    def _connected(self) -> Any:
+    def _connected(self, deadline: float) -> Any:
+        """The session's client, connected; a new session holds one of the server's
+        (``SessionGate.acquire``: it may wait for a free one) until ``close``."""
         with self._lock:
             if self._interrupted is not None:
                 raise RemoteError(f"the env was interrupted: {self._interrupted}")
-            if self._client is None:
-                from openenv.core.generic_client import GenericEnvClient
+            client, held = self._client, self._held
+        if not held:
+            self._gate.acquire(deadline, self._stopped, self.connect_timeout_s)
+            with self._lock:
+                self._held = True
+        if client is None:
+            from openenv.core.generic_client import GenericEnvClient
 
-                self._client = GenericEnvClient(
-                    base_url=self.url,
-                    connect_timeout_s=self.connect_timeout_s,
-                    message_timeout_s=self.timeout_s,
-                ).sync()
-            client = self._client
+            client = GenericEnvClient(
+                base_url=self.url,
+                connect_timeout_s=self.connect_timeout_s,
+                message_timeout_s=self.timeout_s,
+            ).sync()
+            with self._lock:
+                self._client = client
         client.connect()
         return client
+
+    def _stopped(self) -> str | None:
+        with self._lock:
+            return self._interrupted
+
+    def _refused(self, limit: int | None, deadline: float, retry_s: float) -> None:
+        """The server refused the session as over capacity: drop the refused connection, then
+        hold a session again once one is free (``SessionGate.refused``)."""
+        with self._lock:
+            client, self._client, self._held = self._client, None, False
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+        self._gate.refused(limit, deadline, self._stopped, retry_s)
+        with self._lock:
+            self._held = True
 
     def interrupt(self, reason: str = "interrupted") -> None:
         """Close the connection now, from any thread: a call in flight fails at once."""
         with self._lock:
             self._interrupted = self._interrupted or reason
             client = self._client
+        self._gate.wake()  # a call waiting for a free session fails at once too
         if client is not None:
             # Only the socket: stopping the client's loop here could strand the call in
             # flight, which the closed socket ends with an error instead. close() stops it.
@@ -319,14 +562,48 @@ class OpenEnvRemote(gym.Env[str, str]):
     def _disconnect(self) -> None:
         with self._lock:
             client, self._client = self._client, None
-        if client is not None:
-            # A server already gone has nothing left to close: its session ended with the
-            # connection, which is what closing asks for.
-            with contextlib.suppress(Exception):
-                client.close()
+            held, self._held = self._held, False
+        try:
+            if client is not None:
+                # A server already gone has nothing left to close: its session ended with the
+                # connection, which is what closing asks for.
+                with contextlib.suppress(Exception):
+                    _close_session(client)
+        finally:
+            if held:
+                self._gate.release()
 
     def _clip(self, text: str) -> str:
         return text[:MAX_OBSERVATION_CHARS]
+
+
+def _close_session(client: Any) -> None:
+    """Close ``client``'s session and wait (``CLOSE_TIMEOUT_S`` at most) until the server has
+    closed the connection: openenv's server closes it only after destroying the session (its
+    env closed, the sandbox removed), so the session released here is free on the server too,
+    and the next one is not refused while the server is still closing this one. openenv's
+    client sends the close and returns at once; the wait reads its socket (``_ws``) on its
+    loop (``_run``), as openenv-core 0.3.0 (pinned) has them."""
+    import asyncio
+
+    async def close_and_wait() -> None:
+        socket = getattr(client.async_client, "_ws", None)
+        if socket is None:
+            return
+        await socket.send(json.dumps({"type": "close"}))
+
+        async def until_closed() -> None:
+            while True:
+                await socket.recv()  # raises once the server has closed the connection
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(until_closed(), CLOSE_TIMEOUT_S)
+
+    try:
+        with contextlib.suppress(Exception):
+            client._run(close_and_wait())
+    finally:
+        client.close()
 
 
 def _stop_reason(observation: Any) -> StopReason:

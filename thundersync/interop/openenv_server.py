@@ -2,17 +2,18 @@
 
 One OpenEnv session (a WebSocket connection) is one env instance, hence one sandbox at a time;
 closing the session, or stopping the server, closes the env and removes its sandbox. Episodes
-are played in sessions only, at most ``--max-sessions`` at once: the server runs in
-openenv-core's production mode, where HTTP ``POST /reset``, ``POST /step`` and ``GET /state``
-answer 404 naming the sessions, because in its simulation mode each such request makes an env
-(and a reset, a sandbox) of its own outside the session limit (``_production_app``). ``reset``
-draws a task (seeded: the same seed draws the same task as ``gymnasium.make(id).reset(seed=s)``,
-or ``task_id`` names one of a finite list) and returns its instruction; ``step`` takes the
-agent's reply (``TextAction.text``) and returns the tool's output, with the reward graded here
-on the terminal step (strict unless the env's kwargs or the reset say otherwise), never by the
-client. The wire models are ``openenv_wire``'s. The server binds 127.0.0.1 unless ``--host``
-names another address. Exit codes: 0 stopped, 2 bad input (one line: unknown env, bad
-``--env-kwargs``, a port in use).
+are played in sessions only, at most ``--max-sessions`` at once (GET ``/capacity`` says how
+many, so ``openenv/Remote-v0`` opens no more and its episodes wait for a free one): the
+server runs in openenv-core's production mode, where HTTP ``POST /reset``, ``POST /step``
+and ``GET /state`` answer 404 naming the sessions, because in its simulation mode each such
+request makes an env (and a reset, a sandbox) of its own outside the session limit
+(``_production_app``). ``reset`` draws a task (seeded: the same seed draws the same task as
+``gymnasium.make(id).reset(seed=s)``, or ``task_id`` names one of a finite list) and returns
+its instruction; ``step`` takes the agent's reply (``TextAction.text``) and returns the tool's
+output, with the reward graded here on the terminal step (strict unless the env's kwargs or
+the reset say otherwise), never by the client. The wire models are ``openenv_wire``'s. The
+server binds 127.0.0.1 unless ``--host`` names another address. Exit codes: 0 stopped, 2 bad
+input (one line: unknown env, bad ``--env-kwargs``, a port in use).
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ class EnvServer:
         self._server.should_exit = True
 
 
+CAPACITY_PATH = "/capacity"
+"""GET: openenv's ``ServerCapacityStatus`` as JSON (``active_sessions``, ``max_sessions``)."""
+
 NO_HTTP_EPISODES = (("POST", "/reset"), ("POST", "/step"), ("GET", "/state"))
 """openenv-core's simulation routes, off here: see ``_production_app``."""
 
@@ -182,7 +186,8 @@ def _production_app(env_id: str, factory: Any, max_sessions: int) -> Any:
     they play an episode: an HTTP /step gets a fresh env that was never reset. So an episode
     is a WebSocket session's alone, and every sandbox belongs to a session the limit counts;
     the routes left (``/metadata``, a stateless POST ``/mcp``) make an env but never reset it,
-    and an env makes its sandbox in ``reset``."""
+    and an env makes its sandbox in ``reset``. ``CAPACITY_PATH`` says how many sessions the
+    server allows and holds, so that a client opens no more than that."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import HTTPEnvServer
@@ -208,6 +213,21 @@ def _production_app(env_id: str, factory: Any, max_sessions: int) -> Any:
 
     for method, path in NO_HTTP_EPISODES:
         app.add_api_route(path, refusal(method, path), methods=[method], include_in_schema=False)
+
+    async def capacity() -> JSONResponse:
+        status = server.get_capacity_status()
+        return JSONResponse(status.model_dump())
+
+    # openenv-core counts its sessions but serves no route for it: a client asks here how many
+    # sessions it may open, instead of learning it from refusals (openenv_env.SessionGate)
+    app.add_api_route(
+        CAPACITY_PATH,
+        capacity,
+        methods=["GET"],
+        response_model=None,
+        tags=["Environment Info"],
+        summary="How many sessions the server allows and holds",
+    )
     return app
 
 

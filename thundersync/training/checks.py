@@ -229,7 +229,7 @@ def check_env_kwargs(config: TrainConfig) -> None:
     import gymnasium  # start-up cost (module docstring), as the two below
     import numpy as np
 
-    from environments.registry import task_source
+    from environments.registry import grading_place, task_source
     from environments.tasks import TRAIN, TaskProtocolError
 
     env = None
@@ -237,6 +237,7 @@ def check_env_kwargs(config: TrainConfig) -> None:
     try:
         task_source(config.env, **kwargs).draw(np.random.default_rng(config.seed), TRAIN)
         env = gymnasium.make(config.env, **kwargs)
+        _places[_place_key(config)] = grading_place(env, config.sandbox)
     except TaskProtocolError as exc:
         raise ValueError(f"config field 'env': {config.env}: {exc}") from exc
     except Exception as exc:
@@ -246,6 +247,20 @@ def check_env_kwargs(config: TrainConfig) -> None:
     finally:
         if env is not None:
             env.close()
+
+
+_places: dict[str, str] = {}
+
+
+def _place_key(config: TrainConfig) -> str:
+    return json.dumps([config.env, config.sandbox, config.env_kwargs], sort_keys=True)
+
+
+def grading_place_of(config: TrainConfig) -> str:
+    """Where the run's env plays and grades its episodes, as its progress line says it
+    (``environments.registry.grading_place``), found when ``check_env_kwargs`` made the env;
+    the sandbox's name where it did not run."""
+    return _places.get(_place_key(config), f"in the {config.sandbox} sandbox")
 
 
 def check_device(config: TrainConfig) -> None:

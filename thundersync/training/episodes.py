@@ -68,6 +68,7 @@ class EpisodeDriver:
         batcher: DynamicBatcher | None = None,
         *,
         max_concurrency: int,
+        max_prepared: int | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -92,6 +93,7 @@ class EpisodeDriver:
             spawn=self._spawn,
             in_thread=self._in_thread,
             instant=lambda: self._instant_start,
+            limit=max_prepared,
         )
         self._thread = threading.Thread(target=self._loop.run_forever, name="episodes", daemon=True)
         self._arrivals = BatchArrivals(self._loop, self._thread)
@@ -121,8 +123,11 @@ class EpisodeDriver:
         """Prepare ``jobs`` (episodes' keyword arguments, each with its ``episode_id``) ahead
         of their ``submit``: their envs are made and reset as soon as no episode plays (see
         the module docstring). A preparation replaces an earlier one of the same episode;
-        those never submitted are discarded (their envs closed) at ``shutdown``. Returns, for
-        each, a future done when its env is made (cancelled if it never starts)."""
+        those never submitted are discarded (their envs closed) at ``shutdown``. At most
+        ``max_prepared`` are kept waiting at once (an env whose server allows so many sessions:
+        each prepared env holds one until its episode plays); the rest make their envs when
+        they play. Returns, for each, a future done when its env is made (cancelled if it
+        never starts)."""
         preparations = [Preparation(kwargs) for kwargs in jobs]
         with self._lock:
             if self._shut:

@@ -45,7 +45,7 @@ class Preparations:
     """The driver's preparations, by episode id; every method runs on the driver's loop.
     ``spawn`` starts a coroutine as a task the driver waits for at shutdown; ``in_thread``
     runs a call on the driver's pool; ``instant`` says whether the envs' steps answer at once
-    (None: not known yet)."""
+    (None: not known yet); ``limit``: the most kept at once (None: no limit)."""
 
     def __init__(
         self,
@@ -55,7 +55,9 @@ class Preparations:
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         in_thread: Callable[[Callable[[], Any]], Awaitable[Any]],
         instant: Callable[[], bool | None],
+        limit: int | None = None,
     ) -> None:
+        self._limit = limit
         self._runner = runner
         self._batcher = batcher
         self._spawn = spawn
@@ -64,11 +66,16 @@ class Preparations:
         self._by_id: dict[str, Preparation] = {}
 
     def add(self, preparations: list[Preparation]) -> None:
-        """Keep ``preparations``, each replacing an earlier one of its episode."""
+        """Keep ``preparations``, each replacing an earlier one of its episode, up to ``limit``
+        kept at once: one past it is cancelled (its episode makes its own env when it plays),
+        since a prepared env holds what the limit counts (a server's session) until then."""
         for preparation in preparations:
             earlier = self._by_id.pop(preparation.episode_id, None)
             if earlier is not None:
                 self._discard(earlier)
+            if self._limit is not None and len(self._by_id) >= self._limit:
+                preparation.made.cancel()
+                continue
             self._by_id[preparation.episode_id] = preparation
 
     def start(self) -> None:

@@ -10,7 +10,8 @@ It receives messages (``training/control.py``) on its control queue, in order:
   wait together are generated together;
 - ``PrepareBatch(batch)``: make and reset a later batch's envs once no episode plays (the
   learner is training on the batch before), so that its ``RunBatch`` starts with its
-  sandboxes up and its tasks set up instead of making them on the engine's path;
+  sandboxes up and its tasks set up instead of making them on the engine's path (no more than
+  ``max_sessions`` of them: an env whose server allows so many sessions at once);
 - ``Stop()``: cancel running episodes (their sandboxes are closed at once), close everything.
 
 Every episode event goes to the trainer's queue (and the token events to the teacher's, for
@@ -53,6 +54,9 @@ class RolloutSpec:
     """``hf`` or ``vllm`` (``build_engine``)."""
     device: str = "cpu"
     """The HF engine's device (vLLM places itself)."""
+    max_sessions: int = 0
+    """The most envs the env allows open at once (an OpenEnv server's sessions; 0: no limit):
+    envs made ahead (``PrepareBatch``) stay within it, as ``max_concurrency`` does."""
 
 
 TRAINING_DRAW = ord("s")
@@ -131,7 +135,12 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     episodes: Any = None
     running: list[Future] = []
     try:
-        episodes = EpisodeDriver(runner, batcher, max_concurrency=spec.max_concurrency)
+        episodes = EpisodeDriver(
+            runner,
+            batcher,
+            max_concurrency=spec.max_concurrency,
+            max_prepared=spec.max_sessions or None,
+        )
         while not isinstance(message := control.get(), Stop):
             running = [f for f in running if not f.done() or _raise(f)]
             match message:

@@ -171,10 +171,18 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def progress_line(m: dict[str, Any], total: int) -> str:
-    """A step's console line. The step's time is wall-clock; engine and learner are busy time
-    within it (one engine, one learner); tools and grading are per-episode means, because
-    episodes run them concurrently and their sum can exceed the step."""
+    """A step's console line. The step's time is wall-clock since the previous step ended;
+    engine and learner are busy time within it (one engine, one learner); tools and grading
+    are per-episode means, because episodes run them concurrently and their sum can exceed the
+    step. Where the step's batch was handed out before the previous step ended (async: it
+    rolls out during older steps), the line says how long before, so that a short step whose
+    batch was already done does not read as a fast one."""
     b, n = m["breakdown_s"], max(m["num_episodes"], 1)
+    early = ""
+    if "submitted_at" in m and "finished_at" in m:
+        age = m["finished_at"] - m["submitted_at"]
+        if age > m["step_time_s"] * 1.05:
+            early = f"; its batch was handed out {age:.2f} s before, during earlier steps"
 
     def fmt(v: Any, spec: str = ".3f") -> str:
         return "n/a" if v is None else format(v, spec)
@@ -188,9 +196,10 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     return (
         f"step {m['step']}/{total}: reward mean {fmt(m['reward_mean'])}, "
         f"solved {fmt(m['accuracy'], '.0%')} of {m['num_episodes']} episodes (reward >= 1); "
-        f"wall-clock {m['step_time_s']:.2f} s (engine busy {b.get('engine', 0):.2f}, "
-        f"learner {b.get('backward', 0) + b.get('step', 0):.2f}; per episode: tools "
-        f"{b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f}){infra}"
+        f"wall-clock {m['step_time_s']:.2f} s since the previous step (engine busy "
+        f"{b.get('engine', 0):.2f}, learner {b.get('backward', 0) + b.get('step', 0):.2f}; per "
+        f"episode: tools {b.get('tool', 0) / n:.2f}, grading {b.get('grading', 0) / n:.2f})"
+        f"{early}{infra}"
     )
 
 

@@ -13,13 +13,14 @@ from thundersync.cli_output import HelpFormatter, Progress
 from thundersync.declared import check_values
 from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.checks import check_inputs, with_model_folders
-from thundersync.training.config import (
-    TrainConfig,
+from thundersync.training.config import TrainConfig
+from thundersync.training.config_files import (
     add_config_flags,
     load_config_file,
     load_saved_config,
     resolve_config,
 )
+from thundersync.training.run_folder import clear_run_folder, run_folder_problem
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,13 +45,21 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="continue the run in --out from its last checkpoint "
         "(its config.json is the base; flags still override)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --out: remove what a run wrote there first (refused when "
+        "the folder holds anything else); without it or --resume, a folder holding a run "
+        "is refused",
+    )
     add_config_flags(parser)
     parser.set_defaults(func=run_train_command)
 
 
 def run_train_command(args: argparse.Namespace) -> int:
     """0 when every step ran; 1 when a worker failed, the backend is unusable or a step would
-    make the gradient or the parameters non-finite; 2 on a bad config or (``--resume``) a
+    make the gradient or the parameters non-finite; 2 on a bad config, an ``--out`` holding
+    another run (without ``--resume`` or ``--overwrite``: ``run_folder``) or (``--resume``) a
     damaged or tampered checkpoint, or one holding another step's state; 130 on Ctrl-C."""
     try:
         base = load_config_file(args.config) if args.config else {}
@@ -65,6 +74,14 @@ def run_train_command(args: argparse.Namespace) -> int:
                 )
             base = {**load_saved_config(saved), **base}
         config = with_model_folders(resolve_config(args, base))
+        problem = run_folder_problem(
+            config.out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            keep=(config.model, config.teacher),
+        )
+        if problem:
+            raise ValueError(problem)
         check_inputs(config)
         dumps_refusing(config.to_dict(), what="config")  # config.json must be strict JSON
         if args.resume:
@@ -74,6 +91,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
+    if args.overwrite and clear_run_folder(config.out):  # every check passed: replace it now
+        print(f"train: --overwrite: removed what a run wrote in {config.out}", file=sys.stderr)
     # after the checks: the run's modules import torch and transformers (seconds), which a
     # refused config need not wait for
     from thundersync.protocol.errors import ThunderSyncError
@@ -100,13 +119,16 @@ def run_train_command(args: argparse.Namespace) -> int:
         print(f"train: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("train: interrupted; continue with --resume", file=sys.stderr)
+        print(f"train: interrupted; {resume_hint(config)}", file=sys.stderr)
         return 130
     last = history[-1] if history else None
     summary = (
         "no steps to run"
         if last is None
-        else (f"{len(history)} step(s), last reward {last['reward_mean']}, run folder {config.out}")
+        else (
+            f"{len(history)} step(s), last reward {last['reward_mean']:.3f}, "
+            f"run folder {config.out}"
+        )
     )
     print(f"train: done: {summary}")
     return 0
@@ -156,6 +178,20 @@ def add_warmstart_parser(sub: Any) -> None:
         f"machine's cores, {os.cpu_count() or 1})",
     )
     parser.set_defaults(func=_run_warmstart)
+
+
+def resume_hint(config: TrainConfig) -> str:
+    """How to continue an interrupted run, and from where: ``--resume`` starts after the
+    newest checkpoint, redoing the steps after it."""
+    from thundersync.training.checkpoint import list_checkpoints
+
+    found = list_checkpoints(Path(config.out) / "checkpoints")
+    if not found:
+        return "continue with --resume: it starts from the beginning (no checkpoint yet)"
+    return (
+        f"continue with --resume: it starts after {found[-1].name} (the steps after it are "
+        "redone)"
+    )
 
 
 def _run_warmstart(args: Any) -> int:

@@ -26,6 +26,7 @@ from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeKey
 from thundersync.protocol.errors import NonFiniteParameterError, ThunderSyncError
 from thundersync.training.checkpoint import Checkpoints
+from thundersync.training.checks import grading_place_of
 from thundersync.training.config import TrainConfig
 from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
@@ -114,10 +115,9 @@ class Trainer:
         c = self.config
         self.teacher_inbox = self.pool.queue() if c.algo == "opd" else None
         self.weights = self.backend.weights(list(self.model.parameters()))
-        teacher = " and the OPD teacher" if c.algo == "opd" else ""
         self.progress.phase(
-            f"starting the rollout worker{teacher} ({c.engine} engine, env {c.env}): "
-            "each loads its model first"
+            f"starting the rollout worker{' and the OPD teacher' if c.algo == 'opd' else ''} "
+            f"({c.engine} engine, env {c.env}): each loads its model first"
         )
         start_rollout(
             self.pool,
@@ -127,6 +127,7 @@ class Trainer:
             control=self.control,
             teacher_inbox=self.teacher_inbox,
             weights=self.weights,
+            say=self.progress.say,
         )
         self.publish_weights()
         self.engine_version = -1
@@ -156,7 +157,7 @@ class Trainer:
             self.control.put(PrepareBatch(later))
         what = (
             f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
-            f"{c.group_size} episodes, graded in the {c.sandbox} sandbox"
+            f"{c.group_size} episodes, graded {grading_place_of(c)}"
         )
         if step == self.start_step:
             self.progress.phase(what)  # the first batch: tell what the wait is for

@@ -64,6 +64,17 @@ def make_backend(config: TrainConfig) -> Any:
     )
 
 
+def session_limit(c: TrainConfig) -> int | None:
+    """The most envs of ``c.env`` that may be open at once, where its task source says
+    (``max_sessions()``: an OpenEnv server's ``--max-sessions``, asked of the server), else
+    None. A session past them would be refused, and an episode refused its env is lost."""
+    from environments.registry import task_source
+
+    source = task_source(c.env, **{"sandbox": c.sandbox, **c.env_kwargs})
+    ask = getattr(source, "max_sessions", None)
+    return ask() if callable(ask) else None
+
+
 def start_rollout(
     pool: WorkerPool,
     c: TrainConfig,
@@ -73,9 +84,22 @@ def start_rollout(
     control: Any,
     teacher_inbox: Any,
     weights: Any,
+    say: Callable[[str], None],
 ) -> None:
     """Start the rollout worker (engine, episodes, sandboxes, graders) and, with an inbox for
-    it, the OPD teacher; both load their models first."""
+    it, the OPD teacher; both load their models first. Where the env allows so many envs open
+    at once (``session_limit``), no more episodes play at once, and no more envs are made
+    ahead, than that, and ``say`` tells so once: the episodes past it wait, none is lost (an
+    episode refused its env would be an infrastructure failure, not trained on)."""
+    in_flight = c.max_concurrency or c.tasks_per_step * c.group_size * batches_in_flight
+    max_sessions = session_limit(c)
+    if max_sessions is not None and max_sessions < in_flight:
+        plural = "" if max_sessions == 1 else "s"
+        say(
+            f"{c.env} allows {max_sessions} session{plural} at once: at most {max_sessions} "
+            f"episode{plural} play at a time ({c.tasks_per_step * c.group_size} a step), the "
+            "others wait for a free session"
+        )
     spec = RolloutSpec(
         env=c.env,
         env_kwargs=dict(c.env_kwargs),
@@ -86,10 +110,11 @@ def start_rollout(
         deterministic=c.deterministic,
         max_new_tokens=c.max_new_tokens,
         temperature=c.temperature,
-        max_concurrency=c.max_concurrency or c.tasks_per_step * c.group_size * batches_in_flight,
+        max_concurrency=min(in_flight, max_sessions or in_flight),
         batch_window_s=c.batch_window_s,
         engine=c.engine,
         device=c.device,
+        max_sessions=max_sessions or 0,
     )
     rollout_gpus = 1 if pool.backend.gpu_for_rollout else gpu_asks(c)[0]
     pool.spawn(

@@ -231,3 +231,62 @@ def test_generated_tasks_refuse_an_unsplittable_generator():
     split = HELDOUT if not source.is_heldout(task.task_id) else TRAIN
     with pytest.raises(ValueError, match=f"no {split} task in 10000 draws"):
         source.draw(np.random.default_rng(0), split)
+
+
+README = ROOT / "README.md"
+
+
+def readme_task_class(protocol_line: str | None = None) -> type:
+    """The README's own ``CountLines`` task (``@dataclass(frozen=True, slots=True)``), defined
+    as the README writes it; ``protocol_line`` replaces its ``protocol_version`` line (or is
+    added after ``timeout_s`` where the README has none)."""
+    import re
+
+    (block,) = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+        if "class CountLines:" in b
+    ]
+    source = block[: block.index("class CountLinesEnv")]
+    assert "@dataclass(frozen=True, slots=True)" in source
+    if protocol_line is not None:
+        lines = [line for line in source.splitlines() if "protocol_version" not in line]
+        at = next(i for i, line in enumerate(lines) if "timeout_s: float" in line) + 1
+        source = "\n".join([*lines[:at], f"    {protocol_line}", *lines[at:]]) + "\n"
+    import sys
+    import types
+
+    module = types.ModuleType("readme_example")  # dataclasses look the class's module up
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, "README.md", "exec"), module.__dict__)  # noqa: S102 (README code)
+    finally:
+        del sys.modules[module.__name__]
+    return module.CountLines
+
+
+def test_the_readme_task_declares_its_protocol_version_as_a_slots_dataclass_field():
+    """A ``protocol_version: int = 2`` field of a slots dataclass is a member descriptor on
+    the class; the check read the class, not what an instance has, and refused the task with
+    "declares protocol_version <member 'protocol_version' of 'CountLines' objects>"."""
+    kind = readme_task_class()
+    task = kind()
+    assert task.protocol_version == 2  # the README's example says which version it implements
+    assert as_current(task) is task
+    ShellEnv([task], sandbox=LocalSandbox)
+
+
+def test_every_instance_is_checked_by_the_version_it_has():
+    """The check is per instance's value, not once per class: a slots dataclass instance made
+    with another ``protocol_version`` is judged by that one."""
+    kind = readme_task_class("protocol_version: int = 2")
+    assert as_current(kind()) == kind()
+    with pytest.raises(
+        TaskProtocolError,
+        match=r"declares protocol_version 3; this ThunderSync serves Task protocol 1\.\.2$",
+    ):
+        as_current(kind(protocol_version=3))
+    with pytest.raises(TaskProtocolError, match=r"does not match Task protocol 1: expected"):
+        as_current(kind(protocol_version=1))  # its methods are protocol 2's
+    with pytest.raises(TaskProtocolError, match=r"declares protocol_version \[2\]"):
+        as_current(kind(protocol_version=[2]))  # unhashable: refused, not a TypeError

@@ -342,3 +342,104 @@ def test_a_server_answering_off_the_wire_is_named_as_such():
             thread.join(timeout=30)
     assert info["infra_failure"] is True
     assert "reset answered no text field 'text'" in info["error"] and "'output': 3" in info["error"]
+
+
+# --- sessions: the client opens no more than the server allows -------------------------------
+
+TOOLS = {"tools": "python"}  # in-process tools: no sandbox needed
+
+
+@pytest.fixture
+def fresh_gates(monkeypatch):
+    """Each test's servers get gates of their own (a port may be reused by a later server)."""
+    from thundersync.interop import openenv_env
+
+    monkeypatch.setattr(openenv_env, "_GATES", {}, raising=False)
+
+
+def test_the_server_says_how_many_sessions_it_allows(fresh_gates):
+    with served(TOY, TOOLS, max_sessions=3) as server:
+        status, body = http("GET", server.url + "/capacity")
+        assert (status, body) == (200, {"active_sessions": 0, "max_sessions": 3})
+        assert task_source(ENV_ID, url=server.url).max_sessions() == 3
+
+
+def _hold_then_wait(server, *, said: str, capsys) -> None:
+    """One env holds the server's only session; a second one's reset waits for it instead of
+    failing, and plays once the first closes. Said once on stderr."""
+    from thundersync.interop.openenv_env import session_gate
+
+    first = gym.make(ENV_ID, url=server.url)
+    second = gym.make(ENV_ID, url=server.url)
+    answers: list = []
+    try:
+        _, info = first.reset(seed=1)
+        assert not info["infra_failure"], info
+        waiting = threading.Thread(target=lambda: answers.append(second.reset(seed=2)))
+        waiting.start()
+        assert session_gate(server.url).wait_for_waiting(1, timeout=60), "it never waited"
+        first.step(SUBMIT)
+        first.close()  # the session is free: the second reset goes on
+        waiting.join(timeout=60)
+        (_, info), *_ = answers
+        assert not info["infra_failure"], info
+        assert second.step(SUBMIT)[4]["infra_failure"] is False
+    finally:
+        first.close()
+        second.close()
+    err = capsys.readouterr().err
+    assert err.count("wait for a free session") == 1 and said in err, err
+
+
+def test_an_episode_past_the_servers_sessions_waits_for_a_free_one(fresh_gates, capsys):
+    """Issue 35: a session past ``serve --max-sessions`` was refused ("Server at capacity:
+    8/8 sessions active"), which ended its episode as an infrastructure failure."""
+    with served(TOY, TOOLS, max_sessions=1) as server:
+        _hold_then_wait(server, said="allows 1 session at once", capsys=capsys)
+
+
+def test_a_server_that_does_not_say_its_limit_is_waited_for_after_its_refusal(
+    fresh_gates, monkeypatch, capsys
+):
+    """openenv's own servers have no ``/capacity``: their refusal names the limit, and the
+    refused episode waits for a session of this process to close."""
+    from thundersync.interop import openenv_env
+
+    monkeypatch.setattr(openenv_env, "_ask_capacity", lambda url, timeout_s: None)
+    with served(TOY, TOOLS, max_sessions=1) as server:
+        _hold_then_wait(server, said="allows 1 session at once", capsys=capsys)
+        assert openenv_env.session_gate(server.url).limit == 1, "learnt from the refusal"
+
+
+def test_a_closed_session_is_free_on_the_server_when_close_returns(fresh_gates):
+    """Closing waits for the server to close the connection, which it does once the session
+    is destroyed: the next session is not refused while the server is still closing."""
+    with served(TOY, TOOLS, max_sessions=1) as server:
+        for seed in range(3):
+            env = gym.make(ENV_ID, url=server.url)
+            _, info = env.reset(seed=seed)
+            assert not info["infra_failure"], info
+            env.close()
+            assert len(server.sessions) == 0
+
+
+def test_an_env_waiting_for_a_session_stops_when_interrupted(fresh_gates):
+    from thundersync.interop.openenv_env import session_gate
+
+    with served(TOY, TOOLS, max_sessions=1) as server:
+        first = gym.make(ENV_ID, url=server.url)
+        second = gym.make(ENV_ID, url=server.url)
+        answers: list = []
+        try:
+            first.reset(seed=1)
+            waiting = threading.Thread(target=lambda: answers.append(second.reset(seed=2)))
+            waiting.start()
+            assert session_gate(server.url).wait_for_waiting(1, timeout=60)
+            second.unwrapped.interrupt("the run was cancelled")
+            waiting.join(timeout=60)
+            (_, info), *_ = answers
+            assert info["infra_failure"] and "the run was cancelled" in info["error"], info
+        finally:
+            first.close()
+            second.close()
+        assert session_gate(server.url).held == 0

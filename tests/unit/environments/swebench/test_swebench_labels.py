@@ -19,7 +19,7 @@ import pytest
 
 from environments.sandboxes.protocol import ExportTooLarge, SandboxError
 from environments.swebench import SWEBenchTask, load_instances
-from environments.swebench.control import CONTROL_RUNS
+from environments.swebench.control_run import CONTROL_RUNS
 from environments.swebench.patch import AgentFailure, export_repo
 from environments.tasks import Grade, GradingContext
 from tests.unit.environments.swebench.host_sandbox import FreshSandboxes, SubprocessSandbox

@@ -62,7 +62,7 @@ def test_task_matches_the_task_protocol() -> None:
 
 def test_tb1_fields_are_read() -> None:
     task = load_tasks(FIXTURES / "tb1" / "fast-pair-count").get("fast-pair-count")
-    assert task.test_timeout_s == 8.0
+    assert task.test_timeout_s == 180.0
     assert task.timeout_s == 120.0
     assert task.metadata["tags"] == ("python", "algorithms", "timeout")
     assert task.metadata["difficulty"] == "medium"
@@ -75,13 +75,13 @@ def test_harbor_fields_are_read(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "harbor" / "sales-report", task_dir)
     toml = task_dir / "task.toml"
     text = toml.read_text().replace('memory = "2G"', 'memory = "512M"\nenv = { MODE = "strict" }')
-    text = text.replace("timeout_sec = 60.0", 'timeout_sec = 60.0\nenv = { LEVEL = "high" }')
+    text = text.replace("timeout_sec = 180.0", 'timeout_sec = 180.0\nenv = { LEVEL = "high" }')
     toml.write_text(text + '\n[solution]\nenv = { ANSWER = "42" }\n')
     task = load_tasks(task_dir).get("sales-report")
     spec = task.sandbox_spec()
     assert spec.memory_mb == 512
     assert spec.env["MODE"] == "strict"
-    assert task.test_timeout_s == 60.0
+    assert task.test_timeout_s == 180.0
     assert task.solution_env == {"ANSWER": "42"}
     assert "export ANSWER=42" in task.reference_solution()[-1]
     assert task.test_env == {"LEVEL": "high"}

@@ -105,7 +105,7 @@ CASES = [
     (
         "tb1-negative-timeout",
         "tb1",
-        _replace("task.yaml", "max_test_timeout_sec: 60.0", "max_test_timeout_sec: -5"),
+        _replace("task.yaml", "max_test_timeout_sec: 180.0", "max_test_timeout_sec: -5"),
         "task.yaml",
         "max_test_timeout_sec",
     ),
@@ -230,7 +230,7 @@ CASES = [
     (
         "harbor-verifier-timeout-not-a-number",
         "harbor",
-        _replace("task.toml", "timeout_sec = 60.0", 'timeout_sec = "a minute"'),
+        _replace("task.toml", "timeout_sec = 180.0", 'timeout_sec = "a minute"'),
         "task.toml",
         "verifier.timeout_sec",
     ),
@@ -310,7 +310,7 @@ CASES = [
     (
         "tb1-test-timeout-over-a-day",
         "tb1",
-        _replace("task.yaml", "max_test_timeout_sec: 60.0", "max_test_timeout_sec: 100000"),
+        _replace("task.yaml", "max_test_timeout_sec: 180.0", "max_test_timeout_sec: 100000"),
         "task.yaml",
         "max_test_timeout_sec",
     ),

@@ -445,3 +445,22 @@ def test_preparing_waits_for_the_live_episodes_and_unplayed_preparations_are_clo
     driver.shutdown()  # three preparations were never submitted
     rig.close()
     assert envs.closed == envs.made
+
+
+def test_no_more_envs_are_prepared_ahead_than_the_env_allows_open(tokenizer):
+    """An env whose server allows so many sessions (``max_prepared``): a prepared env holds
+    one until its episode plays, so the next step's envs made ahead stay within it (issue 35:
+    a step's 16 envs opened ahead on a server allowing 8 left 8 episodes without a session,
+    each an infrastructure failure). The others make their envs when they play."""
+    envs = CountingEnvs()
+    rig = Rig(tokenizer, make_env=envs)
+    driver = EpisodeDriver(rig.runner, rig.batcher, max_concurrency=3, max_prepared=3)
+    made = driver.prepare_all(rig.jobs(6))
+    assert [f.result(timeout=60) for f in made[:3]] == [None] * 3
+    assert all(f.cancelled() for f in made[3:])
+    assert envs.made == 3
+    trajectories = [f.result(timeout=60) for f in driver.submit_all(rig.jobs(6))]
+    driver.shutdown()
+    rig.close()
+    assert [t.infra_failure for t in trajectories] == [False] * 6
+    assert envs.made == envs.closed == 6

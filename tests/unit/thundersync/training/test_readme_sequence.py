@@ -13,7 +13,7 @@ import torch
 
 from thundersync.cli import build_parser
 from thundersync.training.checkpoint import list_checkpoints, save_checkpoint
-from thundersync.training.config import resolve_config
+from thundersync.training.config_files import resolve_config
 
 README = Path(__file__).resolve().parents[4] / "README.md"
 

@@ -11,8 +11,8 @@ import torch
 
 from thundersync import events as ev
 from thundersync.training import checkpoint as ckpt
-from thundersync.training.config import (
-    TrainConfig,
+from thundersync.training.config import TrainConfig
+from thundersync.training.config_files import (
     add_config_flags,
     load_config_file,
     resolve_config,
@@ -81,7 +81,7 @@ def test_an_unknown_env_or_a_missing_model_folder_is_named_before_any_work(tmp_p
     ("env_kwargs", "says"),
     [
         ({"tools": "pyth"}, "tools: expected 'sandbox' or 'python'"),
-        ({"colour": 1}, r"unknown keyword\(s\) \['colour'\]"),
+        ({"colour": 1}, r"unknown keyword\(s\) 'colour'; env keywords: \[.*'tools'\]"),
     ],
 )
 def test_env_kwargs_the_env_refuses_are_named_before_any_worker_starts(env_kwargs, says):
@@ -129,7 +129,7 @@ def test_unknown_file_keys_are_named(tmp_path):
 def test_a_runs_config_json_with_its_warnings_loads_as_a_config_again(tmp_path):
     """config.json keeps the warnings a run printed (not a config field): ``--resume`` and
     ``--config run/config.json`` read the config it holds, the warnings left out."""
-    from thundersync.training.config import load_saved_config
+    from thundersync.training.config_files import load_saved_config
 
     config = TrainConfig(steps=3, env_kwargs={"strict_grading": False})
     assert len(config.warnings()) == 1 and "strict grading is off" in config.warnings()[0]
@@ -296,3 +296,38 @@ def test_the_step_line_says_how_many_episodes_were_infrastructure_failures():
     line = progress_line(metrics, 1)
     assert line.endswith("; 16 infrastructure failure(s), not trained on (events.jsonl says why)")
     assert "infrastructure" not in progress_line({**metrics, "num_infra_failures": 0}, 1)
+
+
+def test_the_progress_line_says_where_the_envs_episodes_are_graded() -> None:
+    """ToySum with in-process tools grades in the trainer's process, not in a sandbox the
+    run's ``--sandbox`` names (the first hour's line said bwrap)."""
+    from thundersync.training.checks import check_env_kwargs, grading_place_of
+
+    config = TrainConfig(env_kwargs={"tools": "python"})
+    check_env_kwargs(config)
+    assert grading_place_of(config) == "in this process"
+    sandboxed = TrainConfig(env_kwargs={"num_keys": 4})
+    check_env_kwargs(sandboxed)
+    assert grading_place_of(sandboxed) == "in the bwrap sandbox"
+
+
+def test_an_async_steps_line_says_its_batch_rolled_out_during_earlier_steps():
+    """Async hands a batch out while older steps run: its step can end 0.2 s after the
+    previous one with nearly nothing in its window. The line says the batch is older."""
+    from thundersync.training.telemetry import progress_line
+
+    metrics = {
+        "step": 2,
+        "reward_mean": 0.5,
+        "accuracy": 0.5,
+        "num_episodes": 16,
+        "step_time_s": 0.2,
+        "submitted_at": 10.0,
+        "finished_at": 12.1,
+        "breakdown_s": {"engine": 0.06},
+    }
+    line = progress_line(metrics, 6)
+    assert "wall-clock 0.20 s since the previous step" in line
+    assert "its batch was handed out 2.10 s before, during earlier steps" in line
+    sync = progress_line({**metrics, "step_time_s": 2.1}, 6)  # handed out at its step's start
+    assert "handed out" not in sync

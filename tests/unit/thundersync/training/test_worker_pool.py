@@ -105,3 +105,62 @@ def test_a_read_cut_short_by_ctrl_c_leaves_the_inbox_drained_raw_not_decoded():
     assert pool._discard_inbox() == []
     assert not pool.inbox._reader.poll(0)  # every byte drained
     pool.inbox.close()
+
+
+def test_the_rollout_plays_no_more_episodes_at_once_than_the_env_allows(monkeypatch):
+    """Issue 35: an OpenEnv server allowing 8 sessions and a step of 16 episodes: the rollout
+    worker plays at most 8 at once and makes at most 8 envs ahead (``RolloutSpec``)."""
+    from thundersync.training.config import TrainConfig
+
+    spawned: list = []
+
+    class Pool:
+        backend = type("Backend", (), {"gpu_for_rollout": False})()
+
+        def spawn(self, name, target, *args, **kwargs):
+            spawned.append((name, args))
+
+        inbox = None
+
+    config = TrainConfig(tasks_per_step=4, group_size=4)
+    for limit, concurrency, sessions, said in (
+        (
+            8,
+            8,
+            8,
+            [
+                "thundersync/ToySum-v0 allows 8 sessions at once: at most 8 episodes play "
+                "at a time (16 a step), the others wait for a free session"
+            ],
+        ),
+        (None, 16, 0, []),
+        (32, 16, 32, []),
+    ):
+        spawned.clear()
+        lines: list[str] = []
+        monkeypatch.setattr(worker_pool, "session_limit", lambda c, limit=limit: limit)
+        worker_pool.start_rollout(
+            Pool(),
+            config,
+            model_dir="m",
+            batches_in_flight=1,
+            control=None,
+            teacher_inbox=None,
+            weights=None,
+            say=lines.append,
+        )
+        ((_, (spec, *_)),) = spawned
+        assert (spec.max_concurrency, spec.max_sessions, lines) == (concurrency, sessions, said)
+
+
+def test_the_session_limit_is_the_env_task_sources(monkeypatch):
+    from thundersync.training.config import TrainConfig
+
+    class Source:
+        def max_sessions(self):
+            return 8
+
+    monkeypatch.setattr("environments.registry.task_source", lambda env, **kw: Source())
+    assert worker_pool.session_limit(TrainConfig()) == 8
+    monkeypatch.setattr("environments.registry.task_source", lambda env, **kw: object())
+    assert worker_pool.session_limit(TrainConfig()) is None
