@@ -189,8 +189,7 @@ def resume_hint(config: TrainConfig) -> str:
     if not found:
         return "continue with --resume: it starts from the beginning (no checkpoint yet)"
     return (
-        f"continue with --resume: it starts after {found[-1].name} (the steps after it are "
-        "redone)"
+        f"continue with --resume: it starts after {found[-1].name} (the steps after it are redone)"
     )
 
 
