@@ -155,10 +155,8 @@ class Trainer:
         self.control.put(batch)
         if later.step in self.steps() and later.step not in self.batches:
             self.control.put(PrepareBatch(later))
-        what = (
-            f"rolling out step {step + 1}/{c.steps}: {c.tasks_per_step} tasks × "
-            f"{c.group_size} episodes, graded {grading_place_of(c)}"
-        )
+        n = f"{c.tasks_per_step} tasks × {c.group_size} episodes"
+        what = f"rolling out step {step + 1}/{c.steps}: {n}, graded {grading_place_of(c)}"
         if step == self.start_step:
             self.progress.phase(what)  # the first batch: tell what the wait is for
         else:
