@@ -82,8 +82,15 @@ compare-terminal: install
 	    --out $(TERMINAL)/compare --db $(TERMINAL_DB)
 	@echo "compare-terminal: results in $(TERMINAL)/compare/results.json and its plots"
 
+# Two parts: TEST_WORKERS pytest-xdist workers (a file's tests, and all Docker tests, each in one
+# worker: tests/conftest.py), then the `serial` tests alone (they bound a time or load every core).
+# Exit status 5 is pytest's "no test selected" (a PYTEST_ARGS naming one file).
+TEST_WORKERS ?= 2
+TEST_MARKS   := not gpu and not vllm and not browser
 test: install
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "$(TEST_MARKS) and not serial" \
+	    $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m "$(TEST_MARKS) and serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The training modes on five workloads through the real loop, side by side, with the simulator's
 # replay of each run (benchmarks/matrix.py; about 20 minutes on 2 quiet cores).

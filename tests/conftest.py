@@ -1,14 +1,24 @@
 """Shared test configuration: hypothesis profiles (HYPOTHESIS_PROFILE=ci|dev), tiny models,
-Docker availability (loud skip) and the check that no sandbox outlives the tests."""
+Docker availability (loud skip), the check that no sandbox outlives the tests, and how the
+suite runs in parallel (``make test``: pytest-xdist workers, then the ``serial`` tests alone)."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+# Under pytest-xdist each worker is one of two processes sharing the cores: one torch thread
+# each (set before torch is imported; subprocesses inherit it), so they do not fight.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 
 from environments.sandboxes import BASE_IMAGE, docker_available
@@ -21,6 +31,38 @@ settings.register_profile(
     "ci", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) a file's tests run in one worker (its module
+    fixtures are built once) and every Docker test in one worker (they never contend for the
+    daemon); ``serial`` tests are left to the run without workers (``make test``'s second
+    part)."""
+    for item in items:
+        group = "docker" if item.get_closest_marker("docker") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+T = TypeVar("T")
+
+
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]
+) -> T:
+    """``build(folder)`` run once for the whole test run, its workers included: the first
+    worker to ask builds under a file lock in the run's shared temporary folder, the others
+    wait and reuse the folder and the value ``build`` returned (pickled beside it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / name
+    built = shared.with_name(name + ".built.pickle")
+    with FileLock(str(shared) + ".lock"):
+        if built.exists():
+            return pickle.loads(built.read_bytes())
+        shared.mkdir()
+        value = build(shared)
+        built.write_bytes(pickle.dumps(value))
+        return value
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,7 +86,7 @@ def _reference_runs_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
     from environments.terminal_bench.reference import CACHE_VARIABLE
 
     previous = os.environ.get(CACHE_VARIABLE)
-    os.environ[CACHE_VARIABLE] = str(tmp_path_factory.mktemp("reference-runs"))
+    os.environ[CACHE_VARIABLE] = str(built_once(tmp_path_factory, "reference-runs", Path))
     yield
     if previous is None:
         os.environ.pop(CACHE_VARIABLE, None)
@@ -57,8 +99,10 @@ def tiny_model_dirs(tmp_path_factory):
     """Tiny checkpoints built once per session: {"gpt2": Path, "qwen3": Path, "llama": Path}."""
     from thundersync.models import build_tiny_model
 
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {arch: build_tiny_model(root / arch, arch) for arch in ("gpt2", "qwen3", "llama")}
+    def build(root: Path) -> dict[str, Path]:
+        return {arch: build_tiny_model(root / arch, arch) for arch in ("gpt2", "qwen3", "llama")}
+
+    return built_once(tmp_path_factory, "tiny-models", build)
 
 
 SANDBOX_KINDS = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import SANDBOX_KINDS
+from tests.conftest import SANDBOX_KINDS, built_once
 
 
 @pytest.fixture(params=SANDBOX_KINDS)
@@ -27,12 +27,11 @@ def warm_model(tmp_path_factory) -> Path:
     from thundersync.training.warmstart import WarmStartConfig, warm_start
 
     torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("warm") / "model"
     tools = None if shutil.which("bwrap") else {"tools": "python"}
     config = WarmStartConfig(
         num_demos=64, steps=120, corrupt_fraction=0.6, seed=1, env_kwargs=tools
     )
-    return warm_start(config, folder)
+    return built_once(tmp_path_factory, "warm", lambda folder: warm_start(config, folder / "model"))
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +39,7 @@ def warm_gpt2(tmp_path_factory) -> Path:
     """The same kit on a GPT-2-style model, whose every op runs in float64 when asked."""
     from thundersync.training.warmstart import WarmStartConfig, warm_start
 
-    folder = tmp_path_factory.mktemp("warm-gpt2") / "model"
     config = WarmStartConfig(arch="gpt2", num_demos=64, steps=120, corrupt_fraction=0.6, seed=1)
-    return warm_start(config, folder)
+    return built_once(
+        tmp_path_factory, "warm-gpt2", lambda folder: warm_start(config, folder / "model")
+    )

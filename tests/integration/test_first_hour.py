@@ -109,6 +109,7 @@ def test_the_commands_parse_and_name_their_outputs():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # bounds the silence between progress lines
 def test_the_first_hour_section_runs_as_written_at_a_small_scale(tmp_path):
     text = section(README.read_text())
     for argv in commands(text):

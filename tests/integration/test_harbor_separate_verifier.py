@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from thundersync.types import Trajectory
 
 from environments.agents import Agent, NopAgent, OracleAgent
 from environments.core import ShellEnv
@@ -20,6 +19,7 @@ from environments.sandboxes import NeedsDockerError
 from environments.sandboxes.image_build import ALIASES_VARIABLE
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from environments.terminal_bench.dockerfile import BASE_IMAGE
+from thundersync.protocol.types import Trajectory
 
 FIXTURE = (
     Path(__file__).resolve().parents[2]

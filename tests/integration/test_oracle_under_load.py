@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # loads every core itself
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing"),
     pytest.mark.skipif(shutil.which("yes") is None, reason="no `yes` to load the cores with"),
 ]

@@ -323,6 +323,7 @@ def test_user_namespaces_cannot_be_made(sandbox: Sandbox, kind: str) -> None:
     assert run(sandbox, f'python3 -c "{threads}"').output == "ok\n"
 
 
+@pytest.mark.serial  # bounds the time to close
 def test_close_from_another_thread_kills_a_command_ignoring_sigterm_at_once(
     sandbox: Sandbox, token: str
 ) -> None:

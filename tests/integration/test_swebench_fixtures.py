@@ -10,13 +10,13 @@ import shlex
 from pathlib import Path
 
 import pytest
-from thundersync.types import Trajectory
 
 from environments.actions import format_action
 from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
 from environments.swebench import SWEBenchTask, load_instances
+from thundersync.protocol.types import Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
 TASKS = {task.task_id: task for task in load_instances(FIXTURES)}

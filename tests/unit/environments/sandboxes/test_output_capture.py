@@ -71,6 +71,7 @@ def test_read_fd_until_returns_at_end_of_file() -> None:
     assert capture.text() == ("abc", False)
 
 
+@pytest.mark.serial  # bounds the time past the deadline
 def test_read_fd_until_stops_at_the_deadline_when_the_writer_stays_open() -> None:
     r, w = os.pipe()
     capture = OutputCapture(100)

@@ -6,10 +6,7 @@ that chooses the mode."""
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
-
-import pytest
 
 import thundersync
 from thundersync.training.config import MODES
@@ -108,11 +105,6 @@ def test_file_names_are_unique_across_the_tree():
         if path.name != "__init__.py" and path.name not in SUITE_MODULES:
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT.parent)))
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
-
-
-@pytest.mark.parametrize("old", sorted(thundersync._MOVED))
-def test_a_module_path_of_the_flat_layout_still_imports_as_the_moved_module(old):
-    assert importlib.import_module(old) is importlib.import_module(thundersync._MOVED[old])
 
 
 def test_no_mode_name_is_compared_outside_choosing_the_mode():
