@@ -32,6 +32,7 @@ from thundersync.declared import (
 )
 from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
+from thundersync.training.modes import REGISTRY, baseline_mode, mode_from_label
 from thundersync.training.run_metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -58,8 +59,8 @@ class CompareConfig:
 
     train: TrainConfig
     """The workload: every run uses it, with its own mode, seed and run folder."""
-    modes: Annotated[tuple[Text, ...], Field(min_length=1)] = ("sync", "async", "streaming")
-    """sync, streaming, async (with ``train.staleness``) or async-k<K>."""
+    modes: Annotated[tuple[Text, ...], Field(min_length=1)] = tuple(c.name for c in REGISTRY)
+    """Mode labels: sync, streaming, async (with ``train.staleness``) or async-k<K>."""
     seeds: PositiveInt = 3
     """Runs per mode, seeds ``train.seed``, ``train.seed + 1``, ..."""
     target: Accuracy = 0.8
@@ -89,8 +90,11 @@ class CompareConfig:
             raise ValueError(f"--eval-env-kwargs: {where} is NaN or infinite (not strict JSON)")
         for mode in self.modes:
             mode_config(self.train, mode, 0, Path(self.out), 1)
-        if "sync" not in self.modes:
-            raise ValueError("--modes must include sync (speed-ups are relative to it)")
+        baseline = baseline_mode()
+        if not any(mode_from_label(m, staleness=1).baseline for m in self.modes):
+            raise ValueError(
+                f"--modes must include {baseline.label} (speed-ups are relative to it)"
+            )
 
 
 @dataclass(slots=True)
@@ -106,25 +110,21 @@ class Run:
 def mode_config(base: TrainConfig, mode: str, seed: int, folder: Path, every: int) -> TrainConfig:
     """The run's TrainConfig: ``async-k2`` is async with staleness 2; ``early_start`` is the
     streaming runs' only (the other modes have no backward to start early)."""
-    name, _, k = mode.partition("-k")
-    if name not in ("sync", "async", "streaming") or (k and not k.isdigit()):
-        raise ValueError(f"mode {mode!r}: expected sync, streaming, async or async-k<K>")
-    staleness = int(k) if k else base.staleness
+    chosen = mode_from_label(mode, staleness=base.staleness)
     return replace(
         base,
-        mode=name,
-        staleness=staleness,
+        **chosen.train_fields(),
         seed=seed,
         out=str(folder),
         checkpoint_every=every,
         keep_checkpoints=10_000,
-        early_start=base.early_start and name == "streaming",
+        early_start=base.early_start and chosen.starts_backward_before_step,
     )
 
 
 def mode_name(mode: str, base: TrainConfig) -> str:
-    """The results key: sync, streaming, or async-k<K>."""
-    return f"async-k{base.staleness}" if mode == "async" else mode
+    """The results key: the mode's label (sync, streaming, async-k<K>)."""
+    return mode_from_label(mode, staleness=base.staleness).label
 
 
 def train_run(config: TrainConfig, label: str, progress: Progress | None = None) -> None:

@@ -23,6 +23,7 @@ from thundersync.training.config_files import (
     load_config_file,
     resolve_config,
 )
+from thundersync.training.modes import REGISTRY
 
 _OWN = ("mode", "out", "checkpoint_every", "keep_checkpoints")
 _NUMBERS = (
@@ -50,8 +51,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--modes",
-        default="sync,async,streaming",
-        help="comma-separated: sync, streaming, async (with --staleness) or async-k<K>",
+        default=",".join(cls.name for cls in REGISTRY),
+        help="comma-separated: " + ", ".join(cls.label_forms for cls in REGISTRY),
     )
     add_flags(parser, CompareConfig, _NUMBERS, flags=COMPARE_FLAGS)
     parser.add_argument("--out", default="runs/compare", help="results, plots and runs")

@@ -13,6 +13,7 @@ from harness.bootstrap import median_ci
 from harness.critical_path import BatchedCost, batched_cost
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
+from thundersync.training.modes import mode_from_label
 
 BREAKDOWN = (
     "engine",
@@ -35,8 +36,10 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
     modes: dict[str, list[Any]] = {}
     for run in runs:
         modes.setdefault(run.mode, []).append(run)
-    sync_times = {r.seed: time_to_target(r.curve, config.target) for r in modes.get("sync", [])}
-    sync_folders = {r.seed: r.folder for r in modes.get("sync", [])}
+    roles = {name: mode_from_label(name, staleness=1) for name in modes}
+    baseline = [r for name, rs in modes.items() if roles[name].baseline for r in rs]
+    sync_times = {r.seed: time_to_target(r.curve, config.target) for r in baseline}
+    sync_folders = {r.seed: r.folder for r in baseline}
     summary = {}
     for name, mode_runs in modes.items():
         mode_runs.sort(key=lambda r: r.seed)
@@ -50,7 +53,9 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
             ),
             "speedup_vs_sync": median_ci(speedups),
             "final_accuracy": median_ci([r.curve[-1].accuracy for r in mode_runs]),
-            **_step_statistics(mode_runs, sync_folders if name == "streaming" else {}),
+            **_step_statistics(
+                mode_runs, {} if roles[name].baseline or not roles[name].exact else sync_folders
+            ),
         }
     return {
         "config": _config_dict(config),
@@ -174,9 +179,11 @@ def verdict(results: dict[str, Any]) -> str:
         f"compare: {'median ' if several else ''}time to {target:g} "
         f"({seeds} seed{'s' if several else ''}): {times}"
     ]
-    if "sync" in modes and len(modes) > 1:
-        speeds = ", ".join(f"{n} {_speedup_text(m)}" for n, m in modes.items() if n != "sync")
-        lines.append(f"compare: {'median per-seed ' if several else ''}speed-up vs sync: {speeds}")
+    baseline = next((n for n in modes if mode_from_label(n, staleness=1).baseline), None)
+    if baseline is not None and len(modes) > 1:
+        speeds = ", ".join(f"{n} {_speedup_text(m)}" for n, m in modes.items() if n != baseline)
+        per_seed = "median per-seed " if several else ""
+        lines.append(f"compare: {per_seed}speed-up vs {baseline}: {speeds}")
     budget = ", ".join(f"{n} {_fmt(m['accuracy_at_budget']['median'])}" for n, m in modes.items())
     lines.append(f"compare: accuracy at {results['budget_s']:.0f} s: {budget}")
     return "\n".join(lines)

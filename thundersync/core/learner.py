@@ -4,7 +4,8 @@
 every event; ``step()`` finishes the batch: complete the gradient, divide by the batch
 denominator, clip the gradient norm, ``optimizer.step()``.
 
-How the gradient is computed is one strategy (``thundersync.core.strategy``), picked once here:
+How the gradient is computed is one strategy (``thundersync.core.strategy``), picked once by
+the learner's contract (``thundersync.core.contract``: a training mode's terms, or the flags):
 
 - sync (``streaming=False``): collects the batch; at ``step`` computes advantages and runs the
   textbook batched backward (padded micro-batches) — ``BatchGRPO``, ``BatchOPD``.
@@ -58,15 +59,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
 
 from thundersync.core.assembly import Assembler
-from thundersync.core.batch import BatchGRPO, BatchOPD, OffPolicyGRPO
-from thundersync.core.canonical import CanonicalGRPO
-from thundersync.core.distill import PiecewiseOPD
+from thundersync.core.contract import LearnerContract, contract_for
 from thundersync.core.gradients import BufferPool, write_grads
 from thundersync.core.holds import Pace
 from thundersync.core.learner_metrics import TokenStats, staleness_metrics
@@ -79,8 +77,7 @@ from thundersync.core.objectives import (
     group_advantages,
 )
 from thundersync.core.policy import Policy
-from thundersync.core.strategy import BatchContext, GradientStrategy
-from thundersync.core.streaming_grpo import StreamingGRPO
+from thundersync.core.strategy import BatchContext
 from thundersync.core.validation import EventLimits, VersionWindow
 from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeRecord
@@ -147,12 +144,19 @@ class Learner:
         policy_version: int = 0,
         num_steps: int = 0,
         publish: Callable[[ev.Event], None] | None = None,
+        contract: LearnerContract | None = None,
     ) -> None:
+        if contract is None:
+            contract = contract_for(streaming=streaming, max_staleness=max_staleness)
+        elif streaming or max_staleness:
+            raise ValueError(
+                "pass a contract= (a training mode's terms) or the flags streaming=/"
+                "max_staleness=, not both"
+            )
         _check_options(
             objective,
+            contract,
             reference=reference,
-            streaming=streaming,
-            max_staleness=max_staleness,
             max_grad_norm=max_grad_norm,
             micro_batch_size=micro_batch_size,
             buffer_budget_bytes=buffer_budget_bytes,
@@ -161,21 +165,18 @@ class Learner:
         )
         self.policy = Policy(model)
         self.reference = Policy(reference) if reference is not None else None
-        self.objective, self.optimizer = objective, optimizer
+        self.objective, self.optimizer, self.contract = objective, optimizer, contract
+        streaming, self.accepted_lag = contract.streams, contract.accepted_lag()
         self.streaming, self.deterministic, self.eager = streaming, deterministic, eager
         self.pace = Pace() if hold_deposits and streaming and not eager else None
         self.max_grad_norm, self.micro_batch_size = max_grad_norm, micro_batch_size
-        self.max_staleness, self.keep_last_gradient = max_staleness, keep_last_gradient
+        self.max_staleness = self.accepted_lag[0] if self.accepted_lag is not None else 0
+        self.keep_last_gradient = keep_last_gradient
         self.budget_bytes, self.publish = buffer_budget_bytes, publish
         self.policy_version, self.num_steps = policy_version, num_steps
         self.limits = _limits(self.policy, self.reference)
-        self.accepted_lag = _accepted_lag(streaming=streaming, max_staleness=max_staleness)
-        self.make_strategy = choose_strategy(
-            objective,
-            streaming=streaming,
-            deterministic=deterministic,
-            max_staleness=max_staleness,
-            early_start=early_start,
+        self.make_strategy = contract.strategy(
+            objective, deterministic=deterministic, early_start=early_start
         )
         self.peak_buffer_bytes = 0
         self.last_gradient: torch.Tensor | None = None
@@ -369,39 +370,6 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
 # --- choices made once, in the constructor --------------------------------------------------------
 
 
-def choose_strategy(
-    objective: Objective,
-    *,
-    streaming: bool,
-    deterministic: bool,
-    max_staleness: int,
-    early_start: bool,
-) -> Callable[[BatchContext], GradientStrategy]:
-    """The strategy class (with its options) that makes each batch's gradient."""
-    if isinstance(objective, OPD):
-        if streaming or deterministic:
-            return partial(
-                PiecewiseOPD, objective=objective, deterministic=deterministic, streaming=streaming
-            )
-        return partial(BatchOPD, objective=objective)
-    if max_staleness > 0:
-        return partial(OffPolicyGRPO, objective=objective)
-    if deterministic:
-        return partial(CanonicalGRPO, objective=objective, precompute=streaming)
-    if streaming:
-        return partial(StreamingGRPO, objective=objective, early_start=early_start)
-    return partial(BatchGRPO, objective=objective)
-
-
-def _accepted_lag(*, streaming: bool, max_staleness: int) -> tuple[int, str] | None:
-    """How many versions behind the learner a token may be, and why (None: not checked)."""
-    if streaming:
-        return 0, "streaming trains only on tokens of the current policy (zero staleness)"
-    if max_staleness > 0:
-        return max_staleness, f"max_staleness={max_staleness}"
-    return None  # on-policy sync trains on the batch it is given, as sampled by its version
-
-
 def _limits(policy: Policy, reference: Policy | None) -> EventLimits:
     """The vocabulary and context limits of the policy (and of the reference, if smaller)."""
     models = [policy] if reference is None else [policy, reference]
@@ -414,10 +382,9 @@ def _limits(policy: Policy, reference: Policy | None) -> EventLimits:
 
 def _check_options(
     objective: Objective,
+    contract: LearnerContract,
     *,
     reference: torch.nn.Module | None,
-    streaming: bool,
-    max_staleness: int,
     max_grad_norm: float | None,
     micro_batch_size: int,
     buffer_budget_bytes: int | None,
@@ -430,7 +397,6 @@ def _check_options(
     if isinstance(objective, GRPO) and objective.kl_coef != 0.0 and reference is None:
         raise ValueError("GRPO(kl_coef != 0) needs reference=<a frozen reference model>")
     for name, value, minimum in (
-        ("max_staleness", max_staleness, 0),
         ("micro_batch_size", micro_batch_size, 1),
         ("policy_version", policy_version, 0),
         ("num_steps", num_steps, 0),
@@ -440,17 +406,6 @@ def _check_options(
             raise ValueError(f"{name}={value!r}: expected an int >= {minimum}")
     if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
         raise ValueError(f"max_grad_norm={max_grad_norm!r}: expected a finite number > 0 or None")
-    if max_staleness > 0 and streaming:
-        raise ValueError(
-            f"max_staleness={max_staleness} with streaming=True: streaming is zero-staleness "
-            "by definition (it trains only on tokens of the current policy); use "
-            "streaming=False for async training"
-        )
-    if max_staleness > 0 and isinstance(objective, OPD):
-        raise ValueError(f"max_staleness={max_staleness}: OPD has no off-policy correction here")
-    if max_staleness > 0 and isinstance(objective, GRPO) and objective.tis_cap is not None:
-        raise ValueError(
-            f"GRPO(tis_cap={objective.tis_cap}) with max_staleness={max_staleness}: the PPO "
-            "ratio against the sampler's log-probs already holds π_learner/π_engine; "
-            "tis_cap corrects the on-policy path only"
-        )
+    problem = contract.problem(objective)
+    if problem is not None:
+        raise ValueError(problem)

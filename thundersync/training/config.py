@@ -31,10 +31,13 @@ from thundersync.declared import (
     check_fields,
     non_finite,
 )
+from thundersync.training.modes import REGISTRY, choose_mode
 from thundersync.training.modes import Mode as TrainingMode
-from thundersync.training.modes import choose_mode
 
-Mode = Literal["sync", "async", "streaming"]
+if typing.TYPE_CHECKING:
+    Mode = str
+else:  # the registered modes' names: --mode's choices, the field's check
+    Mode = Literal[tuple(cls.name for cls in REGISTRY)]
 Algo = Literal["grpo", "opd"]
 Engine = Literal["hf", "vllm"]
 Dtype = Literal["float32", "float64", "bfloat16"]
@@ -193,10 +196,7 @@ class TrainConfig:
                 raise ValueError(
                     f"config field 'early_start': no effect {no_effect}; leave out --early-start"
                 )
-        problem = self.training_mode().objective_problem(
-            self.algo,
-            getattr(objective, "tis_cap", None),  # OPD has none
-        )
+        problem = self.training_mode().learner_contract().problem(objective)
         if problem:
             raise ValueError(f"config fields 'mode'/'algo'/'objective': {problem}")
 

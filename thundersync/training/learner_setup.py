@@ -90,7 +90,7 @@ def build_learner(
     if isinstance(objective, GRPO) and objective.kl_coef:
         reference = load_model(spec.initial_model, dtype=dtype).to(device)
     options: dict[str, Any] = dict(
-        **config.training_mode().learner_options(),
+        contract=config.training_mode().learner_contract(),
         reference=reference,
         deterministic=config.deterministic,
         early_start=config.early_start,

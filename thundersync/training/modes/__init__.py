@@ -1,6 +1,8 @@
 """Training modes, one object in one file each (docs/design.md §4): ``SyncMode``,
 ``AsyncMode`` (bounded staleness) and ``StreamingMode`` (exact, zero staleness), over the
-protocols of ``modes.protocol``. ``choose_mode`` is the one place a mode's name is read."""
+protocols of ``modes.run``. ``REGISTRY`` lists them; the command line, ``compare``, its report
+and the benchmarks take names, labels and roles (the baseline, the exact modes) from the mode
+objects, so a fourth mode is one file and one line here."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from thundersync.training.modes.streaming import StreamingMode
 from thundersync.training.modes.sync import SyncMode
 
 __all__ = [
+    "REGISTRY",
     "Arrivals",
     "AsyncMode",
     "EventLearner",
@@ -17,17 +20,38 @@ __all__ = [
     "Run",
     "StreamingMode",
     "SyncMode",
+    "baseline_mode",
     "choose_mode",
+    "mode_from_label",
 ]
+
+REGISTRY = (SyncMode, AsyncMode, StreamingMode)
+"""Every mode class, in the order they are listed (``compare``'s default ``--modes``)."""
 
 
 def choose_mode(name: str, *, staleness: int) -> Mode:
     """The mode object named ``name`` (``TrainConfig.mode``); ``staleness`` is async's k."""
-    modes: dict[str, Mode] = {
-        "sync": SyncMode(),
-        "async": AsyncMode(staleness),
-        "streaming": StreamingMode(),
-    }
-    if name not in modes:
-        raise ValueError(f"unknown mode {name!r}; expected one of {sorted(modes)}")
-    return modes[name]
+    mode = next(
+        (cls.from_label(name, staleness=staleness) for cls in REGISTRY if cls.name == name), None
+    )
+    if mode is None:
+        raise ValueError(
+            f"unknown mode {name!r}; expected one of {sorted(c.name for c in REGISTRY)}"
+        )
+    return mode
+
+
+def mode_from_label(label: str, *, staleness: int) -> Mode:
+    """The mode a label names: a registered name (async with ``staleness``) or a label with
+    the mode's own settings (``async-k2``)."""
+    for cls in REGISTRY:
+        mode = cls.from_label(label, staleness=staleness)
+        if mode is not None:
+            return mode
+    forms = ", ".join(cls.label_forms for cls in REGISTRY)
+    raise ValueError(f"mode {label!r}: expected {forms}")
+
+
+def baseline_mode() -> Mode:
+    """The mode speed-ups are measured against."""
+    return next(cls.from_label(cls.name, staleness=1) for cls in REGISTRY if cls.baseline)

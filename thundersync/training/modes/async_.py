@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from thundersync.core.contract import BoundedStaleness, LearnerContract
 from thundersync.protocol import events as ev
 from thundersync.training.modes.run import EventLearner, Run
 
@@ -26,22 +27,32 @@ class AsyncMode:
     """k >= 1: how many versions behind the learner a sampled token may be."""
     name: ClassVar[str] = "async"
     starts_backward_before_step: ClassVar[bool] = False
+    baseline: ClassVar[bool] = False
+    exact: ClassVar[bool] = False
+    label_forms: ClassVar[str] = "async (with --staleness) or async-k<K>"
 
     @property
     def batches_in_flight(self) -> int:
         return 1 + self.staleness
 
-    def learner_options(self) -> dict[str, Any]:
-        # the learner accepts tokens up to k versions old, and reports their staleness
-        return {"streaming": False, "max_staleness": self.staleness}
+    @property
+    def label(self) -> str:
+        return f"{self.name}-k{self.staleness}"
 
-    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
-        if algo == "grpo" and tis_cap is None:
+    @classmethod
+    def from_label(cls, label: str, *, staleness: int) -> AsyncMode | None:
+        """``async`` (with ``staleness``) or ``async-k<K>``."""
+        name, _, k = label.partition("-k")
+        if name != cls.name or (k and not (k.isdigit() and int(k) >= 1)):
             return None
-        return (
-            "async trains GRPO without tis_cap (its PPO ratio already corrects for the "
-            "sampler; OPD has no off-policy correction)"
-        )
+        return cls(int(k) if k else staleness)
+
+    def train_fields(self) -> dict[str, Any]:
+        return {"mode": self.name, "staleness": self.staleness}
+
+    def learner_contract(self) -> LearnerContract:
+        # the learner accepts tokens up to k versions old, and reports their staleness
+        return BoundedStaleness(self.staleness)
 
     def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:
         for event in events:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from thundersync.core.contract import LearnerContract
 from thundersync.protocol import events as ev
 
 
@@ -66,7 +67,33 @@ class Mode(Protocol):
     asks which mode runs."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The registered name (``TrainConfig.mode``, ``--mode``)."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """The name with the mode's own settings (``async-k2``): a comparison's key."""
+        ...
+
+    @property
+    def baseline(self) -> bool:
+        """Whether speed-ups are measured against this mode (one mode is the baseline)."""
+        ...
+
+    @property
+    def exact(self) -> bool:
+        """Whether its update is the baseline's, exactly (so the bound T* applies)."""
+        ...
+
+    @property
+    def label_forms(self) -> str:
+        """The labels it takes, for a message (``async (with --staleness) or async-k<K>``)."""
+        ...
+
+    def train_fields(self) -> dict[str, Any]:
+        """The ``TrainConfig`` fields that select this mode."""
+        ...
 
     @property
     def batches_in_flight(self) -> int:
@@ -80,12 +107,9 @@ class Mode(Protocol):
         moves earlier)."""
         ...
 
-    def learner_options(self) -> dict[str, Any]:
-        """The mode's keyword arguments of ``Learner(...)`` (every learner rank's too)."""
-        ...
-
-    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
-        """Why this mode cannot train ``algo`` with ``tis_cap`` (a config error), or None."""
+    def learner_contract(self) -> LearnerContract:
+        """The mode's terms with the learner (every learner rank's too): when gradient work
+        starts, which versions' tokens it takes, which objectives it trains, its strategy."""
         ...
 
     def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from thundersync.core.contract import LearnerContract, Streaming
 from thundersync.protocol import events as ev
 from thundersync.training.modes.run import EventLearner, Run
 
@@ -31,14 +32,25 @@ class StreamingMode:
     name: ClassVar[str] = "streaming"
     batches_in_flight: ClassVar[int] = 1
     starts_backward_before_step: ClassVar[bool] = True
+    baseline: ClassVar[bool] = False
+    exact: ClassVar[bool] = True
+    label_forms: ClassVar[str] = "streaming"
 
-    def learner_options(self) -> dict[str, Any]:
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @classmethod
+    def from_label(cls, label: str, *, staleness: int) -> StreamingMode | None:
+        return cls() if label == cls.name else None
+
+    def train_fields(self) -> dict[str, Any]:
+        return {"mode": self.name}
+
+    def learner_contract(self) -> LearnerContract:
         # the learner starts each piece of work when its inputs are fixed, and refuses a
         # token of another policy version (zero staleness)
-        return {"streaming": True}
-
-    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
-        return None
+        return Streaming()
 
     def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:
         for event in events:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from thundersync.core.contract import LearnerContract, OnBatch
 from thundersync.protocol import events as ev
 from thundersync.training.modes.run import EventLearner, Run
 
@@ -22,12 +23,23 @@ class SyncMode:
     name: ClassVar[str] = "sync"
     batches_in_flight: ClassVar[int] = 1
     starts_backward_before_step: ClassVar[bool] = False
+    baseline: ClassVar[bool] = True
+    exact: ClassVar[bool] = True
+    label_forms: ClassVar[str] = "sync"
 
-    def learner_options(self) -> dict[str, Any]:
-        return {"streaming": False}  # the learner collects the batch and computes at step()
+    @property
+    def label(self) -> str:
+        return self.name
 
-    def objective_problem(self, algo: str, tis_cap: float | None) -> str | None:
-        return None
+    @classmethod
+    def from_label(cls, label: str, *, staleness: int) -> SyncMode | None:
+        return cls() if label == cls.name else None
+
+    def train_fields(self) -> dict[str, Any]:
+        return {"mode": self.name}
+
+    def learner_contract(self) -> LearnerContract:
+        return OnBatch()  # the learner collects the batch and computes at step()
 
     def learn(self, learner: EventLearner, events: Sequence[ev.Event]) -> None:
         for event in events:

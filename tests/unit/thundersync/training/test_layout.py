@@ -107,15 +107,49 @@ def test_file_names_are_unique_across_the_tree():
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
 
 
-def test_no_mode_name_is_compared_outside_choosing_the_mode():
-    chooser = TRAINING / "modes" / "__init__.py"
-    compared = []
-    for path in ROOT.rglob("*.py"):
-        if path == chooser:
+SIMULATOR = {
+    "harness/simulate.py",
+    "harness/projection.py",
+    "benchmarks/matrix.py",
+    "benchmarks/gpu_check.py",
+}
+"""Not there yet: the simulator re-implements each mode and the matrix names its variants
+(streaming-early, ...) until the simulator drives the real mode objects (the performance
+issue); everything else asks the mode objects (``thundersync.training.modes``)."""
+
+
+def _mode_tests(tree: ast.AST) -> list[int]:
+    """Lines comparing a string to a mode name, or asking whether one starts with it."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            texts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant)]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "startswith":
+            texts = [
+                a.value.split("-")[0]
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
+        else:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                names = [n for n in ast.walk(node) if isinstance(n, ast.Constant)]
-                if any(n.value in MODES for n in names) and "mode" in ast.unparse(node):
-                    compared.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if any(isinstance(t, str) and t in MODES for t in texts):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_mode_name_is_compared_outside_the_modes():
+    modes = TRAINING / "modes"
+    compared = []
+    for tree in ("thundersync", "environments", "harness", "leaderboard", "benchmarks"):
+        for path in (ROOT.parent / tree).rglob("*.py"):
+            where = str(path.relative_to(ROOT.parent))
+            if path.is_relative_to(modes) or where in SIMULATOR:
+                continue
+            lines = _mode_tests(ast.parse(path.read_text()))
+            compared += [f"{where}:{line}" for line in lines]
     assert compared == []
+
+
+def test_the_mode_check_sees_a_comparison_and_a_prefix_test():
+    code = 'if mode == "sync": pass\nif label.startswith("async-k"): pass\nif x == "fast": pass'
+    assert _mode_tests(ast.parse(code)) == [1, 2]

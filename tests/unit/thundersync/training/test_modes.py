@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from thundersync import GRPO, OPD
 from thundersync import events as ev
 from thundersync.training.config import TrainConfig
 from thundersync.training.modes import (
@@ -137,17 +138,22 @@ def test_streaming_wakes_the_learner_when_its_held_work_must_run():
 
 
 @pytest.mark.parametrize(
-    ("name", "options", "in_flight", "early"),
+    ("name", "streams", "lag", "in_flight", "early"),
     [
-        ("sync", {"streaming": False}, 1, False),
-        ("async", {"streaming": False, "max_staleness": 3}, 4, False),
-        ("streaming", {"streaming": True}, 1, True),
+        ("sync", False, None, 1, False),
+        ("async", False, 3, 4, False),
+        ("streaming", True, 0, 1, True),
     ],
 )
-def test_each_mode_holds_its_learner_options_and_pipeline_depth(name, options, in_flight, early):
+def test_each_mode_holds_its_learner_contract_and_pipeline_depth(
+    name, streams, lag, in_flight, early
+):
     mode = TrainConfig(mode=name, staleness=3).training_mode()
     assert mode.name == name
-    assert mode.learner_options() == options
+    contract = mode.learner_contract()
+    assert contract.streams is streams
+    accepted = contract.accepted_lag()
+    assert (accepted and accepted[0]) == lag
     assert mode.batches_in_flight == in_flight
     assert mode.starts_backward_before_step is early
 
@@ -162,11 +168,13 @@ def test_a_rank_hands_events_to_the_mode_as_the_main_learner_does():
 
 
 def test_only_async_refuses_an_objective_and_an_unknown_mode_is_named():
-    assert AsyncMode(1).objective_problem("opd", None)
-    assert AsyncMode(1).objective_problem("grpo", 2.0)
-    assert AsyncMode(1).objective_problem("grpo", None) is None
-    assert StreamingMode().objective_problem("opd", None) is None
+    async_terms = AsyncMode(1).learner_contract()
+    assert async_terms.problem(OPD())
+    assert async_terms.problem(GRPO(tis_cap=2.0))
+    assert async_terms.problem(GRPO()) is None
+    assert StreamingMode().learner_contract().problem(OPD()) is None
+    assert SyncMode().learner_contract().problem(GRPO(tis_cap=2.0)) is None
     with pytest.raises(ValueError, match=r"unknown mode 'fast'; expected one of \['async'"):
         choose_mode("fast", staleness=1)
-    with pytest.raises(ValueError, match=r"async trains GRPO without tis_cap"):
+    with pytest.raises(ValueError, match=r"OPD has no off-policy correction"):
         TrainConfig(mode="async", algo="opd", teacher="t")
