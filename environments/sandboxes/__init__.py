@@ -1,10 +1,19 @@
-"""Sandboxes: run an agent's shell commands in isolation (bubblewrap or Docker)."""
+"""Sandboxes: run an agent's shell commands in isolation (bubblewrap or Docker), each kind a
+registered engine (``engines.py``)."""
 
 from __future__ import annotations
 
 from environments.sandboxes.bwrap import BwrapSandbox
 from environments.sandboxes.docker import BASE_IMAGE, DockerSandbox
 from environments.sandboxes.docker_daemon import docker_available
+from environments.sandboxes.engines import (
+    CAPABILITIES,
+    ENGINES,
+    SandboxEngine,
+    UnknownEngine,
+    engine_names,
+    sandbox_engine,
+)
 from environments.sandboxes.pool import SandboxPool
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
@@ -16,31 +25,35 @@ from environments.sandboxes.protocol import (
     truncate_output,
 )
 
-SANDBOX_KINDS = ("bwrap", "docker")
+SANDBOX_KINDS = tuple(ENGINES)
+"""The built-in engines' names (``engine_names()`` adds those of installed packages)."""
 
 
 def make_sandbox(spec: SandboxSpec, kind: str = "bwrap") -> Sandbox:
-    """A new sandbox of ``kind`` ("bwrap" or "docker") for ``spec``; the caller closes it."""
-    if kind == "bwrap":
-        return BwrapSandbox(spec)
-    if kind == "docker":
-        return DockerSandbox(spec)
-    raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
+    """A new sandbox of engine ``kind`` (``engines.py``) for ``spec``; the caller closes it.
+    An unknown kind raises UnknownEngine (a ValueError) naming the known ones."""
+    return sandbox_engine(kind).make(spec)
 
 
 __all__ = [
     "BASE_IMAGE",
     "AgentBrokeSandbox",
+    "CAPABILITIES",
+    "ENGINES",
     "SANDBOX_KINDS",
     "BwrapSandbox",
     "DockerSandbox",
     "ExecResult",
     "NeedsDockerError",
     "Sandbox",
+    "SandboxEngine",
     "SandboxError",
     "SandboxPool",
     "SandboxSpec",
+    "UnknownEngine",
     "docker_available",
+    "engine_names",
     "make_sandbox",
+    "sandbox_engine",
     "truncate_output",
 ]

@@ -68,6 +68,7 @@ from pathlib import Path
 
 from environments.sandboxes import bwrap_session, cgroup, disk, host_view, seccomp
 from environments.sandboxes.capture import OutputCapture
+from environments.sandboxes.engines import PREREQUISITE_TIMEOUT_S, SandboxEngine
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
 from environments.sandboxes.protocol import (
     MAX_FILE_BYTES,
@@ -437,3 +438,40 @@ def _cleanup(
             disk.remove(workspace)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def prerequisite_problem() -> str | None:
+    """Why bubblewrap sandboxes cannot run on this machine (with the fix), or None when a trial
+    sandbox ran ``true``."""
+    if shutil.which(BWRAP) is None:
+        return (
+            f"--sandbox bwrap: bubblewrap ({BWRAP}) is not installed: "
+            "apt-get install bubblewrap, or use --sandbox docker"
+        )
+    try:
+        with BwrapSandbox(SandboxSpec()) as sandbox:
+            result = sandbox.execute("true", timeout=PREREQUISITE_TIMEOUT_S)
+    except SandboxError as exc:
+        reason = (str(exc).strip().splitlines() or ["no output"])[-1]
+        return (
+            f"--sandbox bwrap: bubblewrap is installed but cannot start a sandbox here "
+            f"({reason}); it needs user namespaces (or root), or use --sandbox docker"
+        )
+    if result.exit_code != 0:
+        shown = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+        return (
+            f"--sandbox bwrap: a trial sandbox failed to run `true` ({shown}); use --sandbox docker"
+        )
+    return None
+
+
+ENGINE = SandboxEngine(
+    name="bwrap",
+    title="bubblewrap",
+    capabilities=frozenset(),
+    factory=BwrapSandbox,
+    prerequisites=prerequisite_problem,
+)
+"""Runs on the host's files (standing for ``BASE_IMAGE``): no image builds, no other image,
+no workspace over a system or interpreter folder, total memory bounded only where a memory
+cgroup can be made (``cgroup.py``)."""

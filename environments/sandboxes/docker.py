@@ -49,6 +49,13 @@ from environments.sandboxes.docker_daemon import (
     LOCAL_DAEMON_URL,
     daemon_client,
 )
+from environments.sandboxes.engines import (
+    ANY_WORKDIR,
+    BUILDS_IMAGES,
+    ENFORCES_MEMORY,
+    RUNS_ANY_IMAGE,
+    SandboxEngine,
+)
 from environments.sandboxes.image_build import LABEL, build_image
 from environments.sandboxes.orphans import (
     reap_once,
@@ -436,3 +443,22 @@ def _remove(client: Any, name: str, host: _HostDisk) -> None:
             shutil.rmtree(host.root, ignore_errors=True)
     if errors:
         raise SandboxError("; ".join(errors))
+
+
+def prerequisite_problem() -> str | None:
+    """Why Docker sandboxes cannot run on this machine (with the fix), or None when a daemon
+    answers."""
+    from environments import sandboxes  # docker_available as the package has it
+
+    if not sandboxes.docker_available():
+        return "--sandbox docker: no Docker daemon answers (start dockerd, or use --sandbox bwrap)"
+    return None
+
+
+ENGINE = SandboxEngine(
+    name="docker",
+    title="Docker",
+    capabilities=frozenset({BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY}),
+    factory=DockerSandbox,
+    prerequisites=prerequisite_problem,
+)

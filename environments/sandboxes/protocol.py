@@ -38,7 +38,8 @@ class ExportTooLarge(Exception):  # noqa: N818 (the agent's folder, not the harn
 
 
 class NeedsDockerError(SandboxError):
-    """The task needs a build step or image that only the Docker sandbox provides."""
+    """The sandbox engine cannot do what the task needs (``SandboxEngine.refuse``): a build
+    step or an image that only the Docker sandbox provides, under bubblewrap."""
 
 
 @dataclass(frozen=True, slots=True)
