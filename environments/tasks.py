@@ -60,8 +60,9 @@ class GradingContext:
     (``details["tamper_suspected"]``, scored 0). ``False`` grades as the benchmark's own
     harness does, so that published numbers stay comparable."""
     sandbox_kind: str | None = None
-    """The kind the episode's sandboxes are ("docker", "bwrap"; None when a factory decides),
-    for a grader that needs a sandbox of another spec (``make_sandbox``)."""
+    """The name of the engine the episode's sandboxes are made by ("docker", "bwrap"; None
+    when a factory decides), for a grader that needs a sandbox of another spec
+    (``make_sandbox``)."""
     make_sandbox: Callable[[SandboxSpec], Sandbox] | None = None
     """Makes a new sandbox of the episode's kind from another spec (a Harbor task's separate
     verifier image), closed by the env like ``fresh_sandbox``'s; None where the caller cannot."""
@@ -96,9 +97,12 @@ class Task(Protocol):
     """Per-command timeout for the agent's tool calls."""
 
     def sandbox_spec(self, kind: str | None) -> SandboxSpec:
-        """How to build this task's sandbox. ``kind`` is the env's sandbox kind (``"bwrap"``,
-        ``"docker"``) or None for a custom sandbox factory, so a task that needs a Docker
-        build can say so by name under bubblewrap (``NeedsDockerError``)."""
+        """How to build this task's sandbox. ``kind`` is the name of the env's sandbox engine
+        (``"bwrap"``, ``"docker"``, an installed package's) or None for a custom sandbox
+        factory, so a task that needs what the engine cannot do (a Docker build, under
+        bubblewrap) asks the engine, which refuses it in one line (``NeedsDockerError``):
+        ``sandbox_engine(kind).refuse(needs, f"task {task_id}")``, ``needs`` mapping
+        ``environments.sandboxes.engines`` capabilities to why."""
         ...
 
     def setup(self, sandbox: Sandbox) -> None:

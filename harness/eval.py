@@ -47,6 +47,8 @@ from thundersync.training.config_files import json_object
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    from environments.sandboxes.engines import DEFAULT_ENGINE, engine_names
+
     parser = sub.add_parser(
         "eval",
         help="run an agent or a checkpoint on every task of a suite or env",
@@ -95,8 +97,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--sandbox",
-        choices=["bwrap", "docker"],
-        default="bwrap",
+        choices=engine_names(),
+        default=DEFAULT_ENGINE,
         help="where the agent's commands run",
     )
     parser.add_argument("-k", default=1, metavar="K", help="attempts per task (pass@1..k)")

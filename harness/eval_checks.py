@@ -4,47 +4,16 @@ None)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-PREREQUISITE_TIMEOUT_S = 30.0
-"""Seconds the sandbox trial run may take before the sandbox counts as broken."""
-
 
 def sandbox_problem(kind: str) -> str | None:
-    """Why sandboxes of ``kind`` cannot run on this machine (with the fix), or None when a
-    trial sandbox ran ``true``."""
-    if kind == "docker":
-        from environments.sandboxes import docker_available
+    """Why sandboxes of ``kind`` cannot run on this machine (with the fix), or None: the
+    engine's own prerequisite check (``environments.sandboxes.engines``)."""
+    from environments.sandboxes import sandbox_engine
 
-        if not docker_available():
-            return (
-                "--sandbox docker: no Docker daemon answers (start dockerd, or use --sandbox bwrap)"
-            )
-        return None
-    from environments.sandboxes import SandboxError, SandboxSpec, bwrap
-
-    if shutil.which(bwrap.BWRAP) is None:
-        return (
-            f"--sandbox bwrap: bubblewrap ({bwrap.BWRAP}) is not installed: "
-            "apt-get install bubblewrap, or use --sandbox docker"
-        )
-    try:
-        with bwrap.BwrapSandbox(SandboxSpec()) as sandbox:
-            result = sandbox.execute("true", timeout=PREREQUISITE_TIMEOUT_S)
-    except SandboxError as exc:
-        reason = (str(exc).strip().splitlines() or ["no output"])[-1]
-        return (
-            f"--sandbox bwrap: bubblewrap is installed but cannot start a sandbox here "
-            f"({reason}); it needs user namespaces (or root), or use --sandbox docker"
-        )
-    if result.exit_code != 0:
-        shown = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        return (
-            f"--sandbox bwrap: a trial sandbox failed to run `true` ({shown}); use --sandbox docker"
-        )
-    return None
+    return sandbox_engine(kind).check()
 
 
 def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str | None:

@@ -46,7 +46,34 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1)]
-Sandbox = Literal["bwrap", "docker"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """A str field whose values a registry names, read when a value is checked or a flag made
+    (``Sandbox``: the sandbox engines, an installed package's too); it checks like a
+    ``Literal`` (the same message) and gives its flag's choices (``choices``)."""
+
+    names: typing.Callable[[], tuple[str, ...]]
+
+    def __call__(self, value: str) -> str:
+        names = self.names()
+        if value not in names:
+            quoted = [repr(n) for n in names]
+            either = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+            raise ValueError(f"Input should be {either}")
+        return value
+
+
+def _sandbox_engines() -> tuple[str, ...]:
+    from environments.sandboxes.engines import engine_names
+
+    return engine_names()
+
+
+_SANDBOXES = OneOf(_sandbox_engines)
+Sandbox = Annotated[str, AfterValidator(_SANDBOXES), _SANDBOXES]
+"""A sandbox engine's name (``environments.sandboxes.engines``)."""
 
 
 def _device(value: str) -> str:
@@ -123,8 +150,13 @@ def describe(
 
 
 def choices(cls: type, name: str) -> tuple[Any, ...] | None:
-    """The values a ``Literal`` field takes (None for any other field)."""
-    hint = _strip(typing.get_type_hints(cls, include_extras=True)[name])
+    """The values a ``Literal`` or ``OneOf`` field takes (None for any other field)."""
+    declared = typing.get_type_hints(cls, include_extras=True)[name]
+    if typing.get_origin(declared) is Annotated:
+        for extra in declared.__metadata__:
+            if isinstance(extra, OneOf):
+                return extra.names()
+    hint = _strip(declared)
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 
 

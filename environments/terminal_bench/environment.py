@@ -11,6 +11,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from environments.sandboxes.engines import (
+    ANY_WORKDIR,
+    BUILDS_IMAGES,
+    RUNS_ANY_IMAGE,
+    sandbox_engine,
+)
 from environments.sandboxes.host_view import validate_workdir
 from environments.sandboxes.image_build import ALIASES_VARIABLE, normalise_image, resolve_image
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
@@ -59,39 +65,50 @@ class TaskEnvironment:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def needs_docker_reason(self) -> str | None:
-        """Why only Docker can make this sandbox (None: bubblewrap can). Bubblewrap runs on the
-        host's files, which stand for ``BASE_IMAGE``; another base image qualifies only through
-        an image alias to it, looked up now (``environments.sandboxes.image_build``)."""
+    def needs(self) -> dict[str, str]:
+        """What a sandbox engine must be able to do to make this sandbox, each with why
+        (``environments.sandboxes.engines`` capabilities): a Dockerfile's build step, a base
+        image other than the one the host's files stand for (``BASE_IMAGE``; an image alias
+        to it, looked up now, qualifies: ``environments.sandboxes.image_build``), a workdir
+        over the host's read-only folders. Empty: every engine can, bubblewrap included."""
+        needs = {}
         if self.plan is not None and self.plan.build_step is not None:
-            return f"its Dockerfile has a build step: {self.plan.build_step}"
+            needs[BUILDS_IMAGES] = f"its Dockerfile has a build step: {self.plan.build_step}"
         base = self.plan.base_image if self.plan is not None else self.image or BASE_IMAGE
         local = resolve_image(base)
         if normalise_image(local) != BASE_IMAGE:
             what = "its Dockerfile's base image" if self.plan else "it runs in the prebuilt image"
             aliased = f" (aliased to {local!r})" if local != base else ""
-            return (
+            needs[RUNS_ANY_IMAGE] = (
                 f"{what} {base!r}{aliased} is not {BASE_IMAGE}; if the task needs nothing else "
                 f"from it, pass --image-alias {base}={BASE_IMAGE} (or set {ALIASES_VARIABLE})"
             )
         try:
             validate_workdir(self.workdir)
         except ValueError as err:
-            return f"bubblewrap cannot use its workdir: {err}"
-        return None
+            needs[ANY_WORKDIR] = f"bubblewrap cannot use its workdir: {err}"
+        return needs
+
+    @property
+    def needs_docker_reason(self) -> str | None:
+        """Why bubblewrap cannot make this sandbox (the first of ``needs``), or None."""
+        return next(iter(self.needs.values()), None)
 
     def spec(self, kind: str | None = None) -> SandboxSpec:
-        """The sandbox spec for ``kind`` ("docker", "bwrap", or None for whichever works in both).
+        """The sandbox spec for engine ``kind`` (None: whichever works in every engine).
 
-        Docker builds the task's Dockerfile. A task bubblewrap can run gets, for "bwrap" and for
-        None, the base image plus its staged files (Docker runs that too, replaying RUN steps in
-        ``setup`` instead of building); others raise NeedsDockerError for "bwrap".
+        An engine that builds images builds the task's Dockerfile, and so does None for a task
+        with ``needs``. Otherwise the task gets the base image plus its staged files (Docker
+        runs that too, replaying RUN steps in ``setup`` instead of building); an engine that
+        cannot do what the task ``needs`` (bubblewrap: any of it) refuses it first, with
+        NeedsDockerError. An unknown ``kind`` is a ValueError naming the engines.
         """
-        if kind not in (None, "docker", "bwrap"):
-            raise ValueError(f"sandbox kind: expected 'docker' or 'bwrap', got {kind!r}")
-        reason = self.needs_docker_reason
+        engine = None if kind is None else sandbox_engine(kind)
+        needs = self.needs
+        if engine is not None:
+            engine.refuse(needs, f"task {self.task_id}")
         limits = {"memory_mb": self.memory_mb, "cpus": self.cpus}
-        if kind == "docker" or (kind is None and reason is not None):
+        if needs or (engine is not None and engine.can(BUILDS_IMAGES)):
             env = {**(self.plan.env if self.plan else {}), **self.env}
             image, context = self.image, self.build_context if self.plan else None
             if context is None and image is not None and image != BASE_IMAGE:
@@ -99,8 +116,6 @@ class TaskEnvironment:
             return SandboxSpec(
                 image=image, build_context=context, workdir=self.workdir, env=env, **limits
             )
-        if reason is not None:
-            raise NeedsDockerError(f"task {self.task_id} needs Docker: {reason}")
         files = self._staged_files() if self.plan else None
         env = {**(self.plan.env if self.plan else {}), **self.env}
         return SandboxSpec(image=BASE_IMAGE, files=files, workdir=self.workdir, env=env, **limits)

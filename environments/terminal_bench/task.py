@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from environments import tamper, work
+from environments.sandboxes.engines import sandbox_engine
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
-    NeedsDockerError,
     Sandbox,
     SandboxError,
     SandboxSpec,
@@ -77,19 +77,28 @@ class TerminalBenchTask:
         return bool(self.metadata.get("output_checked"))
 
     @property
+    def needs(self) -> dict[str, str]:
+        """What a sandbox engine must be able to do to run this task, each with why: its
+        environment's ``needs``, then its separate verifier's (``environments.sandboxes.
+        engines`` capabilities)."""
+        needs = dict(self.environment.needs)
+        if self.verifier is not None:
+            for capability, why in self.verifier.needs.items():
+                needs.setdefault(
+                    capability, f"its verifier image (tests/Dockerfile or docker_image): {why}"
+                )
+        return needs
+
+    @property
     def needs_docker_reason(self) -> str | None:
-        """Why only the Docker sandbox can run this task (None: bubblewrap can)."""
-        reason = self.environment.needs_docker_reason
-        if reason is None and self.verifier is not None:
-            reason = self.verifier.needs_docker_reason
-            reason = reason and f"its verifier image (tests/Dockerfile or docker_image): {reason}"
-        return reason
+        """Why bubblewrap cannot run this task (the first of ``needs``), or None."""
+        return next(iter(self.needs.values()), None)
 
     def sandbox_spec(self, kind: str | None = None) -> SandboxSpec:
-        """How to make the sandbox; ``kind="bwrap"`` raises NeedsDockerError for build steps,
-        the separate verifier's included, before the agent starts."""
-        if kind == "bwrap" and self.needs_docker_reason is not None:
-            raise NeedsDockerError(f"task {self.task_id} needs Docker: {self.needs_docker_reason}")
+        """How to make the sandbox; an engine ``kind`` that cannot do what the task ``needs``
+        (its separate verifier's included) raises NeedsDockerError before the agent starts."""
+        if kind is not None:
+            sandbox_engine(kind).refuse(self.needs, f"task {self.task_id}")
         return self.environment.spec(kind)
 
     def setup(self, sandbox: Sandbox) -> None:
