@@ -1,8 +1,9 @@
-"""The README's "First hour" section runs as written: its fenced commands, in order, each
-through a pipe, at a small scale (flags appended per subcommand; argparse takes the last
-occurrence, so the README's own flags must still exist). Each command exits 0, is never
-silent for ``SILENCE_S`` or more, prints no traceback, and the outputs the section names
-exist afterwards. A command renamed in the README or a flag removed from the CLI fails here."""
+"""The Quickstart's "First hour" section (docs/quickstart.md) runs as written: its fenced
+commands, in order, each through a pipe, at a small scale (flags appended per subcommand;
+argparse takes the last occurrence, so the page's own flags must still exist). Each command
+exits 0, is never silent for ``SILENCE_S`` or more, prints no traceback, and the outputs the
+section names exist afterwards. A command renamed on the page or a flag removed from the CLI
+fails here."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+QUICKSTART = ROOT / "docs" / "quickstart.md"
 SECTION = "## First hour"
 SILENCE_S = 10.0
-"""The longest a README command may print nothing through a pipe (issue 16's Done-when)."""
+"""The longest a Quickstart command may print nothing through a pipe (issue 16's Done-when)."""
 
 EXIT_S = 30.0
 """The longest a command may take to exit after its last line (its verdict is out by then)."""
@@ -94,7 +95,7 @@ def run_piped(argv: list[str], cwd: Path) -> tuple[int, str, float, float]:
 
 
 def test_the_commands_parse_and_name_their_outputs():
-    text = section(README.read_text())
+    text = section(QUICKSTART.read_text())
     argvs = commands(text)
     assert [a[0] for a in argvs] == [
         *("warmstart", "train", "train", "train"),
@@ -111,7 +112,7 @@ def test_the_commands_parse_and_name_their_outputs():
 @pytest.mark.slow
 @pytest.mark.serial  # bounds the silence between progress lines
 def test_the_first_hour_section_runs_as_written_at_a_small_scale(tmp_path):
-    text = section(README.read_text())
+    text = section(QUICKSTART.read_text())
     for argv in commands(text):
         full = [*argv, *SMALL.get(argv[0], [])]
         began = time.monotonic()
