@@ -31,7 +31,8 @@ QUOTED = (DOCS / "harbor-0.26-notes.md",)
 """Lab-notebook pages that quote other projects' code: their blocks are read, never run."""
 
 BLOCK = re.compile(
-    r"^(?:<!-- (?P<note>[^\n]*?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)^```", re.MULTILINE | re.DOTALL
+    r"^(?:<!-- (?P<note>[^\n]*?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)^```",
+    re.MULTILINE | re.DOTALL,
 )
 """A fenced block (fences at the start of a line), with the comment on the line above it."""
 
