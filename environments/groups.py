@@ -4,21 +4,40 @@ evaluation and scripted agents use; training plays episodes as coroutines instea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+import gymnasium
 import numpy as np
 
-from environments.tasks import TRAIN, Task
+from environments.tasks import TRAIN, Task, TaskSource
 from thundersync.protocol.types import Trajectory
 
-if TYPE_CHECKING:  # the runner imports this module
-    from environments.runner import EpisodeRunner
+
+class GroupRunner(Protocol):
+    """What ``run_groups`` asks of its runner (``environments.runner.EpisodeRunner``)."""
+
+    max_concurrency: int
+    tasks: TaskSource | None
+    make_env: Callable[[], gymnasium.Env[Any, Any]]
+
+    def new_group_id(self) -> str: ...
+
+    def cancel(self, reason: str = ...) -> None: ...
+
+    def run_episode(
+        self,
+        task: Task | None = ...,
+        *,
+        group_id: str | None = ...,
+        group_size: int = ...,
+        seed: int | None = ...,
+    ) -> Trajectory: ...
 
 
 def run_groups(
-    runner: EpisodeRunner,
+    runner: GroupRunner,
     tasks: Sequence[Task | None],
     group_size: int,
     *,
@@ -62,7 +81,7 @@ def run_groups(
     return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
 
-def _draw_task(runner: EpisodeRunner, rng: np.random.Generator) -> Task:
+def _draw_task(runner: GroupRunner, rng: np.random.Generator) -> Task:
     if runner.tasks is not None:
         return runner.tasks.draw(rng, TRAIN)
     env = runner.make_env()  # an env that only knows its tasks once made

@@ -196,9 +196,12 @@ class TrainConfig:
                 raise ValueError(
                     f"config field 'early_start': no effect {no_effect}; leave out --early-start"
                 )
-        problem = self.training_mode().learner_contract().problem(objective)
+        mode = self.training_mode()
+        problem = mode.learner_contract().problem(objective)
         if problem:
-            raise ValueError(f"config fields 'mode'/'algo'/'objective': {problem}")
+            raise ValueError(
+                f"config fields 'mode'/'algo'/'objective': mode {mode.label!r}: {problem}"
+            )
 
     def training_mode(self) -> TrainingMode:
         """The mode object of ``mode``: what differs between sync, async and streaming."""

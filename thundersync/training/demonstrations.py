@@ -8,10 +8,27 @@ import random
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # warmstart imports this module
-    from thundersync.training.warmstart import WarmStartConfig
+
+class DemoConfig(Protocol):
+    """What the demonstrations are drawn from (``thundersync.training.warmstart``'s
+    ``WarmStartConfig``)."""
+
+    @property
+    def env(self) -> str: ...
+
+    @property
+    def env_kwargs(self) -> dict[str, Any] | None: ...
+
+    @property
+    def sandbox(self) -> str: ...
+
+    @property
+    def num_demos(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
 
 
 Demo = list[tuple[str, str]]
@@ -27,7 +44,7 @@ def no_progress(phase: str, done: int, total: int) -> None:
 
 
 def collect_demos(
-    config: WarmStartConfig,
+    config: DemoConfig,
     *,
     corrupt_fraction: float,
     first: int = 0,
@@ -46,7 +63,7 @@ def collect_demos(
         return [f.result() for f in futures]
 
 
-def _demo(config: WarmStartConfig, index: int, corrupt_fraction: float) -> Demo:
+def _demo(config: DemoConfig, index: int, corrupt_fraction: float) -> Demo:
     # start-up cost: the command line imports warmstart (and this module) to build its flags,
     # and gymnasium with the envs takes about a second to import
     import gymnasium

@@ -150,7 +150,7 @@ def main() -> None:
             time.sleep(0.5)
     finally:
         _stop_descendants()
-        shutil.rmtree(temp, ignore_errors=True)
+        _remove(temp)
 
 
 def _stop_descendants(grace_s: float = 5.0) -> None:
@@ -165,6 +165,17 @@ def _stop_descendants(grace_s: float = 5.0) -> None:
             _reap()
             time.sleep(0.1)
     _reap()
+
+
+def _remove(temp: str, tries: int = 50) -> None:
+    """Remove Ray's folder; a process still dying may write a log into it while it is walked
+    (seen on a loaded machine), so remove again until it is gone (bounded: 5 s)."""
+    for _ in range(tries):
+        shutil.rmtree(temp, ignore_errors=True)
+        if not os.path.lexists(temp):
+            return
+        _reap()
+        time.sleep(0.1)
 
 
 def _reap() -> None:
