@@ -84,6 +84,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from harness.compare_report import verdict
+    from harness.verdicts import verdict_lines
 
     try:
         base = load_config_file(args.config) if args.config else {}
@@ -120,13 +121,14 @@ def run_compare_command(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    pairs = "".join(line + "\n" for line in verdict_lines(results))  # each pair's verdicts
     if args.json:
         print(json.dumps(results, indent=2))
-        print(verdict(results), file=sys.stderr)
+        print(pairs + verdict(results), file=sys.stderr)
     else:
         _print_table(results)
         print(f"compare: results, plots and runs in {config.out}")
-        print(verdict(results))
+        print(pairs + verdict(results))
     return 0
 
 

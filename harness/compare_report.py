@@ -13,6 +13,7 @@ from harness.bootstrap import median_ci
 from harness.critical_path import BatchedCost, batched_cost
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
+from harness.verdicts import pair_verdicts
 from thundersync.training.modes import mode_from_label
 
 BREAKDOWN = (
@@ -63,6 +64,7 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
         "budget_s": budget,
         "initial_accuracy": initial_accuracy,
         "modes": summary,
+        "verdicts": pair_verdicts(runs, config.target, budget),
         "runs": [
             {
                 "mode": r.mode,
