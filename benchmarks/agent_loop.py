@@ -94,14 +94,11 @@ def agent_loop_overhead(
     from environments.registry import episode_envs
     from environments.runner import EpisodeRunner
     from environments.toy import ToySumEnv
-    from thundersync.models import load_tokenizer
     from thundersync.protocol.events import now
     from thundersync.training.agent import PolicyAgent
-    from thundersync.training.chat import ChatFormat
-    from thundersync.training.engines.batcher import DynamicBatcher
     from thundersync.training.engines.engine import request_seed
     from thundersync.training.engines.hf import HFEngine
-    from thundersync.training.episodes import EpisodeDriver
+    from thundersync.training.rollout_stack import RolloutStack, Sampling
     from thundersync.training.rollout_worker import derive_seed
 
     torch.set_num_threads(1)  # as the rollout worker (--rollout-threads)
@@ -117,19 +114,17 @@ def agent_loop_overhead(
         for request in requests:
             last_batch[request_of[request.seed][0]] = started
 
-    engine = HFEngine(model)
-    batcher = DynamicBatcher(engine, max_batch_size=episodes, on_batch=on_batch)
-    agent = PolicyAgent(
-        batcher.generate,
-        ChatFormat(load_tokenizer(model)),
-        policy_version=lambda: 0,
-        run_seed=seed,
-        max_new_tokens=16,
-        max_context=engine.max_context,
+    stack = RolloutStack.build(
+        HFEngine(model),
+        model,
+        Sampling(seed, max_new_tokens=16),
+        max_batch_size=episodes,
+        on_batch=on_batch,
     )
+    engine, agent = stack.engine, stack.agent
     make_env = episode_envs("thundersync/ToySum-v0", tools=tools)
-    runner = EpisodeRunner(timed_envs(make_env, in_env, env_seeds), agent, lambda event: None)
-    driver = EpisodeDriver(runner, batcher, max_concurrency=episodes)
+    runner = stack.runner(timed_envs(make_env, in_env, env_seeds), lambda event: None)
+    driver = stack.driver(runner, max_concurrency=episodes)
     rng = np.random.default_rng(seed)
     tasks = [ToySumEnv(tools=tools).draw_task(rng) for _ in range(episodes)]
     request_of = {  # a request's seed -> (its episode, its turn)
@@ -186,7 +181,7 @@ def agent_loop_overhead(
             rounds.append(measured)
     finally:
         driver.shutdown()
-        batcher.close()
+        stack.batcher.close()  # the engine stays: the floor below reads its context length
     rounds = rounds[1:]  # the first round warms both paths up
     median = sorted(rounds, key=lambda r: r["overhead"])[len(rounds) // 2]
     # The floor: the loop's own work, one episode after another on one thread, each request

@@ -36,29 +36,19 @@ class PolicyEvaluator:
         engine: str = "hf",
         dtype: str = "float32",
     ) -> None:
-        from thundersync.models import load_tokenizer
-        from thundersync.training.agent import PolicyAgent
-        from thundersync.training.chat import ChatFormat
         from thundersync.training.engines import build_engine
-        from thundersync.training.engines.batcher import DynamicBatcher
+        from thundersync.training.rollout_stack import RolloutStack, Sampling
 
         self.checkpoint = Path(checkpoint)
-        self.engine = build_engine(engine, self.checkpoint, dtype=dtype, device=device, seed=seed)
-        self.batcher = None
-        try:  # a failure past this point must not leave the engine (vLLM: its memory) behind
-            self.batcher = DynamicBatcher(self.engine, max_batch_size=concurrency)
-            self.agent = PolicyAgent(
-                self.batcher.generate,
-                ChatFormat(load_tokenizer(self.checkpoint)),
-                policy_version=lambda: self.engine.policy_version,
-                run_seed=seed,
-                max_new_tokens=max_new_tokens,
-                max_context=self.engine.max_context,
-                temperature=temperature,
-            )
-        except BaseException:
-            self.close()
-            raise
+        self.stack = RolloutStack.build(
+            build_engine(engine, self.checkpoint, dtype=dtype, device=device, seed=seed),
+            self.checkpoint,
+            Sampling(seed, max_new_tokens, temperature),
+            max_batch_size=concurrency,
+        )
+        self.engine = self.stack.engine
+        self.batcher = self.stack.batcher
+        self.agent = self.stack.agent
         self.concurrency = concurrency
 
     def load(self, checkpoint: str | Path) -> None:
@@ -89,18 +79,12 @@ class PolicyEvaluator:
         sink: Callable[[ev.Event], None] | None = None,
     ) -> list[list[Trajectory]]:
         """``k`` attempts per task, all concurrent (up to ``concurrency``); per task, in order."""
-        from environments.runner import EpisodeRunner
-
-        runner = EpisodeRunner(make_env, self.agent, sink or (lambda event: None))
+        runner = self.stack.runner(make_env, sink or (lambda event: None))
         return run_attempts(runner, tasks, k, concurrency=self.concurrency, batcher=self.batcher)
 
     def close(self) -> None:
         """Stop the batcher's thread, then release the engine (safe to call twice)."""
-        try:
-            if self.batcher is not None:
-                self.batcher.close()
-        finally:
-            self.engine.close()
+        self.stack.close()
 
     def __enter__(self) -> PolicyEvaluator:
         return self

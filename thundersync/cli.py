@@ -1,4 +1,5 @@
-"""Command line: the composition root (docs/design.md §8); imports every package, lazily."""
+"""Command line (docs/design.md §8): ``envs`` and ``verify`` here, every other command from the
+entry-point group ``thundersync.commands``, so the library never imports the packages above it."""
 
 from __future__ import annotations
 
@@ -110,26 +111,31 @@ def _version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
-def _add_others(sub: argparse._SubParsersAction) -> None:
-    """Subcommands whose parsers live next to their code (each module is light to import)."""
-    from harness.compare_command import add_compare_parser
-    from harness.eval import add_eval_parser
-    from harness.simulate_command import add_simulate_parser
-    from harness.timeline import add_timeline_parser
-    from leaderboard.leaderboard_command import add_leaderboard_parser
-    from thundersync.interop.export import add_export_parser
-    from thundersync.interop.openenv_server import add_serve_parser
-    from thundersync.training.train_command import add_train_parser, add_warmstart_parser
+COMMANDS = "thundersync.commands"
+"""The entry-point group of subcommands: each entry names a function that adds its parser
+(``add_eval_parser(sub)``). The library's own commands live in the packages above it
+(``harness``, ``leaderboard``) and in ``thundersync``'s optional parts; this module names none
+of them, so the library imports no package that uses it (docs/design.md §1). An installed
+package can add a command the same way."""
 
-    add_eval_parser(sub)
-    add_train_parser(sub)
-    add_warmstart_parser(sub)
-    add_compare_parser(sub)
-    add_leaderboard_parser(sub)
-    add_simulate_parser(sub)
-    add_timeline_parser(sub)
-    add_export_parser(sub)
-    add_serve_parser(sub)
+ORDER = ("eval", "train", "warmstart", "compare", "leaderboard", "simulate", "timeline")
+"""Where the built-in commands stand in ``--help`` (others follow, by name)."""
+
+
+def _add_others(sub: argparse._SubParsersAction) -> None:
+    """Subcommands registered in the entry-point group ``thundersync.commands`` (pyproject.toml);
+    each module is light to import, so ``--help`` stays quick."""
+    from importlib.metadata import entry_points
+
+    found = {entry.name: entry for entry in entry_points(group=COMMANDS)}
+    if not found:
+        raise SystemExit(
+            f"thundersync: no subcommand is registered (entry-point group {COMMANDS}): "
+            "the project is not installed; run `pip install -e .` in its folder"
+        )
+    rank = {name: i for i, name in enumerate(ORDER)}
+    for name in sorted(found, key=lambda n: (rank.get(n, len(ORDER)), n)):
+        found[name].load()(sub)
 
 
 def _add_envs(sub: argparse._SubParsersAction) -> None:

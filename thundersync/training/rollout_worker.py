@@ -24,13 +24,17 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from environments.tasks import TRAIN
 from thundersync.protocol import events as ev
 from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
+
+if TYPE_CHECKING:
+    from environments.runner import EpisodeRunner
+    from thundersync.training.episodes import EpisodeDriver
 
 TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
 
@@ -86,15 +90,9 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
     """The worker's entry point (runs in its own process; see ``workers.spawn``)."""
     import environments  # noqa: F401  (registers the built-in envs and plugins)
     from environments.registry import episode_envs, load_plugins, task_source
-    from environments.runner import EpisodeRunner
-    from thundersync.models import load_tokenizer
-    from thundersync.training.agent import PolicyAgent
-    from thundersync.training.chat import ChatFormat
-    from thundersync.training.engines.batcher import DynamicBatcher
-    from thundersync.training.episodes import EpisodeDriver
+    from thundersync.training.rollout_stack import RolloutStack, Sampling
 
     load_plugins()
-    engine = build_engine(spec)
 
     def on_batch(started: float, finished: float, requests: list, completions: list) -> None:
         output.put(
@@ -110,36 +108,29 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
             )
         )
 
-    batcher = DynamicBatcher(
-        engine, window_s=spec.batch_window_s, max_batch_size=spec.max_concurrency, on_batch=on_batch
-    )
-    agent = PolicyAgent(
-        batcher.generate,
-        ChatFormat(load_tokenizer(spec.model_dir)),
-        policy_version=lambda: engine.policy_version,
-        run_seed=spec.seed,
-        max_new_tokens=spec.max_new_tokens,
-        max_context=engine.max_context,
-        temperature=spec.temperature,
-        record=output.put,
-    )
-
     def sink(event: ev.Event) -> None:
         output.put(event)
         if teacher is not None and isinstance(event, TEACHER_EVENTS):
             teacher.put(event)
 
-    env_kwargs = {"sandbox": spec.sandbox, **spec.env_kwargs}
-    tasks = task_source(spec.env, **env_kwargs)
-    runner = EpisodeRunner(episode_envs(spec.env, **env_kwargs), agent, sink, tasks=tasks)
-    episodes: Any = None
+    stack = RolloutStack.build(
+        build_engine(spec),
+        spec.model_dir,
+        Sampling(spec.seed, spec.max_new_tokens, spec.temperature),
+        max_batch_size=spec.max_concurrency,
+        window_s=spec.batch_window_s,
+        on_batch=on_batch,
+        record=output.put,
+    )
+    runner: EpisodeRunner | None = None
+    episodes: EpisodeDriver | None = None
     running: list[Future] = []
     try:
-        episodes = EpisodeDriver(
-            runner,
-            batcher,
-            max_concurrency=spec.max_concurrency,
-            max_prepared=spec.max_sessions or None,
+        env_kwargs = {"sandbox": spec.sandbox, **spec.env_kwargs}
+        tasks = task_source(spec.env, **env_kwargs)
+        runner = stack.runner(episode_envs(spec.env, **env_kwargs), sink, tasks=tasks)
+        episodes = stack.driver(
+            runner, max_concurrency=spec.max_concurrency, max_prepared=spec.max_sessions or None
         )
         while not isinstance(message := control.get(), Stop):
             running = [f for f in running if not f.done() or _raise(f)]
@@ -150,7 +141,7 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                     def load(engine: Any, payload: tuple = payload) -> int:
                         return weights.load_into(engine, *payload)
 
-                    version = batcher.call(load)
+                    version = stack.batcher.call(load)
                     output.put(
                         ev.WeightsSynced(
                             policy_version=version,
@@ -162,11 +153,13 @@ def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, wei
                 case PrepareBatch(batch):
                     episodes.prepare_all(_jobs(tasks, spec, batch))
     finally:  # stopping, or unwinding from SIGTERM: live sandboxes are closed at once
-        runner.cancel("the rollout worker is stopping")
-        if episodes is not None:
-            episodes.shutdown()
-        batcher.close()
-        engine.close()
+        try:
+            if runner is not None:
+                runner.cancel("the rollout worker is stopping")
+            if episodes is not None:
+                episodes.shutdown()
+        finally:
+            stack.close()
     for future in running:
         _raise(future)
 

@@ -159,3 +159,41 @@ def test_a_flag_nothing_resembles_gets_no_guess(capsys):
         main(["train", "--zzzzzz", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("unrecognized arguments: --zzzzzz 1"), err
+
+
+def _hello_parser(sub: argparse._SubParsersAction) -> None:
+    """A command an installed package adds (the entry point below names it)."""
+    hello = sub.add_parser("hello", help="say hello", description="Say hello.")
+    hello.set_defaults(func=lambda args: print("hello from a plugin") or 0)
+
+
+def test_a_command_registered_as_an_entry_point_runs_beside_the_built_in_ones(monkeypatch, capsys):
+    from importlib.metadata import EntryPoint, entry_points
+
+    import thundersync.cli as cli
+
+    plugin = EntryPoint("hello", f"{__name__}:_hello_parser", cli.COMMANDS)
+    installed = list(entry_points(group=cli.COMMANDS))
+    assert {"eval", "train", "compare", "leaderboard", "serve"} <= {e.name for e in installed}
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [*installed, plugin])
+    assert main(["hello"]) == 0
+    assert capsys.readouterr().out == "hello from a plugin\n"
+    names = list(subcommands())
+    assert names[:9] == [
+        "envs",
+        "verify",
+        "eval",
+        "train",
+        "warmstart",
+        "compare",
+        "leaderboard",
+        "simulate",
+        "timeline",
+    ]
+    assert "hello" in names
+
+
+def test_without_the_installed_commands_the_command_line_says_how_to_install(monkeypatch):
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [])
+    with pytest.raises(SystemExit, match="pip install -e"):
+        build_parser()
