@@ -116,7 +116,12 @@ def _type_name(hint) -> str:
     ``'a' | 'b'``: what a reader needs, not typing's repr."""
     origin = typing.get_origin(hint)
     if origin is typing.Annotated:
+        from thundersync.declared import OneOf
+
         base, *meta = typing.get_args(hint)
+        registered = [m for m in meta if isinstance(m, OneOf)]
+        if registered:  # a registry's names (the sandbox engines): as a Literal reads
+            return " | ".join(repr(n) for n in registered[0].names())
         bounds = []
         for m in meta:
             for attr in getattr(m, "metadata", [m]):
