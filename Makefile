@@ -10,7 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop,docs
 PYTEST_ARGS ?=
 
-.PHONY: install demo compare-terminal test test-vllm test-browser test-gpu gpu-check bench-matrix lint clean
+.PHONY: install demo compare-terminal test typecheck test-vllm test-browser test-gpu gpu-check bench-matrix \
+        lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +92,10 @@ test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "$(TEST_MARKS) and not serial" \
 	    $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m "$(TEST_MARKS) and serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# mypy over thundersync/, environments/, harness/ and leaderboard/ ([tool.mypy] in pyproject.toml).
+typecheck: install
+	$(BIN)/python -m mypy
 
 # The training modes on five workloads through the real loop, side by side, with the simulator's
 # replay of each run (benchmarks/matrix.py; about 20 minutes on 2 quiet cores).
