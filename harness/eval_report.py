@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
+from harness.eval_config import EvalConfig
 from harness.passk import mean_pass_at_k
 from thundersync.cli_output import WIDTH, fit, plain_table
 from thundersync.protocol.types import Trajectory
@@ -19,7 +20,18 @@ PASS = 1.0 - 1e-9
 """An attempt passes (for pass@k) when its reward is 1: the task fully solved."""
 
 
-def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
+class TaskRow(TypedDict):
+    """One task of the report (``tasks``)."""
+
+    task_id: str
+    reward: float | None
+    num_scored: int
+    num_passed: int
+    infra_failure: bool
+    attempts: list[dict[str, Any]]
+
+
+def build_report(config: EvalConfig, groups: Sequence[Sequence[Trajectory]]) -> dict[str, Any]:
     """The JSON report: ``mean_reward``; ``pass_at_k`` for every k' <= k (the unbiased
     estimator, over tasks with k' scored attempts); ``num_tasks`` and ``num_infra_failures``
     (tasks whose every attempt failed that way); ``num_attempts``,
@@ -27,18 +39,18 @@ def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
     ``task_id``, ``reward``, ``num_scored``, ``num_passed``, ``infra_failure`` and the
     attempts; ``engine`` is the policy's (None for an agent without one). An attempt passes
     when its reward is 1 (the task fully solved)."""
-    rows = []
+    rows: list[TaskRow] = []
     for group in groups:
         scored = [_score(result) for result in group if not result.infra_failure]
         rows.append(
-            {
-                "task_id": group[0].task_id,
-                "reward": sum(scored) / len(scored) if scored else None,
-                "num_scored": len(scored),
-                "num_passed": sum(r >= PASS for r in scored),
-                "infra_failure": not scored,
-                "attempts": [_attempt(result) for result in group],
-            }
+            TaskRow(
+                task_id=group[0].task_id,
+                reward=sum(scored) / len(scored) if scored else None,
+                num_scored=len(scored),
+                num_passed=sum(r >= PASS for r in scored),
+                infra_failure=not scored,
+                attempts=[_attempt(result) for result in group],
+            )
         )
     outcomes = [[r >= PASS for r in (_score(a) for a in g if not a.infra_failure)] for g in groups]
     rewards = [row["reward"] for row in rows if row["reward"] is not None]
@@ -65,9 +77,17 @@ def build_report(config: Any, groups: Sequence[Sequence[Trajectory]]) -> dict:
     }
 
 
+def _reward(result: Trajectory) -> float:
+    """The attempt's reward; every attempt in a report was graded."""
+    if result.reward is None:
+        raise ValueError(f"episode {result.episode_id}: in the report before it was graded")
+    return result.reward
+
+
 def _score(result: Trajectory) -> float:
     """The attempt's reward in the means: a non-finite one scores 0, so it cannot raise them."""
-    return result.reward if math.isfinite(result.reward) else 0.0
+    reward = _reward(result)
+    return reward if math.isfinite(reward) else 0.0
 
 
 def _attempt(result: Trajectory) -> dict[str, Any]:
@@ -78,7 +98,7 @@ def _attempt(result: Trajectory) -> dict[str, Any]:
         "stop_reason": result.stop_reason,
         "num_turns": len(result.turns),
     }
-    if not math.isfinite(result.reward):
+    if not math.isfinite(_reward(result)):
         attempt["reward"] = None
         attempt["reward_invalid"] = (
             f"non-finite reward ({result.reward!r}) of an infrastructure failure; not scored"
@@ -107,7 +127,7 @@ def shortfall(result: Trajectory) -> str:
     against the expected one), and how the episode ended when the agent did not submit. A
     0 in a table without its reason reads as a policy that failed, whatever happened."""
     d = result.details
-    if not math.isfinite(result.reward):
+    if not math.isfinite(_reward(result)):
         return f"the grader returned a non-finite reward ({result.reward!r}); scored 0"
     if d.get("tamper_suspected"):
         first = next(iter(d.get("tamper_reasons") or []), "")

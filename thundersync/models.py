@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch
 
@@ -93,6 +93,15 @@ def train_tokenizer(texts: list[str] | None = None, *, vocab_size: int = 512):
     return fast
 
 
+class _TokenIds(TypedDict):
+    """The vocabulary and special-token ids every tiny config shares."""
+
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+
+
 def tiny_config(
     arch: Arch,
     vocab_size: int,
@@ -110,7 +119,7 @@ def tiny_config(
     from transformers import GPT2Config, LlamaConfig, Qwen3Config
 
     heads = num_heads or max(2, hidden_size // 16)
-    common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    common = _TokenIds(vocab_size=vocab_size, bos_token_id=1, eos_token_id=3, pad_token_id=0)
     if arch == "gpt2":
         return GPT2Config(
             n_embd=hidden_size,

@@ -132,7 +132,7 @@ def to_atif(
     ``decoded_with``; ``agent``: the run's settings that say who acted (model, agent, mode,
     strict grading)."""
     atif = atif_models()
-    s, r, c = episode.started, episode.reward, episode.completed
+    s, r, c = episode.known_start, episode.known_reward, episode.known_completion
     whole = texts is not None and len(texts) in (2 * len(episode.turns), 2 * len(episode.turns) + 1)
     texts = texts if whole else None
     steps = [
@@ -254,14 +254,14 @@ def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
     seen: dict[str, Path] = {}
     sizes: dict[str, int] = defaultdict(int)
     for file, episode in zip(files, loaded, strict=True):
-        episode_id = episode.started.episode_id
+        episode_id = episode.known_start.episode_id
         if episode_id in seen:
             raise AtifError(f"{file}: episode {episode_id} also in {seen[episode_id]}")
         seen[episode_id] = file
-        sizes[episode.started.group_id] += 1
+        sizes[episode.known_start.group_id] += 1
     out: list[ev.Event] = []
     for file, episode in zip(files, loaded, strict=True):
-        s = episode.started
+        s = episode.known_start
         size = s.group_size if s.group_size > 0 else sizes[s.group_id]
         if sizes[s.group_id] != size:
             raise AtifError(
@@ -275,7 +275,7 @@ def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
 
 
 def _with_group_size(episode: EpisodeRecord, size: int) -> EpisodeRecord:
-    s = episode.started
+    s = episode.known_start
     started = ev.EpisodeStarted(
         t=s.t,
         episode_id=s.episode_id,
@@ -351,7 +351,12 @@ def _episode(file: Path) -> EpisodeRecord:
 
 def _turns(
     file: Path, episode_id: str, steps: list[Any]
-) -> tuple[list[ev.TurnCompleted], dict, dict, list[int] | None]:
+) -> tuple[
+    list[ev.TurnCompleted],
+    dict[int, ev.ToolFinished],
+    dict[int, ev.TeacherScored],
+    list[int] | None,
+]:
     """The turns, tool results and teacher scores of the agent steps, and the prompt's ids."""
     turns: list[ev.TurnCompleted] = []
     tools: dict[int, ev.ToolFinished] = {}

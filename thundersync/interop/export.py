@@ -15,12 +15,17 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync.cli_output import WIDTH, HelpFormatter, Progress, fit, print_verdict
 from thundersync.protocol import events as ev
 from thundersync.protocol.strict_json import dumps_nulled
+
+if TYPE_CHECKING:
+    from thundersync.protocol.episode import EpisodeRecord
+    from thundersync.training.chat import ChatFormat
 
 TRAJECTORIES = "trajectories.jsonl"
 
@@ -131,16 +136,18 @@ def export_run(run: Path, events: list[ev.Event], out: Path) -> tuple[int, list[
     out.mkdir(parents=True, exist_ok=True)
     names: set[str] = set()
     for episode in done:
-        episode_id = episode.started.episode_id
+        episode_id = episode.known_start.episode_id
         recorded = texts.get(episode_id)
-        decoded = decoder is not None and recorded is None
+        decoded_with = None
+        if decoder is not None and recorded is None:
+            recorded, decoded_with = decoder.texts(episode), decoder.folder
         doc = to_atif(
             episode,
             session_id=run.name,
-            texts=decoder.texts(episode) if decoded else recorded,
+            texts=recorded,
             version=version,
             agent=agent,
-            decoded_with=decoder.folder if decoded else None,
+            decoded_with=decoded_with,
         ).to_json_dict()
         name = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
         while name in names:
@@ -172,7 +179,7 @@ class TextDecoder:
     end-of-turn markers) is taken off the prompt and each observation, so that a message holds
     what an eval's export holds: the instruction, the action, the tool's output."""
 
-    def __init__(self, folder: Path, chat: Any) -> None:
+    def __init__(self, folder: Path, chat: ChatFormat) -> None:
         self.folder, self.chat = folder, chat
         self._prompt = _wrapping(chat, chat.prompt_ids)
         self._observation = _wrapping(chat, chat.observation_ids)
@@ -196,16 +203,18 @@ class TextDecoder:
             print(f"export: no text for {run}'s ids ({folder}: {exc})", file=sys.stderr)
             return None
 
-    def texts(self, episode: Any) -> list[str]:
+    def texts(self, episode: EpisodeRecord) -> list[str]:
         """The prompt's content, then each turn's action and tool output."""
-        out = [self._content(episode.started.prompt_ids, self._prompt)]
+        out = [self._content(episode.known_start.prompt_ids, self._prompt)]
         for k, turn in enumerate(episode.turns):
             tool = episode.tools.get(k)
             out.append(self.chat.action_text(tuple(turn.action_ids)))
             out.append(self._content(tool.observation_ids, self._observation) if tool else "")
         return out
 
-    def _content(self, ids: Any, wrapping: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    def _content(
+        self, ids: Sequence[int], wrapping: tuple[tuple[int, ...], tuple[int, ...]]
+    ) -> str:
         head, tail = wrapping
         ids = tuple(ids)
         wrapped = len(ids) >= len(head) + len(tail) and ids[: len(head)] == head
@@ -216,7 +225,9 @@ class TextDecoder:
         return self.chat.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def _wrapping(chat: Any, wrap: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _wrapping(
+    chat: ChatFormat, wrap: Callable[[str], tuple[int, ...]]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ids ``wrap`` (``prompt_ids`` or ``observation_ids``) puts before and after a
     message's content, found by wrapping nothing and a probe."""
     empty, probe = tuple(wrap("")), "x"

@@ -103,6 +103,27 @@ class EpisodeRecord:
         return self.started.group_id if self.started else None
 
     @property
+    def known_start(self) -> ev.EpisodeStarted:
+        """``EpisodeStarted``; only asked for once it was folded."""
+        if self.started is None:
+            raise InvariantError(f"episode {self.episode_id!r}: used before EpisodeStarted")
+        return self.started
+
+    @property
+    def known_completion(self) -> ev.EpisodeCompleted:
+        """``EpisodeCompleted``; only asked for once it was folded."""
+        if self.completed is None:
+            raise InvariantError(f"episode {self.episode_id!r}: used before EpisodeCompleted")
+        return self.completed
+
+    @property
+    def known_reward(self) -> ev.RewardReady:
+        """``RewardReady``; only asked for once it was folded."""
+        if self.reward is None:
+            raise InvariantError(f"episode {self.episode_id!r}: reward used before RewardReady")
+        return self.reward
+
+    @property
     def num_turns(self) -> int | None:
         """The episode's turns, once ``EpisodeCompleted`` said."""
         return self.completed.num_turns if self.completed else None

@@ -27,13 +27,13 @@ def with_model_folders(config: TrainConfig) -> TrainConfig:
     is downloaded), so the run's config.json names the exact revision it trained from."""
     from thundersync.models import model_folder  # start-up cost (module docstring)
 
-    folders = {
-        name: model_folder(value, option=f"config field {name!r}:")
-        for name in ("model", "teacher")
-        if (value := getattr(config, name))
-    }
-    changed = {name: folder for name, folder in folders.items() if folder != getattr(config, name)}
-    return dataclasses.replace(config, **changed) if changed else config
+    def folder(name: str, value: str | None) -> str | None:
+        return model_folder(value, option=f"config field {name!r}:") if value else value
+
+    model, teacher = folder("model", config.model), folder("teacher", config.teacher)
+    if (model, teacher) == (config.model, config.teacher):
+        return config
+    return dataclasses.replace(config, model=model, teacher=teacher)
 
 
 def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
