@@ -30,14 +30,30 @@ def _color(mode: str) -> str:
 def write_plots(results: dict[str, Any], runs: list[Any], out: Path) -> list[Path]:
     """Write the four plots into ``out``; returns their paths."""
     return [
-        _accuracy_plot(runs, out / "accuracy_vs_time.png", by_step=False, target=results["target"]),
-        _accuracy_plot(runs, out / "accuracy_vs_step.png", by_step=True, target=results["target"]),
+        _accuracy_plot(
+            runs,
+            out / "accuracy_vs_time.png",
+            by_step=False,
+            target=results["target"],
+            initial=results.get("initial_accuracy"),
+        ),
+        _accuracy_plot(
+            runs,
+            out / "accuracy_vs_step.png",
+            by_step=True,
+            target=results["target"],
+            initial=results.get("initial_accuracy"),
+        ),
         _breakdown_plot(results, out / "step_breakdown.png"),
         _timeline_plot(runs, out / "step_timeline.png"),
     ]
 
 
-def _accuracy_plot(runs: list[Any], path: Path, *, by_step: bool, target: float) -> Path:
+def _accuracy_plot(
+    runs: list[Any], path: Path, *, by_step: bool, target: float, initial: float | None = None
+) -> Path:
+    """Each mode's accuracy curve (the median of its seeds', with the CI band), the target,
+    and the initial model's accuracy marked at step 0 (every curve starts there)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     modes: dict[str, list[Any]] = {}
@@ -64,6 +80,16 @@ def _accuracy_plot(runs: list[Any], path: Path, *, by_step: bool, target: float)
         )
         ax.fill_between(grid, lo, hi, color=_color(mode), alpha=0.2, step="post")
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+    if initial is not None:
+        ax.plot(
+            [0],
+            [initial],
+            marker="o",
+            color="black",
+            linestyle="none",
+            zorder=3,
+            label=f"step 0 (initial model): {initial:.2f}",
+        )
     ax.set_xlabel("optimizer step" if by_step else "training time (s, evaluation excluded)")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(-0.02, 1.02)

@@ -86,3 +86,17 @@ def test_breakdown_fractions_are_fractions_and_concurrent_work_is_per_episode(tm
     assert "tool" not in fractions and "grading" not in fractions
     assert fractions["engine"] == 0.75 and fractions["step"] == 0.25
     assert mode["tool_s_per_episode"] == 1.5 and mode["grading_s_per_episode"] == 2.25
+
+
+def test_results_carry_each_pairs_verdicts_beside_the_keys_outside_tools_read(tmp_path):
+    """``verdicts`` is added, nothing is renamed; its time-to-target speed-ups are the
+    report's own per-seed speed-ups over sync (one statistic), and it is strict JSON."""
+    results = _results(tmp_path, {"sync": [35.0, 20.0, 60.0], "async-k1": [48.0, 16.0, 50.0]})
+    old = {"config", "target", "budget_s", "initial_accuracy", "modes", "runs"}
+    assert old < set(results) and "verdicts" in results
+    pair = results["verdicts"]["pairs"]["async-k1 vs sync"]
+    speedup = results["modes"]["async-k1"]["speedup_vs_sync"]
+    for key in ("median", "ci", "per_seed"):
+        assert pair["time_to_target"][key] == speedup[key]
+    assert pair["time_to_target"]["verdict"] == "not distinguishable"  # 2 of 3 seeds, 3 seeds
+    json.dumps(results, allow_nan=False)

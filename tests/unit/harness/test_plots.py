@@ -106,3 +106,22 @@ def test_the_timeline_panels_share_one_time_axis(monkeypatch, tmp_path):
     assert len(axes) == 2
     assert axes[0].get_xlim() == axes[1].get_xlim() == (0.0, 4.0)
     assert axes[0].get_shared_x_axes().joined(axes[0], axes[1])
+
+
+def test_the_accuracy_plots_mark_the_initial_models_accuracy_at_step_0(monkeypatch, tmp_path):
+    real = plots._pyplot()
+    figures = _captured(monkeypatch)
+    for by_step in (False, True):
+        plots._accuracy_plot(
+            [run("sync", 0)], tmp_path / "a.png", by_step=by_step, target=0.6, initial=0.1
+        )
+    assert len(figures) == 2
+    for figure in figures:
+        ax = figure.axes[0]
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "step 0 (initial model): 0.10" in texts
+        mark = next(line for line in ax.get_lines() if line.get_label().startswith("step 0"))
+        assert list(mark.get_xdata()) == [0] and list(mark.get_ydata()) == [0.1]
+        curve = ax.get_lines()[0]  # the median curve starts at the initial accuracy, not at 0
+        assert curve.get_xdata()[0] == 0 and curve.get_ydata()[0] == 0.1
+        real.close(figure)
