@@ -46,6 +46,9 @@ the true median only when all n seeds fall on one side of it: probability 2·0.5
 covers it 75 % of the time at 3 seeds and 94 % at 5. Below ``CONFIDENCE`` an interval that
 excludes no difference is every seed agreeing by chance too often (a quarter of the time
 at 3 seeds, for two modes of one distribution)."""
+MANY_SEEDS = 1000
+"""Above this many seeds the estimate is said as "over 1000" (a mean difference that small
+is no difference a comparison could show)."""
 
 
 def pair_verdicts(runs: Sequence[Any], target: float, budget_s: float) -> dict[str, Any]:
@@ -133,7 +136,8 @@ def paired(values: Sequence[float | None], *, ratio: bool) -> dict[str, Any]:
             seeds, why = seeds_to_separate(logs)
         if seeds is not None:
             seeds = max(seeds, len(values) + 1, MIN_SEEDS)  # these did not separate them
-            text = f"about {seeds} seeds would separate them at this variance"
+            about = f"about {seeds}" if seeds <= MANY_SEEDS else f"over {MANY_SEEDS}"
+            text = f"{about} seeds would separate them at this variance"
         else:
             text = f"seeds to separate them not estimable: {why}"
         out["seeds_to_separate_text"] = text

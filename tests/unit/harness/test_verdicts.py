@@ -18,6 +18,7 @@ from harness.verdicts import (
     MIN_SEEDS,
     UNDECIDED,
     pair_verdicts,
+    paired,
     seeds_to_separate,
     verdict_lines,
 )
@@ -189,6 +190,11 @@ def test_the_seeds_to_separate_follow_the_formula():
     assert seeds_to_separate([1.0, 2.0, 3.0]) == (2, "")  # (1.96 · 1 / 2)^2 < 1
     assert seeds_to_separate([0.5]) == (None, "fewer than 2 seeds")
     assert seeds_to_separate([-1.0, 1.0]) == (None, "the mean difference is 0")
+    almost_equal = paired([1.0, -0.99], ratio=False)  # 2 seeds, mean 0.005, sd 1.4
+    assert almost_equal["seeds_to_separate"] > 1000
+    assert almost_equal["seeds_to_separate_text"] == (
+        "over 1000 seeds would separate them at this variance"
+    )
 
 
 def test_the_area_under_the_curve_is_the_mean_accuracy_over_the_budget():
