@@ -150,6 +150,8 @@ class ShellEnv(gym.Env[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+    observation_space: UnicodeText
+    action_space: UnicodeText
 
     @classmethod
     def task_source(cls, **kwargs: Any) -> TaskSource | None:
@@ -322,6 +324,7 @@ class ShellEnv(gym.Env[str, str]):
         except ActionFormatError as exc:
             self._num_format_errors += 1
             info["format_error"] = str(exc)
+            reason: StopReason | None
             if self._num_format_errors >= self.max_format_errors:
                 reason = StopReason.FORMAT_ERRORS
             else:
@@ -475,7 +478,7 @@ def _checked(grade: Any, task_id: str) -> Grade:
     it reached), or not a ``Grade`` at all, is the grader's bug, never the agent's score."""
     reward = getattr(grade, "reward", None)
     is_real = isinstance(reward, int | float) and not isinstance(reward, bool)
-    if isinstance(grade, Grade) and is_real and math.isfinite(reward):
+    if isinstance(grade, Grade) and is_real and math.isfinite(grade.reward):
         return grade
     problem = (
         f"reward {reward!r} is not a finite number"

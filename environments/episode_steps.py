@@ -41,7 +41,7 @@ def drive(steps: EpisodeSteps, agent: Agent) -> Trajectory:
             try:
                 action = agent.act(need.task, need.messages, episode_id=need.episode_id)
             except BaseException as exc:
-                action, error = None, exc
+                error = exc
             # Thrown outside the handler, so that what the episode raises next does not carry
             # the agent's exception as its context.
             need = steps.throw(error) if error is not None else steps.send(action)

@@ -135,9 +135,8 @@ def task_source(env_id: str, **kwargs: Any) -> TaskSource:
     A task of a protocol this ThunderSync cannot serve is a ``TaskProtocolError`` here."""
     require_env(env_id)
     spec = gymnasium.spec(env_id)
-    creator = spec.entry_point
-    if isinstance(creator, str):
-        creator = load_env_creator(creator)
+    entry = spec.entry_point
+    creator = load_env_creator(entry) if isinstance(entry, str) else entry
     problem = keyword_problem(env_id, creator, kwargs)
     if problem:
         raise ValueError(problem)

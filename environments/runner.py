@@ -321,9 +321,10 @@ class EpisodeRunner:
         elif prepared.error is not None:
             raise prepared.error
         else:
-            env, reset, prepared.env = prepared.env, prepared.reset, None
-            if env is None:
+            taken, reset, prepared.env = prepared.env, prepared.reset, None
+            if taken is None:
                 raise ValueError(f"the prepared episode {episode.episode_id} was already played")
+            env = taken
         try:
             if self._stopping.is_set():
                 raise RunCancelled(f"the run was cancelled ({self._cancel_reason})")

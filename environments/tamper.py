@@ -161,6 +161,7 @@ def shadowing_findings(
             if parent and package(parent):
                 break
             here = str(PurePosixPath(*parts[:depth]))
+            name: str | None
             if depth < len(parts):
                 name, kind = parts[depth - 1], "package"
                 if not package(here):
@@ -391,7 +392,7 @@ def patch_findings(
 
 
 def _paths_before(diffs: list[FileDiff]) -> set[str]:
-    paths = set()
+    paths: set[str] = set()
     for diff in diffs:
         if diff.old_path is not None:
             parts = PurePosixPath(diff.old_path).parts

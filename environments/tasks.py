@@ -87,14 +87,25 @@ _COMMON = {"setup": "setup(self, sandbox)", "reference_solution": "reference_sol
 
 
 class Task(Protocol):
-    """One agentic task. Implementations don't inherit this; they match it."""
+    """One agentic task. Implementations don't inherit this; they match it (its fields may be
+    plain attributes, dataclass fields, frozen or not, or properties: the protocol only reads
+    them)."""
 
-    task_id: str
-    instruction: str
-    """The prompt text shown to the agent."""
-    max_turns: int
-    timeout_s: float
-    """Per-command timeout for the agent's tool calls."""
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def instruction(self) -> str:
+        """The prompt text shown to the agent."""
+        ...
+
+    @property
+    def max_turns(self) -> int: ...
+
+    @property
+    def timeout_s(self) -> float:
+        """Per-command timeout for the agent's tool calls."""
+        ...
 
     def sandbox_spec(self, kind: str | None) -> SandboxSpec:
         """How to build this task's sandbox. ``kind`` is the name of the env's sandbox engine
@@ -127,14 +138,20 @@ class Task(Protocol):
 class TaskSet(Protocol):
     """A collection of tasks, e.g. a folder of Terminal-Bench tasks or SWE-bench rows."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __iter__(self) -> Iterator[Task]: ...
 
     def __len__(self) -> int: ...
 
 
-T = TypeVar("T")
+class _Identified(Protocol):
+    @property
+    def task_id(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Identified)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +170,9 @@ class TaskList(Generic[T]):
     def get(self, task_id: str) -> T:
         """The task with this id; KeyError naming the set and the known ids otherwise."""
         for task in self.tasks:
-            if task.task_id == task_id:  # type: ignore[attr-defined]
+            if task.task_id == task_id:
                 return task
-        known = [t.task_id for t in self.tasks]  # type: ignore[attr-defined]
+        known = [t.task_id for t in self.tasks]
         raise KeyError(f"{self.name}: no task {task_id!r}; known: {known}")
 
 
@@ -231,7 +248,7 @@ def _described(task: Any) -> str:
     return f"task {getattr(task, 'task_id', '?')!r} ({kind.__module__}.{kind.__qualname__})"
 
 
-def _protocol_of(kind: type, declared: Any, described: str) -> tuple[int, bool]:
+def _protocol_of(kind: type[Any], declared: Any, described: str) -> tuple[int, bool]:
     """The protocol of a task of class ``kind`` whose instance declares ``declared`` (None:
     nothing). ``declared`` is read from the instance, never the class: a field of a
     ``slots=True`` dataclass is a member descriptor on the class (the README's task style),
@@ -250,7 +267,7 @@ def _protocol_of(kind: type, declared: Any, described: str) -> tuple[int, bool]:
 _PROTOCOLS: dict[tuple[type, Any], tuple[int, bool]] = {}
 
 
-def _check_protocol(kind: type, declared: Any, described: str) -> tuple[int, bool]:
+def _check_protocol(kind: type[Any], declared: Any, described: str) -> tuple[int, bool]:
     """(version, whether a protocol-1 ``grade`` takes ``fresh_sandbox=``) of a task of class
     ``kind`` whose instance declares ``declared``."""
     if declared is not None and (
@@ -330,7 +347,8 @@ class TaskSource(Protocol):
     ``tasks(split)`` lists a finite split, or returns None for a generated one.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def splits(self) -> tuple[str, ...]: ...
 
@@ -445,8 +463,14 @@ class GeneratedTasks:
         )
 
     def is_heldout(self, task_id: str) -> bool:
-        digest = hashlib.sha256(f"heldout/{task_id}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") % self.heldout_every == 0
+        return heldout_by_hash(task_id, self.heldout_every)
+
+
+def heldout_by_hash(task_id: str, heldout_every: int) -> bool:
+    """The split rule of generated tasks: held out iff a hash of the id is 0 modulo
+    ``heldout_every``."""
+    digest = hashlib.sha256(f"heldout/{task_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % heldout_every == 0
 
 
 HELDOUT_STREAM = 0x4E1D0

@@ -338,10 +338,16 @@ def _check_names(kwargs: dict[str, Any], known: tuple[str, ...]) -> None:
         raise ValueError(f"unknown keyword(s) {unknown}; task keywords: {list(known)}")
 
 
-@functools.cache
+_SOURCES: dict[tuple[type[_ToyEnv], tuple[tuple[str, Any], ...]], GeneratedTasks] = {}
+
+
 def _toy_source(cls: type[_ToyEnv], task_kwargs: tuple[tuple[str, Any], ...]) -> GeneratedTasks:
     """One source per env class and task keywords (an env is made per episode)."""
-    return GeneratedTasks(cls.env_name, functools.partial(cls.generate, **dict(task_kwargs)))
+    source = _SOURCES.get((cls, task_kwargs))
+    if source is None:
+        made = GeneratedTasks(cls.env_name, functools.partial(cls.generate, **dict(task_kwargs)))
+        source = _SOURCES.setdefault((cls, task_kwargs), made)
+    return source
 
 
 class InProcessTools:
@@ -368,7 +374,10 @@ class InProcessTools:
                 return ExecResult("cat: answer.txt: No such file or directory\n", 1, False, 0.0)
             return ExecResult(f"{self.answer}\n", 0, False, 0.0)
         if name == "lookup":
-            value = dict(self.env.task.table).get(arg) if re.fullmatch(r"[a-z0-9]+", arg) else None
+            task = self.env.task
+            if not isinstance(task, ToyTask):
+                raise TypeError(f"in-process tools serve a toy task, not {type(task).__name__}")
+            value = dict(task.table).get(arg) if re.fullmatch(r"[a-z0-9]+", arg) else None
             if value is None:
                 return ExecResult(f"unknown key {arg}\n", 1, False, 0.0)
             return ExecResult(f"{value}\n", 0, False, 0.0)

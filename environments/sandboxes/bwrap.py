@@ -107,14 +107,13 @@ class BwrapSandbox:
             )
         if shutil.which(BWRAP) is None:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-        reap_once(
-            "bwrap",
-            lambda: (
-                remove_orphan_workspaces(MARKER_PREFIX),
-                remove_orphan_workspaces(host_view.ETC_PREFIX, host_view.etc_root()),
-                cgroup.remove_orphans(MARKER_PREFIX),
-            ),
-        )
+
+        def reap() -> None:
+            remove_orphan_workspaces(MARKER_PREFIX)
+            remove_orphan_workspaces(host_view.ETC_PREFIX, host_view.etc_root())
+            cgroup.remove_orphans(MARKER_PREFIX)
+
+        reap_once("bwrap", reap)
         self.spec = spec
         self.workdir = host_view.validate_workdir(spec.workdir)
         self.is_root = os.geteuid() == 0

@@ -54,7 +54,8 @@ def create(folder: Path, disk_mb: int | None) -> Path | None:
     """Mount a fresh disk of ``disk_mb`` MiB at ``folder/disk``; returns the empty, root-owned
     workspace folder on it. None (and a warning, once) when ``disk_mb`` is None or disks cannot
     be made here; SandboxError when making one fails where they can."""
-    if validate_disk_mb(disk_mb) is None:
+    disk_mb = validate_disk_mb(disk_mb)
+    if disk_mb is None:
         return None
     if not available():
         warn_unbounded("workspace disks need root, mkfs.ext4 and loop devices")

@@ -48,12 +48,16 @@ def available() -> bool:
     return platform.machine() in ABIS
 
 
+Instruction = tuple[int, int, int, int]
+"""One ``struct sock_filter``: code, jump if true, jump if false, k."""
+
+
 def program() -> bytes | None:
     """The filter as ``struct sock_filter[]`` bytes (what ``bwrap --seccomp FD`` reads)."""
     abis = ABIS.get(platform.machine())
     if abis is None:
         return None
-    code: list[tuple[int, int, int, int]] = []
+    code: list[Instruction] = []
     for arch, numbers in abis.items():
         block = _abi_block(arch, *numbers)
         code += [(LD_W_ABS, 0, 0, ARCH_OFFSET), (JMP_JEQ_K, 0, len(block), arch), *block]
@@ -61,9 +65,9 @@ def program() -> bytes | None:
     return b"".join(struct.pack("=HBBI", *insn) for insn in code)
 
 
-def _abi_block(arch: int, clone: int, unshare: int, clone3: int) -> list[tuple[int, ...]]:
+def _abi_block(arch: int, clone: int, unshare: int, clone3: int) -> list[Instruction]:
     """Instructions for one ABI, entered with its arch matched; every path returns."""
-    load = [(LD_W_ABS, 0, 0, NR_OFFSET)]
+    load: list[Instruction] = [(LD_W_ABS, 0, 0, NR_OFFSET)]
     if arch == X86_64_ARCH:  # x32 calls carry the x32 bit: check them as their x86-64 twins
         load.append((ALU_AND_K, 0, 0, ~X32_SYSCALL_BIT & 0xFFFFFFFF))
     return [

@@ -39,6 +39,7 @@ def load_instances(
     """
     path = Path(source)
     root = _snapshot_root(snapshot_root)
+    named_rows: list[tuple[str, Path | None, Sequence[Any]]]  # (origin, base folder, rows)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())
         if not files:

@@ -107,18 +107,29 @@ class TaskEnvironment:
         needs = self.needs
         if engine is not None:
             engine.refuse(needs, f"task {self.task_id}")
-        limits = {"memory_mb": self.memory_mb, "cpus": self.cpus}
         if needs or (engine is not None and engine.can(BUILDS_IMAGES)):
             env = {**(self.plan.env if self.plan else {}), **self.env}
             image, context = self.image, self.build_context if self.plan else None
             if context is None and image is not None and image != BASE_IMAGE:
-                image, context = None, self._image_context(image)
+                context, image = self._image_context(image), None
             return SandboxSpec(
-                image=image, build_context=context, workdir=self.workdir, env=env, **limits
+                image=image,
+                build_context=context,
+                workdir=self.workdir,
+                env=env,
+                memory_mb=self.memory_mb,
+                cpus=self.cpus,
             )
         files = self._staged_files() if self.plan else None
         env = {**(self.plan.env if self.plan else {}), **self.env}
-        return SandboxSpec(image=BASE_IMAGE, files=files, workdir=self.workdir, env=env, **limits)
+        return SandboxSpec(
+            image=BASE_IMAGE,
+            files=files,
+            workdir=self.workdir,
+            env=env,
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+        )
 
     def _image_context(self, image: str) -> Path:
         """A build context of ``FROM image`` alone: a prebuilt image goes through

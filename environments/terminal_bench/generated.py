@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from environments.core import SandboxFactory, ShellEnv
-from environments.tasks import HELDOUT, MAX_DRAWS, SPLITS, TRAIN, GeneratedTasks, Task
+from environments.tasks import HELDOUT, MAX_DRAWS, SPLITS, TRAIN, Task, heldout_by_hash
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
 
@@ -399,18 +399,35 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class GeneratedHarborTasks(GeneratedTasks):
-    """``GeneratedTasks`` over task indices: a draw picks an index, decides its split from
-    the task id alone (``task_id_of``, the same hash rule) and writes and loads only the task
-    it returns (``generate`` takes the index), so rejected draws cost nothing."""
+class GeneratedHarborTasks:
+    """A ``TaskSource`` like ``GeneratedTasks``, over task indices: a draw picks an index,
+    decides its split from the task id alone (``task_id_of``, the same hash rule) and writes
+    and loads only the task it returns (``generate`` takes the index), so rejected draws cost
+    nothing."""
 
+    name: str
+    generate: Callable[[int], Task]
+    heldout_every: int = 16
     num_tasks: int = DEFAULT_NUM_TASKS
 
-    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS
+
+    def tasks(self, split: str = TRAIN) -> None:
+        self._check_split(split)
+        return None
+
+    def is_heldout(self, task_id: str) -> bool:
+        return heldout_by_hash(task_id, self.heldout_every)
+
+    def _check_split(self, split: str) -> None:
         if split not in self.splits():
             raise ValueError(
                 f"task source {self.name!r}: no split {split!r}; it has {list(self.splits())}"
             )
+
+    def draw(self, rng: np.random.Generator, split: str = TRAIN) -> Task:
+        self._check_split(split)
         want = split == HELDOUT
         for _ in range(MAX_DRAWS):
             index = int(rng.integers(self.num_tasks))

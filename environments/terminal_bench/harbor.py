@@ -93,14 +93,14 @@ def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
     for name, known in _TABLE_KEYS.items():
         schema.check_keys(path, tables[name], known, prefix=f"{name}.", strict=False)
-    name = tables["task"].get("name")
-    if name is not None and (
-        not isinstance(name, str) or not _TASK_NAME.fullmatch(name) or ".." in name
+    task_name = tables["task"].get("name")
+    if task_name is not None and (
+        not isinstance(task_name, str) or not _TASK_NAME.fullmatch(task_name) or ".." in task_name
     ):
         raise TaskFormatError(
             path,
             "task.name",
-            f"expected 'name' or 'org/name' without path parts, got {excerpt(name)}",
+            f"expected 'name' or 'org/name' without path parts, got {excerpt(task_name)}",
         )
     return tables
 

@@ -79,8 +79,12 @@ def read_positive(
     """A finite number in (0, ``maximum``]; never a boolean, NaN or infinity."""
     if value is None:
         return default
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not is_number or not math.isfinite(value) or not 0 < value <= maximum:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= maximum
+    ):
         raise TaskFormatError(
             path,
             field,

@@ -159,11 +159,9 @@ class TerminalBenchTask:
         grade, _ = self._strict_grade(sandbox, context, tmp, standard=standard)
         return grade
 
-    def _standard(
-        self, context: GradingContext, kind: str
-    ) -> reference.ReferenceRun | Grade | None:
-        """What a strict pass is proven against (the reference run), or the grade every
-        attempt gets where there is none; None when grading is not strict."""
+    def _standard(self, context: GradingContext, kind: str) -> witness.Reference | Grade | None:
+        """What a strict pass is proven against (the reference run's standard), or the grade
+        every attempt gets where there is none; None when grading is not strict."""
         if not context.strict:
             return None
         run = self.reference_run(context, kind)
@@ -184,7 +182,7 @@ class TerminalBenchTask:
             return Grade(
                 reward=0.0, infra_failure=True, details={"error": error, "unwatched": True}
             )
-        return run
+        return run.reference
 
     def reference_run(self, context: GradingContext, kind: str) -> reference.ReferenceRun:
         """The reference solution's strict run of this task (cached per task and sandbox
@@ -227,11 +225,12 @@ class TerminalBenchTask:
         context: GradingContext,
         tmp: Path,
         *,
-        standard: reference.ReferenceRun | Grade | None,
+        standard: witness.Reference | Grade | None,
     ) -> tuple[Grade, witness.Observation | None]:
         """The grade against the task's pristine state, and what the witness saw (strict).
-        ``standard``: the reference run a strict pass is proven against; a Grade, the one to
-        give (there is none); None, no proof asked (not strict, or the reference run itself)."""
+        ``standard``: the reference run's standard a strict pass is proven against; a Grade,
+        the one to give (there is none); None, no proof asked (not strict, or the reference run
+        itself)."""
         workdir = self.environment.workdir
         try:
             agent_work = work.export_work(sandbox, workdir, tmp, "work.tar")
@@ -275,11 +274,11 @@ class TerminalBenchTask:
             except work.WorkExportError as err:  # its work does not fit a fresh sandbox
                 failure = {"agent_failure": str(err), "reason": str(err)}
                 return Grade(reward=0.0, details={**report, **failure}), None
-            proof = standard.reference if isinstance(standard, reference.ReferenceRun) else None
+            proof = standard if isinstance(standard, witness.Reference) else None
             grade, seen = self._run_tests(target, pinned=context.strict, standard=proof)
         if self.verifier is not None:
             report["separate_verifier"] = True
-        if isinstance(standard, reference.ReferenceRun) and not standard.reference.tests:
+        if isinstance(standard, witness.Reference) and not standard.tests:
             report["unwatched"] = True  # no test to follow: the verifier's own check stands
         if grade.details.get("tamper_suspected"):  # the witness contradicted the verifier
             report["tamper_suspected"] = True

@@ -155,11 +155,11 @@ def observe(sandbox: Sandbox, seen: Witness) -> Observation:
         return Observation(
             problem=f"{seen.records}: the grader's records of the test run were removed or changed"
         )
-    files = []
+    files: list[tuple[str, int]] = []
     for line in lines[1:]:
-        size, _, name = line.partition(" ")
-        if size.strip().isdigit() and name.endswith(".proc") and "/" not in name:
-            files.append((name, int(size)))
+        digits, _, name = line.partition(" ")
+        if digits.strip().isdigit() and name.endswith(".proc") and "/" not in name:
+            files.append((name, int(digits)))
     if listed.truncated or len(files) > MAX_RECORD_FILES:
         return Observation(problem=f"{seen.records}: more records than the grader reads")
     if sum(size for _, size in files) > MAX_RECORD_BYTES:
