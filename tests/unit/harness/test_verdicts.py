@@ -203,3 +203,13 @@ def test_the_area_under_the_curve_is_the_mean_accuracy_over_the_budget():
     assert area_under_curve(curve, 25.0) == pytest.approx((1.0 + 5.0 + 4.25) / 25)
     assert area_under_curve(curve, 0.0) is None
     assert math.isclose(area_under_curve([Point(0, 0.0, 0.3)], 5.0), 0.3)
+
+
+def test_the_guides_example_is_what_these_curves_print(tmp_path):
+    """docs/guides/compare-eval.md shows the lines for 6 seeds of three modes: async(1)
+    drawn from sync's distribution, streaming's steps 0.75 of sync's."""
+    guide = (Path(__file__).parents[3] / "docs/guides/compare-eval.md").read_text()
+    shown = guide.split("On synthetic curves", 1)[1].split("```text\n", 1)[1].split("```")[0]
+    speed = {"sync": 1.0, "async-k1": 1.0, "streaming": 0.75}
+    results = _comparison(tmp_path, speed, seeds=6, jitter=0.3)
+    assert shown.splitlines() == verdict_lines(results)
