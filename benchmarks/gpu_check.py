@@ -505,6 +505,7 @@ def balanced(check: Check) -> dict[str, Any]:
         "probe_rollout_s": round(rollout, 4),
         "grade_latency_s": workload.env_kwargs["grade_latency_s"],
         "makespan_over_learner": row["makespan_over_learner"],
+        "baseline": matrix.BASELINE,
         "step_time_s": {m: c["step_time_s"] for m, c in modes.items()},
         "speedup_vs_sync": {m: c["speedup_vs_sync"] for m, c in modes.items()},
         "efficiency": {m: c["efficiency"] for m, c in modes.items() if "efficiency" in c},
@@ -624,8 +625,9 @@ def headline(item: str, d: dict[str, Any]) -> str:
         kl = ", ".join(f"{k:.4f}" for k in d["teacher_kl"])
         return f"{d['turns_scored']}/{d['turns']} turns scored, teacher KL per step {kl}"
     if item == "balanced":
-        ratios = ", ".join(f"{m} {r:.2f}x" for m, r in d["speedup_vs_sync"].items() if m != "sync")
-        return f"sync step {d['step_time_s']['sync']:.3f} s; T_sync/T {ratios}"
+        base = d["baseline"]
+        ratios = ", ".join(f"{m} {r:.2f}x" for m, r in d["speedup_vs_sync"].items() if m != base)
+        return f"{base} step {d['step_time_s'][base]:.3f} s; T_sync/T {ratios}"
     if item == "test-gpu":
         counts: dict[str, int] = {}
         for outcome in d["outcomes"].values():

@@ -64,8 +64,59 @@ from harness.critical_path import (  # noqa: E402
     step_windows,
 )
 from harness.simulate import replay_run  # noqa: E402
+from thundersync.training.modes import REGISTRY, Mode, baseline_mode, mode_from_label  # noqa: E402
 
-MODES = ("sync", "async-1", "async-2", "streaming", "streaming-early")
+STALENESS = (1, 2)
+"""The staleness bounds the matrix runs a mode that takes one at (async)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One column of the matrix: a registered mode (``--mode``'s fields from the mode object),
+    and for a streaming one early start, and early start holding every piece to its reward
+    under a budget with room for them (``held``)."""
+
+    mode: Mode
+    early_start: bool = False
+    held: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.mode.label + "-early" * self.early_start + "-held" * self.held
+
+    @property
+    def streams(self) -> bool:
+        return self.mode.learner_contract().streams
+
+    def flags(self) -> list[str]:
+        fields = self.mode.train_fields().items()
+        flags = [word for k, v in fields for word in (f"--{k.replace('_', '-')}", str(v))]
+        if self.streams:
+            flags.append("--early-start" if self.early_start else "--no-early-start")
+        return flags
+
+
+def _cells() -> dict[str, Cell]:
+    """Every registered mode (one per staleness bound it takes), then a streaming mode's
+    early-start variants, in the registry's order."""
+    cells: list[Cell] = []
+    for cls in REGISTRY:
+        modes = [cls.from_label(cls.name, staleness=k) for k in STALENESS]
+        for mode in {m.label: m for m in modes if m is not None}.values():
+            cells.append(Cell(mode))
+            if cells[-1].streams:
+                cells += [Cell(mode, early_start=True), Cell(mode, early_start=True, held=True)]
+    return {c.name: c for c in cells}
+
+
+CELLS = _cells()
+BASELINE = baseline_mode().label
+"""The cell every ratio is against (sync)."""
+STREAMING = next(name for name, c in CELLS.items() if c.streams and not c.early_start)
+EARLY = next(name for name, c in CELLS.items() if c.early_start and not c.held)
+HELD = next(name for name, c in CELLS.items() if c.held)
+"""The streaming mode's cells the verdicts read: reward-triggered, early start, held."""
+MODES = tuple(name for name, c in CELLS.items() if not c.held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,29 +149,19 @@ WORKLOADS = {
         Workload(
             "long-grading",
             {"tools": "python", "grade_latency_sigma": 0.25},
-            modes=(*MODES, "streaming-early-held"),
+            modes=tuple(CELLS),
         ),
         Workload(
             "opd",
             {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5},
             algo="opd",
-            modes=("sync", "streaming"),
+            modes=tuple(n for n, c in CELLS.items() if c.mode.exact and not c.early_start),
         ),
         Workload("no-overlap", {"tools": "python"}, warm=False),
     )
 }
 """The matrix's rows. OPD has no async (the learner refuses off-policy OPD) and no early start
 (its turns' gradients already start at each teacher score)."""
-
-MODE_FLAGS = {
-    "sync": ["--mode", "sync"],
-    "async-1": ["--mode", "async", "--staleness", "1"],
-    "async-2": ["--mode", "async", "--staleness", "2"],
-    "streaming": ["--mode", "streaming", "--no-early-start"],
-    "streaming-early": ["--mode", "streaming", "--early-start"],
-    # early start with a budget that holds every trajectory's piece to its reward (``held``)
-    "streaming-early-held": ["--mode", "streaming", "--early-start"],
-}
 
 
 def train(
@@ -133,7 +174,7 @@ def train(
 ) -> Path:
     """One cell: ``thundersync train`` of ``workload`` in ``mode`` into ``out``."""
     command = [
-        *(sys.executable, "-m", "thundersync.cli", "train", *MODE_FLAGS[mode]),
+        *(sys.executable, "-m", "thundersync.cli", "train", *CELLS[mode].flags()),
         *(("--model", str(model)) if workload.warm else ()),
         *("--out", str(out), "--algo", workload.algo),
         *("--steps", str(args.steps), "--seed", str(args.seed)),
@@ -142,7 +183,7 @@ def train(
         *("--env-kwargs", json.dumps(workload.env_kwargs)),
         *(["--objective", json.dumps({"kl_coef": 0.04})] if workload.algo == "grpo" else []),
         *(["--teacher", str(model)] if workload.algo == "opd" else []),
-        *(held(model, args) if mode == "streaming-early-held" else []),
+        *(held(model, args) if CELLS[mode].held else []),
         *("--device", getattr(args, "device", "cpu")),
         *(extra or []),
     ]
@@ -185,7 +226,8 @@ def cell(run: Path, *, strict_cost: BatchedCost | None) -> dict[str, Any]:
         "buffer_budget_bytes": config.get("buffer_budget_bytes") or None,
         "simulated": simulated,
     }
-    if config["mode"] == "streaming":
+    mode = mode_from_label(config["mode"], staleness=int(config.get("staleness", 1)))
+    if mode.learner_contract().streams:
         early = bool(config.get("early_start"))
         # the replay fitted o and b to the same passes
         o, b = simulated["pass_overhead_s"], simulated["cost_per_item_s"]
@@ -212,7 +254,7 @@ def lognormal_max(n: int, sigma: float = 1.0) -> float:
 def probe(model: Path, folder: Path, args: argparse.Namespace) -> tuple[float, float]:
     """(L_sync, rollout makespan) of a short sync run with instant tools and grading."""
     instant = Workload("probe", {"tools": "python"})
-    windows = step_windows(train(folder / "probe", model, instant, "sync", args))[1:]
+    windows = step_windows(train(folder / "probe", model, instant, BASELINE, args))[1:]
     learner = statistics.median(w.learner_time_s for w in windows)
     rollout = statistics.median(max(w.work_times) - w.submitted_at for w in windows)
     print(
@@ -256,16 +298,16 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
         if args.repeats > 1:
             under = under / f"repeat-{r}"
         runs = {mode: train(under / mode, model, workload, mode, args) for mode in order}
-        strict_cost = batched_cost(runs["sync"])
+        strict_cost = batched_cost(runs[BASELINE])
         cells = {mode: cell(runs[mode], strict_cost=strict_cost) for mode in workload.modes}
         for numbers in cells.values():
-            numbers["speedup_vs_sync"] = cells["sync"]["step_time_s"] / numbers["step_time_s"]
+            numbers["speedup_vs_sync"] = cells[BASELINE]["step_time_s"] / numbers["step_time_s"]
         repeats.append(cells)
         strict_costs.append(strict_cost)
     row = {
         mode: median_cell(
             [cells[mode] for cells in repeats],
-            by="step_time_s" if mode == "sync" else "speedup_vs_sync",
+            by="step_time_s" if mode == BASELINE else "speedup_vs_sync",
         )
         for mode in workload.modes
     }
@@ -274,7 +316,7 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
         "algo": workload.algo,
         "strict_cost_per_item_s": statistics.median(c.per_item for c in strict_costs),
         "strict_cost_per_token_s": median_or_none([c.per_token for c in strict_costs]),
-        "makespan_over_learner": row["sync"]["makespan_s"] / row["sync"]["learner_s"],
+        "makespan_over_learner": row[BASELINE]["makespan_s"] / row[BASELINE]["learner_s"],
         "modes": row,
     }
 
@@ -314,13 +356,13 @@ def run_matrix(model: Path, folder: Path, args: argparse.Namespace) -> dict[str,
     if args.budget:
         # streaming under a cap of 3 parameter copies: the learner must stay below it
         long_tail = result["workloads"].get("long-tail", {}).get("modes", {})
-        copy = long_tail.get("streaming", {}).get("buffer_bytes") or parameter_bytes(model)
+        copy = long_tail.get(STREAMING, {}).get("buffer_bytes") or parameter_bytes(model)
         budget = 3 * copy
         run = train(
             folder / "budget",
             model,
             WORKLOADS["long-tail"],
-            "streaming",
+            STREAMING,
             args,
             ["--buffer-budget-bytes", str(budget)],
         )
@@ -367,7 +409,7 @@ def print_matrix(result: dict[str, Any]) -> None:
             ratios = "; ".join(
                 f"{mode} " + ", ".join(f"{x:.2f}" for x in c["repeat_speedups"])
                 for mode, c in row["modes"].items()
-                if mode != "sync"
+                if mode != BASELINE
             )
             print(f"{'':<13}T_sync/T per repeat: {ratios}")
     if "budget" in result:
@@ -386,21 +428,19 @@ def print_verdicts(result: dict[str, Any]) -> None:
     lines = []
 
     def best_streaming(row: dict[str, Any]) -> dict[str, Any]:
-        candidates = [
-            row["modes"][m] for m in ("streaming", "streaming-early") if m in row["modes"]
-        ]
+        candidates = [row["modes"][m] for m in (STREAMING, EARLY) if m in row["modes"]]
         return max(candidates, key=lambda c: c["speedup_vs_sync"])
 
     if "balanced" in rows:
         best, ceiling = best_streaming(rows["balanced"]), ""
         if "strict_bound_s" in best:  # what any exact schedule could reach on these batches
-            limit = rows["balanced"]["modes"]["sync"]["step_time_s"] / best["strict_bound_s"]
+            limit = rows["balanced"]["modes"][BASELINE]["step_time_s"] / best["strict_bound_s"]
             ceiling = f"; the strict bound allows {limit:.2f}"
         lines.append(
             f"balanced T_sync/T_streaming {best['speedup_vs_sync']:.2f} (target >= 1.9{ceiling})"
         )
     for name, row in rows.items():
-        for mode in ("streaming", "streaming-early", "streaming-early-held"):
+        for mode in (STREAMING, EARLY, HELD):
             c = row["modes"].get(mode)
             if c and "efficiency" in c:
                 lines.append(
@@ -409,19 +449,19 @@ def print_verdicts(result: dict[str, Any]) -> None:
                 )
     if "long-grading" in rows:
         modes = rows["long-grading"]["modes"]
-        if "streaming" in modes and "streaming-early" in modes:
-            gain = paired(modes["streaming"], modes["streaming-early"])
+        if STREAMING in modes and EARLY in modes:
+            gain = paired(modes[STREAMING], modes[EARLY])
             lines.append(f"long-grading early start {gain:.2f}x reward-triggered (>= 1.2)")
-        if "streaming" in modes and "streaming-early-held" in modes:
-            c = modes["streaming-early-held"]
-            gain = paired(modes["streaming"], c)
+        if STREAMING in modes and HELD in modes:
+            c = modes[HELD]
+            gain = paired(modes[STREAMING], c)
             lines.append(
                 f"long-grading early start holding every piece {gain:.2f}x reward-triggered, "
                 f"at {c['peak_accumulators']:.1f} copies"
             )
     if "no-overlap" in rows:
         modes = rows["no-overlap"]["modes"]
-        ratio = paired(best_streaming(rows["no-overlap"]), modes["sync"])
+        ratio = paired(best_streaming(rows["no-overlap"]), modes[BASELINE])
         lines.append(f"no-overlap T_streaming/T_sync {ratio:.3f} (<= 1.05)")
     for name, row in rows.items():
         for mode, c in row["modes"].items():

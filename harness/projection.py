@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.simulate import Workload, bound_step, simulate, streaming_step
+from thundersync.training.modes import baseline_mode, mode_from_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +189,8 @@ def project(p: Projection, *, steps: int = 20, seed: int = 0, staleness: int = 1
         max(bound_step(ends, work), max(rewards) + work.optimizer_s + work.sync_s)
         for ends, rewards in zip(completed, work.ready_s)
     )
-    result["speedup_vs_sync"] = {
-        k: times["sync"] / v for k, v in times.items() if not k.startswith("bound")
-    }
+    base = times[baseline_mode().label]
+    result["speedup_vs_sync"] = {k: base / v for k, v in times.items() if not k.startswith("bound")}
     result["projection"] = True
     result["inputs"] = {f.name: getattr(p, f.name) for f in fields(Projection)}
     return result
@@ -223,5 +223,14 @@ def print_projection(result: dict[str, Any]) -> None:
     print(
         f"simulate: projected speed-up over sync: streaming {speed['streaming']:.2f}x, with "
         f"early start {speed['streaming-early']:.2f}x (zero staleness); async(k) "
-        f"{max(v for k, v in speed.items() if k.startswith('async')):.2f}x (stale)"
+        f"{max(v for k, v in speed.items() if _stale(k)):.2f}x (stale)"
     )
+
+
+def _stale(label: str) -> bool:
+    """Whether ``label`` names a mode that trains on stale tokens (not a variant such as
+    ``streaming-early``, nor the bound)."""
+    try:
+        return not mode_from_label(label, staleness=1).exact
+    except ValueError:
+        return False

@@ -46,6 +46,7 @@ from harness.critical_path import (
     token_pass_cost,
 )
 from thundersync.core.micro_batches import chunk_shapes, weight_classes
+from thundersync.training.modes import REGISTRY, Mode, mode_from_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,16 +169,17 @@ def replay_run(folder: Path) -> dict[str, Any]:
     its batch's submission to its end; async: the mean interval between step ends once the
     pipeline is full (after step k+1), its throughput."""
     config = json.loads((folder / "config.json").read_text())
-    mode, staleness = config["mode"], int(config.get("staleness", 1))
+    mode = mode_from_label(config["mode"], staleness=int(config.get("staleness", 1)))
+    streams, pipelined = _schedule(mode)
     kl = float((config.get("objective") or {}).get("kl_coef", 0.0)) != 0.0
     every = step_windows(folder)
-    # async: the steady state comes after the pipeline's fill (steps 1..k+1)
-    skip = staleness + 1 if mode == "async" else 1
+    # pipelined (async): the steady state comes after the pipeline's fill (steps 1..k+1)
+    skip = mode.batches_in_flight
     if len(every) < skip + 2 or not all(w.work_times for w in every):
         raise ValueError(f"{folder}: needs at least {skip + 2} complete steps to replay")
-    windows = every if mode == "async" else every[1:]
+    windows = every if pipelined else every[1:]
     opd = bool(every[0].teacher_times)
-    early = mode == "streaming" and bool(config.get("early_start")) and not opd
+    early = streams and bool(config.get("early_start")) and not opd
     split = early and not held_pieces(folder, config)
 
     def relative(w: Any, times: Sequence[float]) -> tuple[float, ...]:
@@ -190,7 +192,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
     micro_batch_size = int(config.get("micro_batch_size", 8))
     publish = statistics.median(w.durations.get("weight_publish", 0.0) for w in windows)
     o = b = f = g = 0.0
-    if mode == "streaming":
+    if streams:
         if by_tokens and not opd:
             o, f, g = token_pass_cost(windows)
         else:
@@ -217,17 +219,17 @@ def replay_run(folder: Path) -> dict[str, Any]:
         forward_per_token_s=f,
         backward_per_token_s=g,
         tokens=tokens if by_tokens else (),
-        intake_s=intake(windows, mode, skip=skip),
+        intake_s=intake(windows, streams=streams, pipelined=pipelined, skip=skip),
     )
-    if mode == "async":
-        done = async_schedule(work, staleness)
+    if pipelined:
+        done = async_schedule(work, mode.batches_in_flight - 1)
         predicted = (done[-1] - done[skip - 1]) / (len(done) - skip)
         measured = (every[-1].finished_at - every[skip - 1].finished_at) / (len(every) - skip)
     else:
         # a step closes once its batch is complete, every reward in: after the work's inputs
         # with early start (completions) and OPD (teacher scores per turn)
         gates = [max(relative(w, w.reward_times), default=0.0) for w in windows]
-        if mode == "sync":
+        if not streams:
             steps = [sync_step(r, work, gate=g, tokens=n) for r, g, n in zip(ready, gates, tokens)]
         elif by_tokens and not opd:
             steps = [
@@ -244,7 +246,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
     mean_tokens = statistics.mean(n for lengths in tokens for n in lengths) if by_tokens else 0
     return {
         "run": folder.name,
-        "mode": mode if mode != "async" else f"async-k{staleness}",
+        "mode": mode.label,
         "early_start": early,
         "predicted_step_time_s": predicted,
         "measured_step_time_s": measured,
@@ -253,7 +255,7 @@ def replay_run(folder: Path) -> dict[str, Any]:
         # batched learning per trajectory)
         "cost_per_item_s": (
             b + mean_tokens * (f + lone * g)
-            if mode == "streaming"
+            if streams
             else statistics.median(w.learner_time_s / len(w.work_times) for w in windows)
         ),
         "pass_overhead_s": o,
@@ -278,7 +280,14 @@ def _items(w: Any) -> list[Item]:
     ]
 
 
-def intake(windows: Sequence[Any], mode: str, *, skip: int = 0) -> float:
+def _schedule(mode: Mode) -> tuple[bool, bool]:
+    """What the simulator models of a mode, asked of the mode object (no name compared): does
+    its learner work on each item as it is ready (streaming's contract), and do later batches
+    roll out while it learns (async: more than one batch in flight)."""
+    return mode.learner_contract().streams, mode.batches_in_flight > 1
+
+
+def intake(windows: Sequence[Any], *, streams: bool, pipelined: bool, skip: int = 0) -> float:
     """The learner's wait between having its inputs and starting its ``step`` span (no span
     covers it): the trainer routing the events that arrived (to the logs, the batch's
     tracker) and the learner consuming them. Sync: from the last reward; streaming: from the
@@ -290,14 +299,14 @@ def intake(windows: Sequence[Any], mode: str, *, skip: int = 0) -> float:
     previous_end = None
     for w in windows:
         inputs = max(w.reward_times, default=w.submitted_at)
-        if mode == "streaming" and w.passes:
+        if streams and w.passes:
             inputs = max(inputs, max(p.started + p.seconds for p in w.passes))
-        if mode == "async" and previous_end is not None:
+        if pipelined and previous_end is not None:
             inputs = max(inputs, previous_end)
         if w.step_started is not None:
             gaps.append(max(w.step_started - inputs, 0.0))
         previous_end = w.finished_at
-    if mode == "async":
+    if pipelined:
         steady = gaps[skip:] if len(gaps) > skip else gaps
         return statistics.mean(steady) if steady else 0.0
     return statistics.median(gaps) if gaps else 0.0
@@ -468,27 +477,34 @@ def async_steps(w: Workload, staleness: int) -> float:
 
 
 def simulate(w: Workload, *, staleness: int = 1) -> dict[str, Any]:
-    sync = [sync_step(r, w) for r in w.ready_s]
-    lazy = [streaming_step(r, w) for r in w.ready_s]
-    eager = [streaming_step(r, w, eager=True) for r in w.ready_s]
-    bound = [bound_step(r, w) for r in w.ready_s]
+    """Every registered mode's mean step time on ``w`` (async with ``staleness``), keyed by
+    its label; a streaming mode's eager drain too (``<label>-eager``), and the bound T*."""
     mean = statistics.mean
-    result = {
+    bound = [bound_step(r, w) for r in w.ready_s]
+    times: dict[str, float] = {}
+    efficiency: dict[str, float] = {}
+    baseline = ""
+    for cls in REGISTRY:
+        mode = cls.from_label(cls.name, staleness=staleness)
+        assert mode is not None  # a mode's own name is one of its labels
+        streams, pipelined = _schedule(mode)
+        baseline = mode.label if mode.baseline else baseline
+        if pipelined:
+            times[mode.label] = async_steps(w, mode.batches_in_flight - 1)
+        elif not streams:
+            times[mode.label] = mean(sync_step(r, w) for r in w.ready_s)
+        else:
+            for label, eager in ((mode.label, False), (f"{mode.label}-eager", True)):
+                steps = [streaming_step(r, w, eager=eager) for r in w.ready_s]
+                times[label] = mean(steps)
+                efficiency[label] = mean(b / t for b, t in zip(bound, steps))
+    times["bound"] = mean(bound)
+    result: dict[str, Any] = {
         "workload": w.name,
         "steps": len(w.ready_s),
-        "step_time_s": {
-            "sync": mean(sync),
-            "streaming": mean(lazy),
-            "streaming-eager": mean(eager),
-            f"async-k{staleness}": async_steps(w, staleness),
-            "bound": mean(bound),
-        },
-        "efficiency": {
-            "streaming": mean(b / t for b, t in zip(bound, lazy)),
-            "streaming-eager": mean(b / t for b, t in zip(bound, eager)),
-        },
+        "step_time_s": times,
+        "efficiency": efficiency,
         **w.notes,
     }
-    times = result["step_time_s"]
-    result["speedup_vs_sync"] = {k: times["sync"] / v for k, v in times.items() if k != "bound"}
+    result["speedup_vs_sync"] = {k: times[baseline] / v for k, v in times.items() if k != "bound"}
     return result

@@ -24,16 +24,16 @@ def matrix(monkeypatch):
     return module
 
 
-def matrix_run(out: Path, mode: str, last_reward: float = 1.0) -> Path:
+def matrix_run(matrix, out: Path, mode: str, last_reward: float = 1.0) -> Path:
     """A synthetic run folder of one matrix cell, as ``thundersync train`` would leave it: six
     steps of two rewards (the last ``last_reward`` s in, the step ending 0.55 s after it)."""
-    name, staleness = mode.split("-")[0], 2 if mode == "async-2" else 1
-    config = {"mode": name, "staleness": staleness, "tasks_per_step": 1}
-    config["early_start"] = mode == "streaming-early"
+    cell = matrix.CELLS[mode]
+    config = {"staleness": 1, **cell.mode.train_fields(), "tasks_per_step": 1}
+    config["early_start"] = cell.early_start
     steps = []
     for n in range(6):
         step = sync_step(4.0 * n, (0.5, last_reward))
-        if name == "streaming":
+        if cell.streams:
             step["spans"].insert(0, ("backward", 4.0 * n + 0.5, 4.0 * n + 0.6))
         step["completed"] = (4.0 * n + 0.2, 4.0 * n + 0.3)
         steps.append(step)
@@ -53,7 +53,7 @@ def test_the_matrix_reads_each_cell_and_prints_every_verdict(matrix, tmp_path, m
     the bounds, memory and the simulator's error reach the table and the verdicts."""
 
     def fake_train(out, model, workload, mode, args, extra=None):
-        return matrix_run(out, mode)
+        return matrix_run(matrix, out, mode)
 
     monkeypatch.setattr(matrix, "train", fake_train)
     args = matrix.argparse.Namespace(
@@ -91,7 +91,7 @@ def test_repeats_alternate_the_modes_order_and_pair_each_ratio_within_its_repeat
     def fake_train(out, model, workload, mode, args, extra=None):
         repeat = int(out.parent.name.removeprefix("repeat-"))
         calls.append((repeat, mode))
-        return matrix_run(out, mode, last_reward[mode][repeat])
+        return matrix_run(matrix, out, mode, last_reward[mode][repeat])
 
     monkeypatch.setattr(matrix, "train", fake_train)
     workload = matrix.Workload("no-overlap", {"tools": "python"}, modes=("sync", "streaming"))
@@ -111,3 +111,24 @@ def test_repeats_alternate_the_modes_order_and_pair_each_ratio_within_its_repeat
     out = capsys.readouterr().out
     assert "T_sync/T per repeat: streaming 0.76, 2.43, 1.03" in out
     assert "no-overlap T_streaming/T_sync 0.972" in out
+
+
+def test_the_cells_are_the_registered_modes_with_the_flags_train_takes(matrix):
+    """Each registered mode is a cell (async once per staleness bound), streaming's early-start
+    variants beside it, each cell's flags what ``thundersync train`` parses for that mode."""
+    from thundersync.cli import build_parser
+
+    assert list(matrix.CELLS) == [
+        "sync",
+        "async-k1",
+        "async-k2",
+        "streaming",
+        "streaming-early",
+        "streaming-early-held",
+    ]
+    assert matrix.WORKLOADS["opd"].modes == ("sync", "streaming")  # OPD: exact, no early start
+    for name, cell in matrix.CELLS.items():
+        args = build_parser().parse_args(["train", *cell.flags()])
+        assert args.mode == cell.mode.name, name
+        assert bool(args.early_start) == cell.early_start, name  # None: the mode's default
+        assert str(args.staleness) == str(getattr(cell.mode, "staleness", args.staleness)), name

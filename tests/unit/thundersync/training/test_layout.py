@@ -114,17 +114,6 @@ def test_file_names_are_unique_across_the_tree():
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
 
 
-SIMULATOR = {
-    "harness/simulate.py",
-    "harness/projection.py",
-    "benchmarks/matrix.py",
-    "benchmarks/gpu_check.py",
-}
-"""Not there yet: the simulator re-implements each mode and the matrix names its variants
-(streaming-early, ...) until the simulator drives the real mode objects (the performance
-issue); everything else asks the mode objects (``thundersync.training.modes``)."""
-
-
 def _mode_tests(tree: ast.AST) -> list[int]:
     """Lines comparing a string to a mode name, or asking whether one starts with it."""
     lines = []
@@ -150,7 +139,7 @@ def test_no_mode_name_is_compared_outside_the_modes():
     for tree in ("thundersync", "environments", "harness", "leaderboard", "benchmarks"):
         for path in (ROOT.parent / tree).rglob("*.py"):
             where = str(path.relative_to(ROOT.parent))
-            if path.is_relative_to(modes) or where in SIMULATOR:
+            if path.is_relative_to(modes):
                 continue
             lines = _mode_tests(ast.parse(path.read_text()))
             compared += [f"{where}:{line}" for line in lines]
