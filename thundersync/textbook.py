@@ -8,6 +8,7 @@ paths still shows up as a disagreement with it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from thundersync.core.objectives import OPD, Objective
 from thundersync.protocol import events as ev
 
 
-def _episodes(events: list[ev.Event]) -> dict[str, dict[str, Any]]:
+def _episodes(events: Sequence[ev.EpisodeEvent]) -> dict[str, dict[str, Any]]:
     eps: dict[str, dict[str, Any]] = {}
     for e in events:
         d = eps.setdefault(e.episode_id, {"actions": {}, "obs": {}, "teacher": {}})

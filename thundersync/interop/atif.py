@@ -68,14 +68,7 @@ def atif_models() -> Any:
 # --- episodes --------------------------------------------------------------------------------
 
 
-EPISODE_EVENTS = (
-    ev.EpisodeStarted,
-    ev.TurnCompleted,
-    ev.ToolFinished,
-    ev.TeacherScored,
-    ev.EpisodeCompleted,
-    ev.RewardReady,
-)
+EPISODE_EVENTS = ev.EPISODE_EVENTS
 
 
 def episodes(events: Iterable[ev.Event]) -> tuple[list[EpisodeRecord], list[str]]:
@@ -235,7 +228,7 @@ def _tool_extra(tool: ev.ToolFinished) -> dict[str, Any]:
 # --- in --------------------------------------------------------------------------------------
 
 
-def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
+def load_atif(paths: Iterable[str | Path]) -> list[ev.EpisodeEvent]:
     """Our events of every ATIF document in ``paths`` (files, or folders searched for
     ``*.json``), episode by episode in causal order. ``TrajectoryRefused`` for a trajectory
     without token ids or log-probs, ``AtifError`` for anything else that is wrong; both name
@@ -259,7 +252,7 @@ def load_atif(paths: Iterable[str | Path]) -> list[ev.Event]:
             raise AtifError(f"{file}: episode {episode_id} also in {seen[episode_id]}")
         seen[episode_id] = file
         sizes[episode.known_start.group_id] += 1
-    out: list[ev.Event] = []
+    out: list[ev.EpisodeEvent] = []
     for file, episode in zip(files, loaded, strict=True):
         s = episode.known_start
         size = s.group_size if s.group_size > 0 else sizes[s.group_id]

@@ -192,9 +192,9 @@ class EpisodeRecord:
         tool = self.tools.get(k)
         return tool.observation_ids if tool is not None else ()
 
-    def events(self) -> list[ev.Event]:
+    def events(self) -> list[ev.EpisodeEvent]:
         """The folded events in causal order."""
-        out: list[ev.Event] = [self.started] if self.started else []
+        out: list[ev.EpisodeEvent] = [self.started] if self.started else []
         for k in sorted(self.actions):
             out += [self.actions[k], *(x[k] for x in (self.tools, self.scores) if k in x)]
         return out + [e for e in (self.completed, self.reward) if e is not None]

@@ -120,6 +120,22 @@ class TeacherScored(Event):
     teacher_logprobs: tuple[float, ...]
 
 
+EpisodeEvent = (
+    EpisodeStarted | TurnCompleted | ToolFinished | EpisodeCompleted | RewardReady | TeacherScored
+)
+"""An event of one episode (it names it: ``episode_id``), what an ``EpisodeRecord`` holds."""
+
+EPISODE_EVENTS = (
+    EpisodeStarted,
+    TurnCompleted,
+    ToolFinished,
+    TeacherScored,
+    EpisodeCompleted,
+    RewardReady,
+)
+"""The ``EpisodeEvent`` classes, for ``isinstance``."""
+
+
 # --- learner side ----------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from thundersync.core.data_parallel import stable_rank
 from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeKey, step_of
-from thundersync.training.control import Forwarded, Stop, TakeStep
+from thundersync.training.control import Forwarded, Inbox, Outbox, RankMessage, Stop, TakeStep
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.telemetry import backward_span
 
@@ -88,7 +88,7 @@ class Ranks:
         if isinstance(item, RankReady):
             self._ready.add(item.rank)
 
-    def forward(self, event: ev.Event, key: EpisodeKey) -> None:
+    def forward(self, event: ev.EpisodeEvent, key: EpisodeKey) -> None:
         """Send ``event`` (of episode ``key``) to the rank that trains its group."""
         owner = owner_of(key, self.world_size)
         if owner:  # rank 0 (the trainer) keeps its own
@@ -118,7 +118,9 @@ class Ranks:
             inbox.put(Stop())
 
 
-def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
+def rank_main(
+    spec: LearnerSpec, rank: int, inbox: Inbox[RankMessage], output: Outbox[RankReady | RankStepped]
+) -> None:
     """Rank ``rank`` ≥ 1 (a worker process): hand the events the trainer forwards to the
     mode, step when told, until ``Stop`` arrives.
 
@@ -138,7 +140,7 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
     )
     learner, current = built.learner, built.start_step
     now: list[ev.Event] = []
-    later: dict[int, list[ev.Event]] = {}
+    later: dict[int | None, list[ev.Event]] = {}
     try:
         while True:
             for message in _waiting(inbox):
@@ -161,7 +163,7 @@ def rank_main(spec: LearnerSpec, rank: int, inbox: Any, output: Any) -> None:
         leave_process_group()
 
 
-def _waiting(inbox: Any) -> list[Any]:
+def _waiting(inbox: Inbox[RankMessage]) -> list[RankMessage]:
     """The next message (blocking) and every one queued behind it."""
     messages = [inbox.get()]
     while not isinstance(messages[-1], Stop):

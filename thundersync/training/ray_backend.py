@@ -157,7 +157,10 @@ class RayBackend:
             .remote()
         )
         self._actors.append(actor)
-        done = actor.run.remote(name, target, args, num_threads, output, ev.clock_epoch())
+        # Ray's types show an actor's methods as the class's; Ray adds their .remote.
+        done = actor.run.remote(  # type: ignore[attr-defined]
+            name, target, args, num_threads, output, ev.clock_epoch()
+        )
         return RayWorker(f"thundersync-{name}", actor, done)
 
     def stop(self, worker: RayWorker, *, timeout_s: float) -> None:

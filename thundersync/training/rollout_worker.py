@@ -30,11 +30,22 @@ import numpy as np
 
 from environments.tasks import TRAIN
 from thundersync.protocol import events as ev
-from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
+from thundersync.training.control import (
+    Inbox,
+    LoadWeights,
+    Outbox,
+    PrepareBatch,
+    RolloutMessage,
+    RunBatch,
+    Stop,
+    TeacherMessage,
+)
 
 if TYPE_CHECKING:
     from environments.runner import EpisodeRunner
     from thundersync.training.episodes import EpisodeDriver
+    from thundersync.training.ray_backend import ObjectStoreWeights
+    from thundersync.training.weights import SharedWeights
 
 TEACHER_EVENTS = (ev.EpisodeStarted, ev.TurnCompleted, ev.ToolFinished, ev.EpisodeCompleted)
 
@@ -86,8 +97,16 @@ def build_engine(spec: RolloutSpec) -> Any:
     )
 
 
-def rollout_main(spec: RolloutSpec, control: Any, output: Any, teacher: Any, weights: Any) -> None:
-    """The worker's entry point (runs in its own process; see ``workers.spawn``)."""
+def rollout_main(
+    spec: RolloutSpec,
+    control: Inbox[RolloutMessage],
+    output: Outbox[ev.Event],
+    teacher: Outbox[TeacherMessage] | None,
+    weights: SharedWeights | ObjectStoreWeights,
+) -> None:
+    """The worker's entry point (runs in its own process; see ``workers.spawn``): messages
+    in on ``control``, events out on ``output`` (the token events also on ``teacher``, for
+    OPD), the published weights read from ``weights``."""
     import environments  # noqa: F401  (registers the built-in envs and plugins)
     from environments.registry import episode_envs, load_plugins, task_source
     from thundersync.training.rollout_stack import RolloutStack, Sampling

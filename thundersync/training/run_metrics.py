@@ -115,9 +115,9 @@ class BatchTracker:
     """Episodes whose reward arrived: ``complete`` is asked after every event, so it counts
     instead of scanning every record until the last reward is in."""
 
-    def apply(self, event: ev.Event) -> None:
+    def apply(self, event: ev.EpisodeEvent) -> None:
         self.events.append(event)
-        eid = event.episode_id  # type: ignore[attr-defined]  (the trainer routes episode events)
+        eid = event.episode_id
         record = self.records.setdefault(eid, EpisodeRecord(eid))
         self.graded += isinstance(event, ev.RewardReady) and record.reward is None
         record.fold(event)
@@ -170,7 +170,9 @@ class BatchTracker:
         return {
             "reward_mean": mean,
             "reward_std": (
-                math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
+                math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+                if mean is not None
+                else None
             ),
             "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else None,
             "num_episodes": len(self.episode_ids),

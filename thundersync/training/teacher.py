@@ -9,11 +9,14 @@ on-policy distillation). ``TeacherScored`` and a ``teacher`` span go to the trai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeRecord
-from thundersync.training.control import Stop
+from thundersync.training.control import Inbox, Outbox, Stop, TeacherMessage
+
+if TYPE_CHECKING:  # torch and the model: imported in the worker only
+    from thundersync.core.policy import Policy
 
 
 @dataclass(slots=True)
@@ -26,7 +29,12 @@ class _Scoring:
 
 
 def teacher_main(
-    model_dir: str, dtype: str, device: str, deterministic: bool, inbox: Any, output: Any
+    model_dir: str,
+    dtype: str,
+    device: str,
+    deterministic: bool,
+    inbox: Inbox[TeacherMessage],
+    output: Outbox[ev.Event],
 ) -> None:
     """The worker's entry point: score until ``Stop`` arrives on ``inbox``."""
     import torch
@@ -42,7 +50,7 @@ def teacher_main(
     while not isinstance(event := inbox.get(), Stop):
         if isinstance(event, ev.EpisodeStarted):
             episodes[event.episode_id] = _Scoring(EpisodeRecord(event.episode_id))
-        episode = episodes.get(getattr(event, "episode_id", ""))
+        episode = episodes.get(event.episode_id)
         if episode is None:
             continue
         record = episode.record
@@ -54,7 +62,7 @@ def teacher_main(
             del episodes[record.episode_id]  # frees its KV cache
 
 
-def _score(teacher: Any, episode: _Scoring, output: Any) -> None:
+def _score(teacher: Policy, episode: _Scoring, output: Outbox[ev.Event]) -> None:
     k = episode.next_turn
     started = ev.now()
     logprobs = teacher.score_turn(episode.record.trajectory(k), k, episode.cache)

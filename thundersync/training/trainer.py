@@ -31,7 +31,7 @@ from thundersync.training.config import TrainConfig
 from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.modes import Arrivals
-from thundersync.training.ranks import Ranks, RankStepped
+from thundersync.training.ranks import RankReady, Ranks, RankStepped
 from thundersync.training.run_metrics import BatchTracker
 from thundersync.training.telemetry import Telemetry, progress_line
 from thundersync.training.worker_pool import WorkerError, WorkerPool, make_backend, start_rollout
@@ -106,8 +106,8 @@ class Trainer:
         if not (folder / "config.json").is_file():
             self.progress.phase(f"no --model given: building a tiny random model in {folder}")
             # vLLM's CPU attention needs a head_dim of 32 or more (the default tiny has 16).
-            shape = {"hidden_size": 64, "num_heads": 2} if self.config.engine == "vllm" else {}
-            build_tiny_model(folder, "qwen3", seed=self.config.seed, **shape)
+            size, heads = (64, 2) if self.config.engine == "vllm" else (32, None)
+            build_tiny_model(folder, seed=self.config.seed, hidden_size=size, num_heads=heads)
         return folder
 
     def _setup_workers(self) -> None:
@@ -239,7 +239,7 @@ class Trainer:
             f"a learner rank failed during the step ({exc}); continue the run with --resume"
         ) from exc
 
-    def _route(self, item: Any) -> None:
+    def _route(self, item: ev.Event | RankReady | RankStepped) -> None:
         telemetry = self.telemetry
         match item:
             case ev.SpanRecorded():
@@ -251,12 +251,13 @@ class Trainer:
                 self.engine_version = item.policy_version
             case _:
                 telemetry.event(item)
-                key = EpisodeKey.parse(getattr(item, "episode_id", None) or "")
-                tracker = self.batches.get(key.step) if key is not None else None
-                if tracker is not None:
-                    tracker.apply(item)
-                    telemetry.batch_event(item)
-                    self.ranks.forward(item, key)  # the owner of the episode's group trains it
+                episode = item if isinstance(item, ev.EPISODE_EVENTS) else None
+                key = EpisodeKey.parse(episode.episode_id) if episode is not None else None
+                tracker = self.batches.get(key.step) if key and key.step is not None else None
+                if tracker is not None and key is not None and episode is not None:
+                    tracker.apply(episode)
+                    telemetry.batch_event(episode)
+                    self.ranks.forward(episode, key)  # the owner of the episode's group trains it
 
     def _on_learner_event(self, event: ev.Event) -> None:
         self.telemetry.learner_event(event)

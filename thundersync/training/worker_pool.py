@@ -15,12 +15,17 @@ import os
 import queue
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync.training.config import TrainConfig
+from thundersync.training.control import Channel, RolloutMessage, TeacherMessage
 from thundersync.training.rollout_worker import RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
+
+if TYPE_CHECKING:
+    from thundersync.training.ray_backend import ObjectStoreWeights
+    from thundersync.training.weights import SharedWeights
 
 POLL_S = 1.0
 """How often a silent wait checks that every worker is still alive."""
@@ -81,9 +86,9 @@ def start_rollout(
     *,
     model_dir: str,
     batches_in_flight: int,
-    control: Any,
-    teacher_inbox: Any,
-    weights: Any,
+    control: Channel[RolloutMessage],
+    teacher_inbox: Channel[TeacherMessage] | None,
+    weights: SharedWeights | ObjectStoreWeights,
     say: Callable[[str], None],
 ) -> None:
     """Start the rollout worker (engine, episodes, sandboxes, graders) and, with an inbox for
