@@ -56,8 +56,10 @@ class Action:
 class Agent(Protocol):
     """A policy driven by ``EpisodeRunner``. Implementations don't inherit this."""
 
-    policy_version: int
-    """The weights version that samples this agent's actions (0 for fixed agents)."""
+    @property
+    def policy_version(self) -> int:
+        """The weights version that samples this agent's actions (0 for fixed agents)."""
+        ...
 
     def act(self, task: Task, messages: Sequence[Message], *, episode_id: str) -> Action:
         """The next action given the conversation so far (instruction first). ``episode_id``

@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from thundersync.cli_output import HelpFormatter, Startup
@@ -50,7 +50,7 @@ class Parser(argparse.ArgumentParser):
     (``--stpes`` -> ``--steps``): Python 3.14 does this itself, 3.11 does not. Subcommand
     parsers are of this class too (``add_subparsers`` makes them of their parent's)."""
 
-    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+    def parse_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self._subcommands().get(getattr(parsed, "command", None) or "")

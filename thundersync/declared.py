@@ -94,7 +94,9 @@ def fields_adapter(cls: type) -> TypeAdapter:
     """One strict validator of ``cls``'s fields (a TypedDict of its annotations)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
-    table = TypedDict(f"{cls.__name__}Fields", {n: hints[n] for n in names}, total=False)  # type: ignore[operator]
+    fields = {n: hints[n] for n in names}
+    # A TypedDict made at run time from the class's annotations: no static type to check.
+    table = TypedDict(f"{cls.__name__}Fields", fields, total=False)  # type: ignore[misc]
     table.__pydantic_config__ = ConfigDict(strict=True, extra="forbid")  # type: ignore[attr-defined]
     return TypeAdapter(table)
 
@@ -108,7 +110,8 @@ def check_fields(
     maps the field to its flag)."""
     values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     try:
-        checked = fields_adapter(type(obj)).validate_python(values)
+        kind: type = type(obj)
+        checked = fields_adapter(kind).validate_python(values)
     except ValidationError as exc:
         raise ValueError(describe(exc, values, label, flags)) from None
     for name, value in checked.items():

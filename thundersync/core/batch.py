@@ -224,9 +224,9 @@ def _sum_chunk(
         sums = [(pieces, piece_loss, shared), (kl, kl_loss, 0.0)]
     else:
         sums = [(weighted, weighted_loss, 0.0), (pieces, piece_loss, 0.0), (kl, kl_loss, 0.0)]
-    sums = [(target, loss, also) for target, loss, also in sums if target is not None]
-    for n, (target, loss, also) in enumerate(sums):
-        grad = flat_grad(ctx.policy.params, loss, retain=n + 1 < len(sums))
+    kept = [(target, loss, also) for target, loss, also in sums if target is not None]
+    for n, (target, loss, also) in enumerate(kept):
+        grad = flat_grad(ctx.policy.params, loss, retain=n + 1 < len(kept))
         target.add_(grad)
         if also != 0.0 and weighted is not None:
             weighted.add_(grad, alpha=also)

@@ -10,6 +10,7 @@ natural group id, episodes by natural episode id, turns in order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 
 import torch
@@ -24,7 +25,7 @@ from thundersync.protocol.episode import EpisodeRecord
 def select_groups(groups: Groups, objective: GRPO) -> list[str]:
     """The groups a sync trainer trains on, in canonical order: dynamic sampling drops the
     groups whose (non-infra) rewards are all equal and keeps the first ``max_groups``."""
-    selected = []
+    selected: list[str] = []
     for gid, members in groups.items():
         rewards = [m.reward_value for m in members if m.has_reward and not m.is_infra_failure]
         if objective.dynamic_sampling and is_degenerate(rewards):
@@ -132,7 +133,7 @@ class CanonicalGRPO:
         ready, self.unblocked = list(self.unblocked.values()), {}
         for rec in ready:
             if rec.group_id not in self.dropped_groups and not rec.is_infra_failure:
-                self.store.offer(rec.episode_id, count, lambda r=rec: self._piece(r))
+                self.store.offer(rec.episode_id, count, functools.partial(self._piece, rec))
 
     def finish(self, groups: Groups) -> tuple[torch.Tensor, list[EpisodeRecord]]:
         selected = select_groups(groups, self.objective)

@@ -140,7 +140,11 @@ class PiecewiseOPD:
             if key in self.computed or not self._ready(rec, key[1]):
                 continue
             if self.deterministic:
-                self.store.offer(key, 1, lambda k=key: (self._compute(rec, k[1]),))
+
+                def piece(k: tuple[str, int] = key) -> tuple[torch.Tensor]:
+                    return (self._compute(rec, k[1]),)
+
+                self.store.offer(key, 1, piece)
                 if self.store.has(key):
                     self.computed.add(key)
             else:
@@ -157,7 +161,13 @@ class PiecewiseOPD:
                 begin_group(total, rec.group_id)
             for key in self._keys(rec):
                 if self.deterministic:
-                    (vector,) = self.store.get(key, lambda k=key, r=rec: (self._compute(r, k[1]),))
+
+                    def piece(
+                        k: tuple[str, int] = key, r: EpisodeRecord = rec
+                    ) -> tuple[torch.Tensor]:
+                        return (self._compute(r, k[1]),)
+
+                    (vector,) = self.store.get(key, piece)
                     total.add_(vector)
                 elif key not in self.computed:
                     total.add_(self._compute(rec, key[1]))

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -356,13 +356,13 @@ class Learner:
         self.learner_time_s = 0.0
 
 
-def all_finite(tensors: list[torch.Tensor]) -> bool:
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether every element of ``tensors`` is finite: the max-|x| of each tensor (inf and NaN
     propagate through it, and unlike the 2-norm it cannot overflow for finite values) in one
     fused kernel per device and dtype, then one host sync."""
     if not tensors:
         return True
-    maxima = torch._foreach_norm(tensors, float("inf"))
+    maxima = torch._foreach_norm(list(tensors), float("inf"))
     device = maxima[0].device
     return bool(torch.stack([m.to(device, torch.float64) for m in maxima]).isfinite().all())
 

@@ -11,7 +11,7 @@ never zero in practice; it is what ``GRPO.tis_cap`` corrects for.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ class TokenStats:
     """
 
     def __init__(self) -> None:
-        self._rows: dict[Hashable, torch.Tensor] = {}
+        self._rows: dict[tuple[str, int | None], torch.Tensor] = {}
 
     def record(
         self,

@@ -21,13 +21,16 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from thundersync.protocol.documents import excerpt
 from thundersync.protocol.errors import ThunderSyncError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STATE_FILE = "trainer_state.pt"
 _PREFIX = "step-"
@@ -64,7 +67,7 @@ def save_checkpoint(
     tmp = folder / f".tmp-{_PREFIX}{completed_steps:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    cast("PreTrainedModel", model).save_pretrained(tmp)  # a Hugging Face model (load_model)
     tokenizer.save_pretrained(tmp)
     state = {
         "completed_steps": completed_steps,
@@ -97,7 +100,10 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 def _numpy_state() -> dict[str, Any]:
     """numpy's global RNG state as plain data (its ``get_state`` holds an ndarray)."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = np.random.get_state()
+    if not isinstance(state, tuple):  # a global RNG of another bit generator than MT19937
+        raise TypeError(f"numpy's global RNG state is {state.get('bit_generator')!r}, not MT19937")
+    name, keys, pos, has_gauss, cached_gaussian = state
     return {
         "name": name,
         "keys": torch.from_numpy(keys.astype(np.int64)),

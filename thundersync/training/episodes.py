@@ -109,7 +109,7 @@ class EpisodeDriver:
         """``submit`` each of ``jobs`` (an episode's keyword arguments), all counted by the
         batcher before any starts: the first batch then waits for every one of them instead of
         closing on the few that started first."""
-        started = [(dict(kwargs), Future()) for kwargs in jobs]
+        started = [(dict(kwargs), Future[Trajectory]()) for kwargs in jobs]
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot run episodes after shutdown")
@@ -182,7 +182,7 @@ class EpisodeDriver:
         task = asyncio.current_task()
         try:
             async with self._slots:
-                self._queued.discard(task)  # type: ignore[arg-type]
+                self._queued.discard(task)
                 if not future.set_running_or_notify_cancel():  # cancelled while queued
                     return
                 try:
@@ -290,7 +290,9 @@ def _advance(
 
     def call() -> ActionNeeded | Trajectory:
         try:
-            return steps.throw(error) if error is not None else steps.send(action)  # type: ignore[arg-type]
+            if error is not None:
+                return steps.throw(error)
+            return steps.send(action) if action is not None else next(steps)  # next: the start
         except StopIteration as stop:
             return stop.value
 

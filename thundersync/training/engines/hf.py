@@ -71,7 +71,7 @@ class HFEngine:
         self.policy_version = policy_version
 
     def close(self) -> None:
-        self.model = None  # type: ignore[assignment]
+        self.model = None
 
     # --- generation --------------------------------------------------------------------------
 
