@@ -254,9 +254,10 @@ def step_windows(run: Path) -> list[StepWindow]:
     batches = _episodes(events)
     by_id = {e.episode_id: e for episodes in batches.values() for e in episodes}
     closes: dict[str, float] = {}  # each group's last reward
-    for e in by_id.values():
-        if e.reward is not None:
-            closes[e.group_id] = max(closes.get(e.group_id, e.reward), e.reward)
+    for episode in by_id.values():
+        if episode.reward is not None:
+            group = episode.group_id
+            closes[group] = max(closes.get(group, episode.reward), episode.reward)
     windows, previous_end = [], float("-inf")
     for m in metrics:
         lo, hi = float(m["submitted_at"]), float(m["finished_at"])
@@ -275,7 +276,6 @@ def step_windows(run: Path) -> list[StepWindow]:
                     step_started = s["started"]
         batch = m["step"] - 1  # step N trains on batch N-1 (episode ids s<N-1>-…)
         rewards, completed, teacher = times.get(batch, ([], [], []))
-        shape = {"micro_batch_size": micro_batch_size, "kl": kl}
         windows.append(
             StepWindow(
                 m["step"],
@@ -285,7 +285,7 @@ def step_windows(run: Path) -> list[StepWindow]:
                 durations,
                 tuple(completed),
                 tuple(teacher),
-                _learner_passes(passes, by_id, closes, **shape),
+                _learner_passes(passes, by_id, closes, micro_batch_size=micro_batch_size, kl=kl),
                 m.get("step_time_s"),
                 tuple(batches.get(batch, ())),
                 step_started,

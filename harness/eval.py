@@ -324,11 +324,12 @@ def task_source(
     from environments.tasks import TaskProtocolError
     from harness.policy_eval import eval_tasks
 
-    require_env(config.env)
+    env_id = config.env
+    require_env(env_id)
     kwargs = {"sandbox": config.sandbox, "strict_grading": config.strict, **config.env_kwargs}
 
     def make_env() -> Any:
-        return gymnasium.make(config.env, **kwargs)
+        return gymnasium.make(env_id, **kwargs)
 
     try:
         selection = eval_tasks(config.env, kwargs, config.num_tasks, seed=config.seed)
@@ -392,6 +393,8 @@ def _agent(config: EvalConfig) -> Any:
         return
     from harness.policy_eval import PolicyEvaluator
 
+    if config.checkpoint is None:  # eval_config refuses it first
+        raise ValueError("--agent policy needs --checkpoint DIR (a model folder)")
     with PolicyEvaluator(
         config.checkpoint,
         seed=config.seed,

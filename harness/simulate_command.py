@@ -128,6 +128,7 @@ def run_simulate_command(args: Any) -> int:
         else:
             print_projection(result)
         return 0
+    replay: dict[str, Any] | str | None = None  # a run folder's replay in its own mode
     try:
         folder = Path(args.workload)
         if folder.is_dir():
@@ -157,9 +158,9 @@ def run_simulate_command(args: Any) -> int:
     )
     replay = result.get("replay")
     if isinstance(replay, dict):
-        mode = replay["mode"] + (", early start" if replay["early_start"] else "")
+        replayed = replay["mode"] + (", early start" if replay["early_start"] else "")
         print(
-            f"simulate: the run replayed in its own mode ({mode}, its costs from its spans): "
+            f"simulate: the run replayed in its own mode ({replayed}, its costs from its spans): "
             f"predicted {replay['predicted_step_time_s']:.3f} s per step, measured "
             f"{replay['measured_step_time_s']:.3f} s ({replay['error']:+.1%})"
         )

@@ -98,7 +98,12 @@ def _yes_no(value: Any) -> str:
 
 def eval_rows(entries: list[Entry], sort: str = "mean_reward") -> list[list[str]]:
     chosen = [e for e in entries if e.kind == "eval"]
-    chosen.sort(key=lambda e: -(e.metrics.get(sort) if e.metrics.get(sort) is not None else -1))
+
+    def by_metric(e: Entry) -> float:
+        value = e.metrics.get(sort)
+        return -(value if value is not None else -1)
+
+    chosen.sort(key=by_metric)
     rows = []
     for e in chosen:
         m = e.metrics

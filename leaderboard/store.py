@@ -182,10 +182,13 @@ class Store:
             ),
         )
         self._db.commit()
-        return int(cursor.lastrowid)
+        if cursor.lastrowid is None:  # an INSERT always sets it
+            raise sqlite3.DatabaseError("the leaderboard insert gave no row id")
+        return cursor.lastrowid
 
     def entries(self, *, suite: str | None = None, kind: str | None = None) -> list[Entry]:
-        query, args = "SELECT * FROM results WHERE 1=1", []
+        query = "SELECT * FROM results WHERE 1=1"
+        args: list[str] = []
         if suite is not None:
             query, args = query + " AND suite = ?", [*args, suite]
         if kind is not None:
