@@ -148,4 +148,4 @@ lint: install
 	$(BIN)/ruff check thundersync environments harness leaderboard tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache
