@@ -29,6 +29,7 @@ from environments.sandboxes.protocol import (
     SandboxError,
     SandboxSpec,
 )
+from environments.task_steps import StepSetupFailed, SteppedTask, stepped
 from environments.tasks import (
     TRAIN,
     FixedTasks,
@@ -136,6 +137,16 @@ class ShellEnv(gym.Env[str, str]):
         ``SandboxError`` gives reward 0.0 and ``infra_failure=True`` (never train on it).
         After an infrastructure failure nothing is graded.
 
+        A task of several steps (``environments.task_steps``: Harbor's ``[[steps]]``) plays
+        them in this one episode and sandbox: a submission grades the current step and, unless
+        it was the last or the task's gate stops the episode, the next step is prepared and
+        its instruction is the observation (reward 0, the episode goes on; info
+        ``step_finished``: the step's name index and reward). Any other end grades the step it
+        was in. The terminal reward is the task's ``combine_steps`` of the graded steps, each
+        step's grade in ``grade_details["steps"]``. ``before_grading`` is called once, before
+        the grading of a step that cannot be followed by another, else after the grading
+        whose gate stopped the episode.
+
     ``strict_grading`` (default True, what training uses) asks tasks to grade strictly:
     docs/design.md §6 and ``environments.tasks.GradingContext``.
 
@@ -176,6 +187,7 @@ class ShellEnv(gym.Env[str, str]):
         if max_format_errors < 1:
             raise ValueError(f"max_format_errors must be >= 1, got {max_format_errors}")
         if hasattr(tasks, "splits") and hasattr(tasks, "draw"):  # a TaskSource
+            # duck-typed as before (a plugin's source need not match the whole protocol)
             self.source: TaskSource = tasks  # type: ignore[assignment]
         else:  # every task checked against the protocol now: a mismatch refuses the env
             self.source = FixedTasks(type(self).__name__, tuple(tasks or ()))
@@ -195,6 +207,8 @@ class ShellEnv(gym.Env[str, str]):
         self._started = 0.0
         self._done = False
         self._failure: str | None = None
+        self._step = 0  # the current step of a stepped task
+        self._step_grades: list[Grade] = []
         self._live: dict[int, Sandbox] = {}  # every open sandbox, for interrupt()
         self._live_lock = threading.Lock()
         self._interrupted: str | None = None
@@ -227,6 +241,8 @@ class ShellEnv(gym.Env[str, str]):
         self._started = time.monotonic()
         self._done = False
         self._failure = None
+        self._step = 0
+        self._step_grades = []
         info: dict[str, Any] = {"task_id": self._task.task_id, "infra_failure": False}
         try:
             self._sandbox = self._make_sandbox(self._task_spec())
@@ -371,8 +387,13 @@ class ShellEnv(gym.Env[str, str]):
             raise SandboxError("the episode's sandbox is gone")
         return self._sandbox.execute(command, timeout)
 
+    def _current_task(self) -> Task:
+        """The task whose step is playing: the episode's, or its current step's."""
+        steps = stepped(self.task)
+        return steps.step_task(self._step) if steps is not None else self.task
+
     def _command_timeout(self) -> float:
-        timeout = float(self.task.timeout_s)
+        timeout = float(self._current_task().timeout_s)
         if self.max_episode_s is not None:
             remaining = self.max_episode_s - (time.monotonic() - self._started)
             timeout = max(0.1, min(timeout, remaining))
@@ -400,6 +421,9 @@ class ShellEnv(gym.Env[str, str]):
         info["termination_reason"] = reason
         observation = self._clip(observation)
         reward = 0.0
+        steps = stepped(self._task)
+        if reason is not None and steps is not None:
+            return self._finish_stepped(steps, observation, info, reason)
         if reason is not None:
             self._done = True
             if self._before_grading is not None:
@@ -415,6 +439,45 @@ class ShellEnv(gym.Env[str, str]):
         truncated = reason is not None and not terminated
         return observation, reward, terminated, truncated, info
 
+    def _finish_stepped(
+        self, steps: SteppedTask, observation: str, info: dict[str, Any], reason: StopReason
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The end of a step of a stepped task: grade it, then play the next or end."""
+        self._done = True
+        index = self._step
+        last = index + 1 >= steps.num_steps or reason is not StopReason.SUBMITTED
+        if last and self._before_grading is not None:
+            self._before_grading(observation, dict(info))
+        grade = self._graded(steps.step_task(index))
+        self._step_grades.append(grade)
+        stopped = None if index + 1 >= steps.num_steps else f"{reason.value} in step {index}"
+        if not last and not grade.infra_failure:
+            stopped = steps.stop_after(index, grade)
+        if not last and stopped is None and not grade.infra_failure:
+            try:
+                if self._sandbox is None:
+                    raise SandboxError("the episode's sandbox is gone")
+                steps.start_step(self._sandbox, index + 1)
+            except StepSetupFailed as exc:
+                stopped = str(exc)
+            except SandboxError as exc:
+                self._fail(exc)
+                return self._end_with_failure(info)
+            else:
+                self._step, self._done = index + 1, False
+                info["step_finished"] = {"index": index, "reward": float(grade.reward)}
+                return self._clip(steps.step_task(index + 1).instruction), 0.0, False, False, info
+        if not last and self._before_grading is not None:
+            self._before_grading(observation, dict(info))
+        final = _checked(steps.combine_steps(self._step_grades, stopped), self.task.task_id)
+        info["infra_failure"] = final.infra_failure
+        info["grade_details"] = dict(final.details)
+        if final.infra_failure:
+            info["termination_reason"] = StopReason.ERROR
+            info["error"] = final.details.get("error")
+        terminated = reason is StopReason.SUBMITTED
+        return observation, float(final.reward), terminated, not terminated, info
+
     def _end_with_failure(self, info: dict[str, Any]) -> tuple[str, float, bool, bool, dict]:
         self._done = True
         info.update(infra_failure=True, error=self._failure, termination_reason=StopReason.ERROR)
@@ -429,10 +492,12 @@ class ShellEnv(gym.Env[str, str]):
 
     # --- grading and cleanup -----------------------------------------------------------------
 
-    def _graded(self) -> Grade:
-        """Grade the finished episode's final sandbox state. A ``SandboxError`` while grading
-        gives ``Grade(0.0, infra_failure=True)`` with the error in ``details``."""
-        if self._task is None or self._sandbox is None:
+    def _graded(self, task: Task | None = None) -> Grade:
+        """Grade the finished episode's final sandbox state (as ``task``, default the
+        episode's: a step of it). A ``SandboxError`` while grading gives ``Grade(0.0,
+        infra_failure=True)`` with the error in ``details``."""
+        task = task or self._task
+        if task is None or self._sandbox is None:
             raise gym.error.ResetNeeded("grading needs a finished episode with its sandbox")
         fresh: list[Sandbox] = []
 
@@ -448,7 +513,7 @@ class ShellEnv(gym.Env[str, str]):
             make_sandbox=make_from,
         )
         try:
-            grade = self._task.grade(self._sandbox, context)
+            grade = task.grade(self._sandbox, context)
         except SandboxError as exc:
             self._fail(exc)
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
@@ -457,7 +522,7 @@ class ShellEnv(gym.Env[str, str]):
         finally:
             for sandbox in fresh:
                 self._release(sandbox)
-        return _checked(grade, self._task.task_id)
+        return _checked(grade, task.task_id)
 
     def close(self) -> None:
         self._close_sandbox()

@@ -117,4 +117,5 @@ def suite_task_source(suite: str | Sequence[str] = "swebench-mini", **_: Any) ->
     return SuiteTasks(tasks.name, tuple(tasks))
 
 
+# An entry point's task_source attribute (registry.task_source reads it): a function attribute.
 make_suite_env.task_source = suite_task_source  # type: ignore[attr-defined]

@@ -84,7 +84,7 @@ class Ranks:
         while len(self._ready) < self.world_size - 1:
             pool.receive(self._route_loaded)
 
-    def _route_loaded(self, item: Any) -> None:
+    def _route_loaded(self, item: ev.Event | RankReady | RankStepped) -> None:
         if isinstance(item, RankReady):
             self._ready.add(item.rank)
 

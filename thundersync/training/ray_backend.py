@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from thundersync.protocol import events as ev
-from thundersync.training.workers import BackendError, run_target
+from thundersync.training.control import Outbox
+from thundersync.training.workers import BackendError, WorkerFailed, run_target
 
 INSTALL_HINT = "--backend ray needs Ray: pip install 'thundersync[ray]'"
 
@@ -141,7 +142,7 @@ class RayBackend:
         target: Callable[..., None],
         *args: Any,
         num_threads: int,
-        output: Any,
+        output: Outbox[WorkerFailed],
         num_gpus: float = 0,
     ) -> RayWorker:
         import ray
@@ -205,7 +206,7 @@ class _WorkerActor:
         target: Callable[..., None],
         args: tuple,
         num_threads: int,
-        output: Any,
+        output: Outbox[WorkerFailed],
         epoch: float,
     ) -> int:
         try:

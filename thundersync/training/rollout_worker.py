@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from environments.tasks import TRAIN
+from environments.tasks import TRAIN, TaskSource
 from thundersync.protocol import events as ev
 from thundersync.training.control import (
     Inbox,
@@ -183,7 +183,7 @@ def rollout_main(
         _raise(future)
 
 
-def _jobs(source: Any, spec: RolloutSpec, batch: RunBatch) -> list[dict[str, Any]]:
+def _jobs(source: TaskSource, spec: RolloutSpec, batch: RunBatch) -> list[dict[str, Any]]:
     """The batch's episodes (their ``EpisodeRunner.episode`` arguments): every member of a
     group plays the same task, drawn from the env's training split (no env is made to draw
     it)."""

@@ -31,6 +31,7 @@ import torch
 import torch.multiprocessing as mp
 
 from thundersync.protocol import events as ev
+from thundersync.training.control import Outbox
 from thundersync.training.weights import SharedWeights
 
 CONTEXT = mp.get_context("spawn")
@@ -51,7 +52,13 @@ class WorkerFailed:
     error: str
 
 
-def spawn(name: str, target: Callable[..., None], *args: Any, num_threads: int, output: Any) -> Any:
+def spawn(
+    name: str,
+    target: Callable[..., None],
+    *args: Any,
+    num_threads: int,
+    output: Outbox[WorkerFailed],
+) -> Any:
     """Start ``target(*args)`` in a new process named ``name``; crashes go to ``output``."""
     process = CONTEXT.Process(
         target=_bootstrap,
@@ -94,7 +101,7 @@ class LocalBackend:
         target: Callable[..., None],
         *args: Any,
         num_threads: int,
-        output: Any,
+        output: Outbox[WorkerFailed],
         num_gpus: float = 0,
     ) -> Any:
         return spawn(name, target, *args, num_threads=num_threads, output=output)
@@ -124,7 +131,7 @@ def _bootstrap(
     target: Callable[..., None],
     args: tuple,
     num_threads: int,
-    output: Any,
+    output: Outbox[WorkerFailed],
     parent_pid: int,
     epoch: float,
 ) -> None:
@@ -135,7 +142,12 @@ def _bootstrap(
 
 
 def run_target(
-    name: str, target: Callable[..., None], args: tuple, num_threads: int, output: Any, epoch: float
+    name: str,
+    target: Callable[..., None],
+    args: tuple,
+    num_threads: int,
+    output: Outbox[WorkerFailed],
+    epoch: float,
 ) -> None:
     """A worker's body, on either backend: torch threads, the run clock, crashes reported."""
     torch.set_num_threads(max(1, num_threads))
