@@ -123,11 +123,22 @@ class _TextAgent:
 
 
 class OracleAgent(_TextAgent):
-    """Runs the task's ``reference_solution()`` commands one per turn, then submits."""
+    """Runs the task's ``reference_solution()`` commands one per turn, then submits. A task
+    of several steps (``reference_steps()``, one list of commands per step) gets each step's
+    commands in turn: the step is the number of submissions so far (each ends a step)."""
 
     def act(self, task: Task, messages: Sequence[Message], *, episode_id: str = "") -> Action:
-        commands = task.reference_solution()
-        index = _num_actions(messages)
+        actions = [m.content for m in messages if m.role == "assistant"]
+        steps = getattr(task, "reference_steps", None)
+        if callable(steps) and SUBMIT_ACTION in actions:
+            done = len(actions) - 1 - actions[::-1].index(SUBMIT_ACTION)
+            plan: list[list[str]] = steps()
+            step = actions.count(SUBMIT_ACTION)
+            commands = plan[step] if step < len(plan) else []
+            index = len(actions) - done - 1
+        else:
+            commands = task.reference_solution()
+            index = _num_actions(messages)
         if index < len(commands):
             return Action(text=format_action(commands[index]))
         return Action(text=SUBMIT_ACTION)

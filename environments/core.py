@@ -29,7 +29,7 @@ from environments.sandboxes.protocol import (
     SandboxError,
     SandboxSpec,
 )
-from environments.task_steps import StepSetupFailed, SteppedTask, stepped
+from environments.task_steps import SteppedTask, StepSetupFailed, stepped
 from environments.tasks import (
     TRAIN,
     FixedTasks,
@@ -450,7 +450,9 @@ class ShellEnv(gym.Env[str, str]):
             self._before_grading(observation, dict(info))
         grade = self._graded(steps.step_task(index))
         self._step_grades.append(grade)
-        stopped = None if index + 1 >= steps.num_steps else f"{reason.value} in step {index}"
+        stopped = None
+        if index + 1 < steps.num_steps and reason is not StopReason.SUBMITTED:
+            stopped = f"the episode ended ({reason.value}) in step {index + 1}"
         if not last and not grade.infra_failure:
             stopped = steps.stop_after(index, grade)
         if not last and stopped is None and not grade.infra_failure:

@@ -10,6 +10,7 @@ from typing import Any
 from environments.sandboxes.host_view import SYSTEM_DIRS
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import inputs, schema
+from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.task import TerminalBenchTask
@@ -34,6 +35,8 @@ TOP_LEVEL = frozenset(
         "agent",
         "environment",
         "solution",
+        "steps",
+        "multi_step_reward_strategy",
     }
 )
 """Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
@@ -194,7 +197,10 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
     task_id = schema.check_task_id(task_dir)
     inputs.check_task_folder(task_dir)
     path = task_dir / "task.toml"
-    tables = _tables(path, _read_toml(path))
+    data = _read_toml(path)
+    tables = _tables(path, data)
+    if "steps" in data:
+        return _load_multi_step(task_dir, task_id, data, tables, max_turns=max_turns)
     instruction = _instruction(task_dir)
     agent_timeout = schema.read_timeout(
         path, "agent.timeout_sec", tables["agent"].get("timeout_sec"), DEFAULT_AGENT_TIMEOUT_S
@@ -236,4 +242,52 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
         timeout_s=agent_timeout,
         max_turns=max_turns,
         metadata=_metadata(path, tables["metadata"]),
+    )
+
+
+def _load_multi_step(
+    task_dir: Path,
+    task_id: str,
+    data: dict[str, Any],
+    tables: dict[str, dict[str, Any]],
+    *,
+    max_turns: int,
+) -> TerminalBenchTask:
+    """A task with ``[[steps]]`` (``environments.terminal_bench.steps``): the root
+    instruction.md is not read (Harbor's rule); each step has its own instruction, tests (or
+    the task's tests/test.sh) and solution (or the task's solution/solve.sh)."""
+    path = task_dir / "task.toml"
+    environment = _environment(task_dir, task_id, tables["environment"])
+    agent_timeout = schema.read_timeout(
+        path, "agent.timeout_sec", tables["agent"].get("timeout_sec"), DEFAULT_AGENT_TIMEOUT_S
+    )
+    reward_key = tables["verifier"].get("reward_key")
+    if reward_key is not None and (not isinstance(reward_key, str) or not reward_key):
+        raise TaskFormatError(
+            path, "verifier.reward_key", f"expected a metric name, got {excerpt(reward_key)}"
+        )
+    strategy = harbor_steps.read_strategy(path, data.get("multi_step_reward_strategy"))
+    steps = harbor_steps.read_steps(
+        task_dir, data["steps"], tables, environment, agent_timeout_s=agent_timeout
+    )
+    first = steps[0]
+    return TerminalBenchTask(
+        task_id=task_id,
+        instruction=first.instruction,
+        path=task_dir,
+        format="harbor",
+        environment=environment,
+        verifier=first.verifier,
+        tests_dir=first.tests_dir,
+        test_script=first.test_script,
+        test_timeout_s=first.test_timeout_s,
+        solution_script=first.solution_script,
+        solution_env=schema.read_env(path, "solution.env", tables["solution"].get("env")),
+        test_env=first.test_env,
+        timeout_s=first.timeout_s,
+        max_turns=max_turns,
+        metadata=_metadata(path, tables["metadata"]),
+        reward_key=reward_key,
+        steps=steps,
+        reward_strategy=strategy,
     )

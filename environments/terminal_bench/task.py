@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import io
 import shlex
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,8 +22,10 @@ from environments.sandboxes.protocol import (
     SandboxError,
     SandboxSpec,
 )
+from environments.task_steps import StepSetupFailed
 from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import grading, inputs, reference, strict, witness
+from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.verifier import test_copy_uploads
 
@@ -65,6 +69,14 @@ class TerminalBenchTask:
     run in the agent's sandbox (or, strict, a fresh one like it)."""
     reward_key: str | None = None
     """Harbor's ``[verifier] reward_key``: the metric of a reward.json that is the reward."""
+    steps: tuple[harbor_steps.TaskStep, ...] = ()
+    """Harbor's ``[[steps]]`` (``environments.terminal_bench.steps``): non-empty, the episode
+    plays them in order in one sandbox (``environments.task_steps``); the fields above are then
+    step 0's, and ``step_task(i)`` is step ``i`` as a task."""
+    reward_strategy: Literal["mean", "final"] = "mean"
+    """Harbor's ``multi_step_reward_strategy``: the episode's reward over its graded steps."""
+    step_index: int | None = None
+    """Set on ``step_task(i)``: this is step ``i`` of ``steps``, graded on its own."""
 
     @property
     def output_checked(self) -> bool:
@@ -82,8 +94,9 @@ class TerminalBenchTask:
         environment's ``needs``, then its separate verifier's (``environments.sandboxes.
         engines`` capabilities)."""
         needs = dict(self.environment.needs)
-        if self.verifier is not None:
-            for capability, why in self.verifier.needs.items():
+        verifiers = [self.verifier, *(step.verifier for step in self.steps)]
+        for verifier in (v for v in verifiers if v is not None):
+            for capability, why in verifier.needs.items():
                 needs.setdefault(
                     capability, f"its verifier image (tests/Dockerfile or docker_image): {why}"
                 )
@@ -102,8 +115,113 @@ class TerminalBenchTask:
         return self.environment.spec(kind)
 
     def setup(self, sandbox: Sandbox) -> None:
-        """Replay the Dockerfile's RUN steps when the workspace was staged rather than built."""
+        """Replay the Dockerfile's RUN steps when the workspace was staged rather than built.
+        A multi-step task then prepares its step 0 (``start_step``); step ``i`` as a task
+        (grading's pristine state) prepares steps 0 to ``i``, none of them solved. A step's
+        ``setup.sh`` that fails here is the task's: a SandboxError."""
         self.environment.setup(sandbox)
+        last = self.step_index if self.step_index is not None else 0 if self.steps else -1
+        for index in range(last + 1):
+            try:
+                self._stage(sandbox, index)
+            except StepSetupFailed as err:
+                raise SandboxError(f"task {self.task_id}: {err}") from err
+
+    # --- multi-step tasks (environments.task_steps) ----------------------------------------
+
+    @property
+    def num_steps(self) -> int:
+        """The number of ``[[steps]]`` an episode of this task plays (0: a one-step task)."""
+        return len(self.steps) if self.step_index is None else 0
+
+    def step_task(self, index: int) -> TerminalBenchTask:
+        """Step ``index`` as a task: its instruction, timeouts, tests (the task's ``tests/``
+        overlaid by the step's), verifier, reference solution and ``[verifier] env``."""
+        step = self.steps[index]
+        return dataclasses.replace(
+            self,
+            instruction=step.instruction,
+            tests_dir=step.tests_dir,
+            test_script=step.test_script,
+            test_timeout_s=step.test_timeout_s,
+            solution_script=step.solution_script,
+            solution_commands=(),
+            test_env=step.test_env,
+            timeout_s=step.timeout_s,
+            verifier=step.verifier,
+            step_index=index,
+        )
+
+    def start_step(self, sandbox: Sandbox, index: int) -> None:
+        """Prepare step ``index`` in the episode's sandbox: the previous step's test and
+        verifier log folders are emptied (Harbor does, so the agent never sees its grading
+        files), then the step's ``workdir/`` is copied in and its ``setup.sh`` run."""
+        empty = "find {d} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} +"
+        wipe = " ".join(
+            f"if [ -d {d} ] && [ ! -L {d} ]; then {empty.format(d=d)}; fi;"
+            for d in (grading.TESTS_DIR, grading.VERIFIER_DIR)
+        )
+        root = shlex.quote(f"{self.environment.workdir.rstrip('/')}/{grading.FALLBACK_DIR}")
+        sandbox.execute(f"{wipe} rm -rf {root}; true", timeout=60)
+        self._stage(sandbox, index)
+
+    def _stage(self, sandbox: Sandbox, index: int) -> None:
+        step = self.steps[index]
+        for command in harbor_steps.stage_commands(step, self.environment.workdir, _pack):
+            result = sandbox.execute(command, timeout=step.timeout_s)
+            if result.exit_code != 0 or result.timed_out:
+                what = "setup.sh" if command.startswith("bash ") else "copying workdir/"
+                status = "timed out" if result.timed_out else f"exited {result.exit_code}"
+                raise StepSetupFailed(
+                    f"step {step.name}: {what} {status}: {result.output.strip()[-300:]}"
+                )
+
+    def stop_after(self, index: int, grade: Grade) -> str | None:
+        """Harbor's ``min_reward`` gate of step ``index`` (``harbor_steps.gate_failure``)."""
+        failure = harbor_steps.gate_failure(self.steps[index].min_reward, grade)
+        return f"step {self.steps[index].name}: {failure}" if failure else None
+
+    def combine_steps(self, grades: Sequence[Grade], stopped: str | None) -> Grade:
+        """The episode's grade: ``reward_strategy`` over the graded steps' rewards
+        (``harbor_steps.combine``), each step's grade in ``details["steps"]``; a step whose grading
+        failed makes the episode an infrastructure failure. Tamper reports and the strict and
+        separate-verifier marks of any step are the episode's too."""
+        reward, metrics = harbor_steps.combine(self.reward_strategy, grades)
+        played = [
+            {
+                "name": self.steps[i].name,
+                "reward": grade.reward,
+                "rewards": harbor_steps.step_rewards(grade),
+                "infra_failure": grade.infra_failure,
+                "details": dict(grade.details),
+            }
+            for i, grade in enumerate(grades)
+        ]
+        reasons = sorted({r for g in grades for r in g.details.get("tamper_reasons", ())})
+        details: dict[str, Any] = {
+            "reward_strategy": self.reward_strategy,
+            "steps": played,
+            "steps_played": len(grades),
+            "num_steps": len(self.steps),
+            "stopped": stopped,
+            "metrics": metrics,
+            "tamper_suspected": any(g.details.get("tamper_suspected") for g in grades),
+            "tamper_reasons": reasons,
+        }
+        for key in ("strict", "separate_verifier"):
+            if any(key in g.details for g in grades):
+                details[key] = any(g.details.get(key) for g in grades)
+        failed = next((g for g in grades if g.infra_failure), None)
+        if failed is not None:
+            error = f"step {self.steps[len(grades) - 1].name}: {failed.details.get('error')}"
+            return Grade(0.0, infra_failure=True, details={**details, "error": error})
+        return Grade(reward, details=details)
+
+    def reference_steps(self) -> list[list[str]]:
+        """The oracle's commands, step by step (one list for a one-step task)."""
+        if self.num_steps == 0:
+            return [self.reference_solution()]
+        return [self.step_task(i).reference_solution() for i in range(self.num_steps)]
 
     def grade(self, sandbox: Sandbox, context: GradingContext | None = None) -> Grade:
         """Upload the tests, run them with the task's test timeout, and score the result.
@@ -132,6 +250,9 @@ class TerminalBenchTask:
 
         First every process of ``sandbox`` is killed from outside (``stop_processes``), so
         nothing the agent started runs on while its work is read or graded."""
+        if self.num_steps:
+            error = f"task {self.task_id} has steps: grade each with step_task(i).grade"
+            return Grade(reward=0.0, infra_failure=True, details={"error": error})
         try:
             sandbox.stop_processes()
             if self.verifier is not None and (context is None or context.make_sandbox is None):
@@ -188,6 +309,16 @@ class TerminalBenchTask:
         """The reference solution's strict run of this task (cached per task and sandbox
         ``kind``, the sandbox class where the context names none: ``reference``)."""
         commands = self.reference_solution()
+        if self.step_index is not None:  # steps 0 to this one, each prepared then solved
+            commands = [
+                command
+                for i in range(self.step_index + 1)
+                for command in (
+                    f"# step {self.steps[i].name}",
+                    *harbor_steps.stage_commands(self.steps[i], self.environment.workdir, _pack),
+                    *self.step_task(i).reference_solution(),
+                )
+            ]
         key = reference.task_key(self.path, commands, context.sandbox_kind or kind)
         return reference.reference_run(key, lambda: self._run_reference(context, commands))
 
@@ -198,7 +329,8 @@ class TerminalBenchTask:
         (with no standard but its own run's consistency). A sandbox failure raises
         SandboxError (nothing cached)."""
         oracle = context.fresh_sandbox()
-        self.setup(oracle)
+        # a step's commands prepare each step themselves
+        (self.setup if self.step_index is None else self.environment.setup)(oracle)
         for command in commands:
             oracle.execute(command, timeout=self.timeout_s)
         oracle.stop_processes()
@@ -344,6 +476,12 @@ class TerminalBenchTask:
         plus what a separate verifier's tests/Dockerfile copies into /tests (where the grader
         uploads the tests, so the image's copies are made again in either sandbox)."""
         uploads = inputs.list_files(self.tests_dir, self.path)
+        shared = self.path / "tests"
+        if self.step_index is not None and shared.is_dir() and shared != self.tests_dir:
+            # Harbor uploads the task's tests/, then the step's over them
+            by_rel = {rel: host for host, rel in inputs.list_files(shared, self.path)}
+            by_rel.update({rel: host for host, rel in uploads})
+            uploads = [(host, rel) for rel, host in sorted(by_rel.items())]
         if self.format == "tb1":
             script = inputs.inside(self.test_script, self.path, "run-tests.sh")
             uploads.append((script, "run-tests.sh"))
