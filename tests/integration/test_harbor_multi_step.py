@@ -1,0 +1,122 @@
+"""Harbor multi-step tasks (``[[steps]]``, issue 37 item 1) played through EpisodeRunner and
+ShellEnv in real sandboxes: the oracle solves each step with the step's solve.sh and scores 1,
+doing nothing scores 0, in bubblewrap and (marked ``docker``) Docker, default and strict; a
+fresh separate verifier grades each step; the ``min_reward`` gate stops the episode; an agent that solves only the first step
+scores 0.5 with ``mean`` and 0.0 with ``final``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
+from environments.core import ShellEnv
+from environments.runner import EpisodeRunner
+from environments.terminal_bench import TerminalBenchTask, load_tasks
+from thundersync.protocol.events import Event, RewardReady, ToolFinished
+from thundersync.protocol.types import Trajectory
+
+FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/terminal_bench/multi-step"
+GATE, SEPARATE = "two-step-gate", "two-step-separate"
+
+
+def load(name: str, folder: Path = FIXTURES) -> TerminalBenchTask:
+    return load_tasks(folder / name).get(name)
+
+
+def play(
+    task: TerminalBenchTask,
+    kind: str,
+    agent: Agent,
+    *,
+    strict: bool = False,
+    events: list[Event] | None = None,
+) -> Trajectory:
+    sink = events.append if events is not None else (lambda event: None)
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=kind, strict_grading=strict), agent, sink
+    )
+    result = runner.run_episode(task)
+    assert not result.infra_failure, result.details
+    return result
+
+
+def solves_step_1(task: TerminalBenchTask) -> Agent:
+    """Plays step 1's reference solution, then submits every step: solves only step 1."""
+    return ScriptedAgent([f"```bash\n{c}\n```" for c in task.reference_steps()[0]])
+
+
+BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+KINDS = [
+    pytest.param("bwrap", False, id="bwrap-default", marks=BWRAP),
+    pytest.param("docker", False, id="docker-default", marks=pytest.mark.docker),
+    pytest.param("docker", True, id="docker-strict", marks=pytest.mark.docker),
+]
+"""Strict grading in bubblewrap is the same code as in Docker (what differs is the sandbox,
+which the default runs exercise): left out to keep the file's time down."""
+
+
+@pytest.mark.parametrize(("kind", "strict"), KINDS)
+def test_oracle_solves_every_step_and_nop_is_stopped_by_the_gate(kind: str, strict: bool) -> None:
+    task = load(GATE)
+    oracle = play(task, kind, OracleAgent(), strict=strict)
+    assert oracle.reward == 1.0, oracle.details
+    steps = oracle.details["steps"]
+    assert [(s["name"], s["reward"]) for s in steps] == [("01-greet", 1.0), ("02-count", 1.0)]
+    assert steps[1]["rewards"] == {"reward": 1.0, "greetings": 1.0, "count": 1.0}
+    assert oracle.details["stopped"] is None and oracle.details["tamper_suspected"] is False
+    assert oracle.details.get("strict") is strict
+    nop = play(task, kind, NopAgent(), strict=strict)
+    assert nop.reward == 0.0, nop.details
+    assert nop.details["steps_played"] == 1  # the gate after step 1 stopped it
+
+
+@pytest.mark.parametrize(("kind", "strict"), [KINDS[0], KINDS[2]])
+def test_each_step_is_graded_in_a_fresh_separate_verifier(kind: str, strict: bool) -> None:
+    task = load(SEPARATE)
+    assert [s.verifier is not None for s in task.steps] == [True, True]
+    oracle = play(task, kind, OracleAgent(), strict=strict)
+    assert oracle.reward == 1.0, oracle.details
+    assert oracle.details["separate_verifier"] is True
+    assert [s["reward"] for s in oracle.details["steps"]] == [1.0, 1.0]
+    nop = play(task, kind, NopAgent(), strict=strict)
+    assert nop.reward == 0.0, nop.details
+    assert "correctness=0 below min_reward 1" in nop.details["stopped"]
+
+
+@BWRAP
+@pytest.mark.parametrize(("strategy", "reward"), [("mean", 0.5), ("final", 0.0)])
+def test_an_agent_that_solves_only_step_1_scores_by_the_strategy(
+    tmp_path: Path, strategy: str, reward: float
+) -> None:
+    folder = tmp_path / "suite"
+    shutil.copytree(FIXTURES / GATE, folder / GATE)
+    toml = folder / GATE / "task.toml"
+    toml.write_text(toml.read_text().replace('strategy = "mean"', f'strategy = "{strategy}"'))
+    task = load(GATE, folder)
+    assert task.reward_strategy == strategy
+    events: list[Event] = []
+    result = play(task, "bwrap", solves_step_1(task), events=events)
+    assert result.reward == reward, result.details
+    assert [s["reward"] for s in result.details["steps"]] == [1.0, 0.0]
+    assert result.details["steps_played"] == 2 and result.details["stopped"] is None
+    # step 2's instruction was the observation of step 1's submission (a ToolFinished)
+    assert len([e for e in events if isinstance(e, ToolFinished)]) == len(result.turns) - 1
+    (ready,) = [e for e in events if isinstance(e, RewardReady)]
+    assert ready.reward == reward and len(ready.details["steps"]) == 2
+
+
+@BWRAP
+def test_the_gate_stops_the_episode_before_step_2(tmp_path: Path) -> None:
+    """A step 1 below its min_reward ends the episode: step 2 is never shown or graded, and
+    the reward is step 1's (the mean over the steps that ran)."""
+    task = load(GATE)
+    half = ScriptedAgent(["```bash\necho 'Hello, Alice!' > /app/greetings.txt\n```"])
+    result = play(task, "bwrap", half)
+    assert result.reward == 0.0
+    assert result.details["steps_played"] == 1
+    assert result.details["stopped"] == "step 01-greet: reward=0 below min_reward 1"
+    assert len(result.turns) == 2  # the command and the submission: nothing of step 2
+    assert result.stop_reason == "submitted"
