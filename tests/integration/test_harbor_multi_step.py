@@ -1,8 +1,9 @@
 """Harbor multi-step tasks (``[[steps]]``, issue 37 item 1) played through EpisodeRunner and
 ShellEnv in real sandboxes: the oracle solves each step with the step's solve.sh and scores 1,
 doing nothing scores 0, in bubblewrap and (marked ``docker``) Docker, default and strict; a
-fresh separate verifier grades each step; the ``min_reward`` gate stops the episode; an agent that solves only the first step
-scores 0.5 with ``mean`` and 0.0 with ``final``."""
+fresh separate verifier grades each step; the ``min_reward`` gate stops the episode; an agent
+that solves only the first step scores 0.5 with ``mean`` and 0.0 with ``final``; a warm start's
+demonstration plays every step."""
 
 from __future__ import annotations
 
@@ -120,3 +121,29 @@ def test_the_gate_stops_the_episode_before_step_2(tmp_path: Path) -> None:
     assert result.details["stopped"] == "step 01-greet: reward=0 below min_reward 1"
     assert len(result.turns) == 2  # the command and the submission: nothing of step 2
     assert result.stop_reason == "submitted"
+
+
+@BWRAP
+def test_warm_start_demonstrations_play_every_step() -> None:
+    """A warm start's demonstration of a multi-step task is the whole episode: each step's
+    reference solution, then its submission, the next step's instruction after it."""
+    from types import SimpleNamespace
+
+    from environments.agents import SUBMIT_ACTION
+    from thundersync.training.demonstrations import _demo
+
+    suite = str(FIXTURES / GATE)
+    config = SimpleNamespace(
+        env="thundersync/TerminalBench-v0",
+        env_kwargs={"suite": suite, "strict_grading": False},
+        sandbox="bwrap",
+        num_demos=1,
+        seed=0,
+    )
+    demo = _demo(config, 0, 0.0)  # type: ignore[arg-type]
+    task = load(GATE)
+    instructions = [step.instruction for step in task.steps]
+    users = [text for role, text in demo if role == "user"]  # instructions and outputs
+    assert [text for text in users if text in instructions] == instructions
+    assert [text for role, text in demo if role == "assistant"].count(SUBMIT_ACTION) == 2
+    assert demo[-1] == ("assistant", SUBMIT_ACTION)

@@ -82,12 +82,13 @@ def _demo(config: DemoConfig, index: int, corrupt_fraction: float) -> Demo:
     )
     env = gymnasium.make(config.env, **kwargs)  # made for the task
     try:
-        commands = list(task.reference_solution())
-        if rng.random() < corrupt_fraction and commands:
-            commands = [_redraw_numbers(commands[-1], rng)]
+        steps = getattr(task, "reference_steps", None)  # a multi-step task: step by step
+        plan = [list(c) for c in steps()] if callable(steps) else [task.reference_solution()]
+        if rng.random() < corrupt_fraction and plan[-1]:
+            plan[-1] = [_redraw_numbers(plan[-1][-1], rng)]
         observation, _ = env.reset(seed=index, options={"task": task})
         demo: Demo = [("user", observation)]
-        for action in [format_action(c) for c in commands] + [SUBMIT_ACTION]:
+        for action in [a for c in plan for a in [*map(format_action, c), SUBMIT_ACTION]]:
             observation, _, terminated, truncated, _ = env.step(action)
             demo.append(("assistant", action))
             if terminated or truncated:
