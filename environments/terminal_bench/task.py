@@ -117,15 +117,18 @@ class TerminalBenchTask:
     def setup(self, sandbox: Sandbox) -> None:
         """Replay the Dockerfile's RUN steps when the workspace was staged rather than built.
         A multi-step task then prepares its step 0 (``start_step``); step ``i`` as a task
-        (grading's pristine state) prepares steps 0 to ``i``, none of them solved. A step's
-        ``setup.sh`` that fails here is the task's: a SandboxError."""
+        (grading's pristine state) prepares steps 0 to ``i``, none of them solved. Step 0's
+        ``setup.sh`` failing is the task's failure (a SandboxError); a later step's may rely on
+        the work of the steps before it, which a pristine sandbox lacks, so there it is
+        replayed as far as it goes."""
         self.environment.setup(sandbox)
         last = self.step_index if self.step_index is not None else 0 if self.steps else -1
         for index in range(last + 1):
             try:
                 self._stage(sandbox, index)
             except StepSetupFailed as err:
-                raise SandboxError(f"task {self.task_id}: {err}") from err
+                if index == 0:
+                    raise SandboxError(f"task {self.task_id}: {err}") from err
 
     # --- multi-step tasks (environments.task_steps) ----------------------------------------
 

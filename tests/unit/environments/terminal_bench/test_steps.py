@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from environments.agents import SUBMIT_ACTION, Message, OracleAgent
-from environments.task_steps import stepped
+from environments.sandboxes.protocol import ExecResult, SandboxError
+from environments.task_steps import StepSetupFailed, stepped
 from environments.tasks import Grade, TaskFormatError
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from environments.terminal_bench.steps import combine, gate_failure, step_rewards
+
+from .fakes import ScriptedSandbox, result
 
 ROOT = Path(__file__).resolve().parents[4]
 MULTI_STEP = ROOT / "environments" / "fixtures" / "terminal_bench" / "multi-step"
@@ -186,3 +189,38 @@ def test_the_oracle_plays_each_steps_solution_after_each_submission() -> None:
     assert second[0] in after(f"```bash\n{first[0]}\n```", SUBMIT_ACTION)
     assert after("x", SUBMIT_ACTION, f"```bash\n{second[0]}\n```") == SUBMIT_ACTION
     assert after("x", SUBMIT_ACTION, "y", SUBMIT_ACTION) == SUBMIT_ACTION  # no third step
+
+
+class SetupFailsAfter(ScriptedSandbox):
+    """Every ``bash <workdir>/setup.sh`` after the first ``ok`` ones exits 1."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        if cmd.startswith("bash ") and cmd.endswith("/setup.sh"):
+            self.ok -= 1
+            if self.ok < 0:
+                self.commands.append(cmd)
+                return result("setup: no such file", 1)
+        return super().execute(cmd, timeout)
+
+
+def test_a_failing_setup_sh_is_the_tasks_before_step_1_and_stops_a_later_step(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "two-step-gate"
+    shutil.copytree(MULTI_STEP / "two-step-gate", folder)
+    (folder / "steps" / "02-count" / "workdir" / "setup.sh").write_text("cat /app/out.txt\n")
+    task = load(folder)
+    with pytest.raises(SandboxError, match="step 01-greet: setup.sh exited 1"):
+        task.setup(SetupFailsAfter(0))  # type: ignore[arg-type]
+    sandbox = SetupFailsAfter(1)
+    task.setup(sandbox)  # type: ignore[arg-type]
+    assert any("tar --no-same-owner -xzf - -C /app" in c for c in sandbox.commands)
+    with pytest.raises(StepSetupFailed, match="step 02-count: setup.sh exited 1"):
+        task.start_step(sandbox, 1)  # type: ignore[arg-type]
+    assert any(c.startswith("if [ -d /tests ]") for c in sandbox.commands)  # emptied first
+    # grading's pristine state of step 2 replays its setup as far as it goes
+    task.step_task(1).setup(SetupFailsAfter(1))  # type: ignore[arg-type]
