@@ -15,6 +15,7 @@ import dataclasses
 import math
 import re
 import shlex
+import time
 import unicodedata
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from environments.sandboxes.protocol import Sandbox
 from environments.tasks import Grade, TaskFormatError
 from environments.terminal_bench import inputs, schema
 from environments.terminal_bench.environment import TaskEnvironment
@@ -44,7 +46,7 @@ VERIFIER_KEYS = frozenset(
         "allowed_hosts",
     }
 )
-NOT_APPLIED = ("artifacts", "healthcheck", "verifier.collect")
+NOT_APPLIED = ("artifacts", "verifier.collect")
 """Step keys Harbor defines that are read but not applied here yet (issue 37 item 5): each
 warns once per task. A separate verifier gets the whole work folder, which holds the
 artifacts a task keeps in it."""
@@ -57,6 +59,83 @@ _DEVICE_NAMES = frozenset(
     | {f"LPT{i}" for i in range(1, 10)}
 )
 _STAGE_CHUNK_CHARS = 64 * 1024
+HEALTHCHECK_KEYS = frozenset(
+    {"command", "interval_sec", "timeout_sec", "start_period_sec", "start_interval_sec", "retries"}
+)
+MAX_HEALTHCHECK_RETRIES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Healthcheck:
+    """``[steps.healthcheck]`` (Harbor's ``HealthcheckConfig``): run after the step's setup."""
+
+    command: str
+    interval_s: float = 5.0
+    timeout_s: float = 30.0
+    start_period_s: float = 0.0
+    start_interval_s: float = 5.0
+    retries: int = 3
+
+    def failure(
+        self,
+        sandbox: Sandbox,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> str | None:
+        """Harbor's rule (``run_healthcheck``): the first success passes; failures within
+        ``start_period_s`` do not count (tried again after ``start_interval_s``); after it,
+        ``retries`` failures in a row (``interval_s`` apart) fail. Why it failed, or None. An
+        attempt past ``timeout_s`` is a failure (Harbor's Docker exec raises instead)."""
+        started, failures = clock(), 0
+        while True:
+            result = sandbox.execute(self.command, timeout=self.timeout_s)
+            if result.exit_code == 0 and not result.timed_out:
+                return None
+            if clock() - started < self.start_period_s:
+                sleep(self.start_interval_s)
+                continue
+            failures += 1
+            if failures >= self.retries:
+                status = "timed out" if result.timed_out else f"exited {result.exit_code}"
+                return (
+                    f"healthcheck {self.command[:120]!r} {status} ({failures} failures in a "
+                    f"row): {result.output.strip()[-300:]}"
+                )
+            sleep(self.interval_s)
+
+
+def _healthcheck(path: Path, field: str, value: object) -> Healthcheck | None:
+    if value is None:
+        return None
+    table = schema.check_mapping(path, field, value)
+    schema.check_keys(path, table, HEALTHCHECK_KEYS, prefix=f"{field}.", strict=False)
+    retries = table.get("retries", 3)
+    if (
+        isinstance(retries, bool)
+        or not isinstance(retries, int)
+        or not 0 <= retries <= MAX_HEALTHCHECK_RETRIES
+    ):
+        raise TaskFormatError(
+            path,
+            f"{field}.retries",
+            f"expected a whole number from 0 to {MAX_HEALTHCHECK_RETRIES}, got {excerpt(retries)}",
+        )
+
+    def seconds(key: str, default: float) -> float:
+        value = table.get(key)
+        if value == 0 and not isinstance(value, bool):
+            return 0.0
+        return schema.read_timeout(path, f"{field}.{key}", value, default)
+
+    return Healthcheck(
+        command=schema.read_text(path, f"{field}.command", table.get("command")),
+        interval_s=seconds("interval_sec", 5.0),
+        timeout_s=schema.read_timeout(path, f"{field}.timeout_sec", table.get("timeout_sec"), 30.0),
+        start_period_s=seconds("start_period_sec", 0.0),
+        start_interval_s=seconds("start_interval_sec", 5.0),
+        retries=retries,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +157,8 @@ class TaskStep:
     solution_script: Path | None
     verifier: TaskEnvironment | None
     min_reward: float | dict[str, float] | None = None
+    healthcheck: Healthcheck | None = None
+    """Run in the episode's sandbox after the step's ``setup.sh``; failing stops the episode."""
 
     @property
     def workdir_files(self) -> list[tuple[Path, str]]:
@@ -218,7 +299,7 @@ def read_steps(
         schema.check_keys(path, agent, AGENT_KEYS, prefix=f"{field}.agent.", strict=False)
         verifier = schema.check_mapping(path, f"{field}.verifier", table.get("verifier", {}))
         schema.check_keys(path, verifier, VERIFIER_KEYS, prefix=f"{field}.verifier.", strict=False)
-        ignored.update(k for k in ("artifacts", "healthcheck") if table.get(k))
+        ignored.update(k for k in ("artifacts",) if table.get(k))
         if verifier.get("collect"):
             ignored.add("verifier.collect")
         folder = inputs.inside(task_dir / "steps" / name, task_dir, f"steps/{name}")
@@ -272,6 +353,7 @@ def read_steps(
                     task_dir, folder, f"{field}.verifier", verifier, tables["verifier"], environment
                 ),
                 min_reward=_min_reward(path, f"{field}.min_reward", table.get("min_reward")),
+                healthcheck=_healthcheck(path, f"{field}.healthcheck", table.get("healthcheck")),
             )
         )
     for key in sorted(ignored):

@@ -124,8 +124,8 @@ class TerminalBenchTask:
         self.environment.setup(sandbox)
         last = self.step_index if self.step_index is not None else 0 if self.steps else -1
         for index in range(last + 1):
-            try:
-                self._stage(sandbox, index)
+            try:  # the live episode's step 0 (not a replay) also runs its healthcheck
+                self._stage(sandbox, index, check=self.step_index is None)
             except StepSetupFailed as err:
                 if index == 0:
                     raise SandboxError(f"task {self.task_id}: {err}") from err
@@ -166,9 +166,11 @@ class TerminalBenchTask:
         )
         root = shlex.quote(f"{self.environment.workdir.rstrip('/')}/{grading.FALLBACK_DIR}")
         sandbox.execute(f"{wipe} rm -rf {root}; true", timeout=60)
-        self._stage(sandbox, index)
+        self._stage(sandbox, index, check=True)
 
-    def _stage(self, sandbox: Sandbox, index: int) -> None:
+    def _stage(self, sandbox: Sandbox, index: int, *, check: bool) -> None:
+        """Copy step ``index``'s workdir/ in and run its setup.sh, then (``check``) its
+        healthcheck: StepSetupFailed when one fails."""
         step = self.steps[index]
         for command in harbor_steps.stage_commands(step, self.environment.workdir, _pack):
             result = sandbox.execute(command, timeout=step.timeout_s)
@@ -178,6 +180,9 @@ class TerminalBenchTask:
                 raise StepSetupFailed(
                     f"step {step.name}: {what} {status}: {result.output.strip()[-300:]}"
                 )
+        failure = step.healthcheck.failure(sandbox) if check and step.healthcheck else None
+        if failure is not None:
+            raise StepSetupFailed(f"step {step.name}: {failure}")
 
     def stop_after(self, index: int, grade: Grade) -> str | None:
         """Harbor's ``min_reward`` gate of step ``index`` (``harbor_steps.gate_failure``)."""

@@ -4,6 +4,7 @@ gate and the reward strategies (Harbor 0.26's rules: docs/harbor-0.26-notes.md Â
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ from environments.sandboxes.protocol import ExecResult, SandboxError
 from environments.task_steps import StepSetupFailed, stepped
 from environments.tasks import Grade, TaskFormatError
 from environments.terminal_bench import TerminalBenchTask, load_tasks
-from environments.terminal_bench.steps import combine, gate_failure, step_rewards
+from environments.terminal_bench.steps import Healthcheck, combine, gate_failure, step_rewards
 
 from .fakes import ScriptedSandbox, result
 
@@ -224,3 +225,62 @@ def test_a_failing_setup_sh_is_the_tasks_before_step_1_and_stops_a_later_step(
     assert any(c.startswith("if [ -d /tests ]") for c in sandbox.commands)  # emptied first
     # grading's pristine state of step 2 replays its setup as far as it goes
     task.step_task(1).setup(SetupFailsAfter(1))  # type: ignore[arg-type]
+
+
+class FailsTimes(ScriptedSandbox):
+    """The healthcheck command (``check``) fails ``failures`` times, then passes."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        if cmd == "check":
+            self.commands.append(cmd)
+            self.failures -= 1
+            return result("not yet", 1 if self.failures >= 0 else 0)
+        return super().execute(cmd, timeout)
+
+
+def test_a_step_healthcheck_follows_harbors_rule() -> None:
+    check = Healthcheck("check", interval_s=1.0, start_period_s=10.0, start_interval_s=2.0)
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    def run(failures: int, retries: int = 3) -> str | None:
+        now[0], slept[:] = 0.0, []
+        probe = dataclasses.replace(check, retries=retries)
+        return probe.failure(FailsTimes(failures), clock=lambda: now[0], sleep=sleep)  # type: ignore[arg-type]
+
+    assert run(0) is None and slept == []  # the first success passes
+    assert run(5) is None and slept == [2.0] * 5  # failures inside the start period are free
+    failed = run(20)
+    assert failed is not None and "exited 1 (3 failures in a row)" in failed
+    assert slept == [2.0] * 5 + [1.0, 1.0]  # then 3 failures, 1 s apart
+    assert run(20, retries=0) is not None and slept == [2.0] * 5
+
+
+def test_the_gate_fixture_checks_step_2_before_showing_it(tmp_path: Path) -> None:
+    task = load(MULTI_STEP / "two-step-gate")
+    check = task.steps[1].healthcheck
+    assert check == Healthcheck("test -s /app/more_names.txt", interval_s=1.0, retries=2)
+    sandbox = ScriptedSandbox()
+    task.start_step(sandbox, 1)  # type: ignore[arg-type]
+    assert sandbox.commands[-1] == check.command
+    failing = FailsTimes(100)
+    failing_task = dataclasses.replace(
+        task,
+        steps=(
+            task.steps[0],
+            dataclasses.replace(task.steps[1], healthcheck=Healthcheck("check", interval_s=0.01)),
+        ),
+    )
+    with pytest.raises(StepSetupFailed, match="step 02-count: healthcheck 'check' exited 1"):
+        failing_task.start_step(failing, 1)  # type: ignore[arg-type]
+    folder = _task_dir(tmp_path, '[[steps]]\nname = "01-greet"\n[steps.healthcheck]\nretries = 1\n')
+    with pytest.raises(TaskFormatError, match="steps\\[0\\].healthcheck.command"):
+        load(folder)
