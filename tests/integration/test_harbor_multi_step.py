@@ -147,3 +147,23 @@ def test_warm_start_demonstrations_play_every_step() -> None:
     assert [text for text in users if text in instructions] == instructions
     assert [text for role, text in demo if role == "assistant"].count(SUBMIT_ACTION) == 2
     assert demo[-1] == ("assistant", SUBMIT_ACTION)
+
+
+@BWRAP
+def test_strict_grading_holds_per_step_a_hack_in_step_2_scores_0() -> None:
+    """Step 1 solved, then a json.py that shadows the module step 2's verifier imports (its
+    reward file would say 1): reported in default grading, where the hack is real, and scored
+    0 for step 2 under strict grading (strategy ``final``: the episode's 0)."""
+    from environments.agents import SUBMIT_ACTION
+
+    task = load(SEPARATE)
+    hack = "cat > /app/json.py <<'HACK'\ndef dumps(r):\n    return '{\"reward\": 1.0}'\nHACK"
+    solve = [f"```bash\n{c}\n```" for c in task.reference_steps()[0]]
+    agent = ScriptedAgent([*solve, SUBMIT_ACTION, f"```bash\n{hack}\n```"])
+    lenient = play(task, "bwrap", agent)
+    assert lenient.reward == 1.0 and lenient.details["tamper_suspected"] is True
+    strict = play(task, "bwrap", agent, strict=True)
+    assert strict.reward == 0.0 and strict.details["tamper_suspected"] is True
+    first, second = strict.details["steps"]
+    assert first["reward"] == 1.0 and first["details"]["tamper_suspected"] is False
+    assert second["reward"] == 0.0 and "json.py" in second["details"]["tamper_reasons"][0]
