@@ -141,11 +141,11 @@ class ShellEnv(gym.Env[str, str]):
         them in this one episode and sandbox: a submission grades the current step and, unless
         it was the last or the task's gate stops the episode, the next step is prepared and
         its instruction is the observation (reward 0, the episode goes on; info
-        ``step_finished``: the step's name index and reward). Any other end grades the step it
-        was in. The terminal reward is the task's ``combine_steps`` of the graded steps, each
-        step's grade in ``grade_details["steps"]``. ``before_grading`` is called once, before
-        the grading of a step that cannot be followed by another, else after the grading
-        whose gate stopped the episode.
+        ``step_finished``: the step's index and reward). Any other end grades the step it was
+        in. The terminal reward is the task's ``combine_steps`` of the graded steps (a Harbor
+        task puts each step's grade in ``grade_details["steps"]``). ``before_grading`` is
+        called once, before the grading of a step that cannot be followed by another, else
+        after the grading whose gate stopped the episode.
 
     ``strict_grading`` (default True, what training uses) asks tasks to grade strictly:
     docs/design.md §6 and ``environments.tasks.GradingContext``.
