@@ -453,8 +453,10 @@ class ShellEnv(gym.Env[str, str]):
         stopped = None
         if index + 1 < steps.num_steps and reason is not StopReason.SUBMITTED:
             stopped = f"the episode ended ({reason.value}) in step {index + 1}"
+        gated = False
         if not last and not grade.infra_failure:
             stopped = steps.stop_after(index, grade)
+            gated = stopped is not None
         if not last and stopped is None and not grade.infra_failure:
             try:
                 if self._sandbox is None:
@@ -471,7 +473,9 @@ class ShellEnv(gym.Env[str, str]):
                 return self._clip(steps.step_task(index + 1).instruction), 0.0, False, False, info
         if not last and self._before_grading is not None:
             self._before_grading(observation, dict(info))
-        final = _checked(steps.combine_steps(self._step_grades, stopped), self.task.task_id)
+        final = _checked(
+            steps.combine_steps(self._step_grades, stopped, gated=gated), self.task.task_id
+        )
         info["infra_failure"] = final.infra_failure
         info["grade_details"] = dict(final.details)
         if final.infra_failure:

@@ -47,9 +47,12 @@ class SteppedTask(Protocol):
         """Why the episode stops after step ``index`` graded ``grade`` (its gate), or None."""
         ...
 
-    def combine_steps(self, grades: Sequence[Grade], stopped: str | None) -> Grade:
+    def combine_steps(
+        self, grades: Sequence[Grade], stopped: str | None, *, gated: bool = False
+    ) -> Grade:
         """The episode's grade from its graded steps (in order); ``stopped``: why the
-        episode ended before its last step, if it did."""
+        episode ended before its last step, if it did; ``gated``: a step's gate stopped it
+        (then the steps never played do not count; otherwise they score 0)."""
         ...
 
 

@@ -189,12 +189,19 @@ class TerminalBenchTask:
         failure = harbor_steps.gate_failure(self.steps[index].min_reward, grade)
         return f"step {self.steps[index].name}: {failure}" if failure else None
 
-    def combine_steps(self, grades: Sequence[Grade], stopped: str | None) -> Grade:
+    def combine_steps(
+        self, grades: Sequence[Grade], stopped: str | None, *, gated: bool = False
+    ) -> Grade:
         """The episode's grade: ``reward_strategy`` over the graded steps' rewards
         (``harbor_steps.combine``), each step's grade in ``details["steps"]``; a step whose grading
         failed makes the episode an infrastructure failure. Tamper reports and the strict and
-        separate-verifier marks of any step are the episode's too."""
-        reward, metrics = harbor_steps.combine(self.reward_strategy, grades)
+        separate-verifier marks of any step are the episode's too. Only Harbor's ``min_reward``
+        gate (``gated``) excuses the steps never played; an episode that ended early otherwise
+        (its turn or time limit, a step's setup) scores them 0, or an agent that solves step 1
+        and never submits would skip the harder steps for a full reward."""
+        unplayed = 0 if gated else len(self.steps) - len(grades)
+        counted = [*grades, *[Grade(0.0) for _ in range(unplayed)]]
+        reward, metrics = harbor_steps.combine(self.reward_strategy, counted)
         played = [
             {
                 "name": self.steps[i].name,

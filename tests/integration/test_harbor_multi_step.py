@@ -110,6 +110,26 @@ def test_an_agent_that_solves_only_step_1_scores_by_the_strategy(
 
 
 @BWRAP
+@pytest.mark.parametrize("strategy", ["mean", "final"])
+def test_never_submitting_step_1_does_not_skip_step_2(tmp_path: Path, strategy: str) -> None:
+    """Solving step 1 and then running out of turns instead of submitting ends the episode in
+    step 1: step 2, never reached, scores 0 (only a gate excuses a step), so it pays no more
+    than submitting and failing step 2 (0.5 by mean, 0 by final)."""
+    folder = tmp_path / "suite"
+    shutil.copytree(FIXTURES / GATE, folder / GATE)
+    toml = folder / GATE / "task.toml"
+    toml.write_text(toml.read_text().replace('strategy = "mean"', f'strategy = "{strategy}"'))
+    task = load(GATE, folder)
+    solve = [f"```bash\n{c}\n```" for c in task.reference_steps()[0]]
+    agent = ScriptedAgent([*solve, *["```bash\ntrue\n```"] * 4])
+    env = lambda: ShellEnv([task], sandbox="bwrap", max_turns=len(solve) + 2)  # noqa: E731
+    result = EpisodeRunner(env, agent, lambda event: None).run_episode(task)
+    assert result.stop_reason == "max_turns"
+    assert [s["reward"] for s in result.details["steps"]] == [1.0]  # step 1 solved, graded
+    assert result.reward == {"mean": 0.5, "final": 0.0}[strategy], result.details
+
+
+@BWRAP
 def test_the_gate_stops_the_episode_before_step_2(tmp_path: Path) -> None:
     """A step 1 below its min_reward ends the episode: step 2 is never shown or graded, and
     the reward is step 1's (the mean over the steps that ran)."""

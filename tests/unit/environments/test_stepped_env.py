@@ -53,7 +53,9 @@ class SteppedFileTask(FileTask):
         gate = self.gates[index]
         return f"gate {index}" if gate is not None and grade.reward < gate else None
 
-    def combine_steps(self, grades: Sequence[Grade], stopped: str | None) -> Grade:
+    def combine_steps(
+        self, grades: Sequence[Grade], stopped: str | None, *, gated: bool = False
+    ) -> Grade:
         reward, _ = combine("mean", grades)
         details: dict[str, Any] = {"graded": [g.reward for g in grades], "stopped": stopped}
         if any(g.infra_failure for g in grades):

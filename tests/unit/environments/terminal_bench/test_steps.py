@@ -170,6 +170,8 @@ def test_combine_steps_reports_each_step_and_a_failed_grading() -> None:
     assert grade.reward == 0.5 and not grade.infra_failure
     assert [s["name"] for s in grade.details["steps"]] == ["01-greet", "02-count"]
     assert grade.details["tamper_suspected"] is True and grade.details["tamper_reasons"] == ["x"]
+    assert task.combine_steps([graded(1.0)], "step 01-greet: below", gated=True).reward == 1.0
+    assert task.combine_steps([graded(1.0)], "the episode ended (max_turns)").reward == 0.5
     failed = task.combine_steps([graded(1.0), Grade(0.0, True, {"error": "boom"})], None)
     assert failed.infra_failure and failed.details["error"] == "step 02-count: boom"
 
