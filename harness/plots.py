@@ -29,20 +29,13 @@ def _color(mode: str) -> str:
 
 def write_plots(results: dict[str, Any], runs: list[Any], out: Path) -> list[Path]:
     """Write the four plots into ``out``; returns their paths."""
+    initial = results.get("initial_accuracy")
     return [
-        _accuracy_plot(
-            runs,
-            out / "accuracy_vs_time.png",
-            by_step=False,
-            target=results["target"],
-            initial=results.get("initial_accuracy"),
-        ),
-        _accuracy_plot(
-            runs,
-            out / "accuracy_vs_step.png",
-            by_step=True,
-            target=results["target"],
-            initial=results.get("initial_accuracy"),
+        *(
+            _accuracy_plot(
+                runs, out / name, by_step=by_step, target=results["target"], initial=initial
+            )
+            for name, by_step in (("accuracy_vs_time.png", False), ("accuracy_vs_step.png", True))
         ),
         _breakdown_plot(results, out / "step_breakdown.png"),
         _timeline_plot(runs, out / "step_timeline.png"),

@@ -107,8 +107,8 @@ class TaskEnvironment:
         needs = self.needs
         if engine is not None:
             engine.refuse(needs, f"task {self.task_id}")
+        env = {**(self.plan.env if self.plan else {}), **self.env}
         if needs or (engine is not None and engine.can(BUILDS_IMAGES)):
-            env = {**(self.plan.env if self.plan else {}), **self.env}
             image, context = self.image, self.build_context if self.plan else None
             if context is None and image is not None and image != BASE_IMAGE:
                 context, image = self._image_context(image), None
@@ -121,7 +121,6 @@ class TaskEnvironment:
                 cpus=self.cpus,
             )
         files = self._staged_files() if self.plan else None
-        env = {**(self.plan.env if self.plan else {}), **self.env}
         return SandboxSpec(
             image=BASE_IMAGE,
             files=files,

@@ -19,7 +19,6 @@ from typing import Any
 
 import gymnasium
 
-from environments.agents import Agent
 from environments.runner import EpisodeRunner, Sink
 from environments.tasks import TaskSource
 from thundersync.protocol import events as ev
@@ -101,13 +100,9 @@ class RolloutStack:
         sink: Sink,
         *,
         tasks: TaskSource | None = None,
-        agent: Agent | None = None,
-        max_concurrency: int | None = None,
     ) -> EpisodeRunner:
-        """A runner of ``make_env``'s episodes with this stack's agent (or ``agent``, one that
-        wraps it, e.g. eval's transcript recorder), its events to ``sink``."""
-        extra = {} if max_concurrency is None else {"max_concurrency": max_concurrency}
-        return EpisodeRunner(make_env, agent or self.agent, sink, tasks=tasks, **extra)
+        """A runner of ``make_env``'s episodes with this stack's agent, its events to ``sink``."""
+        return EpisodeRunner(make_env, self.agent, sink, tasks=tasks)
 
     def driver(
         self, runner: EpisodeRunner, *, max_concurrency: int, max_prepared: int | None = None
