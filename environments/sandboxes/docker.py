@@ -1,5 +1,8 @@
 """DockerSandbox: commands run by ``docker exec`` in a long-lived, network-less container.
 
+A spec with ``services`` puts it instead on an internal network (no route out) with them,
+reached as ``main`` (``compose.py``); they are removed with it.
+
 The container runs ``sleep infinity`` under Docker's init with ``network_mode="none"`` and
 memory / CPU / pids limits, labelled ``thundersync=1``. Each ``execute`` runs a small
 ``sh`` wrapper that starts ``bash -c CMD`` under ``timeout -s KILL`` and, when the command
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes import disk, docker_archive
+from environments.sandboxes import compose, disk, docker_archive
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
@@ -54,6 +57,7 @@ from environments.sandboxes.engines import (
     BUILDS_IMAGES,
     ENFORCES_MEMORY,
     RUNS_ANY_IMAGE,
+    RUNS_MULTI_CONTAINER,
     SandboxEngine,
 )
 from environments.sandboxes.image_build import LABEL, build_image
@@ -96,10 +100,12 @@ exit $rc
 
 @dataclass(slots=True)
 class _HostDisk:
-    """The workspace disk's host side, filled in as it is made (a finalizer cannot hold self)."""
+    """What ``close`` removes beside the container (the workspace disk's host side, the
+    services), filled in as it is made (a finalizer cannot hold self)."""
 
     root: Path | None = None
     workspace: Path | None = None
+    services: compose.Services | None = None
 
 
 MAIN_PROCESS_WAIT_S = 10.0
@@ -129,8 +135,16 @@ class DockerSandbox:
             if spec.build_context is not None:
                 image = build_image(self._client, Path(spec.build_context))
             self._make_disk()
-            self._container = self._run(image)
+            network = None
+            if spec.services:
+                self._disk.services = compose.Services()
+                network = compose.start(
+                    self._client, self._disk.services, spec.services, self.marker, self._labels()
+                )
+            self._container = self._run(image, network)
             self._main_pid = self._find_main_pid()
+            if self._disk.services is not None:
+                compose.check_running(self._client, self._disk.services, spec.services)
             if spec.files is not None:
                 self._put(Path(spec.files), self.workdir)
         except BaseException:
@@ -170,18 +184,24 @@ class DockerSandbox:
         except Exception as exc:
             raise SandboxError(f"could not make the workspace volume {self.marker}: {exc}") from exc
 
-    def _run(self, image: str) -> Any:
+    def _run(self, image: str, network: str | None) -> Any:
+        """The container, network-less, or on the services' ``network`` as ``main``."""
         spec = self.spec
         volumes = {}
         if self._disk.workspace is not None:
             volumes = {self.marker: {"bind": self.workdir, "mode": "rw"}}
+        net: dict[str, Any] = {"network_mode": "none"}
+        if network is not None:
+            net = {
+                "network": network,
+                "networking_config": compose.endpoint(self._client, network, "main"),
+            }
         try:
             return self._client.containers.run(
                 image,
                 command=["sleep", "infinity"],
                 name=self.marker,
                 detach=True,
-                network_mode="none",
                 init=True,
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
@@ -192,6 +212,7 @@ class DockerSandbox:
                 labels=self._labels(),
                 auto_remove=False,
                 volumes=volumes,
+                **net,
             )
         except Exception as exc:
             hint = ""
@@ -436,6 +457,8 @@ def _remove(client: Any, name: str, host: _HostDisk) -> None:
         except Exception as exc:
             if type(exc).__name__ != "NotFound":
                 errors.append(f"could not remove {what} {name}: {exc}")
+        if what == "container" and host.services is not None:
+            errors.extend(compose.remove(client, host.services))
     try:
         disk.remove(host.workspace)
     finally:
@@ -458,7 +481,9 @@ def prerequisite_problem() -> str | None:
 ENGINE = SandboxEngine(
     name="docker",
     title="Docker",
-    capabilities=frozenset({BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY}),
+    capabilities=frozenset(
+        {BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY, RUNS_MULTI_CONTAINER}
+    ),
     factory=DockerSandbox,
     prerequisites=prerequisite_problem,
 )

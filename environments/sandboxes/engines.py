@@ -34,7 +34,10 @@ mounts those read-only from the host)."""
 ENFORCES_MEMORY = "enforces_memory"
 """Bounds each sandbox's total memory to ``SandboxSpec.memory_mb`` on every host (bubblewrap
 does only where it can make a memory cgroup, else per process)."""
-CAPABILITIES = (BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY)
+RUNS_MULTI_CONTAINER = "runs_multi_container"
+"""Runs ``SandboxSpec.services`` beside the sandbox: a compose file's other containers on a
+network of their own with no route out."""
+CAPABILITIES = (BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY, RUNS_MULTI_CONTAINER)
 
 ENGINES: dict[str, str] = {
     "bwrap": "environments.sandboxes.bwrap:ENGINE",

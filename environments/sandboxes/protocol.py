@@ -59,6 +59,28 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """One more container beside the sandbox's own (a compose file's service other than
+    ``main``), on a network of the sandbox's own with no route out, reached by ``name``.
+
+    ``build_context`` (a folder with a Dockerfile) or ``image``; ``command`` replaces the
+    image's; ``healthcheck`` (a shell command, exit 0 = healthy) is waited for, at most
+    ``start_timeout_s``, before the containers after it start; limits as the sandbox's.
+    """
+
+    name: str
+    image: str | None = None
+    build_context: Path | None = None
+    command: tuple[str, ...] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    healthcheck: str | None = None
+    start_timeout_s: float = 60.0
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids: int = 256
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """How to make a sandbox for one task.
 
@@ -74,6 +96,9 @@ class SandboxSpec:
     the disk when the container is made), so the disk must hold it too. None: no bound (each
     file is still bounded by the file size limit); likewise, with a warning, where disks
     cannot be made (they need root and loop devices, and for Docker a daemon on this host).
+
+    ``services``: more containers, started in this order before the sandbox's own (which
+    other services reach as ``main``); only an engine that ``RUNS_MULTI_CONTAINER`` makes them.
     """
 
     image: str | None = None
@@ -86,6 +111,7 @@ class SandboxSpec:
     disk_mb: int | None = 4096
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     env: dict[str, str] = field(default_factory=dict)
+    services: tuple[ServiceSpec, ...] = ()
 
 
 class Sandbox(Protocol):

@@ -15,12 +15,13 @@ from environments.sandboxes.engines import (
     ANY_WORKDIR,
     BUILDS_IMAGES,
     RUNS_ANY_IMAGE,
+    RUNS_MULTI_CONTAINER,
     sandbox_engine,
 )
 from environments.sandboxes.host_view import validate_workdir
 from environments.sandboxes.image_build import ALIASES_VARIABLE, normalise_image, resolve_image
 from environments.sandboxes.orphans import reap_once, remove_orphan_workspaces
-from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec
+from environments.sandboxes.protocol import NeedsDockerError, Sandbox, SandboxSpec, ServiceSpec
 from environments.terminal_bench.dockerfile import BASE_IMAGE, DockerfilePlan
 
 SETUP_MARKER = ".thundersync-setup-pending"
@@ -51,7 +52,9 @@ class TaskEnvironment:
 
     ``build_context``: the folder ``docker build`` runs in (None when the task names a prebuilt
     ``image`` instead); ``plan``: what its Dockerfile does; bubblewrap can run the task iff
-    ``needs_docker_reason`` is None.
+    ``needs_docker_reason`` is None. ``services``: a compose file's other containers
+    (``environments.terminal_bench.compose_task``), which only an engine that
+    ``RUNS_MULTI_CONTAINER`` runs.
     """
 
     task_id: str
@@ -63,6 +66,7 @@ class TaskEnvironment:
     cpus: float = 1.0
     build_timeout_s: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
+    services: tuple[ServiceSpec, ...] = ()
 
     @property
     def needs(self) -> dict[str, str]:
@@ -72,6 +76,11 @@ class TaskEnvironment:
         to it, looked up now, qualifies: ``environments.sandboxes.image_build``), a workdir
         over the host's read-only folders. Empty: every engine can, bubblewrap included."""
         needs = {}
+        if self.services:
+            names = ", ".join(s.name for s in self.services)
+            needs[RUNS_MULTI_CONTAINER] = (
+                f"its environment/docker-compose.yaml runs services beside main ({names})"
+            )
         if self.plan is not None and self.plan.build_step is not None:
             needs[BUILDS_IMAGES] = f"its Dockerfile has a build step: {self.plan.build_step}"
         base = self.plan.base_image if self.plan is not None else self.image or BASE_IMAGE
@@ -119,6 +128,7 @@ class TaskEnvironment:
                 env=env,
                 memory_mb=self.memory_mb,
                 cpus=self.cpus,
+                services=self.services,
             )
         files = self._staged_files() if self.plan else None
         return SandboxSpec(

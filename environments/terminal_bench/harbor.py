@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from environments.sandboxes.host_view import SYSTEM_DIRS
+from environments.sandboxes.protocol import ServiceSpec
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import inputs, schema
+from environments.terminal_bench import compose_task, inputs, schema
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
+from environments.terminal_bench.network import read_network_policy
 from environments.terminal_bench.task import TerminalBenchTask
 from environments.terminal_bench.verifier import read_verifier_environment
 from thundersync.protocol.documents import DocumentError, excerpt, load_toml
@@ -44,9 +46,18 @@ unknown keys inside the known tables only warn, since Harbor keeps adding option
 _TABLE_KEYS = {
     "task": frozenset({"name", "version", "description", "authors", "keywords"}),
     "verifier": frozenset(
-        {"timeout_sec", "env", "user", "environment_mode", "environment", "reward_key"}
+        {
+            "timeout_sec",
+            "env",
+            "user",
+            "environment_mode",
+            "environment",
+            "reward_key",
+            "network_mode",
+            "allowed_hosts",
+        }
     ),
-    "agent": frozenset({"timeout_sec", "user"}),
+    "agent": frozenset({"timeout_sec", "user", "network_mode", "allowed_hosts"}),
     "solution": frozenset({"env"}),
     "environment": frozenset(
         {
@@ -67,6 +78,7 @@ _TABLE_KEYS = {
             "skills_dir",
             "healthcheck",
             "network_mode",
+            "allowed_hosts",
         }
     ),
 }
@@ -152,13 +164,17 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
     if image is None:
         if not env_dir.is_dir():
             raise TaskFormatError(task_dir, "environment", "expected an environment/ folder")
-        if (env_dir / "docker-compose.yaml").is_file():
-            raise TaskFormatError(
-                env_dir / "docker-compose.yaml",
-                "services",
-                "multi-container tasks are not supported",
-            )
         plan = read_dockerfile(env_dir / "Dockerfile", env_dir)
+    cpus = schema.read_positive(
+        path, "environment.cpus", table.get("cpus"), 1.0, maximum=schema.MAX_CPUS
+    )
+    env = schema.read_env(path, "environment.env", table.get("env"))
+    services: tuple[ServiceSpec, ...] = ()
+    main_env: dict[str, str] = {}
+    if (env_dir / compose_task.COMPOSE_FILE).is_file():  # a multi-container task
+        services, main_env = compose_task.read_services(
+            env_dir, task_dir, variables=env, memory_mb=memory_mb or 2048, cpus=cpus
+        )
     workdir = schema.read_optional_str(
         path, "environment.workdir", table.get("workdir"), plan.workdir if plan else DEFAULT_WORKDIR
     )
@@ -171,16 +187,15 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
         plan=plan,
         image=image,
         memory_mb=memory_mb or 2048,
-        cpus=schema.read_positive(
-            path, "environment.cpus", table.get("cpus"), 1.0, maximum=schema.MAX_CPUS
-        ),
+        cpus=cpus,
         build_timeout_s=schema.read_timeout(
             path,
             "environment.build_timeout_sec",
             table.get("build_timeout_sec"),
             DEFAULT_BUILD_TIMEOUT_S,
         ),
-        env=schema.read_env(path, "environment.env", table.get("env")),
+        env={**main_env, **env},
+        services=services,
     )
 
 
@@ -242,6 +257,7 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
         timeout_s=agent_timeout,
         max_turns=max_turns,
         metadata=_metadata(path, tables["metadata"]),
+        network=read_network_policy(path, tables),
     )
 
 
@@ -287,6 +303,7 @@ def _load_multi_step(
         timeout_s=first.timeout_s,
         max_turns=max_turns,
         metadata=_metadata(path, tables["metadata"]),
+        network=read_network_policy(path, tables),
         reward_key=reward_key,
         steps=steps,
         reward_strategy=strategy,

@@ -27,6 +27,7 @@ from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import grading, inputs, reference, strict, witness
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.environment import TaskEnvironment
+from environments.terminal_bench.network import NetworkPolicy
 from environments.terminal_bench.verifier import test_copy_uploads
 
 _CHUNK_CHARS = 64 * 1024
@@ -77,6 +78,9 @@ class TerminalBenchTask:
     """Harbor's ``multi_step_reward_strategy``: the episode's reward over its graded steps."""
     step_index: int | None = None
     """Set on ``step_task(i)``: this is step ``i`` of ``steps``, graded on its own."""
+    network: NetworkPolicy = NetworkPolicy()
+    """Harbor's declared network policy (``environments.terminal_bench.network``): a task that
+    wants internet runs without it, and its grade says so."""
 
     @property
     def output_checked(self) -> bool:
@@ -230,7 +234,7 @@ class TerminalBenchTask:
         if failed is not None:
             error = f"step {self.steps[len(grades) - 1].name}: {failed.details.get('error')}"
             return Grade(0.0, infra_failure=True, details={**details, "error": error})
-        return Grade(reward, details=details)
+        return self.network.annotate(Grade(reward, details=details))
 
     def reference_steps(self) -> list[list[str]]:
         """The oracle's commands, step by step (one list for a one-step task)."""
@@ -264,7 +268,11 @@ class TerminalBenchTask:
         (``AgentBrokeSandbox``), with ``details["agent_failure"]``.
 
         First every process of ``sandbox`` is killed from outside (``stop_processes``), so
-        nothing the agent started runs on while its work is read or graded."""
+        nothing the agent started runs on while its work is read or graded. A task that wants
+        internet it does not get here says so (``network``)."""
+        return self.network.annotate(self._grade(sandbox, context))
+
+    def _grade(self, sandbox: Sandbox, context: GradingContext | None) -> Grade:
         if self.num_steps:
             error = f"task {self.task_id} has steps: grade each with step_task(i).grade"
             return Grade(reward=0.0, infra_failure=True, details={"error": error})

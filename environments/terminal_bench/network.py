@@ -1,0 +1,132 @@
+"""A Harbor task's network policy (``network_mode``, ``allowed_hosts``, ``allow_internet``).
+
+Harbor 0.26 (``models/task/config.py``) lets ``[environment]`` say ``network_mode`` =
+``"no-network"``, ``"allowlist"`` (with ``allowed_hosts``: names, addresses, CIDR ranges,
+``*.``-wildcards) or ``"public"`` (its default), ``[agent]`` and ``[verifier]`` override it for
+their phase, and the deprecated ``allow_internet`` (a bool) stands for ``public`` / ``no-network``
+where ``network_mode`` is not given. Here nothing leaves the machine: every sandbox runs with no
+network (a compose task's services share one with no route out), whatever a task declares. So
+a task that declares ``public`` or ``allowlist`` runs without it, and its grade says so
+(``details["network"]``); one that fails gets that as its ``reason``: the task's own failure, not
+an infrastructure one, and never a silent pass (a pass stands: it needed no internet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from environments.tasks import Grade, TaskFormatError
+from thundersync.protocol.documents import excerpt
+
+NO_NETWORK, ALLOWLIST, PUBLIC = "no-network", "allowlist", "public"
+NETWORK_MODES = (NO_NETWORK, ALLOWLIST, PUBLIC)
+GRANTED = NO_NETWORK
+"""What every sandbox here gets, whatever the task declares."""
+PHASES = ("environment", "agent", "verifier")
+"""The tables that may declare a policy (``[environment]`` the baseline, the others a phase)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """One table's declared policy: ``phase`` (a table of ``PHASES``), its mode and hosts,
+    and the field it came from (``environment.allow_internet`` for the deprecated one)."""
+
+    phase: str
+    mode: str
+    allowed_hosts: tuple[str, ...] = ()
+    field: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """What a task declared (nothing: Harbor's default ``public``, which is not reported, since
+    every task would be) and what it gets here (``GRANTED``)."""
+
+    declared: tuple[Declared, ...] = ()
+
+    @property
+    def wants_internet(self) -> bool:
+        """Whether any phase declared ``public`` or ``allowlist``."""
+        return any(d.mode != NO_NETWORK for d in self.declared)
+
+    def record(self) -> dict[str, Any]:
+        """``details["network"]``: each phase's declaration, what it got, and why."""
+        return {
+            "declared": {
+                d.phase: {"network_mode": d.mode, "allowed_hosts": list(d.allowed_hosts)}
+                for d in self.declared
+            },
+            "granted": GRANTED,
+            "note": self.reason(),
+        }
+
+    def reason(self) -> str:
+        wanted = ", ".join(f"{d.field} = {d.mode!r}" for d in self.declared if d.mode != NO_NETWORK)
+        return (
+            f"the task declares {wanted}, but sandboxes here have no internet (network_mode "
+            f"{GRANTED!r}): a task that needs it fails"
+        )
+
+    def annotate(self, grade: Grade) -> Grade:
+        """``grade`` with ``details["network"]`` when the task wanted internet, and that as the
+        ``reason`` of a failed (not infrastructure-failed) grade that gives none."""
+        if not self.wants_internet:
+            return grade
+        details = {**grade.details, "network": self.record()}
+        if not grade.infra_failure and grade.reward < 1.0:
+            details.setdefault("reason", self.reason())
+        return dataclasses.replace(grade, details=details)
+
+
+def read_network_policy(path: Path, tables: dict[str, dict[str, Any]]) -> NetworkPolicy:
+    """The policy ``task.toml`` (``path``) declares in ``tables`` (its ``[environment]``,
+    ``[agent]`` and ``[verifier]``), checked as Harbor checks it; TaskFormatError naming the
+    field otherwise."""
+    declared = [d for phase in PHASES if (d := _read_phase(path, phase, tables.get(phase, {})))]
+    return NetworkPolicy(tuple(declared))
+
+
+def _read_phase(path: Path, phase: str, table: dict[str, Any]) -> Declared | None:
+    mode, hosts = table.get("network_mode"), table.get("allowed_hosts")
+    if mode is not None and mode not in NETWORK_MODES:
+        raise TaskFormatError(
+            path,
+            f"{phase}.network_mode",
+            f"expected one of {', '.join(NETWORK_MODES)}, got {excerpt(mode)}",
+        )
+    allowed = _read_hosts(path, f"{phase}.allowed_hosts", hosts)
+    if hosts is not None and mode != ALLOWLIST:
+        raise TaskFormatError(
+            path, f"{phase}.allowed_hosts", "is only valid when network_mode = 'allowlist'"
+        )
+    legacy = table.get("allow_internet") if phase == "environment" else None
+    if legacy is not None:
+        if not isinstance(legacy, bool):
+            raise TaskFormatError(
+                path, "environment.allow_internet", f"expected true or false, got {excerpt(legacy)}"
+            )
+        warnings.warn(
+            f"{path}: field 'environment.allow_internet' is deprecated; use "
+            "[environment] network_mode (Harbor's rule: true is 'public', false 'no-network')",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+    if mode is not None:
+        return Declared(phase, mode, allowed, f"{phase}.network_mode")
+    if legacy is not None:
+        return Declared(phase, PUBLIC if legacy else NO_NETWORK, (), "environment.allow_internet")
+    return None
+
+
+def _read_hosts(path: Path, field: str, value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(h, str) and h.strip() for h in value):
+        raise TaskFormatError(
+            path, field, f"expected a list of hostnames, addresses or CIDRs, got {excerpt(value)}"
+        )
+    return tuple(h.strip().lower() for h in value)
