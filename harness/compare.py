@@ -12,6 +12,7 @@ step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from harness import compare_report, policy_eval
 from harness.curves import Point
+from leaderboard.store import Entry, Store, suite_version
 from thundersync.cli_output import Progress
 from thundersync.declared import (
     DOCSTRINGS,
@@ -30,9 +33,11 @@ from thundersync.declared import (
     check_fields,
     non_finite,
 )
+from thundersync.models import build_tiny_model
 from thundersync.protocol.strict_json import dumps_refusing
 from thundersync.training.config import TrainConfig
 from thundersync.training.modes import REGISTRY, baseline_mode, mode_from_label
+from thundersync.training.run_folder import clear_run_folder, run_folder_problem, survey
 from thundersync.training.run_metrics import read_metrics
 
 Accuracy = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -177,7 +182,6 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     import gymnasium
 
     import environments  # noqa: F401  (registers the built-in envs)
-    from harness.policy_eval import PolicyEvaluator, eval_tasks
 
     base = config.train
 
@@ -186,7 +190,7 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     def make_env() -> Any:
         return gymnasium.make(base.env, **{"sandbox": base.sandbox, **kwargs})
 
-    selection = eval_tasks(
+    selection = policy_eval.eval_tasks(
         base.env, {"sandbox": base.sandbox, **kwargs}, config.eval_tasks, seed=base.seed
     )
     if selection.note:
@@ -198,7 +202,7 @@ def evaluate_runs(runs: list[Run], config: CompareConfig) -> tuple[float, list[s
     what = f"on {len(tasks)} held-out tasks × {config.eval_samples} samples"
     with (
         Progress("compare", total, "evaluations") as progress,
-        PolicyEvaluator(  # on the engine the runs sampled with
+        policy_eval.PolicyEvaluator(  # on the engine the runs sampled with
             initial,
             seed=base.seed,
             max_new_tokens=base.max_new_tokens,
@@ -265,7 +269,6 @@ def out_problem(config: CompareConfig, *, overwrite: bool) -> str | None:
     results.json, or a run in ``runs/``, which a killed comparison leaves) is refused, or
     with ``overwrite`` replaced, but only when it holds nothing a comparison does not write
     (``thundersync.training.run_folder``: a run folder is created once)."""
-    from thundersync.training.run_folder import run_folder_problem, survey
 
     out = Path(config.out)
     run = survey(out)
@@ -320,9 +323,6 @@ def clear_outputs(config: CompareConfig) -> None:
     """Remove a previous comparison's files from ``config.out`` (``--overwrite``, after
     ``out_problem`` found nothing else there). The folder itself stays; a run folder is
     emptied by ``clear_run_folder`` and removed only when nothing is left in it."""
-    import shutil
-
-    from thundersync.training.run_folder import clear_run_folder
 
     out = Path(config.out)
     runs = out / "runs"
@@ -343,14 +343,11 @@ def clear_outputs(config: CompareConfig) -> None:
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     """Train every (mode, seed), evaluate, summarise, plot; returns the results."""
-    from harness.compare_report import summarize, write_outputs
 
     out = Path(config.out)
     runs: list[Run] = []
     shared_init = config.train
     if shared_init.model is None:  # every run starts from the same tiny model
-        from thundersync.models import build_tiny_model
-
         shared_init = replace(shared_init, model=str(build_tiny_model(out / "init-model")))
     config = replace(config, train=shared_init)
     with Progress("compare", config.seeds * len(config.modes), "runs") as progress:
@@ -373,8 +370,8 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     initial, task_ids = evaluate_runs(runs, config)
     with Progress("compare", 1, "outputs") as progress:  # plotting takes seconds, not silently
         progress.phase(f"writing {out / 'results.json'} and the plots")
-        results = summarize(runs, config, initial)
-        write_outputs(results, runs, config)
+        results = compare_report.summarize(runs, config, initial)
+        compare_report.write_outputs(results, runs, config)
         progress.advance()
     if config.leaderboard:
         record(results, config, task_ids)
@@ -383,7 +380,6 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
 
 def record(results: dict[str, Any], config: CompareConfig, task_ids: list[str]) -> None:
     """One leaderboard row for the comparison (per mode: its headline statistics)."""
-    from leaderboard.store import Entry, Store, suite_version
 
     keys = ("time_to_target_s", "accuracy_at_budget", "speedup_vs_sync", "final_accuracy")
     metrics = {

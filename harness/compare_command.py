@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from harness.compare import (
     COMPARE_FLAGS,
@@ -13,7 +14,9 @@ from harness.compare import (
     out_problem,
     run_compare,
 )
+from harness.compare_report import verdict
 from harness.eval_checks import output_problem
+from harness.verdicts import verdict_lines
 from thundersync.cli_output import HelpFormatter
 from thundersync.declared import add_flags, parse_flag
 from thundersync.protocol.strict_json import dumps_refusing
@@ -81,10 +84,6 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_compare_command(args: argparse.Namespace) -> int:
     """0 when every run finished; 1 when a run failed; 2 on bad input."""
-    from dataclasses import replace
-
-    from harness.compare_report import verdict
-    from harness.verdicts import verdict_lines
 
     try:
         base = load_config_file(args.config) if args.config else {}

@@ -13,6 +13,7 @@ from harness.bootstrap import median_ci
 from harness.critical_path import BatchedCost, batched_cost
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
+from harness.plots import write_plots
 from harness.verdicts import pair_verdicts
 from thundersync.training.modes import mode_from_label
 
@@ -158,7 +159,6 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 def write_outputs(results: dict[str, Any], runs: list[Any], config: Any) -> None:
     """results.json (strict JSON) and the plots, all under ``config.out``."""
-    from harness.plots import write_plots
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,12 @@ None)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+
+from leaderboard.store import Store, StoreError
+from thundersync.protocol.documents import DocumentError
 
 
 def sandbox_problem(kind: str) -> str | None:
@@ -20,7 +24,6 @@ def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str
     """Why the run's outputs cannot be written (checked before any work), or None: ``out``
     must be a folder or creatable as one, and with ``leaderboard`` the store ``db`` (None:
     the default one) must open, have a schema this code reads, and take a write."""
-    from leaderboard.store import Store, StoreError
     from thundersync.training.checks import folder_problem
 
     problem = folder_problem(out) if out is not None else None
@@ -38,7 +41,6 @@ def checkpoint_problem(checkpoint: str | Path) -> str | None:
     """Why ``checkpoint`` is not a model folder the policy agent can run, or None: a run's
     step that rotation removed (with the checkpoints that exist), a run folder instead of one
     of its checkpoints, a folder without config.json, a tokenizer without a chat template."""
-    import re
 
     from thundersync.training.checks import chat_template_problem
 
@@ -80,7 +82,6 @@ def _kept_checkpoints(run: Path) -> list[str]:
 
 def _run_setting(run: Path, name: str) -> Any:
     """A field of a run folder's config.json, or None where it cannot be read."""
-    from thundersync.protocol.documents import DocumentError
     from thundersync.training.config_files import load_saved_config
 
     try:

@@ -16,9 +16,12 @@ from typing import Any
 
 import torch
 
+from thundersync.cli_output import strict_json
 from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeKey
 from thundersync.protocol.types import Trajectory
+from thundersync.training import engines
+from thundersync.training.engines.engine import parameter_layout
 
 
 class PolicyEvaluator:
@@ -36,12 +39,11 @@ class PolicyEvaluator:
         engine: str = "hf",
         dtype: str = "float32",
     ) -> None:
-        from thundersync.training.engines import build_engine
         from thundersync.training.rollout_stack import RolloutStack, Sampling
 
         self.checkpoint = Path(checkpoint)
         self.stack = RolloutStack.build(
-            build_engine(engine, self.checkpoint, dtype=dtype, device=device, seed=seed),
+            engines.build_engine(engine, self.checkpoint, dtype=dtype, device=device, seed=seed),
             self.checkpoint,
             Sampling(seed, max_new_tokens, temperature),
             max_batch_size=concurrency,
@@ -55,8 +57,6 @@ class PolicyEvaluator:
         """Evaluate ``checkpoint`` from now on (same architecture, weights loaded in place, on
         whichever engine this evaluator holds)."""
         from safetensors.torch import load_file
-
-        from thundersync.training.engines.engine import parameter_layout
 
         state = load_file(Path(checkpoint) / "model.safetensors")
         names, _ = parameter_layout(self.checkpoint)  # the learner's flat order
@@ -170,7 +170,6 @@ class Transcripts:
 
     def write(self, path: Path, groups: Sequence[Sequence[Trajectory]]) -> None:
         """One JSON line per attempt: outcome, grade details (grading logs) and conversation."""
-        from thundersync.cli_output import strict_json
 
         with path.open("w", encoding="utf-8") as fh:
             for group in groups:

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.plots import timeline_plot
 from thundersync.cli_output import HelpFormatter
+from thundersync.training.run_metrics import read_metrics
 
 
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +34,6 @@ def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_timeline_command(args: argparse.Namespace) -> int:
-    from harness.plots import timeline_plot
-    from thundersync.training.run_metrics import read_metrics
 
     run = Path(args.run)
     if not (run / "metrics.jsonl").is_file() or not (run / "spans.jsonl").is_file():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from leaderboard.render import print_tables, sort_problem, write_html
+from leaderboard.store import Store, StoreError, default_path
 from thundersync.cli_output import HelpFormatter
 
 
@@ -43,14 +46,8 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_leaderboard_command(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from leaderboard.render import print_tables, write_html
-    from leaderboard.store import Store, StoreError, default_path
 
     if args.sort is not None:
-        from leaderboard.render import sort_problem
-
         problem = sort_problem(args.sort)
         if problem:
             print(f"leaderboard: error: {problem}", file=sys.stderr)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import json
 import os
 import re
 import signal
 import sys
 import threading
 from collections.abc import Iterable, Sequence
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, NoReturn
 
 from thundersync.cli_output import HelpFormatter, Startup
@@ -22,8 +24,6 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
     envs = list_envs()
     if args.json:
-        import json
-
         print(json.dumps([{"id": e.id, "entry_point": e.entry_point} for e in envs], indent=2))
         return 0
     from rich.console import Console
@@ -103,7 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     """The installed distribution's version (pyproject.toml's, once installed)."""
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("thundersync")
@@ -125,7 +124,6 @@ ORDER = ("eval", "train", "warmstart", "compare", "leaderboard", "simulate", "ti
 def _add_others(sub: argparse._SubParsersAction) -> None:
     """Subcommands registered in the entry-point group ``thundersync.commands`` (pyproject.toml);
     each module is light to import, so ``--help`` stays quick."""
-    from importlib.metadata import entry_points
 
     found = {entry.name: entry for entry in entry_points(group=COMMANDS)}
     if not found:
@@ -175,6 +173,12 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
         "--deterministic",
         action="store_true",
         help="also require deterministic sync and streaming to be bitwise equal",
+    )
+    verify.add_argument(
+        "--lora",
+        action="store_true",
+        help="certify LoRA adapters (every linear layer, rank 4) trained on a frozen base, "
+        "whose adapters-disabled self is the KL reference (needs the lora extra)",
     )
     verify.add_argument(
         "--model",

@@ -16,12 +16,15 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thundersync.cli_output import WIDTH, HelpFormatter, Progress, fit, print_verdict
+from thundersync.interop.atif import AtifError, atif_models, episodes, to_atif
 from thundersync.protocol import events as ev
 from thundersync.protocol.strict_json import dumps_nulled
+from thundersync.training.chat import ChatFormat
 
 if TYPE_CHECKING:
     from thundersync.protocol.episode import EpisodeRecord
@@ -56,7 +59,6 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export_command(args: argparse.Namespace) -> int:
-    from thundersync.interop.atif import AtifError, atif_models
 
     folder = Path(args.folder)
     out = Path(args.out) if args.out else folder / "atif"
@@ -86,7 +88,6 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 def run_folders(path: Path) -> list[tuple[str, Path]]:
     """(name, folder) of each run in ``path``: the folder itself, or a compare folder's runs."""
-    from thundersync.interop.atif import AtifError
 
     if not path.is_dir():
         raise AtifError(f"{path}: no such folder")
@@ -103,7 +104,6 @@ def run_folders(path: Path) -> list[tuple[str, Path]]:
 
 def read_trajectories(run: Path) -> list[ev.Event]:
     """The episode events of ``run/trajectories.jsonl``, checked line by line."""
-    from thundersync.interop.atif import AtifError
 
     path = run / TRAJECTORIES
     if not path.is_file():
@@ -127,7 +127,6 @@ def read_trajectories(run: Path) -> list[ev.Event]:
 
 def export_run(run: Path, events: list[ev.Event], out: Path) -> tuple[int, list[str]]:
     """Write the run's complete episodes to ``out``; (how many, the incomplete ones' ids)."""
-    from thundersync.interop.atif import episodes, to_atif
 
     done, incomplete = episodes(events)
     texts = _conversations(run)
@@ -194,8 +193,6 @@ class TextDecoder:
         try:
             from transformers import AutoTokenizer
             from transformers.utils import logging as hf_logging
-
-            from thundersync.training.chat import ChatFormat
 
             hf_logging.disable_progress_bar()
             return cls(folder, ChatFormat(AutoTokenizer.from_pretrained(folder)))
@@ -270,7 +267,6 @@ def _agent(run: Path) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("thundersync")

@@ -30,12 +30,14 @@ more episodes at once, and open no more envs ahead, than the server allows.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -239,7 +241,6 @@ def session_gate(url: str) -> SessionGate:
 def _ask_capacity(url: str, timeout_s: float) -> int | None:
     """The server's ``max_sessions`` (``GET /capacity``), or None: a server without the route,
     one that is down, or an answer that is not a positive integer."""
-    import urllib.request
 
     parts = urlsplit(url)
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
@@ -279,7 +280,6 @@ def _left_unread(client: Any) -> str | None:
     None. openenv's server refuses a session over capacity by sending its error at once and
     closing: a client whose first message meets the closed connection has not read it yet
     (``_ws`` and ``_run``: openenv-core 0.3.0's, pinned)."""
-    import asyncio
 
     socket = getattr(getattr(client, "async_client", None), "_ws", None)
     if socket is None:
@@ -584,7 +584,6 @@ def _close_session(client: Any) -> None:
     and the next one is not refused while the server is still closing this one. openenv's
     client sends the close and returns at once; the wait reads its socket (``_ws``) on its
     loop (``_run``), as openenv-core 0.3.0 (pinned) has them."""
-    import asyncio
 
     async def close_and_wait() -> None:
         socket = getattr(client.async_client, "_ws", None)

@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import socket
 import sys
 from typing import Any
 
 from thundersync.cli_output import WIDTH, HelpFormatter, fit, started
+from thundersync.declared import json_object
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DEFAULT_MAX_SESSIONS = 8
@@ -71,7 +73,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    from thundersync.declared import json_object
 
     try:
         return json_object(text)
@@ -120,7 +121,6 @@ class EnvServer:
         port: int = 0,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
-        import functools
 
         import gymnasium
         import uvicorn

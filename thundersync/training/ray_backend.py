@@ -32,6 +32,7 @@ import torch
 
 from thundersync.protocol import events as ev
 from thundersync.training.control import Outbox
+from thundersync.training.ray_head import LOOPBACK_ENV, start_private_head
 from thundersync.training.workers import BackendError, WorkerFailed, run_target
 
 INSTALL_HINT = "--backend ray needs Ray: pip install 'thundersync[ray]'"
@@ -105,8 +106,6 @@ class RayBackend:
         if address and address != "auto":  # auto: the head already running on this machine
             _check_reachable(address)
         if not address:
-            from thundersync.training.ray_head import start_private_head
-
             gpus = torch.cuda.device_count() if gpu_for_rollout or gpus_needed else 0
             self._head = start_private_head(
                 num_cpus=max(cpus_needed, os.cpu_count() or 1), num_gpus=gpus, log=log
@@ -219,7 +218,6 @@ class _WorkerActor:
 def _loopback_env() -> dict[str, str]:
     """Keep Ray on loopback when the cluster is this machine's (no RAY_ADDRESS, or a loopback
     one): otherwise Ray swaps 127.0.0.1 for the machine's network address."""
-    from thundersync.training.ray_head import LOOPBACK_ENV
 
     address = os.environ.get("RAY_ADDRESS") or "local"
     if address == "local":

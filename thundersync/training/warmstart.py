@@ -15,7 +15,10 @@ are drawn fresh each time, so guessing rarely pays).
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ from thundersync.declared import (
     Text,
     check_fields,
 )
+from thundersync.training.chat import ChatFormat
 from thundersync.training.demonstrations import Demo, Progress, collect_demos, no_progress
 
 
@@ -148,8 +152,6 @@ def warm_start(
     The model is built in a temporary folder beside ``out_dir`` and renamed to it at the end,
     so an interrupted or failed run leaves no folder that looks like a model (the temporary
     one is removed on every path out but a hard kill, and its name says it is partial)."""
-    import shutil
-    import tempfile
 
     problem = out_problem(out_dir)
     if problem:
@@ -220,9 +222,6 @@ def _phase(progress: Progress, name: str) -> Callable[[int, int], None]:
 def _replace(partial: Path, out: Path) -> None:
     """Rename the finished ``partial`` folder to ``out``; a previous warm model there (only
     model files: ``out_problem``) is moved aside first and removed after."""
-    import os
-    import shutil
-    import tempfile
 
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         os.replace(partial, out)  # rename(2) replaces an empty folder
@@ -240,7 +239,6 @@ def _examples(demos: list[Demo], tokenizer: Any, config: WarmStartConfig) -> lis
 
 def _tokenize(demo: Demo, tokenizer: Any) -> tuple[list[int], list[bool]]:
     """Ids of the conversation as the policy agent builds them, and which are action tokens."""
-    from thundersync.training.chat import ChatFormat
 
     chat = ChatFormat(tokenizer)
     ids: list[int] = list(chat.prompt_ids(demo[0][1]))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from environments.registry import task_source
 from thundersync.training.config import TrainConfig
 from thundersync.training.control import Channel, RolloutMessage, TeacherMessage
 from thundersync.training.rollout_worker import RolloutSpec, rollout_main
@@ -73,7 +74,6 @@ def session_limit(c: TrainConfig) -> int | None:
     """The most envs of ``c.env`` that may be open at once, where its task source says
     (``max_sessions()``: an OpenEnv server's ``--max-sessions``, asked of the server), else
     None. A session past them would be refused, and an episode refused its env is lost."""
-    from environments.registry import task_source
 
     source = task_source(c.env, **{"sandbox": c.sandbox, **c.env_kwargs})
     ask = getattr(source, "max_sessions", None)

@@ -175,7 +175,7 @@ def test_a_command_registered_as_an_entry_point_runs_beside_the_built_in_ones(mo
     plugin = EntryPoint("hello", f"{__name__}:_hello_parser", cli.COMMANDS)
     installed = list(entry_points(group=cli.COMMANDS))
     assert {"eval", "train", "compare", "leaderboard", "serve"} <= {e.name for e in installed}
-    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [*installed, plugin])
+    monkeypatch.setattr(cli, "entry_points", lambda group: [*installed, plugin])
     assert main(["hello"]) == 0
     assert capsys.readouterr().out == "hello from a plugin\n"
     names = list(subcommands())
@@ -194,6 +194,6 @@ def test_a_command_registered_as_an_entry_point_runs_beside_the_built_in_ones(mo
 
 
 def test_without_the_installed_commands_the_command_line_says_how_to_install(monkeypatch):
-    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [])
+    monkeypatch.setattr("thundersync.cli.entry_points", lambda group: [])
     with pytest.raises(SystemExit, match="pip install -e"):
         build_parser()

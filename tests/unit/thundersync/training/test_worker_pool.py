@@ -160,7 +160,7 @@ def test_the_session_limit_is_the_env_task_sources(monkeypatch):
         def max_sessions(self):
             return 8
 
-    monkeypatch.setattr("environments.registry.task_source", lambda env, **kw: Source())
+    monkeypatch.setattr(worker_pool, "task_source", lambda env, **kw: Source())
     assert worker_pool.session_limit(TrainConfig()) == 8
-    monkeypatch.setattr("environments.registry.task_source", lambda env, **kw: object())
+    monkeypatch.setattr(worker_pool, "task_source", lambda env, **kw: object())
     assert worker_pool.session_limit(TrainConfig()) is None
