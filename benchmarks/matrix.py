@@ -16,7 +16,7 @@ workload in one mode, read back from its run folder (docs/design.md §4):
 - **idle fractions** of the learner and of the engine (rollout) per step;
 - **peak accumulator memory** in multiples of the trainable parameters (against 2·open groups
   + 1, and against ``--buffer-budget-bytes`` in the budget cell);
-- **the simulator's replay**: ``harness.simulate.replay_run`` predicts the run's step time from
+- **the simulator's replay**: ``harness.replay.replay_run`` predicts the run's step time from
   its own ready times and learner costs; its error beside the measurement.
 
 Workloads (ToySum, warm model, B tasks × G episodes per step):
@@ -63,7 +63,7 @@ from harness.critical_path import (  # noqa: E402
     bound,
     step_windows,
 )
-from harness.simulate import replay_run  # noqa: E402
+from harness.replay import replay_run  # noqa: E402
 from thundersync.training.modes import REGISTRY, Mode, baseline_mode, mode_from_label  # noqa: E402
 
 STALENESS = (1, 2)

@@ -19,7 +19,7 @@ For OPD the work items are turns, each ready at its teacher score; the step cann
 before the batch's last episode has ended either (until an episode ends, another turn may
 come: a last tool call runs after the last scored action), so the tail is at least max eᵢ.
 
-For the simulator's replay (``harness/simulate.py``) a step also carries each trajectory's
+For the simulator's replay (``harness/replay.py``) a step also carries each trajectory's
 length in tokens (its context, from the token counts ``events.jsonl`` keeps) and the learner's
 passes with the padded tokens each computed, so that a pass can be charged by the rows × the
 longest row it computes.

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.projection import load_projection, print_projection, project
-from harness.simulate import named_workload, replay_run, run_workload, simulate
+from harness.replay import replay_run
+from harness.simulate import simulate
+from harness.workload import named_workload, run_workload
 from thundersync.cli_output import HelpFormatter
 
 

@@ -16,7 +16,7 @@ from harness.critical_path import (
     step_windows,
     token_pass_cost,
 )
-from harness.simulate import replay_run
+from harness.replay import replay_run
 from tests.unit.harness.run_folders import sync_step, write_run
 
 

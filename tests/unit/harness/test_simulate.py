@@ -1,59 +1,94 @@
-"""The simulator's schedules against hand-computed cases, and its ordering guarantees."""
+"""The real mode objects driven on the simulator's virtual clock against hand-computed cases,
+and its ordering guarantees."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness.simulate import (
-    Item,
-    Workload,
-    async_steps,
-    bound_step,
-    grpo_streaming_step,
-    named_workload,
-    pass_seconds,
-    simulate,
-    streaming_step,
-    sync_step,
-)
+from harness.simulate import bound_step, mean_step_time, simulate, step_times
+from harness.workload import Item, Workload, named_workload, pass_seconds
+from thundersync.training.modes import AsyncMode, StreamingMode, SyncMode
 
 ROOT = Path(__file__).resolve().parents[3]
+SYNC, STREAMING = SyncMode(), StreamingMode()
 
 
-def workload(ready, b=1.0, o=0.0, opt=0.5, sync=0.25, micro=8) -> Workload:
+def workload(ready, b=1.0, o=0.0, opt=0.5, sync=0.25, micro=8, **more) -> Workload:
     return Workload(
-        "w", (tuple(ready),), b, o, optimizer_s=opt, sync_s=sync, micro_batch_size=micro
+        "w", (tuple(ready),), b, o, optimizer_s=opt, sync_s=sync, micro_batch_size=micro, **more
     )
+
+
+def grpo(items: list[Item], w: Workload, **options) -> float:
+    """The streaming mode's one step over these trajectories, drained per group."""
+    rewards = (tuple(item.reward for item in items),)
+    work = replace(w, ready_s=rewards, items=(tuple(items),), **options)
+    (seconds,) = step_times(STREAMING, work)
+    return seconds
 
 
 def test_sync_waits_for_the_slowest_then_learns_everything():
     w = workload([1.0, 2.0, 9.0])
-    assert sync_step([1.0, 2.0, 9.0], w) == pytest.approx(9.0 + 3.0 + 0.75)
+    assert step_times(SYNC, w) == [pytest.approx(9.0 + 3.0 + 0.75)]
 
 
 def test_lazy_streaming_drains_what_has_arrived_and_reaches_the_bound_here():
     w = workload([1.0, 2.0, 9.0])
     # learner: 1..2 (first), 2..3 (second), idle, 9..10 (third): 10 + 0.75
-    assert streaming_step([1.0, 2.0, 9.0], w) == pytest.approx(10.75)
+    assert step_times(STREAMING, w) == [pytest.approx(10.75)]
     assert bound_step([1.0, 2.0, 9.0], w) == pytest.approx(10.75)
 
 
 def test_a_pass_overhead_makes_eager_streaming_pay_per_trajectory():
-    ready = [1.0, 1.0, 1.0, 1.0]
-    w = workload(ready, b=1.0, o=0.5)
-    assert streaming_step(ready, w) == pytest.approx(1.0 + 0.5 + 4.0 + 0.75)
-    assert streaming_step(ready, w, eager=True) == pytest.approx(1.0 + 4 * 1.5 + 0.75)
+    w = workload([1.0, 1.0, 1.0, 1.0], b=1.0, o=0.5)
+    assert step_times(STREAMING, w) == [pytest.approx(1.0 + 0.5 + 4.0 + 0.75)]
+    assert step_times(STREAMING, w, eager=True) == [pytest.approx(1.0 + 4 * 1.5 + 0.75)]
+
+
+def test_streaming_closes_at_the_batchs_last_reward_after_its_work():
+    """OPD and early start: the work's inputs (teacher scores, completions) come before the
+    batch is complete; the step closes no earlier than its last reward."""
+    w = workload([1.0, 2.0], gates_s=(6.0,))
+    assert step_times(STREAMING, w) == [pytest.approx(6.0 + 0.75)]
+    assert step_times(SYNC, w) == [pytest.approx(6.0 + 2.0 + 0.75)]
 
 
 def test_async_overlaps_rollout_with_learning_at_bounded_staleness():
     w = Workload("w", ((2.0,), (2.0,), (2.0,), (2.0,)), 1.0, optimizer_s=0.0, sync_s=0.0)
     # k=1: batches 0 and 1 start at 0; batch n >= 2 starts when step n-2 is done:
     # steps end at 3, 4, 6 (batch 2 starts at 3), 7 (batch 3 starts at 4)
-    assert async_steps(w, 1) == pytest.approx(7.0 / 4)
-    assert async_steps(w, 1) < sum(sync_step(r, w) for r in w.ready_s) / 4
+    assert mean_step_time(AsyncMode(1), w) == pytest.approx(7.0 / 4)
+    assert mean_step_time(AsyncMode(1), w) < mean_step_time(SYNC, w)
+
+
+def test_a_learner_bound_async_steps_at_its_learning_optimizer_and_weight_sync():
+    """The trainer publishes the weights inside ``finish_step``, before it takes the next
+    batch: a learner-bound async(2) steps every learn + optimizer + sync (1 + 0.5 + 0.25),
+    whatever the rollout (ready at 0.1 s)."""
+    w = Workload("w", ((0.1,),) * 8, 1.0, optimizer_s=0.5, sync_s=0.25)
+    ends = [h[1] for h in _ends(AsyncMode(2), w)]
+    assert [b - a for a, b in zip(ends[3:], ends[4:])] == [pytest.approx(1.75)] * 4
+
+
+def _ends(mode, w):
+    from harness.virtual_run import drive
+
+    return [(h["submitted_at"], h["finished_at"]) for h in drive(mode, w)]
+
+
+def test_rollout_slows_while_the_learner_computes_under_contention():
+    """κ = 1: rollout runs at half speed while the learner computes. Items ready after 1 and
+    3 s of rollout; the learner's pass over the first runs 1..2 s (1 s of work, 0.5 s of
+    rollout), so the second falls due at 2 + (3 - 1.5) = 3.5 s: 3.5 + 1 + 0.75. Sync never
+    overlaps its learner with rollout: 3 + 2 + 0.75 either way."""
+    w = workload([1.0, 3.0], contention=1.0)
+    assert step_times(STREAMING, w) == [pytest.approx(3.5 + 1.0 + 0.75)]
+    assert step_times(SYNC, w) == step_times(SYNC, replace(w, contention=0.0))
+    assert step_times(SYNC, w) == [pytest.approx(3.0 + 2.0 + 0.75)]
 
 
 def test_a_pass_costs_its_micro_batches_padded_tokens():
@@ -78,24 +113,22 @@ def test_grpo_streaming_drains_deposits_finals_and_early_pieces_as_the_learner_d
     items += [Item(0.1, 0.2, "b", 5), Item(0.1, 0.2, "b", 5), Item(0.9, 1.0, "b", 5)]
     # the deposit: 0.2 .. 0.22 (o + 2 x 5 tokens); the finals (5, 10) and (20, 30): 1.0 .. 1.1
     finals = 2 * 0.01 + (2 * 10 + 2 * 30) * 0.001
-    assert grpo_streaming_step(items, w) == pytest.approx(1.0 + finals + 0.75)
+    assert grpo(items, w) == pytest.approx(1.0 + finals + 0.75)
     # early start: b's two at 0.1 (0.1 .. 0.13), then four pieces from 0.9: 0.9 .. 1.005
     pieces = 4 * 0.01 + (30 + 10 + 20 + 5) * 0.001
-    early = grpo_streaming_step(items, w, early_start=True, gate=1.0)
-    assert early == pytest.approx(0.9 + pieces + 0.75)
+    assert grpo(items, w, early_start=True) == pytest.approx(0.9 + pieces + 0.75)
     # a KL term: the deposit's three backwards and a piece's two, per token
-    kl = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001)
+    kl = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001, kl=True)
     pair = [Item(0.0, 0.1, "g", 10), Item(0.0, 0.1, "g", 10), Item(0.0, 0.5, "g", 10)]
     # at 0.1 a deposit of two (2 x 10 x 3 backwards: 0.06), at 0.5 the last as final (0.01)
-    assert grpo_streaming_step(pair, kl, kl=True) == pytest.approx(0.5 + 0.01)
-    assert grpo_streaming_step(pair[:2] + [Item(0.0, 0.12, "g", 10)], kl, kl=True) == (
-        pytest.approx(0.1 + 0.06 + 0.01)  # the last arrives during the deposit: final at 0.16
-    )
+    assert grpo(pair, kl) == pytest.approx(0.5 + 0.01)
+    # the last arrives during the deposit: final at 0.16
+    assert grpo(pair[:2] + [Item(0.0, 0.12, "g", 10)], kl) == pytest.approx(0.1 + 0.06 + 0.01)
     # rewards that pass or fail: a deposit's two of one reward share a backward for Σ hᵢ and
     # Σ cᵢhᵢ (2 x 10 x 2 backwards: 0.04); of two rewards, a pass each (2 x 10 x 2: 0.04)
     for values in ((1.0, 1.0), (1.0, 0.0)):
         graded = [Item(0.0, 0.1, "g", 10, v) for v in values] + [Item(0.0, 0.12, "g", 10, 0.0)]
-        assert grpo_streaming_step(graded, kl, kl=True) == pytest.approx(0.1 + 0.04 + 0.01)
+        assert grpo(graded, kl) == pytest.approx(0.1 + 0.04 + 0.01)
 
 
 def test_early_starts_split_work_ends_at_its_first_half_where_the_reward_is_the_shift():
@@ -106,9 +139,9 @@ def test_early_starts_split_work_ends_at_its_first_half_where_the_reward_is_the_
     w = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001)
     rewards = ((0.1, 0.0), (0.2, 1.0), (0.5, 0.0))
     known = [Item(0.0, t, "g", 10, v) for t, v in rewards]
-    assert grpo_streaming_step(known, w, early_start=True, split=True) == pytest.approx(0.5)
+    assert grpo(known, w, early_start=True, split=True) == pytest.approx(0.5)
     unknown = [Item(0.0, t, "g", 10) for t, _ in rewards]
-    assert grpo_streaming_step(unknown, w, early_start=True, split=True) == pytest.approx(0.51)
+    assert grpo(unknown, w, early_start=True, split=True) == pytest.approx(0.51)
 
 
 @pytest.mark.parametrize("name", ["long-tail", "balanced", "agentic"])

@@ -1,0 +1,187 @@
+"""A simulated ``Run`` on a virtual clock that the real mode objects drive unchanged
+(``thundersync/training/modes/``; docs/design.md §4): a mode's semantics are written once.
+
+No threads and no sleeps: a deterministic event loop. ``submit`` starts a batch's rollout;
+its items fall due after the workload's ready times of rollout; ``wait_batch`` and
+``arrivals`` move the clock to the events the mode waits for; the learner's passes
+(``learner.drain``) and ``finish_step`` (intake, ``step()``'s work, optimizer, weight sync)
+move it by what they cost. While the learner computes, rollout runs 1 + κ times slower
+(``Workload.contention``): on a machine where the engine, tools and graders share the
+learner's cores, what streaming and async overlap costs the rollout.
+
+The learner is asked only what the mode's contract says (``LearnerContract.streams``): a
+learner that streams drains what arrived (per group as ``StreamingGRPO`` does where the
+workload has its trajectories: ``harness/grpo_drain.py``; else one pass of everything that
+arrived, or with ``eager`` a pass per item); one that does not learns the batch at ``step()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.grpo_drain import GrpoDrain
+from harness.workload import Workload, batch_seconds, pass_seconds
+from thundersync.protocol import events as ev
+from thundersync.training.modes import Arrivals, Mode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDue(ev.Event):
+    """A simulated batch's item has its inputs (``rewarded``: its reward; else its completion,
+    or for a workload of ready times alone, the inputs of its work)."""
+
+    step: int
+    index: int
+    rewarded: bool
+    work: bool
+    """Whether it unblocks learner work (a batch's closing reward after OPD's scores does not)."""
+
+
+@dataclass(slots=True)
+class _Rollout:
+    """One batch in flight: its start, its rollout's progress, and its items by due time."""
+
+    started: float
+    due: list[tuple[float, ItemDue]]
+    progress: float = 0.0
+    taken: int = 0
+
+
+class VirtualRun:
+    """The ``Run`` a mode drives, on a virtual clock (``now``, seconds)."""
+
+    def __init__(self, w: Workload, *, streams: bool, eager: bool = False) -> None:
+        self.w, self.now = w, 0.0
+        self.rollouts: dict[int, _Rollout] = {}
+        self.busy_s = 0.0
+        self._learner = VirtualLearner(self, streams=streams, eager=eager)
+
+    @property
+    def learner(self) -> VirtualLearner:
+        return self._learner
+
+    def steps(self) -> range:
+        return range(len(self.w.ready_s))
+
+    def submit(self, step: int) -> None:
+        self.rollouts[step] = _Rollout(self.now, _due(self.w, step))
+
+    def advance(self, seconds: float, *, busy: bool) -> None:
+        """Move the clock; rollout runs 1 + κ times slower while the learner is ``busy``."""
+        rate = 1.0 / (1.0 + self.w.contention) if busy else 1.0
+        for rollout in self.rollouts.values():
+            rollout.progress += seconds * rate
+        self.now += seconds
+        self.busy_s += seconds if busy else 0.0
+
+    def _wait(self, step: int, *, everything: bool, timeout_s: float | None = None) -> None:
+        """Idle until batch ``step``'s next item (``everything``: its last) falls due."""
+        rollout = self.rollouts[step]
+        if rollout.taken < len(rollout.due):
+            target = rollout.due[-1 if everything else rollout.taken][0]
+            wait = max(target - rollout.progress, 0.0)
+            self.advance(wait if timeout_s is None else min(wait, timeout_s), busy=False)
+
+    def _take(self, step: int) -> list[ev.Event]:
+        rollout = self.rollouts[step]
+        out: list[ev.Event] = []
+        while rollout.taken < len(rollout.due) and rollout.due[rollout.taken][0] <= (
+            rollout.progress + 1e-12
+        ):
+            out.append(rollout.due[rollout.taken][1])
+            rollout.taken += 1
+        return out
+
+    def wait_batch(self, step: int) -> list[ev.Event]:
+        self._wait(step, everything=True)
+        return self._take(step)
+
+    def arrivals(self, step: int, timeout_s: float | None = None) -> Arrivals:
+        rollout = self.rollouts[step]
+        if not rollout.taken < len(rollout.due) or rollout.due[rollout.taken][0] > (
+            rollout.progress + 1e-12
+        ):
+            self._wait(step, everything=False, timeout_s=timeout_s)
+        events = self._take(step)
+        return Arrivals(events, rollout.taken == len(rollout.due))
+
+    def finish_step(self, step: int) -> dict[str, Any]:
+        rollout = self.rollouts.pop(step)
+        w = self.w
+        self.advance(w.intake_s + self._learner.step_seconds(step) + w.optimizer_s, busy=True)
+        self.advance(w.sync_s, busy=True)
+        return {"step": step + 1, "submitted_at": rollout.started, "finished_at": self.now}
+
+
+class VirtualLearner:
+    """The ``EventLearner`` the mode hands events to; its work moves the run's clock."""
+
+    def __init__(self, run: VirtualRun, *, streams: bool, eager: bool) -> None:
+        self.run, self.streams, self.eager = run, streams, eager
+        self.pending = 0
+        self.drains: dict[int, GrpoDrain] = {}
+
+    def _drain_of(self, step: int) -> GrpoDrain | None:
+        w = self.run.w
+        if not (self.streams and w.items):
+            return None
+        if step not in self.drains:
+            self.drains[step] = GrpoDrain(w.items[step], w)
+        return self.drains[step]
+
+    def consume(self, event: ev.Event) -> None:
+        if not isinstance(event, ItemDue) or not self.streams:
+            return  # a batched learner computes at step(); one that streams, as work arrives
+        drain = self._drain_of(event.step)
+        if drain is not None:
+            drain.see(event.index, rewarded=event.rewarded)
+        elif event.work and self.eager:
+            self.run.advance(pass_seconds((0,), self.run.w), busy=True)
+        elif event.work:
+            self.pending += 1
+
+    def drain(self) -> None:
+        drains = list(self.drains.values())
+        seconds = sum(d.drain() for d in drains)
+        if self.pending:
+            seconds += pass_seconds((0,) * self.pending, self.run.w)
+            self.pending = 0
+        if seconds:
+            self.run.advance(seconds, busy=True)
+
+    def wake_after(self) -> float | None:
+        return None  # the simulated learner holds no deposit back (core/holds.py)
+
+    def step_seconds(self, step: int) -> float:
+        """``step()``'s work beyond the optimizer: the batch's passes, or a streaming
+        learner's folds."""
+        self.drains.pop(step, None)
+        return self.run.w.fold_s if self.streams else batch_seconds(self.run.w, step)
+
+
+def _due(w: Workload, step: int) -> list[tuple[float, ItemDue]]:
+    """Batch ``step``'s events by their rollout time: a GRPO trajectory's completion and
+    reward, or each work item's ready time and the batch's closing gate."""
+    due: list[tuple[float, ItemDue]] = []
+    if w.items:
+        for i, item in enumerate(w.items[step]):
+            for t, rewarded in ((item.completed, False), (item.reward, True)):
+                event = ItemDue(step=step, index=i, rewarded=rewarded, work=True, t=t)
+                due.append((t, event))
+    else:
+        for i, t in enumerate(w.ready_s[step]):
+            due.append((t, ItemDue(step=step, index=i, rewarded=True, work=True, t=t)))
+        gate = w.gate(step)
+        if gate > max(w.ready_s[step], default=0.0):
+            closing = ItemDue(step=step, index=-1, rewarded=True, work=False, t=gate)
+            due.append((gate, closing))
+    due.sort(key=lambda pair: (pair[0], pair[1].index, pair[1].rewarded))
+    return due
+
+
+def drive(mode: Mode, w: Workload, *, eager: bool = False) -> list[dict[str, Any]]:
+    """Each step's metrics (``submitted_at``, ``finished_at``) of ``mode`` run on ``w``: the
+    mode object's own loop (``Mode.run``) over a ``VirtualRun``."""
+    run = VirtualRun(w, streams=mode.learner_contract().streams, eager=eager)
+    return mode.run(run)
