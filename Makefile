@@ -83,13 +83,13 @@ compare-terminal: install
 	    --out $(TERMINAL)/compare --db $(TERMINAL_DB)
 	@echo "compare-terminal: results in $(TERMINAL)/compare/results.json and its plots"
 
-# Two parts: TEST_WORKERS pytest-xdist workers (a file's tests, and all Docker tests, each in one
-# worker: tests/conftest.py), then the `serial` tests alone (they bound a time or load every core).
+# Two parts: TEST_WORKERS pytest-xdist workers (a file's tests in one worker: its module fixtures
+# are built once), then the `serial` tests alone (they bound a time or load every core).
 # Exit status 5 is pytest's "no test selected" (a PYTEST_ARGS naming one file).
 TEST_WORKERS ?= 2
 TEST_MARKS   := not gpu and not vllm and not browser
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "$(TEST_MARKS) and not serial" \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "$(TEST_MARKS) and not serial" \
 	    $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m "$(TEST_MARKS) and serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

@@ -33,17 +33,13 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) a file's tests run in one worker (its module
-    fixtures are built once) and every Docker test in one worker (they never contend for the
-    daemon); ``serial`` tests are left to the run without workers (``make test``'s second
-    part)."""
-    for item in items:
-        if item.get_closest_marker("ray"):  # one private Ray head at a time: each test counts
-            item.add_marker(pytest.mark.serial)  # the Ray processes and folders left behind
-        group = "docker" if item.get_closest_marker("docker") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A Ray test runs in the serial part (``make test``'s second run, without workers): one
+    private Ray head at a time, since each test counts the Ray processes and folders left
+    behind. The parallel part hands each worker whole files (``--dist loadfile``), so a file's
+    module fixtures are built once."""
+    if item.get_closest_marker("ray"):
+        item.add_marker(pytest.mark.serial)
 
 
 T = TypeVar("T")
