@@ -1,15 +1,23 @@
-"""A Docker sandbox's services (``SandboxSpec.services``): an internal network, a container each.
+"""A Docker sandbox's services (``SandboxSpec.services``): one network namespace with no way out.
 
 A compose task's other containers (a database, a web server the agent talks to) run beside the
-sandbox's own, made through the Docker SDK directly (no ``docker compose`` here): one network of
-the sandbox's own, ``internal`` (Docker gives it no gateway, so nothing on it has a route out of
-the machine), each service on it under its name, started in the order given (the loader sorts
-``depends_on``) and, where it has a healthcheck, waited for until it passes, at most its
-``start_timeout_s``. A service that exits or never turns healthy is a SandboxError (the task's
-infrastructure failure) with its last log lines, never a hang. Every container and the network
-carry the sandbox's labels (``thundersync.owner_pid``…), so a run killed before it could remove
-them has them reaped by the next (``orphans.py``); ``remove`` takes them away on every other
-path out, the sandbox's own container first (a network with a container on it cannot go).
+sandbox's own, made through the Docker SDK directly (no ``docker compose`` here). They share
+one network namespace that has only a loopback interface: a small holder container made with
+``network_mode="none"`` owns it, and every service and the sandbox's own container join it
+(``network_mode="container:<holder>"``), so each reaches the others as ``localhost`` and, through
+the holder's /etc/hosts, by its service name (``main`` for the sandbox's). Not a Docker network,
+not even an ``internal`` one: this daemon runs with ``--iptables=false``, where an internal
+bridge network still routes to the host's bridge address, so a service could reach every port
+the host listens on. Harbor itself puts the services of a task without ``public`` network into
+one shared namespace (its egress sidecar's); the cost is the same as there: two services may
+not listen on the same port.
+
+Services start in the order given (the loader sorts ``depends_on``); one with a healthcheck is
+waited for until it passes, at most its ``start_timeout_s``. A service that exits or never turns
+healthy is a SandboxError (the task's infrastructure failure) with its last log lines, never a
+hang. Every container carries the sandbox's labels (``thundersync.owner_pid``…), so a run killed
+before it could remove them has them reaped by the next (``orphans.py``); ``remove`` takes them
+away on every other path out, after the sandbox's own container, the holder last.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any
 
 from environments.sandboxes.image_build import (
     LABEL,
+    LOCAL_BASE_IMAGE,
     build_image,
     require_local_image,
     resolve_image,
@@ -36,30 +45,41 @@ HEALTHCHECK_TIMEOUT_S = 10
 
 @dataclass(slots=True)
 class Services:
-    """What was made so far (filled in as it is made, so a failure half-way removes it all)."""
+    """What was made so far (filled in as it is made, so a failure half-way removes it all):
+    the holder of the network namespace, then the services' containers."""
 
-    network: str | None = None
+    holder: str | None = None
     containers: list[str] = field(default_factory=list)
 
 
 def start(
     client: Any, made: Services, specs: tuple[ServiceSpec, ...], marker: str, labels: dict[str, str]
 ) -> str:
-    """Make the network and start ``specs`` in order on it; returns the network's name."""
+    """Make the namespace's holder and start ``specs`` in order in its namespace; returns the
+    ``network_mode`` that puts the sandbox's own container there too."""
     name = f"{marker}-net"
+    hosts = {spec.name: "127.0.0.1" for spec in specs} | {"main": "127.0.0.1"}
     try:
-        client.networks.create(name, driver="bridge", internal=True, labels=labels)
+        client.containers.run(
+            LOCAL_BASE_IMAGE,
+            command=["sleep", "infinity"],
+            name=name,
+            detach=True,
+            network_mode="none",
+            extra_hosts=hosts,
+            init=True,
+            mem_limit="32m",
+            pids_limit=8,
+            labels={**labels, f"{LABEL}.service": "network"},
+        )
     except Exception as exc:
-        raise SandboxError(f"could not make the services' network {name}: {exc}") from exc
-    made.network = name
+        if _exists(client, name):
+            made.holder = name
+        raise SandboxError(f"could not make the services' network holder {name}: {exc}") from exc
+    made.holder = name
     for spec in specs:
         _start_one(client, made, spec, marker, labels)
-    return name
-
-
-def endpoint(client: Any, network: str, alias: str) -> dict[str, Any]:
-    """``networking_config`` for a container on ``network`` reached as ``alias``."""
-    return {network: client.api.create_endpoint_config(aliases=[alias])}
+    return f"container:{name}"
 
 
 def _image(client: Any, spec: ServiceSpec) -> str:
@@ -78,16 +98,13 @@ def _start_one(
     import docker.types  # the SDK is there: a client was made
 
     image, container_name = _image(client, spec), f"{marker}-{spec.name}"
-    network = made.network or ""
     try:
         client.containers.run(
             image,
             command=list(spec.command) if spec.command is not None else None,
             name=container_name,
-            hostname=spec.name,
             detach=True,
-            network=network,
-            networking_config=endpoint(client, network, spec.name),
+            network_mode=f"container:{made.holder}",
             init=True,
             mem_limit=f"{spec.memory_mb}m",
             memswap_limit=f"{spec.memory_mb}m",
@@ -163,20 +180,14 @@ def _failed(container: Any, spec: ServiceSpec, why: str) -> SandboxError:
 
 
 def remove(client: Any, made: Services) -> list[str]:
-    """Remove the services' containers, then their network; returns what could not go."""
+    """Remove the services' containers, then the holder; returns what could not go."""
     errors = []
-    for name in reversed(made.containers):
+    for name in [*reversed(made.containers), *([made.holder] if made.holder else [])]:
         try:
             client.containers.get(name).remove(force=True)
         except Exception as exc:
             if type(exc).__name__ != "NotFound":
                 errors.append(f"could not remove service container {name}: {exc}")
     made.containers.clear()
-    if made.network is not None:
-        try:
-            client.networks.get(made.network).remove()
-        except Exception as exc:
-            if type(exc).__name__ != "NotFound":
-                errors.append(f"could not remove network {made.network}: {exc}")
-        made.network = None
+    made.holder = None
     return errors

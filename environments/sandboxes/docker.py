@@ -1,7 +1,7 @@
 """DockerSandbox: commands run by ``docker exec`` in a long-lived, network-less container.
 
-A spec with ``services`` puts it instead on an internal network (no route out) with them,
-reached as ``main`` (``compose.py``); they are removed with it.
+A spec with ``services`` puts it instead in their network namespace (loopback only, no route
+out), reached as ``main`` (``compose.py``); they are removed with it.
 
 The container runs ``sleep infinity`` under Docker's init with ``network_mode="none"`` and
 memory / CPU / pids limits, labelled ``thundersync=1``. Each ``execute`` runs a small
@@ -185,17 +185,11 @@ class DockerSandbox:
             raise SandboxError(f"could not make the workspace volume {self.marker}: {exc}") from exc
 
     def _run(self, image: str, network: str | None) -> Any:
-        """The container, network-less, or on the services' ``network`` as ``main``."""
+        """The container, network-less, or in the services' namespace (``network`` mode)."""
         spec = self.spec
         volumes = {}
         if self._disk.workspace is not None:
             volumes = {self.marker: {"bind": self.workdir, "mode": "rw"}}
-        net: dict[str, Any] = {"network_mode": "none"}
-        if network is not None:
-            net = {
-                "network": network,
-                "networking_config": compose.endpoint(self._client, network, "main"),
-            }
         try:
             return self._client.containers.run(
                 image,
@@ -212,7 +206,7 @@ class DockerSandbox:
                 labels=self._labels(),
                 auto_remove=False,
                 volumes=volumes,
-                **net,
+                network_mode=network or "none",
             )
         except Exception as exc:
             hint = ""

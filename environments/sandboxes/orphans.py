@@ -56,8 +56,8 @@ def remove_orphan_workspaces(prefix: str, root: str | None = None) -> list[Path]
 
 
 def remove_orphan_containers(client: Any, label: str) -> list[str]:
-    """Remove containers, then volumes and networks, labelled ``label`` whose
-    ``<label>.owner_pid`` is not running here; returns the names removed."""
+    """Remove containers, then volumes, labelled ``label`` whose ``<label>.owner_pid`` is not
+    running here; returns the names removed."""
     removed = []
     for container in client.containers.list(all=True, filters={"label": label}):
         if _is_orphan(container.labels, label):
@@ -67,10 +67,6 @@ def remove_orphan_containers(client: Any, label: str) -> list[str]:
         if _is_orphan(volume.attrs.get("Labels") or {}, label):
             volume.remove(force=True)
             removed.append(volume.name)
-    for network in client.networks.list(filters={"label": label}):  # a compose task's
-        if _is_orphan(network.attrs.get("Labels") or {}, label):
-            network.remove()
-            removed.append(network.name)
     return removed
 
 
