@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # A bare `torch` requirement can pull a multi-GB CUDA build: pin the CPU build first.
 # Elsewhere, e.g.: make TORCH_SPEC="torch==2.13.0 --index-url <your CPU wheel index>"
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop,docs
+EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop,docs,lora
 PYTEST_ARGS ?=
 
 .PHONY: install demo compare-terminal test typecheck test-vllm test-browser test-gpu gpu-check bench-matrix \
