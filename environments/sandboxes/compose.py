@@ -102,6 +102,9 @@ def _start_one(
         client.containers.run(
             image,
             command=list(spec.command) if spec.command is not None else None,
+            entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
+            working_dir=spec.working_dir,
+            user=spec.user,
             name=container_name,
             detach=True,
             network_mode=f"container:{made.holder}",

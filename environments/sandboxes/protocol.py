@@ -63,15 +63,19 @@ class ServiceSpec:
     """One more container beside the sandbox's own (a compose file's service other than
     ``main``), on a network of the sandbox's own with no route out, reached by ``name``.
 
-    ``build_context`` (a folder with a Dockerfile) or ``image``; ``command`` replaces the
-    image's; ``healthcheck`` (a shell command, exit 0 = healthy) is waited for, at most
-    ``start_timeout_s``, before the containers after it start; limits as the sandbox's.
+    ``build_context`` (a folder with a Dockerfile) or ``image``; ``command``, ``entrypoint``,
+    ``working_dir`` and ``user`` replace the image's; ``healthcheck`` (a shell command, exit 0
+    = healthy) is waited for, at most ``start_timeout_s``, before the containers after it
+    start; limits as the sandbox's.
     """
 
     name: str
     image: str | None = None
     build_context: Path | None = None
     command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    working_dir: str | None = None
+    user: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     healthcheck: str | None = None
     start_timeout_s: float = 60.0

@@ -9,15 +9,17 @@ as every task file), checks it, and turns each service into a ``ServiceSpec``, i
 order, with the task's ``cpus`` and ``memory_mb`` limits.
 
 Supported per service: ``build`` (a context inside the task folder, its ``Dockerfile``),
-``image`` (through the image aliases; nothing is pulled), ``command`` (a list or a string),
-``environment`` (a mapping or ``KEY=VALUE`` list), ``depends_on`` (names, or conditions
-``service_started`` / ``service_healthy``), ``healthcheck`` (``test``, ``interval``, ``timeout``,
-``retries``, ``start_period``: a service that has one is waited for until it passes, at most
-``start_period + retries × (interval + timeout)``). ``ports``, ``expose`` and the keys that only
-name or restart a container are ignored with a warning (nothing is published; every service
-reaches every other by name). Refused, one line each: what would open a route out or reach
-the host (``network_mode``, ``networks``, ``volumes``, ``privileged``, ``cap_add``,
-``devices``, ``extra_hosts``…), top-level ``volumes`` and ``networks``.
+``image`` (through the image aliases; nothing is pulled), ``command`` and ``entrypoint`` (a
+list or a string), ``working_dir``, ``user``, ``environment`` (a mapping or ``KEY=VALUE``
+list), ``depends_on`` (names, or conditions ``service_started`` / ``service_healthy``),
+``healthcheck`` (``test``, ``interval``, ``timeout``, ``retries``, ``start_period``: a service
+that has one is waited for until it passes, at most ``start_period + retries × (interval +
+timeout)``). ``ports``, ``expose``, ``deploy`` and the keys that only name or restart a
+container are ignored with a warning (``IGNORED_KEYS``). Refused, one line each: every other
+key, among them what would open a route out or reach the host (``network_mode``,
+``networks``, ``volumes``, ``privileged``, ``cap_add``, ``devices``, ``extra_hosts``…), and
+top-level ``volumes`` and ``networks``; ``main`` may only add ``environment`` and
+``depends_on`` (and restate Harbor's ``build``).
 
 ``${VAR}`` in the file is interpolated as Compose does (``$VAR``, ``${VAR:-default}``,
 ``${VAR-default}``, ``${VAR:?error}``, ``$$``) from the task's ``[environment].env``, whose own
@@ -41,11 +43,40 @@ from thundersync.protocol.documents import DocumentError, excerpt, load_yaml
 
 COMPOSE_FILE = "docker-compose.yaml"
 MAIN = "main"
-SERVICE_KEYS = frozenset({"build", "image", "command", "environment", "depends_on", "healthcheck"})
+SERVICE_KEYS = frozenset(
+    {
+        "build",
+        "image",
+        "command",
+        "entrypoint",
+        "working_dir",
+        "user",
+        "environment",
+        "depends_on",
+        "healthcheck",
+    }
+)
 MAIN_KEYS = frozenset({"build", "environment", "depends_on"})
 IGNORED_KEYS = frozenset(
-    {"ports", "expose", "container_name", "hostname", "restart", "init", "pull_policy", "labels"}
+    {
+        "ports",
+        "expose",
+        "container_name",
+        "hostname",
+        "restart",
+        "init",
+        "pull_policy",
+        "labels",
+        "deploy",
+        "platform",
+        "tty",
+        "stdin_open",
+        "stop_signal",
+        "stop_grace_period",
+    }
 )
+"""Warned about and left out: nothing is published, every service reaches every other by name,
+and the limits are the task's (``deploy`` too)."""
 TOP_LEVEL = frozenset({"services", "version", "name"})
 MAX_START_S = 600.0
 """The longest a service's healthcheck is waited for, whatever its file says."""
@@ -154,8 +185,8 @@ def _check_keys(path: Path, name: str, table: dict[str, Any]) -> None:
             warnings.warn(f"{path}: field {field!r}: ignored here", UserWarning, stacklevel=4)
             continue
         why = "main is the sandbox: built from environment/Dockerfile (or docker_image)"
-        if name != MAIN or key in SERVICE_KEYS:
-            why = "every service is on the task's own network with no route out and no host path"
+        if name != MAIN or key not in SERVICE_KEYS:
+            why = "the services share one network with no route out, and reach no host path"
         raise TaskFormatError(path, field, f"not supported: {why}")
 
 
@@ -206,7 +237,10 @@ def _service(
         name=name,
         image=None if context else image,
         build_context=context,
-        command=_command(path, name, table.get("command")),
+        command=_command(path, f"services.{name}.command", table.get("command")),
+        entrypoint=_command(path, f"services.{name}.entrypoint", table.get("entrypoint")),
+        working_dir=_optional_str(path, f"services.{name}.working_dir", table.get("working_dir")),
+        user=_optional_str(path, f"services.{name}.user", table.get("user")),
         env=_environment(path, name, table.get("environment")),
         healthcheck=healthcheck,
         start_timeout_s=start_s,
@@ -215,14 +249,22 @@ def _service(
     )
 
 
-def _command(path: Path, name: str, value: object) -> tuple[str, ...] | None:
+def _command(path: Path, field: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
         return tuple(shlex.split(value))
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise TaskFormatError(path, f"services.{name}.command", f"expected a command, got {value!r}")
+    raise TaskFormatError(path, field, f"expected a command, got {excerpt(value)}")
+
+
+def _optional_str(path: Path, field: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):  # user: 1000
+        return str(value)
+    raise TaskFormatError(path, field, f"expected a string, got {excerpt(value)}")
 
 
 def _environment(path: Path, name: str, value: object) -> dict[str, str]:

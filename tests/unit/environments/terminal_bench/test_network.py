@@ -1,0 +1,110 @@
+"""Harbor's network policy (``network_mode``, ``allowed_hosts``, the deprecated
+``allow_internet``) as a task declares it: checked as Harbor checks it, one test per mode, and a
+task that wants internet it does not get here says so in its grade, a failure giving that as
+its reason (its own failure, never an infrastructure one); no Docker needed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from environments.tasks import Grade, TaskFormatError
+from environments.terminal_bench import TerminalBenchTask, load_tasks
+
+FIXTURE = (
+    Path(__file__).resolve().parents[4]
+    / "environments/fixtures/terminal_bench/published/greeting-file"
+)
+
+
+def load(tmp_path: Path, environment: str = "", agent: str = "") -> TerminalBenchTask:
+    """The fixture with lines added to its [environment] and [agent] tables."""
+    task_dir = tmp_path / "greeting-file"
+    shutil.copytree(FIXTURE, task_dir)
+    path = task_dir / "task.toml"
+    text = path.read_text().replace("[agent]\n", f"[agent]\n{agent}")
+    path.write_text(text.replace("[environment]\n", f"[environment]\n{environment}"))
+    return load_tasks(task_dir).get("greeting-file")
+
+
+def test_no_network_is_what_every_sandbox_does_and_changes_no_grade(tmp_path: Path) -> None:
+    task = load(tmp_path, 'network_mode = "no-network"\n')
+    assert not task.network.wants_internet
+    failed = Grade(0.0, details={"output": "x"})
+    assert task.network.annotate(failed) is failed
+
+
+def test_allowlist_runs_without_internet_and_a_failure_says_why(tmp_path: Path) -> None:
+    hosts = 'network_mode = "allowlist"\nallowed_hosts = ["PyPI.org", "*.example.com"]\n'
+    task = load(tmp_path, hosts)
+    grade = task.network.annotate(Grade(0.0, details={"output": "x"}))
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert grade.details["network"] == {
+        "declared": {
+            "environment": {
+                "network_mode": "allowlist",
+                "allowed_hosts": ["pypi.org", "*.example.com"],
+            }
+        },
+        "granted": "no-network",
+        "note": grade.details["reason"],
+    }
+    assert "environment.network_mode = 'allowlist'" in grade.details["reason"]
+    assert "no internet" in grade.details["reason"]
+
+
+def test_public_passing_without_internet_stands_and_is_recorded(tmp_path: Path) -> None:
+    task = load(tmp_path, 'network_mode = "public"\n')
+    grade = task.network.annotate(Grade(1.0, details={}))
+    assert grade.reward == 1.0 and "reason" not in grade.details
+    assert grade.details["network"]["declared"]["environment"]["network_mode"] == "public"
+    own = task.network.annotate(Grade(0.0, details={"reason": "strict grading: tampering"}))
+    assert own.details["reason"] == "strict grading: tampering"  # its own reason kept
+    infra = task.network.annotate(Grade(0.0, infra_failure=True, details={"error": "gone"}))
+    assert infra.infra_failure and "reason" not in infra.details
+
+
+def test_undeclared_is_harbors_public_default_and_not_reported(tmp_path: Path) -> None:
+    task = load(tmp_path)
+    assert task.network.declared == () and not task.network.wants_internet
+
+
+@pytest.mark.parametrize(("value", "mode"), [("true", "public"), ("false", "no-network")])
+def test_allow_internet_is_deprecated_and_mapped_as_harbor_maps_it(
+    tmp_path: Path, value: str, mode: str
+) -> None:
+    with pytest.warns(DeprecationWarning, match="allow_internet"):
+        task = load(tmp_path, f"allow_internet = {value}\n")
+    (declared,) = task.network.declared
+    assert (declared.mode, declared.field) == (mode, "environment.allow_internet")
+
+
+def test_network_mode_wins_over_allow_internet(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning):
+        task = load(tmp_path, 'allow_internet = true\nnetwork_mode = "no-network"\n')
+    assert not task.network.wants_internet
+
+
+def test_a_phase_override_is_reported_under_its_table(tmp_path: Path) -> None:
+    task = load(tmp_path, 'network_mode = "no-network"\n', agent='network_mode = "public"\n')
+    assert task.network.wants_internet
+    record = task.network.annotate(Grade(0.0)).details["network"]["declared"]
+    assert record["agent"]["network_mode"] == "public"
+    assert record["environment"]["network_mode"] == "no-network"
+
+
+@pytest.mark.parametrize(
+    ("lines", "field"),
+    [
+        ('network_mode = "internet"\n', "environment.network_mode"),
+        ('allowed_hosts = ["pypi.org"]\n', "environment.allowed_hosts"),
+        ('network_mode = "public"\nallowed_hosts = ["pypi.org"]\n', "environment.allowed_hosts"),
+        ('network_mode = "allowlist"\nallowed_hosts = [""]\n', "environment.allowed_hosts"),
+        ('allow_internet = "yes"\n', "environment.allow_internet"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_its_field(tmp_path: Path, lines: str, field: str) -> None:
+    with pytest.raises(TaskFormatError, match=field.replace(".", r"\.")):
+        load(tmp_path, lines)
