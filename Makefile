@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,swebench,plots,tracking,browser,ray,interop,docs,lora
 PYTEST_ARGS ?=
 
-.PHONY: install demo compare-terminal test typecheck test-vllm test-browser test-gpu gpu-check bench-matrix \
+.PHONY: install demo readme-results compare-terminal test typecheck test-vllm test-browser test-gpu gpu-check bench-matrix \
         lint clean
 
 $(BIN)/python:
@@ -54,6 +54,10 @@ demo: install
 	$(BIN)/thundersync leaderboard --db $(DEMO_DB) --html $(DEMO)/leaderboard
 	@echo "demo: everything is under $(DEMO)/: compare/results.json, compare/*.png,"
 	@echo "demo: leaderboard/index.html, the warm model and every run's checkpoints"
+
+# The README's results block, regenerated from the last demo's results.json (harness/results_table.py).
+readme-results:
+	$(BIN)/python -m harness.results_table $(DEMO)/compare/results.json --into README.md
 
 # The agentic comparison: generated Harbor tasks (thundersync/TerminalGen-v0; file and text
 # questions with one test-checked answer, a held-out quarter never trained on), every tool call

@@ -1,0 +1,81 @@
+"""The README's results block is generated from results.json and says what the verdicts say:
+a clearly faster mode "faster", an indistinguishable one "not distinguishable" with the seeds
+that would separate them; the rest of the README is left as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.results_table import END, START, main, render, splice
+from tests.unit.harness.test_verdicts import _comparison
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _results(tmp_path: Path, speed: dict[str, float], **kwargs) -> dict:
+    """A comparison's results.json: the synthetic runs' verdicts, and per-mode statistics."""
+    tmp_path.mkdir(exist_ok=True)
+    results = _comparison(tmp_path, speed, **kwargs)
+    stat = {"median": 10.0, "ci": [8.0, 12.0]}
+    results["initial_accuracy"] = 0.25
+    results["config"] = {
+        "eval_tasks": 32,
+        "eval_every": 2,
+        "train": {"env": "thundersync/ToySum-v0", "tasks_per_step": 8, "group_size": 8, "steps": 8},
+    }
+    results["modes"] = {
+        mode: {
+            "seeds": list(range(6)),
+            "time_to_target_s": stat,
+            "speedup_vs_sync": {"median": 1.0, "ci": [1.0, 1.0]},
+            "accuracy_at_budget": {"median": 0.6, "ci": [0.55, 0.65]},
+            "step_time_s": 2.0,
+            "staleness": {"max": 1, "histogram": {"0": 10, "1": 30} if "async" in mode else {}},
+        }
+        for mode in speed
+    }
+    return json.loads(json.dumps(results))  # as read back from the file
+
+
+def test_the_block_says_what_each_pairs_verdicts_say(tmp_path):
+    faster = render(
+        _results(tmp_path / "a", {"sync": 1.0, "streaming": 0.75}), date="D", commit="C"
+    )
+    assert "(D, main at C)" in faster and "6 seeds" in faster
+    assert "| streaming | 10.0 s [8.0, 12.0] |" in faster
+    line = next(x for x in faster.splitlines() if x.startswith("- **streaming vs sync**"))
+    assert "time to 0.6: faster, 1.3" in line
+    assert "at equal steps (8): faster" in line
+    assert "the same held-out accuracy at every evaluated step" in line
+
+    same = render(
+        _results(tmp_path / "b", {"sync": 1.0, "async-k1": 1.0}, seeds=12, jitter=0.3),
+        date="D",
+        commit="C",
+    )
+    line = next(x for x in same.splitlines() if x.startswith("- **async-k1 vs sync**"))
+    assert "faster" not in line and "slower" not in line
+    assert "time to 0.6: not distinguishable" in line and "seeds" in line
+    assert "equal steps" not in line  # async's updates are not sync's
+    assert "| async-k1 |" in same and "75%, up to 1 versions old" in same
+
+
+def test_the_readme_block_is_rewritten_and_nothing_else(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(_results(tmp_path, {"sync": 1.0, "streaming": 0.75})))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nbefore\n{START}\nold table\n{END}\nafter\n")
+    assert main([str(results), "--into", str(readme), "--date", "D", "--commit", "C"]) == 0
+    text = readme.read_text()
+    assert text.startswith(f"# Title\n\nbefore\n{START}\n`make demo`")
+    assert text.endswith(f"{END}\nafter\n") and "old table" not in text
+    with pytest.raises(ValueError, match="needs one"):
+        splice("no markers", "x", path=readme)
+
+
+def test_the_readme_has_the_block_the_generator_rewrites():
+    text = (ROOT / "README.md").read_text()
+    assert text.count(START) == 1 and text.count(END) == 1
