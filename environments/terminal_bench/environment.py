@@ -67,6 +67,8 @@ class TaskEnvironment:
     build_timeout_s: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
     services: tuple[ServiceSpec, ...] = ()
+    disk_mb: int | None = None
+    """Harbor's ``storage_mb``: the size of the work folder's disk (None: ``SandboxSpec``'s)."""
 
     @property
     def needs(self) -> dict[str, str]:
@@ -129,6 +131,7 @@ class TaskEnvironment:
                 memory_mb=self.memory_mb,
                 cpus=self.cpus,
                 services=self.services,
+                **self._disk(),
             )
         files = self._staged_files() if self.plan else None
         return SandboxSpec(
@@ -138,7 +141,11 @@ class TaskEnvironment:
             env=env,
             memory_mb=self.memory_mb,
             cpus=self.cpus,
+            **self._disk(),
         )
+
+    def _disk(self) -> dict[str, int]:
+        return {} if self.disk_mb is None else {"disk_mb": self.disk_mb}
 
     def _image_context(self, image: str) -> Path:
         """A build context of ``FROM image`` alone: a prebuilt image goes through

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from environments.sandboxes.disk import MIN_DISK_MB
 from environments.sandboxes.host_view import SYSTEM_DIRS
 from environments.sandboxes.protocol import ServiceSpec
 from environments.tasks import TaskFormatError
@@ -169,6 +170,9 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
         path, "environment.cpus", table.get("cpus"), 1.0, maximum=schema.MAX_CPUS
     )
     env = schema.read_env(path, "environment.env", table.get("env"))
+    storage_mb = schema.read_memory_mb(path, "environment.storage", table.get("storage"))
+    if "storage_mb" in table:
+        storage_mb = schema.read_memory_number(path, "environment.storage_mb", table["storage_mb"])
     services: tuple[ServiceSpec, ...] = ()
     main_env: dict[str, str] = {}
     if (env_dir / compose_task.COMPOSE_FILE).is_file():  # a multi-container task
@@ -196,6 +200,7 @@ def _environment(task_dir: Path, task_id: str, table: dict[str, Any]) -> TaskEnv
         ),
         env={**main_env, **env},
         services=services,
+        disk_mb=None if storage_mb is None else max(storage_mb, MIN_DISK_MB),
     )
 
 

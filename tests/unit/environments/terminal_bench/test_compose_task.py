@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.sandboxes.protocol import NeedsDockerError
+from environments.sandboxes.protocol import NeedsDockerError, SandboxSpec
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import load_tasks
 from environments.terminal_bench.compose_task import read_services
@@ -123,3 +123,18 @@ def test_a_task_without_a_compose_file_has_no_services(tmp_path: Path) -> None:
     (task_dir / "environment" / "docker-compose.yaml").unlink()
     task = load_tasks(task_dir).get("compose-sidecar")
     assert task.environment.services == () and task.sandbox_spec("docker").services == ()
+
+
+@pytest.mark.parametrize(
+    ("lines", "disk_mb"),
+    [("storage_mb = 512\n", 512), ('storage = "1G"\n', 1024), ("", SandboxSpec().disk_mb)],
+)
+def test_storage_mb_sizes_the_work_folders_disk(tmp_path: Path, lines: str, disk_mb: int) -> None:
+    task_dir = tmp_path / "compose-sidecar"
+    shutil.copytree(FIXTURE, task_dir)
+    path = task_dir / "task.toml"
+    text = path.read_text().replace("storage_mb = 512\n", "")
+    path.write_text(text.replace("[environment]\n", f"[environment]\n{lines}"))
+    task = load_tasks(task_dir).get("compose-sidecar")
+    assert task.sandbox_spec("docker").disk_mb == disk_mb
+    assert task.sandbox_spec(None).disk_mb == disk_mb
