@@ -66,7 +66,11 @@ class SandboxEngine:
     prerequisites: Callable[[], str | None]
 
     def make(self, spec: SandboxSpec) -> Sandbox:
-        """A new sandbox for ``spec``; the caller closes it."""
+        """A new sandbox for ``spec``; the caller closes it. Services (``spec.services``) only
+        from an engine that runs them: another refuses, rather than drop them silently."""
+        if spec.services:
+            names = ", ".join(s.name for s in spec.services)
+            self.refuse({RUNS_MULTI_CONTAINER: f"it runs services ({names})"}, "the sandbox")
         return self.factory(spec)
 
     def check(self) -> str | None:

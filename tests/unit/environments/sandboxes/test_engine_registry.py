@@ -27,7 +27,7 @@ from environments.sandboxes.engines import (
     engine_names,
     sandbox_engine,
 )
-from environments.sandboxes.protocol import NeedsDockerError, SandboxSpec
+from environments.sandboxes.protocol import NeedsDockerError, SandboxSpec, ServiceSpec
 
 ROOT = Path(environments.__file__).resolve().parent.parent
 TREES = ("thundersync", "environments", "harness", "leaderboard", "benchmarks")
@@ -97,6 +97,13 @@ def test_an_engine_refuses_what_it_cannot_do_in_one_line_naming_who_can() -> Non
         bwrap.refuse(needs, "task t")
     assert str(refused.value) == "task t needs Docker: its workdir is /usr/app"
     docker.refuse(needs, "task t")  # nothing raised
+
+
+def test_an_engine_without_multi_container_refuses_services_before_making_anything() -> None:
+    spec = SandboxSpec(services=(ServiceSpec("kv", image="redis:7"),))
+    with pytest.raises(NeedsDockerError) as refused:
+        make_sandbox(spec, kind="bwrap")
+    assert str(refused.value) == "the sandbox needs Docker: it runs services (kv)"
 
 
 def test_an_unknown_name_is_a_value_error_listing_the_known_ones() -> None:
