@@ -161,7 +161,8 @@ def test_ctrl_c_of_eval_mid_episode_leaves_no_container_network_or_volume(
     task_dir = variant(tmp_path)
     (task_dir / "solution" / "solve.sh").write_text("#!/bin/bash\ntrap '' TERM INT HUP\nsleep 60\n")
     argv = [sys.executable, "-m", "thundersync.cli", "eval", "--suite", str(task_dir.parent)]
-    argv += ["--agent", "oracle", "--sandbox", "docker", "--out", str(tmp_path / "out"), "--json"]
+    argv += ["--agent", "oracle", "--sandbox", "docker", "--out", str(tmp_path / "out")]
+    argv += ["--json", "--no-leaderboard"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), ALIASES_VARIABLE: ALIAS}
     since = int(time.time()) - 1
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
