@@ -17,7 +17,10 @@ workload in one mode, read back from its run folder (docs/design.md §4):
 - **peak accumulator memory** in multiples of the trainable parameters (against 2·open groups
   + 1, and against ``--buffer-budget-bytes`` in the budget cell);
 - **the simulator's replay**: ``harness.replay.replay_run`` predicts the run's step time from
-  its own ready times and learner costs; its error beside the measurement.
+  its own ready times and learner costs; its error beside the measurement;
+- **cross-predictions** (``x-sync``, ``x-strm``): each cell's step time predicted from the
+  row's sync run and from its streaming run alone (``simulate --from``,
+  ``harness/cross_prediction.py``), its error against the cell's measurement.
 
 Workloads (ToySum, warm model, B tasks × G episodes per step):
 
@@ -63,6 +66,7 @@ from harness.critical_path import (  # noqa: E402
     bound,
     step_windows,
 )
+from harness.cross_prediction import predict_from_run  # noqa: E402
 from harness.replay import replay_run  # noqa: E402
 from thundersync.training.modes import REGISTRY, Mode, baseline_mode, mode_from_label  # noqa: E402
 
@@ -300,6 +304,8 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
         runs = {mode: train(under / mode, model, workload, mode, args) for mode in order}
         strict_cost = batched_cost(runs[BASELINE])
         cells = {mode: cell(runs[mode], strict_cost=strict_cost) for mode in workload.modes}
+        for mode, numbers in cells.items():
+            numbers["cross"] = cross_predictions(runs, mode, numbers["step_time_s"])
         for numbers in cells.values():
             numbers["speedup_vs_sync"] = cells[BASELINE]["step_time_s"] / numbers["step_time_s"]
         repeats.append(cells)
@@ -319,6 +325,38 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
         "makespan_over_learner": row[BASELINE]["makespan_s"] / row[BASELINE]["learner_s"],
         "modes": row,
     }
+
+
+CROSS_SOURCES = (BASELINE, STREAMING)
+"""The cells each cell is predicted from (``simulate --from``): the sync run, the streaming run."""
+
+
+def cross_predictions(runs: dict[str, Path], mode: str, measured: float) -> dict[str, Any]:
+    """Cell ``mode``'s step time predicted from each of ``CROSS_SOURCES``' runs in this row
+    (``harness.cross_prediction``), with its error against the cell's measurement; a source
+    that cannot predict it (OPD, early start holding its pieces) says why."""
+    target = CELLS[mode]
+    out: dict[str, Any] = {}
+    for source in CROSS_SOURCES:
+        if source not in runs:
+            continue
+        if target.held:
+            out[source] = "early start holding every piece is not predicted"
+            continue
+        try:
+            result = predict_from_run(
+                runs[source], staleness=STALENESS, early_start=target.early_start
+            )
+        except (ValueError, KeyError) as exc:
+            out[source] = str(exc)
+            continue
+        predicted = result["modes"][target.mode.label]["step_time_s"]
+        out[source] = {
+            "predicted_step_time_s": predicted,
+            "error": predicted / measured - 1.0,
+            "contention": result["contention"]["kappa"],
+        }
+    return out
 
 
 def median_or_none(values: list[float | None]) -> float | None:
@@ -383,10 +421,13 @@ def parameter_bytes(model: Path) -> int:
 def print_matrix(result: dict[str, Any]) -> None:
     header = (
         f"{'workload':<13}{'mode':<21}{'step':>8}{'T_sync/T':>9}{'T*/T':>7}{'strict':>7}"
-        f"{'learner':>8}{'engine':>7}{'accum':>7}{'sim':>8}{'err':>7}"
+        f"{'learner':>8}{'engine':>7}{'accum':>7}{'sim':>8}{'err':>7}{'x-sync':>8}{'x-strm':>8}"
     )
     print(header)
-    print(f"{'':<34}{'(s)':>8}{'':>9}{'':>7}{'':>7}{'idle':>8}{'idle':>7}{'(×θ)':>7}{'(s)':>8}")
+    print(
+        f"{'':<34}{'(s)':>8}{'':>9}{'':>7}{'':>7}{'idle':>8}{'idle':>7}{'(×θ)':>7}{'(s)':>8}"
+        f"{'':>7}{'err':>8}{'err':>8}"
+    )
     for name, row in result["workloads"].items():
         for mode, c in row["modes"].items():
             eff = f"{c['efficiency']:.3f}" if "efficiency" in c else "-"
@@ -396,7 +437,7 @@ def print_matrix(result: dict[str, Any]) -> None:
                 f"{name:<13}{mode:<21}{c['step_time_s']:>8.3f}{c['speedup_vs_sync']:>9.2f}"
                 f"{eff:>7}{strict:>7}{c['learner_idle']:>8.0%}{c['engine_idle']:>7.0%}"
                 f"{c['peak_accumulators']:>7.1f}{sim['predicted_step_time_s']:>8.3f}"
-                f"{sim['error']:>+7.0%}"
+                f"{sim['error']:>+7.0%}{cross_error(c, BASELINE):>8}{cross_error(c, STREAMING):>8}"
             )
         per_token, per_item = row.get("strict_cost_per_token_s"), row["strict_cost_per_item_s"]
         charge = f"{per_item * 1000:.1f} ms per item"
@@ -420,6 +461,11 @@ def print_matrix(result: dict[str, Any]) -> None:
             f"{b['step_time_s']:.3f} s"
         )
     print_verdicts(result)
+
+
+def cross_error(c: dict[str, Any], source: str) -> str:
+    predicted = c.get("cross", {}).get(source)
+    return f"{predicted['error']:+.0%}" if isinstance(predicted, dict) else "-"
 
 
 def print_verdicts(result: dict[str, Any]) -> None:
@@ -480,6 +526,18 @@ def print_verdicts(result: dict[str, Any]) -> None:
     errors = [abs(c["simulated"]["error"]) for row in rows.values() for c in row["modes"].values()]
     if errors:
         lines.append(f"simulator worst error {max(errors):.1%} (target <= 10%)")
+    for source in CROSS_SOURCES:
+        crossed = [
+            abs(p["error"])
+            for row in rows.values()
+            for c in row["modes"].values()
+            if isinstance(p := c.get("cross", {}).get(source), dict)
+        ]
+        if crossed:
+            lines.append(
+                f"predicted from the {source} run: worst error {max(crossed):.1%} over "
+                f"{len(crossed)} cells (target <= 10%)"
+            )
     for line in lines:
         print(f"matrix: {line}")
 

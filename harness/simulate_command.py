@@ -4,11 +4,13 @@ docs/design.md §4)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from harness.cross_prediction import predict_from_run, target_step
 from harness.projection import load_projection, print_projection, project
 from harness.replay import replay_run
 from harness.simulate import simulate
@@ -49,6 +51,45 @@ def add_simulate_parser(sub: Any) -> None:
         "distribution, with their sources; benchmarks/projections/ has examples): prints "
         "projected step times, labelled as projections, beside their inputs",
     )
+    source.add_argument(
+        "--from",
+        dest="from_run",
+        type=Path,
+        metavar="RUN",
+        help="a run folder of any mode (GRPO): predict every registered mode's step time and "
+        "time to the target from it, its ready times and learner costs fitted from its own "
+        "spans, the rollout's contention with the learner measured where the run shows it",
+    )
+    parser.add_argument(
+        "--contention",
+        type=float,
+        default=None,
+        metavar="KAPPA",
+        help="with --from: rollout runs 1 + KAPPA times slower while the learner computes "
+        "(default: fitted from the run's engine spans; 0 where its learner never overlapped "
+        "its rollout, as in a sync run)",
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="with --from: the accuracy whose first step (from the comparison's results.json "
+        "around the run) the time to the target is taken at",
+    )
+    parser.add_argument(
+        "--at-step",
+        type=int,
+        default=None,
+        help="with --from: the step the time to the target is taken at (default: --target's, "
+        "else the run's last)",
+    )
+    parser.add_argument(
+        "--early-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --from: predict a streaming learner with or without early start (default: "
+        "as the run's config says)",
+    )
     parser.add_argument(
         "--sync-run",
         default=None,
@@ -77,6 +118,10 @@ def source_problem(args: Any) -> str | None:
     """Why the source given cannot be what its flag takes, naming the flag that takes it: a
     run folder given to ``--project``, a path to no folder as a workload, a folder that holds
     no run."""
+    if getattr(args, "from_run", None) is not None:
+        if not (args.from_run / "metrics.jsonl").is_file():
+            return f"--from {args.from_run}: not a run folder (no metrics.jsonl)"
+        return None
     if args.project is not None:
         if args.project.is_dir():
             what = "a run folder" if (args.project / "metrics.jsonl").is_file() else "a folder"
@@ -112,6 +157,8 @@ def run_simulate_command(args: Any) -> int:
         return 2
     if args.run is not None:
         args.workload = args.run
+    if args.from_run is not None:
+        return run_from(args)
     if args.project is not None:
         try:
             if args.staleness < 1 or args.steps < 1:
@@ -144,6 +191,7 @@ def run_simulate_command(args: Any) -> int:
         result = simulate(workload, staleness=args.staleness)
         if folder.is_dir():
             result["replay"] = replay
+            _fitted(result, folder, sync, args.staleness)
     except (ValueError, OSError, KeyError) as exc:
         print(f"simulate: error: {exc}", file=sys.stderr)
         return 2
@@ -178,3 +226,71 @@ def _replay(folder: Path) -> dict[str, Any] | str:
         return replay_run(folder)
     except (ValueError, KeyError) as exc:
         return str(exc)
+
+
+def _at_step(args: Any) -> int | None:
+    if args.at_step is not None or args.target is None:
+        return args.at_step
+    step = target_step(args.from_run, args.target)
+    if step is None:
+        raise ValueError(
+            f"--target {args.target}: no comparison's results.json around {args.from_run} "
+            "says the run reached it; give --at-step"
+        )
+    return step
+
+
+def run_from(args: Any) -> int:
+    """``simulate --from RUN``: every registered mode predicted from the run."""
+    import sys
+
+    try:
+        if args.staleness < 1:
+            raise ValueError("--staleness must be >= 1")
+        result = predict_from_run(
+            args.from_run,
+            staleness=(args.staleness,),
+            contention=args.contention,
+            at_step=_at_step(args),
+            early_start=args.early_start,
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    at = result["at_step"]
+    print(f"{'mode':<14}{'step time':>11}{'to step ' + str(at):>14}{'measured':>11}")
+    for label, p in result["modes"].items():
+        measured = p.get("measured_step_time_s")
+        mark = "" if p["same_updates"] else " *"
+        print(
+            f"{label:<14}{p['step_time_s']:>9.3f} s{p['time_to_step_s']:>12.1f} s"
+            + (f"{measured:>9.3f} s ({p['error']:+.1%})" if measured is not None else "")
+            + mark
+        )
+    kappa = result["contention"]
+    how = "fitted from its engine spans" if kappa["measured"] else "not measured in this run"
+    print(
+        f"simulate: predicted from {result['run']} ({result['from_mode']}); contention kappa "
+        f"{kappa['kappa']:.2f} ({how}); early start {'on' if result['early_start'] else 'off'}; "
+        "* other updates: its time is to the same step"
+    )
+    return 0
+
+
+def _fitted(result: dict[str, Any], folder: Path, sync: Path | None, staleness: int) -> None:
+    """A run folder's step times per mode as ``--from`` predicts them (its learner costs from
+    ``sync`` where given), in place of the reward-times-only model's, where the run allows
+    (a GRPO run whose events record the trajectories' lengths); ``prediction`` says which."""
+    try:
+        fitted = predict_from_run(folder, staleness=(staleness,), costs_from=sync)
+    except (ValueError, KeyError) as exc:
+        result["prediction"] = f"the reward times and b alone: {exc}"
+        return
+    times = result["step_time_s"]
+    times.update({label: p["step_time_s"] for label, p in fitted["modes"].items()})
+    base = next(label for label, p in fitted["modes"].items() if p["baseline"])
+    result["speedup_vs_sync"] = {k: times[base] / v for k, v in times.items() if k != "bound"}
+    result["prediction"] = fitted

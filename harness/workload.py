@@ -7,7 +7,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,22 @@ def batch_seconds(w: Workload, step: int) -> float:
     """The batched pass over step ``step``'s trajectories (sync and async at ``step()``)."""
     tokens = w.tokens[step] if w.tokens else (0,) * len(w.ready_s[step])
     return pass_seconds(tokens, w, forwards=w.batch_forwards)
+
+
+def cycled(w: Workload, steps: int) -> Workload:
+    """``w`` with its steps repeated in order to ``steps`` (a pipeline's steady state needs more
+    steps than a short run has: async(k) fills for k + 1)."""
+
+    def repeat(per_step: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(per_step[i % len(per_step)] for i in range(steps)) if per_step else ()
+
+    return replace(
+        w,
+        ready_s=repeat(w.ready_s),
+        tokens=repeat(w.tokens),
+        gates_s=repeat(w.gates_s),
+        items=repeat(w.items),
+    )
 
 
 def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:

@@ -69,3 +69,54 @@ def sync_step(start: float, rewards: tuple[float, ...]) -> dict:
             ("weight_publish", last + 0.5, last + 0.55),
         ],
     }
+
+
+# One group of two trajectories of 10 tokens, rewarded 0.1 s and 0.5 s after their batch
+# starts. The learner: f = 1 ms and g = 2 ms a padded token (3 ms for a forward and a
+# backward), no fixed cost; optimizer 50 ms, weight publishing 50 ms.
+#   sync: 0.5 + one batched pass of 2 x 10 tokens (60 ms) + 0.1 = 0.66 s
+#   streaming: e0's lone piece at 0.1 (30 ms), e1 final at 0.5 (30 ms): 0.53 + 0.1 = 0.63 s
+EPISODES = (("g0-e0", 10, 0.1), ("g0-e1", 10, 0.5))
+SYNC_S, STREAMING_S = 0.66, 0.63
+
+
+def _sync_step(at: float) -> dict:
+    return {
+        "start": at,
+        "end": at + SYNC_S,
+        "episodes": [(name, n, at + t, at + t) for name, n, t in EPISODES],
+        "spans": [
+            ("step", at + 0.5, at + 0.61),
+            ("optimizer", at + 0.56, at + 0.61),
+            ("weight_publish", at + 0.61, at + 0.66),
+        ],
+    }
+
+
+def _streaming_step(at: float) -> dict:
+    return {
+        "start": at,
+        "end": at + STREAMING_S,
+        "episodes": [(name, n, at + t, at + t) for name, n, t in EPISODES],
+        "spans": [
+            ("backward", at + 0.1, at + 0.13, "g0-e0"),
+            ("backward", at + 0.5, at + 0.53, "g0-e1"),
+            ("step", at + 0.53, at + 0.58),
+            ("optimizer", at + 0.53, at + 0.58),
+            ("weight_publish", at + 0.58, at + 0.63),
+        ],
+    }
+
+
+def _run(folder: Path, mode: str, step, starts) -> Path:
+    return write_run(folder, {"mode": mode}, [step(at) for at in starts])
+
+
+def two_mode_runs(folder: Path) -> dict[str, Path]:
+    """A sync and a streaming run of the same workload, four steps each (above)."""
+    return {
+        "sync": _run(folder / "sync", "sync", _sync_step, [0.0, 0.66, 1.32, 1.98]),
+        "streaming": _run(
+            folder / "streaming", "streaming", _streaming_step, [0.0, 0.63, 1.26, 1.89]
+        ),
+    }

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.harness.run_folders import sync_step, write_run
+from tests.unit.harness.run_folders import STREAMING_S, sync_step, two_mode_runs, write_run
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -132,3 +132,19 @@ def test_the_cells_are_the_registered_modes_with_the_flags_train_takes(matrix):
         assert args.mode == cell.mode.name, name
         assert bool(args.early_start) == cell.early_start, name  # None: the mode's default
         assert str(args.staleness) == str(getattr(cell.mode, "staleness", args.staleness)), name
+
+
+def test_each_cell_is_predicted_from_the_rows_sync_and_streaming_runs(matrix, tmp_path):
+    """A row's sync run and its streaming run each predict every cell (synthetic runs whose
+    answer is worked out in ``run_folders.two_mode_runs``); a cell the prediction does not
+    model says why, and the table prints each error."""
+    runs = two_mode_runs(tmp_path)
+    cross = matrix.cross_predictions(runs, matrix.STREAMING, STREAMING_S)
+    assert set(cross) == {matrix.BASELINE, matrix.STREAMING}
+    for predicted in cross.values():
+        assert predicted["predicted_step_time_s"] == pytest.approx(STREAMING_S)
+        assert predicted["error"] == pytest.approx(0.0, abs=1e-9)
+    held = matrix.cross_predictions(runs, matrix.HELD, STREAMING_S)
+    assert all(isinstance(why, str) for why in held.values())
+    assert matrix.cross_error({"cross": cross}, matrix.BASELINE) in ("+0%", "-0%")
+    assert matrix.cross_error({"cross": held}, matrix.BASELINE) == "-"

@@ -1,0 +1,90 @@
+"""Every mode predicted from one run of another (``simulate --from RUN``), on synthetic run
+folders whose answer is worked out by hand, both directions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.contention import fit_contention, uncontended
+from harness.critical_path import step_windows
+from harness.cross_prediction import predict_from_run
+from tests.unit.harness.run_folders import STREAMING_S, SYNC_S, two_mode_runs
+
+
+@pytest.fixture
+def runs(tmp_path) -> dict[str, Path]:
+    return two_mode_runs(tmp_path)
+
+
+@pytest.mark.parametrize("source", ["sync", "streaming"])
+def test_each_mode_is_predicted_from_a_run_of_the_other(runs, source):
+    """From the sync run (its batched step: 3 ms a token, split 1 : 2) streaming's pieces and
+    finals are predicted; from the streaming run (its passes: 3 ms a token) sync's batch."""
+    result = predict_from_run(runs[source])
+    modes = result["modes"]
+    assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)
+    assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
+    assert modes[source]["error"] == pytest.approx(0.0, abs=1e-9)
+    # async(1) rolls batch n+1 out while learning n (0.16 s), over the three fitted steps and
+    # two more of them: steps end at 0.66, 0.82, 1.32 (batch 2 submitted at 0.66), 1.48 and
+    # 1.98; the mean interval once its pipeline is full, after step 2
+    assert modes["async-k1"]["step_time_s"] == pytest.approx((1.98 - 0.82) / 3)
+    assert not modes["async-k1"]["same_updates"] and modes["streaming"]["same_updates"]
+    # the time to the run's last step: its first step, then three predicted ones
+    first = {"sync": SYNC_S, "streaming": STREAMING_S}[source]
+    assert modes["streaming"]["time_to_step_s"] == pytest.approx(first + 3 * STREAMING_S)
+    assert result["measured_time_to_step_s"] == pytest.approx(4 * first)
+    assert not result["contention"]["measured"]  # no engine spans to show it
+
+
+def engine_span(lo: float, hi: float, tokens: int = 8, batch: int = 1) -> dict:
+    return {"name": "engine", "started": lo, "finished": hi, "worker": "engine"} | {
+        "metrics": {"batch_size": batch, "num_tokens": tokens}
+    }
+
+
+def test_contention_is_fitted_from_generation_during_the_learners_work(runs):
+    """Each step, a generation batch of 8 decode steps inside the learner's 0.1 .. 0.13 s pass
+    (30 ms) and one alone (15 ms): twice as slow beside the learner. The engine generates
+    45 ms of each 0.5 s rollout (9 %), so rollout runs 1 + 0.09 times slower while the
+    learner computes."""
+    folder = runs["streaming"]
+    lines = (folder / "spans.jsonl").read_text()
+    windows = step_windows(folder)
+    extra = []
+    for w in windows:
+        at = w.submitted_at
+        extra += [engine_span(at + 0.1, at + 0.13), engine_span(at + 0.2, at + 0.215)]
+    (folder / "spans.jsonl").write_text(lines + "".join(json.dumps(s) + "\n" for s in extra))
+    busy = [(w.submitted_at + 0.1, w.submitted_at + 0.13) for w in windows]
+    fitted = fit_contention(folder, windows, busy, None)
+    assert fitted.measured and fitted.generation_slowdown == pytest.approx(2.0)
+    assert fitted.engine_share == pytest.approx(0.09)
+    assert fitted.kappa == pytest.approx(0.09)
+    assert fit_contention(folder, windows, busy, 0.25).kappa == 0.25  # given: it wins
+    # 0.5 s from the batch's start, 30 ms of it beside the learner at κ = 1: 15 ms were lost
+    assert uncontended(0.5, 0.0, [(0.1, 0.13)], 1.0) == pytest.approx(0.5 - 0.015)
+
+
+def test_simulate_from_a_run_prints_every_mode_and_takes_json(runs, capsys):
+    from thundersync.cli import main
+
+    assert main(["simulate", "--from", str(runs["sync"]), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["from_mode"] == "sync" and set(result["modes"]) == {
+        "sync",
+        "async-k1",
+        "streaming",
+    }
+    assert main(["simulate", "--from", str(runs["streaming"])]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("simulate: predicted from streaming (streaming); contention")
+    # the old form keeps its keys, each registered mode now predicted from the run's spans
+    assert main(["simulate", "--workload", str(runs["streaming"]), "--json"]) == 0
+    times = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert times["sync"] == pytest.approx(SYNC_S) and "bound" in times
+    assert main(["simulate", "--from", str(runs["sync"].parent)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
