@@ -226,7 +226,11 @@ def add_flags(
             if values
             else ("JSON" if kind == "dict" else name.upper())
         )
-        parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=help_text)
+        # a table that is off by default (None) turns on with its defaults as a bare flag
+        bare: dict[str, Any] = {}
+        if kind == "dict" and defaults[name] is None:
+            bare = {"nargs": "?", "const": "{}"}
+        parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=help_text, **bare)
 
 
 def parse_flag(cls: type, name: str, text: Any, flag: str | None = None) -> Any:

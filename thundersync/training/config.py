@@ -31,6 +31,7 @@ from thundersync.declared import (
     check_fields,
     non_finite,
 )
+from thundersync.lora import LoraSettings
 from thundersync.training.modes import REGISTRY, choose_mode
 from thundersync.training.modes import Mode as TrainingMode
 
@@ -77,6 +78,10 @@ class TrainConfig:
     """Keyword arguments of ``GRPO(...)`` or ``OPD(...)`` (e.g. {"loss_agg": "token-mean"})."""
     model: Text | None = None
     """Hugging Face checkpoint folder of the policy (None: a tiny random model is built)."""
+    lora: dict[str, Any] | None = None
+    """Train LoRA adapters instead of every weight (needs the lora extra): a table of rank
+    (8), alpha (16), dropout (0) and target_modules (peft's default); ``--lora`` alone: all
+    defaults. The base stays frozen and is GRPO's KL reference (adapters disabled)."""
     teacher: Text | None = None
     """opd: checkpoint folder of the teacher (same tokenizer as the student)."""
     steps: NonNegativeInt = 10
@@ -164,6 +169,12 @@ class TrainConfig:
                 "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)",
             ),
             (
+                self.engine != "vllm" or self.lora is None,
+                "engine",
+                "hf with lora (adapter-only sync to vLLM, enable_lora with a LoRARequest per "
+                "policy version, is not built yet)",
+            ),
+            (
                 self.learner_ranks == 1 or self.device in ("cpu", "cuda"),
                 "device",
                 "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)",
@@ -183,7 +194,8 @@ class TrainConfig:
                     f"config field {name!r}: expected {expected}, got {getattr(self, name)!r}"
                 )
         objective = self.build_objective()
-        for name in ("env_kwargs", "objective"):  # (the objective has named a bad keyword)
+        self.lora_settings()
+        for name in ("env_kwargs", "objective", "lora"):  # (these named no bad keyword)
             where = non_finite(getattr(self, name))
             if where is not None:
                 raise ValueError(
@@ -225,6 +237,10 @@ class TrainConfig:
             return cls(**self.objective)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"config field 'objective': {exc}") from exc
+
+    def lora_settings(self) -> LoraSettings | None:
+        """The ``lora`` table as checked settings (None: full fine-tuning)."""
+        return None if self.lora is None else LoraSettings.from_table(self.lora)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from thundersync.core.data_parallel import DataParallelLearner
 from thundersync.core.learner import Learner
 from thundersync.core.objectives import GRPO
+from thundersync.lora import BaseOfAdapter, is_adapted, load_policy
 from thundersync.models import deterministic_cuda, load_model, load_tokenizer
 from thundersync.protocol import events as ev
 from thundersync.training import checkpoint as ckpt
@@ -74,9 +75,10 @@ def build_learner(
         torch.cuda.set_device(device)  # NCCL's collectives use the current device
         if config.deterministic:
             deterministic_cuda(device)
-    model = load_model(spec.model_dir, dtype=dtype).to(device)
+    model = load_policy(spec.model_dir, dtype=dtype).to(device)  # an adapter: base + LoRA
+    trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
     optimizer_class = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.SGD
-    optimizer = optimizer_class(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = optimizer_class(trainable, lr=config.lr, weight_decay=config.weight_decay)
     start_step, version = 0, 0
     if spec.checkpoint is not None:
         state = ckpt.load_state(Path(spec.checkpoint))
@@ -86,8 +88,10 @@ def build_learner(
         ckpt.restore_rng(state)
         start_step, version = state["completed_steps"], state["policy_version"]
     objective = config.build_objective()
-    reference = None
-    if isinstance(objective, GRPO) and objective.kl_coef:
+    reference: torch.nn.Module | None = None
+    if isinstance(objective, GRPO) and objective.kl_coef and is_adapted(model):
+        reference = BaseOfAdapter(model)  # the base, adapters disabled: no second copy
+    elif isinstance(objective, GRPO) and objective.kl_coef:
         reference = load_model(spec.initial_model, dtype=dtype).to(device)
     options: dict[str, Any] = dict(
         contract=config.training_mode().learner_contract(),

@@ -13,7 +13,6 @@ a mode can take what has queued and compute it as one micro-batch.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 
 from thundersync.cli_output import Progress
 from thundersync.core.learner import Learner
-from thundersync.models import build_tiny_model
+from thundersync.lora import synced_parameters
 from thundersync.protocol import events as ev
 from thundersync.protocol.episode import EpisodeKey
 from thundersync.protocol.errors import NonFiniteParameterError, ThunderSyncError
@@ -33,6 +32,7 @@ from thundersync.training.learner_setup import LearnerSpec, build_learner, leave
 from thundersync.training.modes import Arrivals
 from thundersync.training.ranks import RankReady, Ranks, RankStepped
 from thundersync.training.run_metrics import BatchTracker
+from thundersync.training.starting_point import starting_point
 from thundersync.training.telemetry import Telemetry, progress_line
 from thundersync.training.worker_pool import WorkerError, WorkerPool, make_backend, start_rollout
 
@@ -78,9 +78,9 @@ class Trainer:
         ranks' workers first (every rank joins the process group while it is built)."""
         config = self.config
         found = self.checkpoints.start(resume=resume)
-        # absolute: workers (Ray actors) need not share the trainer's working directory
-        self.initial_model = os.path.abspath(config.model or self._tiny_model())
-        self.model_dir = os.path.abspath(found) if found else self.initial_model
+        self.initial_model, self.model_dir = starting_point(
+            config, self.out, found, self.progress.phase
+        )
         self.progress.phase(
             f"loading the model {self.model_dir} into the learner ({config.device}, {config.dtype})"
         )
@@ -101,20 +101,11 @@ class Trainer:
         self.optimizer.register_step_pre_hook(self._optimizer_pre_hook)
         self.optimizer.register_step_post_hook(self._optimizer_post_hook)
 
-    def _tiny_model(self) -> Path:
-        folder = self.out / "init-model"
-        if not (folder / "config.json").is_file():
-            self.progress.phase(f"no --model given: building a tiny random model in {folder}")
-            # vLLM's CPU attention needs a head_dim of 32 or more (the default tiny has 16).
-            size, heads = (64, 2) if self.config.engine == "vllm" else (32, None)
-            build_tiny_model(folder, seed=self.config.seed, hidden_size=size, num_heads=heads)
-        return folder
-
     def _setup_workers(self) -> None:
         """The rollout worker (and the OPD teacher), started and ready with the weights."""
         c = self.config
         self.teacher_inbox = self.pool.queue() if c.algo == "opd" else None
-        self.weights = self.backend.weights(list(self.model.parameters()))
+        self.weights = self.backend.weights(synced_parameters(self.model))
         self.progress.phase(
             f"starting the rollout worker{' and the OPD teacher' if c.algo == 'opd' else ''} "
             f"({c.engine} engine, env {c.env}): each loads its model first"
@@ -190,7 +181,7 @@ class Trainer:
             if not ranks or isinstance(exc, ThunderSyncError):
                 raise
             self._raise_rank_failure(exc)  # a collective failed: a rank died in the step
-        self.publish_weights()
+        learned = {**learned, "weight_sync_bytes": self.publish_weights()}
         if ranks:
             learned = {**learned, "ranks": self._rank_metrics(step)}
         if self.checkpoints.is_due(step + 1):
@@ -203,11 +194,14 @@ class Trainer:
 
     # --- the step's parts --------------------------------------------------------------------
 
-    def publish_weights(self) -> None:
+    def publish_weights(self) -> int:
+        """The weights the engine samples with (the adapter only, with ``--lora``) to the
+        rollout worker; returns the bytes that moved."""
         with self.telemetry.timed("weight_publish"):
-            params = list(self.model.parameters())
+            params = synced_parameters(self.model)
             payload = self.weights.publish(params, self._learner.policy_version)
             self.control.put(LoadWeights(payload))
+        return sum(p.numel() * p.element_size() for p in params)
 
     def save_checkpoint(self, completed_steps: int) -> Path:
         with self.telemetry.timed("checkpoint"):

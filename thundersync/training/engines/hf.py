@@ -34,11 +34,12 @@ class HFEngine:
         batch_invariant: bool = False,
         policy_version: int = 0,
     ) -> None:
-        from thundersync.models import load_model
+        from thundersync.lora import load_policy, synced_parameters
 
-        self.model = load_model(model_dir, dtype=dtype).to(device)
+        self.model = load_policy(model_dir, dtype=dtype).to(device)
         self.model.requires_grad_(False)
-        self.params = [p for p in self.model.parameters()]
+        # what the learner publishes: with LoRA the adapter only, the base weights stay put
+        self.params = synced_parameters(self.model)
         self.device = torch.device(device)
         self.batch_invariant = batch_invariant
         self.policy_version = policy_version
@@ -48,7 +49,8 @@ class HFEngine:
         )
         pad = getattr(config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        forward = inspect.signature(self.model.forward).parameters
+        base = getattr(self.model, "get_base_model", lambda: self.model)()  # under an adapter
+        forward = inspect.signature(base.forward).parameters
         # transformers renamed past_key_values to cache (5.x); accept either.
         self._cache_kw = "cache" if "cache" in forward else "past_key_values"
         # The prefill needs only each row's last logits: a model that takes ``logits_to_keep``
