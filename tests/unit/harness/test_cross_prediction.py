@@ -88,3 +88,29 @@ def test_simulate_from_a_run_prints_every_mode_and_takes_json(runs, capsys):
     assert times["sync"] == pytest.approx(SYNC_S) and "bound" in times
     assert main(["simulate", "--from", str(runs["sync"].parent)]) == 2
     assert "not a run folder" in capsys.readouterr().err
+
+
+def test_the_time_to_the_target_is_at_the_step_the_comparison_saw_it_reached(tmp_path, capsys):
+    """Inside a comparison's folder (``runs/<mode>-seed<N>/``), ``--target`` reads the run's
+    curve from ``results.json``: 0.3 at step 2 and 0.7 at step 4, so 0.6 is reached at step 4
+    (every exact mode there too) and 0.2 at step 2; a target never reached is refused."""
+    from thundersync.cli import main
+
+    runs = two_mode_runs(tmp_path / "compare" / "runs")
+    curve = [
+        {"step": 2, "time_s": 1.0, "accuracy": 0.3},
+        {"step": 4, "time_s": 2.0, "accuracy": 0.7},
+    ]
+    results = {"runs": [{"mode": "sync", "seed": 0, "folder": str(runs["sync"]), "curve": curve}]}
+    (tmp_path / "compare" / "results.json").write_text(json.dumps(results))
+    for target, step in ((0.6, 4), (0.2, 2)):
+        assert (
+            main(["simulate", "--from", str(runs["sync"]), "--target", str(target), "--json"]) == 0
+        )
+        result = json.loads(capsys.readouterr().out)
+        assert result["at_step"] == step
+        # the run's own first step, then the predicted ones
+        to_step = SYNC_S + (step - 1) * STREAMING_S
+        assert result["modes"]["streaming"]["time_to_step_s"] == pytest.approx(to_step)
+    assert main(["simulate", "--from", str(runs["sync"]), "--target", "0.9"]) == 2
+    assert "--target 0.9: no comparison's results.json" in capsys.readouterr().err
