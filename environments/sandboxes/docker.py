@@ -1,7 +1,8 @@
 """DockerSandbox: commands run by ``docker exec`` in a long-lived, network-less container.
 
 A spec with ``services`` puts it instead in their network namespace (loopback only, no route
-out), reached as ``main`` (``compose.py``); they are removed with it.
+out), reached as ``main`` (``compose.py``); they are removed with it. ``services_network`` names
+that namespace, for a spec's ``network`` to join (without owning) another sandbox's services.
 
 The container runs ``sleep infinity`` under Docker's init with ``network_mode="none"`` and
 memory / CPU / pids limits, labelled ``thundersync=1``. Each ``execute`` runs a small
@@ -128,6 +129,7 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._container: Any = None
+        self.services_network: str | None = None
         self._disk = _HostDisk()
         self._finalizer = weakref.finalize(self, _remove, self._client, self.marker, self._disk)
         try:
@@ -135,12 +137,13 @@ class DockerSandbox:
             if spec.build_context is not None:
                 image = build_image(self._client, Path(spec.build_context))
             self._make_disk()
-            network = None
+            network = spec.network
             if spec.services:
                 self._disk.services = compose.Services()
                 network = compose.start(
                     self._client, self._disk.services, spec.services, self.marker, self._labels()
                 )
+            self.services_network = network
             self._container = self._run(image, network)
             self._main_pid = self._find_main_pid()
             if self._disk.services is not None:

@@ -68,8 +68,8 @@ class SandboxEngine:
     def make(self, spec: SandboxSpec) -> Sandbox:
         """A new sandbox for ``spec``; the caller closes it. Services (``spec.services``) only
         from an engine that runs them: another refuses, rather than drop them silently."""
-        if spec.services:
-            names = ", ".join(s.name for s in spec.services)
+        if spec.services or spec.network:
+            names = ", ".join(s.name for s in spec.services) or spec.network
             self.refuse({RUNS_MULTI_CONTAINER: f"it runs services ({names})"}, "the sandbox")
         return self.factory(spec)
 

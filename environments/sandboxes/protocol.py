@@ -103,6 +103,8 @@ class SandboxSpec:
 
     ``services``: more containers, started in this order before the sandbox's own (which
     other services reach as ``main``); only an engine that ``RUNS_MULTI_CONTAINER`` makes them.
+    ``network``: join another sandbox's services instead (its ``services_network``), as they
+    are: strict grading's fresh sandbox of a compose task sees the state the agent left them in.
     """
 
     image: str | None = None
@@ -116,6 +118,7 @@ class SandboxSpec:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     env: dict[str, str] = field(default_factory=dict)
     services: tuple[ServiceSpec, ...] = ()
+    network: str | None = None
 
 
 class Sandbox(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import shlex
 import shutil
@@ -10,6 +11,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from environments.sandboxes.engines import (
     ANY_WORKDIR,
@@ -123,7 +125,7 @@ class TaskEnvironment:
             image, context = self.image, self.build_context if self.plan else None
             if context is None and image is not None and image != BASE_IMAGE:
                 context, image = self._image_context(image), None
-            return SandboxSpec(
+            return self._sized(
                 image=image,
                 build_context=context,
                 workdir=self.workdir,
@@ -131,21 +133,21 @@ class TaskEnvironment:
                 memory_mb=self.memory_mb,
                 cpus=self.cpus,
                 services=self.services,
-                **self._disk(),
             )
         files = self._staged_files() if self.plan else None
-        return SandboxSpec(
+        return self._sized(
             image=BASE_IMAGE,
             files=files,
             workdir=self.workdir,
             env=env,
             memory_mb=self.memory_mb,
             cpus=self.cpus,
-            **self._disk(),
         )
 
-    def _disk(self) -> dict[str, int]:
-        return {} if self.disk_mb is None else {"disk_mb": self.disk_mb}
+    def _sized(self, **fields: Any) -> SandboxSpec:
+        """A SandboxSpec of ``fields`` with the task's disk size, where it gives one."""
+        spec = SandboxSpec(**fields)
+        return spec if self.disk_mb is None else dataclasses.replace(spec, disk_mb=self.disk_mb)
 
     def _image_context(self, image: str) -> Path:
         """A build context of ``FROM image`` alone: a prebuilt image goes through

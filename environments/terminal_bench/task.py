@@ -396,7 +396,7 @@ class TerminalBenchTask:
             grade, _ = self._run_tests(sandbox, pinned=False)
             unreported = {"strict": False, "tamper_report_error": str(err)}
             return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported}), None
-        fresh = context.fresh_sandbox()
+        fresh = self._fresh_sandbox(sandbox, context)
         self.setup(fresh)
         try:
             pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
@@ -439,6 +439,16 @@ class TerminalBenchTask:
             report["tamper_suspected"] = True
             report["tamper_reasons"] = sorted([*reasons, *grade.details["tamper_reasons"]])
         return Grade(grade.reward, grade.infra_failure, {**grade.details, **report}), seen
+
+    def _fresh_sandbox(self, sandbox: Sandbox, context: GradingContext) -> Sandbox:
+        """A fresh sandbox like ``sandbox``; a compose task's joins ``sandbox``'s services as
+        they are (their state is part of the work: a verifier may read what the agent left in a
+        database), while its own container is fresh."""
+        network = getattr(sandbox, "services_network", None)
+        if network is None or context.make_sandbox is None:
+            return context.fresh_sandbox()
+        spec = self.sandbox_spec(context.sandbox_kind)
+        return context.make_sandbox(dataclasses.replace(spec, services=(), network=network))
 
     def _verifier_sandbox(self, context: GradingContext) -> Sandbox:
         """A sandbox of the separate verifier's image (of the episode's sandbox kind)."""
