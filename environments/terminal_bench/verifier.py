@@ -75,7 +75,9 @@ def read_verifier_environment(
 ) -> TaskEnvironment | None:
     """The separate verifier's environment (None: the verifier shares the agent's sandbox).
     It has the task's workdir, limits and ``[environment] env``; a malformed
-    ``tests/Dockerfile`` or one whose WORKDIR is not the task's raises TaskFormatError."""
+    ``tests/Dockerfile`` or one whose WORKDIR is not the task's raises TaskFormatError. An
+    image of its own runs alone; the task's environment (the fallback) with its compose
+    services, fresh ones, as Harbor builds environment/ again for it."""
     path = task_dir / "task.toml"
     if _mode(path, table) == "shared":
         return None
@@ -86,12 +88,16 @@ def read_verifier_environment(
         if not isinstance(image, str) or not image.strip():
             field = "verifier.environment.docker_image"
             raise TaskFormatError(path, field, f"expected an image, got {excerpt(image)}")
-        return dataclasses.replace(environment, build_context=None, plan=None, image=image)
+        return dataclasses.replace(
+            environment, build_context=None, plan=None, image=image, services=()
+        )
     dockerfile = task_dir / "tests" / "Dockerfile"
     if not dockerfile.is_file():
         return environment
     plan = _plan(dockerfile, environment.workdir)
-    return dataclasses.replace(environment, build_context=dockerfile.parent, plan=plan, image=None)
+    return dataclasses.replace(
+        environment, build_context=dockerfile.parent, plan=plan, image=None, services=()
+    )
 
 
 def test_copy_uploads(plan: DockerfilePlan | None, task_dir: Path) -> list[tuple[Path, str]]:

@@ -138,3 +138,24 @@ def test_storage_mb_sizes_the_work_folders_disk(tmp_path: Path, lines: str, disk
     task = load_tasks(task_dir).get("compose-sidecar")
     assert task.sandbox_spec("docker").disk_mb == disk_mb
     assert task.sandbox_spec(None).disk_mb == disk_mb
+
+
+def test_a_separate_verifier_image_runs_alone_and_the_fallback_gets_fresh_services(
+    tmp_path: Path,
+) -> None:
+    task_dir = tmp_path / "compose-sidecar"
+    shutil.copytree(FIXTURE, task_dir)
+    path = task_dir / "task.toml"
+    path.write_text(
+        path.read_text().replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+    )
+    fallback = load_tasks(task_dir).get("compose-sidecar")
+    assert (
+        fallback.verifier is not None
+        and fallback.verifier.services == fallback.environment.services
+    )
+    (task_dir / "tests" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nWORKDIR /app\nCOPY . /tests/\n"
+    )
+    own = load_tasks(task_dir).get("compose-sidecar")
+    assert own.verifier is not None and own.verifier.services == ()
