@@ -3,8 +3,8 @@ the agent reaches by name, written from harbor 0.26's models) in Docker: the ora
 doing nothing 0, default and strict; a sidecar that exits, or never turns healthy, is the
 task's infrastructure failure with its last log lines, within its bound; Ctrl-C of a real
 ``eval`` mid-episode leaves no container, network or volume; a task that declares ``public``
-runs with no route out (its containers have a loopback interface only), and its failure says
-why."""
+runs with no route out (its containers have a loopback interface only, the sidecar the task's
+limits), and its failure says why."""
 
 from __future__ import annotations
 
@@ -141,9 +141,17 @@ def test_a_public_task_runs_with_no_route_out_and_its_failure_says_why(tmp_path:
             text=True,
             check=True,
         )
+        limits = subprocess.run(
+            ["docker", "inspect", "--format", "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}}"]
+            + [f"{sandbox.marker}-kv"],  # type: ignore[attr-defined]
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     finally:
         sandbox.close()
     assert main.output.split() == ["lo"] and kv.stdout.split() == ["lo"]
+    assert limits.stdout.split() == [str(512 * 2**20), str(10**9)]  # the task's memory_mb, cpus
     nop = play(task, NopAgent())
     assert (nop.reward, nop.infra_failure) == (0.0, False)
     assert nop.details["network"]["granted"] == "no-network"
