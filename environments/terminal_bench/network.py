@@ -68,7 +68,7 @@ class NetworkPolicy:
         wanted = ", ".join(f"{d.field} = {d.mode!r}" for d in self.declared if d.mode != NO_NETWORK)
         return (
             f"the task declares {wanted}, but sandboxes here have no internet (network_mode "
-            f"{GRANTED!r}): a task that needs it fails"
+            f"{GRANTED!r}): if it needs the internet, that is why it failed"
         )
 
     def annotate(self, grade: Grade) -> Grade:
