@@ -222,12 +222,25 @@ def _load_pair(label: str, path: str, args: argparse.Namespace) -> tuple:
 
     dtype = getattr(torch, args.dtype)
     model = load_model(path, dtype=dtype)
+    if getattr(args, "lora", False):
+        return _adapted_pair(label, model, args.seed)
     reference = load_model(path, dtype=dtype)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         for p in reference.parameters():
             p.add_(torch.randn_like(p), alpha=0.02)
     return label, model, reference
+
+
+def _adapted_pair(label: str, model: torch.nn.Module, seed: int) -> tuple:
+    """``--lora``: the model with LoRA adapters on every linear layer, A and B both drawn at
+    random (peft's default B = 0 would leave A without a gradient), trained alone; the
+    reference is the base, adapters disabled (as ``train --lora`` uses it)."""
+    from thundersync.lora import BaseOfAdapter, LoraSettings, add_adapters
+
+    settings = LoraSettings(rank=4, target_modules=("all-linear",))
+    adapted = add_adapters(model, settings, seed=seed, init=False)
+    return f"{label}+lora", adapted, BaseOfAdapter(adapted)
 
 
 def run_verify_command(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from tests.unit.thundersync.learner_batches import informative_batch
 from thundersync import GRPO, Learner
 from thundersync.core.random_batches import BatchShape
 from thundersync.models import load_model
-from thundersync.verify import certify, variants
+from thundersync.verify import _adapted_pair, certify, variants
 
 pytest.importorskip("peft")
 
@@ -111,17 +111,13 @@ def test_deterministic_streaming_equals_sync_bitwise_on_adapters(tiny_model_dirs
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
 def test_the_certificate_holds_on_adapters(tiny_model_dirs, arch):
-    model = adapted(tiny_model_dirs[arch])
+    model = load_model(tiny_model_dirs[arch], dtype=torch.float64)
+    label, model, reference = _adapted_pair(arch, model, seed=5)  # what verify --lora checks
+    assert label == f"{arch}+lora" and isinstance(reference, BaseOfAdapter)
     bound = 1e-12 if arch == "gpt2" else 1e-6
     for variant in [v for v in variants("all") if v.name in ("grpo-kl-k3", "opd-turn")]:
         result = certify(
-            model,
-            variant,
-            trials=1,
-            seed=5,
-            deterministic=True,
-            shape=SMALL,
-            reference=BaseOfAdapter(model),
+            model, variant, trials=1, seed=5, deterministic=True, shape=SMALL, reference=reference
         )
         assert result["ok"] and result["bitwise_equal_deterministic"], result
         assert result["max_rel_err_stream_vs_textbook"] <= bound
