@@ -9,6 +9,7 @@ import string
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -116,6 +117,9 @@ class ShellEnv(gym.Env[str, str]):
         while a slow grader runs. info: ``task_id``, ``infra_failure``. If making the sandbox
         or the setup raises ``SandboxError``, the observation is an error message, info has
         ``infra_failure=True`` and ``error``, and the next ``step`` ends the episode.
+        ``options["episode_id"]`` names the episode's folder under ``artifacts_dir``
+        (``GradingContext.artifacts_dir``: where a task keeps files of its sandbox, Harbor's
+        ``artifacts``; None, the default, keeps none).
 
     ``step(action) -> (observation, reward, terminated, truncated, info)``
         Parses the action and runs its command with the task's timeout (capped by what is left
@@ -183,6 +187,7 @@ class ShellEnv(gym.Env[str, str]):
         max_episode_s: float | None = None,
         max_format_errors: int = 3,
         strict_grading: bool = True,
+        artifacts_dir: str | Path | None = None,
     ) -> None:
         if max_format_errors < 1:
             raise ValueError(f"max_format_errors must be >= 1, got {max_format_errors}")
@@ -196,6 +201,8 @@ class ShellEnv(gym.Env[str, str]):
         self.max_episode_s = max_episode_s
         self.max_format_errors = max_format_errors
         self.strict_grading = strict_grading
+        self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
+        self._episode_name = "episode"
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self._sandbox_kind = sandbox
@@ -236,6 +243,7 @@ class ShellEnv(gym.Env[str, str]):
         self._close_sandbox()
         self._task = self._select_task(options.get("task"))
         self._before_grading = options.get("before_grading")
+        self._episode_name = _folder_name(options.get("episode_id"), seed)
         self._num_turns = 0
         self._num_format_errors = 0
         self._started = time.monotonic()
@@ -517,6 +525,7 @@ class ShellEnv(gym.Env[str, str]):
             strict=self.strict_grading,
             sandbox_kind=self._sandbox_kind if isinstance(self._sandbox_kind, str) else None,
             make_sandbox=make_from,
+            artifacts_dir=self.artifacts_dir / self._episode_name if self.artifacts_dir else None,
         )
         try:
             grade = task.grade(self._sandbox, context)
@@ -541,6 +550,14 @@ class ShellEnv(gym.Env[str, str]):
 
     def _clip(self, text: str) -> str:
         return text[: self.observation_space.max_length]
+
+
+def _folder_name(episode_id: object, seed: int | None) -> str:
+    """The episode's folder under ``artifacts_dir``: its id (``options["episode_id"]``, as the
+    runner names it) with anything but letters, digits, ``.``, ``_``, ``-`` replaced."""
+    name = str(episode_id) if episode_id is not None else f"seed-{seed}"
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".")
+    return name[:128] or "episode"
 
 
 def _checked(grade: Any, task_id: str) -> Grade:

@@ -359,7 +359,10 @@ class EpisodeRunner:
                 self._tool_finished(episode, observation, info)
             self._complete(episode, StopReason(info["termination_reason"]))
 
-        options: dict[str, Any] = {"before_grading": before_grading}
+        options: dict[str, Any] = {
+            "before_grading": before_grading,
+            "episode_id": episode.episode_id,
+        }
         if task is not None:
             options["task"] = task
         observation, info = env.reset(seed=seed, options=options)

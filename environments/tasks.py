@@ -13,6 +13,7 @@ import hashlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -66,6 +67,9 @@ class GradingContext:
     make_sandbox: Callable[[SandboxSpec], Sandbox] | None = None
     """Makes a new sandbox of the episode's kind from another spec (a Harbor task's separate
     verifier image), closed by the env like ``fresh_sandbox``'s; None where the caller cannot."""
+    artifacts_dir: Path | None = None
+    """The episode's own folder for files a task keeps of its sandbox (Harbor's ``artifacts``),
+    or None: nothing is kept."""
 
 
 PROTOCOL_VERSION = 2

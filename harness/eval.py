@@ -250,7 +250,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     try:
         config = eval_config(args)
         use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
-        make_env, tasks, split, note = task_source(config)
+        artifacts = Path(args.out) / "artifacts" if args.out else None
+        make_env, tasks, split, note = task_source(config, artifacts_dir=artifacts)
     except (ValueError, UnknownSuiteError, TaskFormatError) as exc:
         return _fail(str(exc))
     if note:
@@ -301,19 +302,25 @@ def _needs_sandbox(make_env: Callable[[], Any]) -> bool:
 
 
 def task_source(
-    config: EvalConfig,
+    config: EvalConfig, *, artifacts_dir: Path | None = None
 ) -> tuple[Callable[[], Any], list[Any], str | None, str | None]:
     """The env factory, the tasks, their split and a note: a suite's tasks (no split), or
     ``num_tasks`` tasks of a registered env's held-out split (a plugin's envs included) drawn
     without making an env. An env without a held-out split is evaluated on its training tasks
-    and the note says so; so it does when the split holds fewer tasks than asked."""
+    and the note says so; so it does when the split holds fewer tasks than asked. A suite's
+    episodes keep the files their tasks declare (Harbor's ``artifacts``) in ``artifacts_dir``."""
     if config.env is None:
         from environments.core import ShellEnv
         from environments.suites import resolve_suite
 
         tasks = list(resolve_suite(config.suite))
         return (
-            lambda: ShellEnv(tasks, sandbox=config.sandbox, strict_grading=config.strict),
+            lambda: ShellEnv(
+                tasks,
+                sandbox=config.sandbox,
+                strict_grading=config.strict,
+                artifacts_dir=artifacts_dir,
+            ),
             tasks,
             None,
             None,

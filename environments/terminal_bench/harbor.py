@@ -11,7 +11,7 @@ from environments.sandboxes.disk import MIN_DISK_MB
 from environments.sandboxes.host_view import SYSTEM_DIRS
 from environments.sandboxes.protocol import ServiceSpec
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import compose_task, inputs, schema
+from environments.terminal_bench import collection, compose_task, inputs, schema
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
@@ -40,6 +40,7 @@ TOP_LEVEL = frozenset(
         "solution",
         "steps",
         "multi_step_reward_strategy",
+        "artifacts",
     }
 )
 """Unknown top-level keys are errors (a misspelt ``[verifer]`` would silently keep defaults);
@@ -56,6 +57,7 @@ _TABLE_KEYS = {
             "reward_key",
             "network_mode",
             "allowed_hosts",
+            "collect",
         }
     ),
     "agent": frozenset({"timeout_sec", "user", "network_mode", "allowed_hosts"}),
@@ -121,8 +123,57 @@ def _tables(path: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return tables
 
 
-def _metadata(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+def _package(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    """``[task]`` (Harbor's ``PackageInfo``: the task's published name and version), kept in
+    the task's metadata as ``package``."""
+    version = table.get("version")
+    if version is not None and (not isinstance(version, str) or not version.strip()):
+        raise TaskFormatError(path, "task.version", f"expected a version, got {excerpt(version)}")
+    authors = table.get("authors", [])
+    if not isinstance(authors, list) or not all(
+        isinstance(a, dict) and isinstance(a.get("name"), str) for a in authors
+    ):
+        raise TaskFormatError(
+            path, "task.authors", f"expected [{{name, email}}] tables, got {excerpt(authors)}"
+        )
     return {
+        "name": table.get("name"),
+        "version": version,
+        "description": schema.read_optional_str(
+            path, "task.description", table.get("description"), ""
+        ),
+        "authors": [{k: str(v) for k, v in a.items()} for a in authors],
+        "keywords": list(schema.read_tags(path, "task.keywords", table.get("keywords"))),
+    }
+
+
+def _schema_14(
+    path: Path, data: dict[str, Any], tables: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The task-level keys of schema 1.4 beyond one sandbox's instruction and tests:
+    ``[environment.healthcheck]``, ``artifacts`` and ``[[verifier.collect]]`` (the task's
+    fields of the same names); ``[[environment.mcp_servers]]`` is refused."""
+    if tables["environment"].get("mcp_servers"):
+        raise TaskFormatError(
+            path,
+            "environment.mcp_servers",
+            "MCP servers are not supported here (no agent of ThunderSync speaks MCP): "
+            "remove them to run the task without",
+        )
+    return {
+        "healthcheck": harbor_steps.read_healthcheck(
+            path, "environment.healthcheck", tables["environment"].get("healthcheck")
+        ),
+        "artifacts": collection.read_artifacts(path, "artifacts", data.get("artifacts")),
+        "collect": collection.read_hooks(
+            path, "verifier.collect", tables["verifier"].get("collect")
+        ),
+    }
+
+
+def _metadata(path: Path, table: dict[str, Any], package: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **({"package": _package(path, package)} if package else {}),
         **table,
         "difficulty": schema.read_difficulty(path, "metadata.difficulty", table.get("difficulty")),
         "category": schema.read_optional_str(
@@ -246,6 +297,7 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
             path, "verifier.reward_key", f"expected a metric name, got {excerpt(reward_key)}"
         )
     return TerminalBenchTask(
+        **_schema_14(path, data, tables),
         task_id=task_id,
         instruction=instruction.strip() + "\n",
         path=task_dir,
@@ -261,7 +313,7 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
         test_env=schema.read_env(path, "verifier.env", tables["verifier"].get("env")),
         timeout_s=agent_timeout,
         max_turns=max_turns,
-        metadata=_metadata(path, tables["metadata"]),
+        metadata=_metadata(path, tables["metadata"], tables["task"]),
         network=read_network_policy(path, tables),
     )
 
@@ -293,6 +345,7 @@ def _load_multi_step(
     )
     first = steps[0]
     return TerminalBenchTask(
+        **_schema_14(path, data, tables),
         task_id=task_id,
         instruction=first.instruction,
         path=task_dir,
@@ -307,7 +360,7 @@ def _load_multi_step(
         test_env=first.test_env,
         timeout_s=first.timeout_s,
         max_turns=max_turns,
-        metadata=_metadata(path, tables["metadata"]),
+        metadata=_metadata(path, tables["metadata"], tables["task"]),
         network=read_network_policy(path, tables),
         reward_key=reward_key,
         steps=steps,

@@ -17,7 +17,6 @@ import re
 import shlex
 import time
 import unicodedata
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any, Literal
 
 from environments.sandboxes.protocol import Sandbox
 from environments.tasks import Grade, TaskFormatError
-from environments.terminal_bench import inputs, schema
+from environments.terminal_bench import collection, inputs, schema
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.verifier import MODES, _plan
 from thundersync.protocol.documents import excerpt
@@ -46,10 +45,6 @@ VERIFIER_KEYS = frozenset(
         "allowed_hosts",
     }
 )
-NOT_APPLIED = ("artifacts", "verifier.collect")
-"""Step keys Harbor defines that are read but not applied here yet (issue 37 item 5): each
-warns once per task. A separate verifier gets the whole work folder, which holds the
-artifacts a task keeps in it."""
 DEFAULT_STEP_VERIFIER_TIMEOUT_S = 600.0
 """Harbor's per-step verifier default: a step does not inherit ``[verifier] timeout_sec``."""
 _BAD_NAME = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
@@ -105,7 +100,8 @@ class Healthcheck:
             sleep(self.interval_s)
 
 
-def _healthcheck(path: Path, field: str, value: object) -> Healthcheck | None:
+def read_healthcheck(path: Path, field: str, value: object) -> Healthcheck | None:
+    """``[environment.healthcheck]`` or ``[steps.healthcheck]`` (None when absent)."""
     if value is None:
         return None
     table = schema.check_mapping(path, field, value)
@@ -159,6 +155,10 @@ class TaskStep:
     min_reward: float | dict[str, float] | None = None
     healthcheck: Healthcheck | None = None
     """Run in the episode's sandbox after the step's ``setup.sh``; failing stops the episode."""
+    artifacts: tuple[collection.Artifact, ...] = ()
+    """The step's ``artifacts``, kept after the task's (``collection``)."""
+    collect: tuple[collection.CollectHook, ...] = ()
+    """``[[steps.verifier.collect]]``, run after the task's ``[[verifier.collect]]``."""
 
     @property
     def workdir_files(self) -> list[tuple[Path, str]]:
@@ -285,7 +285,6 @@ def read_steps(
         raise TaskFormatError(path, "steps", f"expected [[steps]] tables, got {excerpt(entries)}")
     steps: list[TaskStep] = []
     seen: set[str] = set()
-    ignored: set[str] = set()
     for i, entry in enumerate(entries):
         field = f"steps[{i}]"
         table = schema.check_mapping(path, field, entry)
@@ -299,9 +298,6 @@ def read_steps(
         schema.check_keys(path, agent, AGENT_KEYS, prefix=f"{field}.agent.", strict=False)
         verifier = schema.check_mapping(path, f"{field}.verifier", table.get("verifier", {}))
         schema.check_keys(path, verifier, VERIFIER_KEYS, prefix=f"{field}.verifier.", strict=False)
-        ignored.update(k for k in ("artifacts",) if table.get(k))
-        if verifier.get("collect"):
-            ignored.add("verifier.collect")
         folder = inputs.inside(task_dir / "steps" / name, task_dir, f"steps/{name}")
         if not folder.is_dir():
             raise TaskFormatError(task_dir, f"steps/{name}", "expected the step's folder")
@@ -353,12 +349,16 @@ def read_steps(
                     task_dir, folder, f"{field}.verifier", verifier, tables["verifier"], environment
                 ),
                 min_reward=_min_reward(path, f"{field}.min_reward", table.get("min_reward")),
-                healthcheck=_healthcheck(path, f"{field}.healthcheck", table.get("healthcheck")),
+                healthcheck=read_healthcheck(
+                    path, f"{field}.healthcheck", table.get("healthcheck")
+                ),
+                artifacts=collection.read_artifacts(
+                    path, f"{field}.artifacts", table.get("artifacts")
+                ),
+                collect=collection.read_hooks(
+                    path, f"{field}.verifier.collect", verifier.get("collect")
+                ),
             )
-        )
-    for key in sorted(ignored):
-        warnings.warn(
-            f"{path}: steps' {key!r} is not applied here yet, ignored", UserWarning, stacklevel=3
         )
     return tuple(steps)
 

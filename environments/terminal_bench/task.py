@@ -24,7 +24,7 @@ from environments.sandboxes.protocol import (
 )
 from environments.task_steps import StepSetupFailed
 from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import grading, inputs, reference, strict, witness
+from environments.terminal_bench import collection, grading, inputs, reference, strict, witness
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.network import NetworkPolicy
@@ -81,6 +81,15 @@ class TerminalBenchTask:
     network: NetworkPolicy = NetworkPolicy()
     """Harbor's declared network policy (``environments.terminal_bench.network``): a task that
     wants internet runs without it, and its grade says so."""
+    healthcheck: harbor_steps.Healthcheck | None = None
+    """``[environment.healthcheck]``: run once in the episode's sandbox after its setup, before
+    the first step; failing is the task's infrastructure failure (Harbor fails the trial)."""
+    artifacts: tuple[collection.Artifact, ...] = ()
+    """Harbor's ``artifacts`` (a step's: the task's and the step's), copied out of the
+    episode's sandbox before grading when the context names a folder (``collection``)."""
+    collect: tuple[collection.CollectHook, ...] = ()
+    """``[[verifier.collect]]`` hooks (a step's: the task's, then the step's), run in the
+    episode's sandbox before the artifacts are copied and the tests run."""
 
     @property
     def output_checked(self) -> bool:
@@ -125,11 +134,19 @@ class TerminalBenchTask:
         ``setup.sh`` failing is the task's failure (a SandboxError); a later step's may rely on
         the work of the steps before it, which a pristine sandbox lacks, so there it is
         replayed as far as it goes."""
+        self._prepare(sandbox, live=self.step_index is None)
+
+    def _prepare(self, sandbox: Sandbox, *, live: bool) -> None:
+        """``setup``; ``live``: the episode's own sandbox (not a grading replay), which runs
+        the task's healthcheck before its first step and the first step's."""
         self.environment.setup(sandbox)
+        failure = self.healthcheck.failure(sandbox) if live and self.healthcheck else None
+        if failure is not None:
+            raise SandboxError(f"task {self.task_id}: [environment.healthcheck]: {failure}")
         last = self.step_index if self.step_index is not None else 0 if self.steps else -1
         for index in range(last + 1):
             try:  # the live episode's step 0 (not a replay) also runs its healthcheck
-                self._stage(sandbox, index, check=self.step_index is None)
+                self._stage(sandbox, index, check=live)
             except StepSetupFailed as err:
                 if index == 0:
                     raise SandboxError(f"task {self.task_id}: {err}") from err
@@ -157,6 +174,8 @@ class TerminalBenchTask:
             timeout_s=step.timeout_s,
             verifier=step.verifier,
             step_index=index,
+            artifacts=self.artifacts + step.artifacts,
+            collect=self.collect + step.collect,
         )
 
     def start_step(self, sandbox: Sandbox, index: int) -> None:
@@ -278,6 +297,7 @@ class TerminalBenchTask:
             return Grade(reward=0.0, infra_failure=True, details={"error": error})
         try:
             sandbox.stop_processes()
+            self._gather(sandbox, context)
             if self.verifier is not None and (context is None or context.make_sandbox is None):
                 error = (
                     f"task {self.task_id}: a separate verifier needs a context that makes sandboxes"
@@ -295,6 +315,16 @@ class TerminalBenchTask:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"grader: {err}"})
         except TaskFormatError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"task folder: {err}"})
+
+    def _gather(self, sandbox: Sandbox, context: GradingContext | None) -> None:
+        """Harbor's collection phase: the ``collect`` hooks, then the artifacts into the
+        context's ``artifacts_dir`` (a step's in ``<step name>/``), when it names one."""
+        collection.run_hooks(sandbox, self.collect, self.task_id)
+        root = context.artifacts_dir if context is not None else None
+        if root is not None:
+            if self.step_index is not None:
+                root = root / self.steps[self.step_index].name
+            collection.collect(sandbox, self.artifacts, root, workdir=self.environment.workdir)
 
     def _grade_against_pristine(
         self, sandbox: Sandbox, context: GradingContext, tmp: Path
@@ -397,7 +427,7 @@ class TerminalBenchTask:
             unreported = {"strict": False, "tamper_report_error": str(err)}
             return Grade(grade.reward, grade.infra_failure, {**grade.details, **unreported}), None
         fresh = self._fresh_sandbox(sandbox, context)
-        self.setup(fresh)
+        self._prepare(fresh, live=False)
         try:
             pristine = work.export_work(fresh, workdir, tmp, "pristine.tar")
         except work.WorkExportError as err:

@@ -27,7 +27,7 @@ HARBOR_14 = ROOT / "tests" / "fixtures" / "harbor-1.4"
 
 def load(folder: Path) -> TerminalBenchTask:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # steps' artifacts and collect hooks: not applied yet
+        warnings.simplefilter("ignore")  # the examples' keys this loader warns of (user, network)
         return load_tasks(folder).get(folder.name)
 
 

@@ -1,0 +1,229 @@
+"""Harbor's ``artifacts`` and ``[[verifier.collect]]`` hooks (task.toml schema 1.4): files a task
+keeps of an episode's sandbox, gathered after the agent's turn and before grading.
+
+Harbor's order (trial.py ``_collect_artifacts_phased``): the task's collect hooks, then the
+step's, run in the agent's sandbox (``bash -c``, each with its own timeout; a failure is a
+warning, never the episode's); then each artifact is copied out, with the convention folder
+``/logs/artifacts`` first. On the host an artifact lands at its ``destination`` or at its
+source path without the leading ``/`` (``/app/out`` -> ``app/out``), and ``manifest.json``
+lists every entry with its ``type`` and ``status`` (``ok``, ``empty``, ``failed``,
+``skipped``). Folders leave through the sandbox engine (``work.export_work``: a clean archive,
+no program of the sandbox takes part) and are unpacked with tarfile's ``data`` filter; a file
+is copied by the engine (links stay links) if it is at most ``MAX_FILE_BYTES``. Only the
+agent's own sandbox is reached: an entry for another ``service`` (a multi-container task's
+sidecar) is ``skipped`` with its reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import posixpath
+import shlex
+import tarfile
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from environments import work
+from environments.sandboxes.protocol import Sandbox, SandboxError
+from environments.tasks import TaskFormatError
+from environments.terminal_bench import schema
+from thundersync.protocol.documents import excerpt
+
+CONVENTION_DIR = "/logs/artifacts"
+"""Collected from every episode (Harbor's implicit first entry): where an agent publishes."""
+MANIFEST = "manifest.json"
+MISSING = "no such file or folder"
+MAIN = "main"
+MAX_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_HOOK_TIMEOUT_S = 60.0
+ARTIFACT_KEYS = frozenset({"source", "destination", "exclude", "service"})
+HOOK_KEYS = frozenset({"command", "service", "timeout_sec", "user"})
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """One ``artifacts`` entry (Harbor's ``ArtifactConfig``; a string is its ``source``)."""
+
+    source: str
+    destination: str | None = None
+    exclude: tuple[str, ...] = ()
+    service: str = MAIN
+
+
+@dataclass(frozen=True, slots=True)
+class CollectHook:
+    """One ``[[verifier.collect]]`` entry (Harbor's ``VerifierCollectConfig``)."""
+
+    command: str
+    service: str = MAIN
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
+
+
+def _parts(path: Path, field: str, value: str) -> tuple[str, ...]:
+    parts = tuple(p for p in value.split("/") if p not in ("", "."))
+    if ".." in parts or "\\" in value:
+        raise TaskFormatError(path, field, f"expected a path without '..' or '\\', got {value!r}")
+    return parts
+
+
+def _artifact(path: Path, field: str, entry: object) -> Artifact:
+    table = (
+        {"source": entry} if isinstance(entry, str) else schema.check_mapping(path, field, entry)
+    )
+    schema.check_keys(path, table, ARTIFACT_KEYS, prefix=f"{field}.", strict=False)
+    source = schema.read_text(path, f"{field}.source", table.get("source"))
+    _parts(path, f"{field}.source", source)
+    destination = schema.read_optional_str(
+        path, f"{field}.destination", table.get("destination"), ""
+    )
+    if destination and (
+        destination.startswith("/")
+        or not _parts(path, f"{field}.destination", destination)
+        or destination.rstrip("/") == MANIFEST
+    ):
+        raise TaskFormatError(
+            path,
+            f"{field}.destination",
+            f"expected a relative path other than {MANIFEST}, got {destination!r}",
+        )
+    exclude: object = table.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude):
+        raise TaskFormatError(
+            path, f"{field}.exclude", f"expected a list of patterns, got {excerpt(exclude)}"
+        )
+    service = schema.read_optional_str(path, f"{field}.service", table.get("service"), MAIN)
+    if service != MAIN and not source.startswith("/"):
+        raise TaskFormatError(
+            path, f"{field}.source", f"expected an absolute path for service {service!r}"
+        )
+    return Artifact(source, destination or None, tuple(exclude), service)
+
+
+def read_artifacts(path: Path, field: str, value: object) -> tuple[Artifact, ...]:
+    """A task's or step's ``artifacts`` list; a malformed entry raises TaskFormatError."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TaskFormatError(path, field, f"expected a list of paths, got {excerpt(value)}")
+    return tuple(_artifact(path, f"{field}[{i}]", entry) for i, entry in enumerate(value))
+
+
+def read_hooks(path: Path, field: str, value: object) -> tuple[CollectHook, ...]:
+    """A ``[[verifier.collect]]`` list; a malformed entry raises TaskFormatError."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TaskFormatError(path, field, f"expected [[{field}]] tables, got {excerpt(value)}")
+    hooks = []
+    for i, entry in enumerate(value):
+        name = f"{field}[{i}]"
+        table = schema.check_mapping(path, name, entry)
+        schema.check_keys(path, table, HOOK_KEYS, prefix=f"{name}.", strict=False)
+        hooks.append(
+            CollectHook(
+                command=schema.read_text(path, f"{name}.command", table.get("command")),
+                service=schema.read_optional_str(
+                    path, f"{name}.service", table.get("service"), MAIN
+                ),
+                timeout_s=schema.read_timeout(
+                    path, f"{name}.timeout_sec", table.get("timeout_sec"), DEFAULT_HOOK_TIMEOUT_S
+                ),
+            )
+        )
+    return tuple(hooks)
+
+
+def run_hooks(sandbox: Sandbox, hooks: Sequence[CollectHook], task_id: str) -> list[str]:
+    """Run ``hooks`` in order in the agent's sandbox; what failed (each also a warning)."""
+    failures = []
+    for hook in hooks:
+        if hook.service != MAIN:
+            failures.append(f"{hook.command[:80]!r}: service {hook.service!r} is not this sandbox")
+            continue
+        result = sandbox.execute(hook.command, timeout=hook.timeout_s)
+        if result.exit_code != 0 or result.timed_out:
+            status = "timed out" if result.timed_out else f"exited {result.exit_code}"
+            failures.append(f"{hook.command[:80]!r} {status}: {result.output.strip()[-200:]}")
+    for failure in failures:
+        warnings.warn(f"task {task_id}: collect hook {failure}", UserWarning, stacklevel=2)
+    return failures
+
+
+def _host_target(root: Path, artifact: Artifact) -> Path:
+    rel = artifact.destination or artifact.source
+    return root.joinpath(*[p for p in rel.split("/") if p not in ("", ".", "..")])
+
+
+def _copy_folder(sandbox: Sandbox, source: str, target: Path, exclude: Sequence[str]) -> bool:
+    """Whether the folder held anything; raises work.WorkExportError or SandboxError."""
+    with tempfile.TemporaryDirectory(prefix="thundersync-artifact-") as tmp:
+        tree = work.export_work(sandbox, source, Path(tmp), "artifact.tar")
+        kept = {
+            name
+            for name in tree.entries
+            if not any(
+                fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(part, pattern)
+                for pattern in exclude
+                for part in name.split("/")
+            )
+        }
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tree.archive) as archive:
+            members = [m for m in archive.getmembers() if m.name in kept]
+            archive.extractall(target, members=members, filter="data")
+        return bool(kept)
+
+
+def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str) -> dict[str, Any]:
+    target = _host_target(root, artifact)
+    entry: dict[str, Any] = {
+        "source": artifact.source,
+        "destination": str(target.relative_to(root)),
+        "service": artifact.service,
+        "exclude": list(artifact.exclude),
+    }
+    if artifact.service != MAIN:
+        return {**entry, "type": "directory", "status": "skipped", "reason": "not this sandbox"}
+    source = posixpath.normpath(posixpath.join(workdir, artifact.source))
+    quoted = shlex.quote(source)
+    probe = sandbox.execute(
+        f"if [ -d {quoted} ]; then echo dir; elif [ -f {quoted} ]; then stat -c %s {quoted}; "
+        "else echo missing; fi",
+        timeout=30,
+    )
+    answer = probe.output.strip()
+    if answer == "dir":
+        try:
+            has = _copy_folder(sandbox, source, target, artifact.exclude)
+        except (work.WorkExportError, SandboxError, OSError, tarfile.TarError) as err:
+            return {**entry, "type": "directory", "status": "failed", "reason": str(err)[:300]}
+        return {**entry, "type": "directory", "status": "ok" if has else "empty"}
+    if not answer.isdigit() or int(answer) > MAX_FILE_BYTES:
+        why = MISSING if answer == "missing" else f"not copied: {answer[:100]}"
+        return {**entry, "type": "file", "status": "failed", "reason": why}
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sandbox.download(source, target)
+    except (SandboxError, OSError) as err:
+        return {**entry, "type": "file", "status": "failed", "reason": str(err)[:300]}
+    return {**entry, "type": "file", "status": "ok"}
+
+
+def collect(
+    sandbox: Sandbox, artifacts: Sequence[Artifact], root: Path, *, workdir: str
+) -> list[dict[str, Any]]:
+    """Copy ``/logs/artifacts`` and ``artifacts`` out of ``sandbox`` into ``root`` and write
+    ``root/manifest.json``; the manifest's entries."""
+    entries = [Artifact(CONVENTION_DIR)]
+    entries += [a for a in artifacts if (a.source.rstrip("/"), a.service) != (CONVENTION_DIR, MAIN)]
+    root.mkdir(parents=True, exist_ok=True)
+    manifest = [_collect_one(sandbox, artifact, root, workdir) for artifact in entries]
+    if manifest[0].get("reason") == MISSING:  # the agent published nothing
+        manifest[0] = {**manifest[0], "type": "directory", "status": "empty"}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    return manifest
