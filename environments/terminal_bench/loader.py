@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from environments.tasks import TaskFormatError, TaskList
-from environments.terminal_bench import inputs
+from environments.terminal_bench import harbor_datasets, inputs
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
 from environments.terminal_bench.tb1 import load_tb1_task
@@ -19,12 +19,16 @@ def _is_task_dir(path: Path) -> bool:
 
 
 def looks_like_terminal_bench(path: str | Path) -> bool:
-    """True if ``path`` is a task folder or holds task folders (task.yaml or task.toml)."""
+    """True if ``path`` is a task folder, holds task folders (task.yaml or task.toml), or is a
+    Harbor dataset (a ``dataset.toml``, or Harbor's package cache: ``harbor_datasets``)."""
     folder = Path(path)
     if not folder.is_dir():
         return False
-    return _is_task_dir(folder) or any(
-        child.is_dir() and _is_task_dir(child) for child in folder.iterdir()
+    return (
+        _is_task_dir(folder)
+        or (folder / harbor_datasets.MANIFEST).is_file()
+        or any(child.is_dir() and _is_task_dir(child) for child in folder.iterdir())
+        or harbor_datasets.is_cache(folder)
     )
 
 
@@ -50,12 +54,17 @@ def load_tasks(path: str | Path, *, max_turns: int = 50) -> TaskList:
     """Load a task folder or a folder of task folders; every malformed task raises
     TaskFormatError. Sub-folders whose names start with '.' or '_' are skipped; a sub-folder
     that is a link must stay inside the suite folder (a link out of it is an error naming it,
-    as links out of a task folder are)."""
+    as links out of a task folder are). A Harbor dataset (a folder with ``dataset.toml``, or
+    Harbor's package cache) lists its tasks by package name (``harbor_datasets``)."""
     root = Path(path)
     if not root.is_dir():
         raise TaskFormatError(root, "path", "expected a task folder or a folder of task folders")
     if _is_task_dir(root):
         return TaskList(name=root.name, tasks=(load_task(root, max_turns=max_turns),))
+    if (root / harbor_datasets.MANIFEST).is_file():
+        return harbor_datasets.load_manifest(root, lambda d: load_task(d, max_turns=max_turns))
+    if harbor_datasets.is_cache(root):
+        return harbor_datasets.load_cache(root, lambda d: load_task(d, max_turns=max_turns))
     real_root = os.path.realpath(root)
     children = sorted(
         child
