@@ -11,6 +11,10 @@ from typing import Any
 from leaderboard.store import Store, StoreError
 from thundersync.protocol.documents import DocumentError
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+"""What makes a folder a checkpoint the policy agent runs: a model, or a LoRA adapter (on the
+base model its adapter_config.json names)."""
+
 
 def sandbox_problem(kind: str) -> str | None:
     """Why sandboxes of ``kind`` cannot run on this machine (with the fix), or None: the
@@ -40,7 +44,8 @@ def output_problem(out: str | None, db: str | None, *, leaderboard: bool) -> str
 def checkpoint_problem(checkpoint: str | Path) -> str | None:
     """Why ``checkpoint`` is not a model folder the policy agent can run, or None: a run's
     step that rotation removed (with the checkpoints that exist), a run folder instead of one
-    of its checkpoints, a folder without config.json, a tokenizer without a chat template."""
+    of its checkpoints, a folder without config.json (or a LoRA adapter's
+    adapter_config.json), a tokenizer without a chat template."""
 
     from thundersync.training.checks import chat_template_problem
 
@@ -50,7 +55,7 @@ def checkpoint_problem(checkpoint: str | Path) -> str | None:
         return f"a run folder, not a model folder; its checkpoints: {', '.join(kept) or 'none'}" + (
             f" (e.g. --checkpoint {folder / 'checkpoints' / kept[-1]})" if kept else ""
         )
-    if (folder / "config.json").is_file():
+    if any((folder / name).is_file() for name in MODEL_FILES):
         problem = chat_template_problem(folder)
         return problem.removeprefix(f"{folder}: ") if problem else None
     if re.fullmatch(r"step-\d+", folder.name) and folder.parent.is_dir():
@@ -77,7 +82,9 @@ def _kept_checkpoints(run: Path) -> list[str]:
     folder = run / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.glob("step-*") if (p / "config.json").is_file())
+    return sorted(
+        p.name for p in folder.glob("step-*") if any((p / f).is_file() for f in MODEL_FILES)
+    )
 
 
 def _run_setting(run: Path, name: str) -> Any:

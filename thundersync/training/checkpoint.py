@@ -1,7 +1,9 @@
 """Checkpoints: an ordinary Hugging Face model folder plus the trainer's state, written atomically.
 
 ``checkpoints/step-000003/`` holds the model (``save_pretrained``: loads with
-``AutoModelForCausalLM.from_pretrained`` and vLLM), its tokenizer, and ``trainer_state.pt``:
+``AutoModelForCausalLM.from_pretrained`` and vLLM; with ``--lora`` a PEFT adapter folder,
+``adapter_config.json`` naming the base model's folder and the adapter's weights alone, which
+``PeftModel.from_pretrained(base, folder)`` loads), its tokenizer, and ``trainer_state.pt``:
 the optimizer state, the RNG states, the number of completed steps and the policy version.
 It holds only tensors, numbers, strings and plain containers, and is read with
 ``torch.load(weights_only=True)``: a checkpoint folder may come from elsewhere, and a pickle
@@ -67,7 +69,7 @@ def save_checkpoint(
     tmp = folder / f".tmp-{_PREFIX}{completed_steps:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cast("PreTrainedModel", model).save_pretrained(tmp)  # a Hugging Face model (load_model)
+    cast("PreTrainedModel", model).save_pretrained(tmp)  # a Hugging Face model or PeftModel
     tokenizer.save_pretrained(tmp)
     state = {
         "completed_steps": completed_steps,

@@ -66,3 +66,14 @@ def test_a_checkpoint_that_does_not_exist_says_so(tmp_path, capsys):
     empty.mkdir()
     line = refused(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", str(empty)], capsys)
     assert line.endswith("not a model folder (no config.json)"), line
+
+
+def test_a_run_of_lora_adapters_names_its_adapter_checkpoints(tmp_path, capsys):
+    run = tmp_path / "runs" / "lora"
+    for step in (1, 2):
+        folder = run / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")  # a PEFT adapter folder: no config.json
+    (run / "config.json").write_text(json.dumps({"keep_checkpoints": 2, "steps": 2}))
+    line = refused(["eval", "--env", "thundersync/ToySum-v0", "--checkpoint", str(run)], capsys)
+    assert "a run folder, not a model folder; its checkpoints: step-000001, step-000002" in line
