@@ -22,6 +22,7 @@ away on every other path out, after the sandbox's own container, the holder last
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,12 @@ def start(
     for spec in specs:
         _start_one(client, made, spec, marker, labels)
     return f"container:{name}"
+
+
+def is_services_network(network: str) -> bool:
+    """Whether ``network`` is what ``start`` returns (never ``host`` or a bridge: a spec's
+    ``network`` may only join a holder's namespace, which has no way out)."""
+    return re.fullmatch(r"container:thundersync-[0-9a-f]{12}-net", network) is not None
 
 
 def _image(client: Any, spec: ServiceSpec) -> str:

@@ -119,6 +119,8 @@ class DockerSandbox:
     def __init__(self, spec: SandboxSpec, *, client: Any = None) -> None:
         if not spec.workdir.startswith("/") or posixpath.normpath(spec.workdir) == "/":
             raise ValueError(f"SandboxSpec.workdir must be absolute, not /: {spec.workdir!r}")
+        if spec.network is not None and not compose.is_services_network(spec.network):
+            raise ValueError(f"SandboxSpec.network must be a services_network: {spec.network!r}")
         self.spec = spec
         self.workdir = posixpath.normpath(spec.workdir)
         self.marker = f"thundersync-{uuid.uuid4().hex[:12]}"
