@@ -19,7 +19,8 @@ container are ignored with a warning (``IGNORED_KEYS``). Refused, one line each:
 key, among them what would open a route out or reach the host (``network_mode``,
 ``networks``, ``volumes``, ``privileged``, ``cap_add``, ``devices``, ``extra_hosts``…), and
 top-level ``volumes`` and ``networks``; ``main`` may only add ``environment`` and
-``depends_on`` (and restate Harbor's ``build``).
+``depends_on`` (and restate Harbor's ``build``). Extension fields (``x-…``) are ignored, as
+Compose ignores them.
 
 ``${VAR}`` in the file is interpolated as Compose does (``$VAR``, ``${VAR:-default}``,
 ``${VAR-default}``, ``${VAR:?error}``, ``$$``) from the task's ``[environment].env``, whose own
@@ -103,7 +104,7 @@ def read_services(
     path = env_dir / COMPOSE_FILE
     values = {name: _interpolate(path, "<env>", value, {}) for name, value in variables.items()}
     data = _substitute(path, "", _load(path), values)
-    for key in sorted(set(data) - TOP_LEVEL):
+    for key in sorted(k for k in set(data) - TOP_LEVEL if not _extension(k)):
         raise TaskFormatError(
             path, key, f"not supported (expected only {', '.join(sorted(TOP_LEVEL))})"
         )
@@ -179,7 +180,7 @@ def _interpolate(path: Path, field: str, text: str, variables: dict[str, str]) -
 
 def _check_keys(path: Path, name: str, table: dict[str, Any]) -> None:
     allowed = MAIN_KEYS if name == MAIN else SERVICE_KEYS
-    for key in sorted(set(table) - allowed):
+    for key in sorted(k for k in set(table) - allowed if not _extension(k)):
         field = f"services.{name}.{key}"
         if key in IGNORED_KEYS:
             warnings.warn(f"{path}: field {field!r}: ignored here", UserWarning, stacklevel=4)
@@ -188,6 +189,12 @@ def _check_keys(path: Path, name: str, table: dict[str, Any]) -> None:
         if name != MAIN or key not in SERVICE_KEYS:
             why = "the services share one network with no route out, and reach no host path"
         raise TaskFormatError(path, field, f"not supported: {why}")
+
+
+def _extension(key: object) -> bool:
+    """Compose's extension fields (``x-…``, at the top or in a service) are for anchors and
+    tools, ignored by Compose itself."""
+    return isinstance(key, str) and key.startswith("x-")
 
 
 def _check_main_build(path: Path, env_dir: Path, build: object) -> None:

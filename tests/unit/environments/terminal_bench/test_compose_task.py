@@ -95,6 +95,15 @@ def test_what_is_refused_is_named_in_one_line(
     assert field in str(err.value) and words in str(err.value)
 
 
+def test_extension_fields_and_anchors_are_read_as_compose_reads_them(tmp_path: Path) -> None:
+    services, _ = read(
+        tmp_path,
+        "x-common: &common\n  environment: {LEVEL: debug}\n"
+        "services:\n  a:\n    <<: *common\n    build: ./a\n    x-note: for tools\n",
+    )
+    assert services[0].env == {"LEVEL": "debug"}
+
+
 def test_ignored_keys_and_unset_variables_warn(tmp_path: Path) -> None:
     compose = "services:\n  a: {build: ./a, ports: ['80:80'], environment: {K: '${UNSET}$$x'}}\n"
     with pytest.warns(UserWarning) as seen:
