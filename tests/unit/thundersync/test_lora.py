@@ -63,6 +63,34 @@ def test_settings_refuse_what_they_cannot_do_naming_the_field():
     assert (table.rank, table.target_modules) == (4, ("q_proj",))
 
 
+def test_the_lora_flag_alone_means_the_defaults_and_a_toml_table_sets_them(tmp_path):
+    import argparse
+
+    from thundersync.training.config_files import (
+        add_config_flags,
+        load_config_file,
+        resolve_config,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    assert resolve_config(parser.parse_args([])).lora is None  # full fine-tuning by default
+    assert resolve_config(parser.parse_args(["--lora"])).lora == {}
+    given = resolve_config(parser.parse_args(["--lora", '{"rank": 4}']))
+    assert given.lora_settings() == LoraSettings(rank=4)
+    file = tmp_path / "run.toml"
+    file.write_text('[lora]\nrank = 16\ntarget_modules = ["q_proj", "v_proj"]\n')
+    config = resolve_config(parser.parse_args([]), load_config_file(file))
+    assert config.lora_settings() == LoraSettings(rank=16, target_modules=("q_proj", "v_proj"))
+
+
+def test_engine_vllm_with_lora_is_refused_naming_what_is_missing():
+    from thundersync.training.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"'engine'.*hf with lora.*LoRARequest"):
+        TrainConfig(engine="vllm", lora={})
+
+
 def test_the_learner_trains_and_buffers_the_adapter_only_and_the_base_is_untouched(
     tiny_model_dirs,
 ):
