@@ -262,8 +262,23 @@ def _agent(run: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         return {}
     agent = {key: config[key] for key in AGENT_SETTINGS if key in config}
+    if config.get("lora") is not None:  # train --lora: the policy is adapters on the model
+        agent["lora"] = config["lora"]
     model = config.get("checkpoint") or config.get("model")
+    base = _adapter_base(Path(str(model))) if model else None
+    if base is not None:  # eval of a LoRA adapter checkpoint: the base it runs on
+        agent["base_model"] = base
     return {**agent, "model": str(model)} if model else agent
+
+
+def _adapter_base(folder: Path) -> str | None:
+    """The base model a LoRA adapter folder names (``adapter_config.json``), else None."""
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    return base if isinstance(base, str) else None
 
 
 def _version() -> str:

@@ -445,3 +445,19 @@ def test_a_training_runs_export_has_the_text_its_model_saw(tmp_path, tiny_model_
     assert outputs == [output for _, output in turns]
     assert "decoded" in doc.notes
     capsys.readouterr()
+
+
+def test_an_export_records_the_lora_adapter_and_the_base_it_runs_on(tmp_path, capsys):
+    from thundersync.interop.atif import EXTRA
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "/models/base"}')
+    folder = eval_folder(tmp_path, batch(1))
+    config = {"agent": "policy", "checkpoint": str(adapter), "lora": {"rank": 4}}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["export", "--format", "atif", str(folder), "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads(next((tmp_path / "o").glob("*.json")).read_text())
+    recorded = doc["agent"]["extra"][EXTRA]
+    assert recorded["model"] == str(adapter) and recorded["base_model"] == "/models/base"
+    assert recorded["lora"] == {"rank": 4}
