@@ -38,7 +38,7 @@ from harness.critical_path import StepWindow, held_pieces, step_windows, token_p
 from harness.replay import intake, items_of, run_mode, step_time
 from harness.simulate import registered_modes
 from harness.virtual_run import drive
-from harness.workload import Item, Workload, cycled
+from harness.workload import Item, Workload
 from thundersync.core.micro_batches import chunk_shapes
 
 
@@ -83,15 +83,15 @@ def fitted_workload(
     early_start: bool | None = None,
     costs_from: Path | None = None,
 ) -> tuple[Workload, Contention, LearnerCosts]:
-    """The run's ready times (uncontended) and learner costs as a ``Workload`` (its first
-    step, a warm-up, left out); a streaming learner with ``early_start`` (None: as the run's
-    config says); the learner's costs from ``costs_from``'s spans where given."""
+    """The run's batches (uncontended ready times, one per policy version: what any mode
+    samples with that version, ``Workload.by_version``) and learner costs (its first step, a
+    warm-up, left out) as a ``Workload``; a streaming learner with ``early_start`` (None: as
+    the run's config says); the learner's costs from ``costs_from``'s spans where given."""
     mode, config = run_mode(folder)
     streams, skip = mode.learner_contract().streams, mode.batches_in_flight
-    windows = step_windows(folder)[1:]
-    if len(windows) < 2 or not all(
-        w.episodes and all(e.tokens for e in w.episodes) for w in windows
-    ):
+    every = step_windows(folder)
+    windows = every[1:]
+    if len(windows) < 2 or not all(w.episodes and all(e.tokens for e in w.episodes) for w in every):
         raise ValueError(
             f"{folder}: needs at least 3 complete steps whose trajectories' lengths "
             "events.jsonl records (a GRPO run) to predict other modes from"
@@ -112,12 +112,14 @@ def fitted_workload(
     def clean(w: StepWindow, t: float) -> float:
         return uncontended(t + w.submitted_at, w.submitted_at, busy, kappa.kappa)
 
+    # async(k) sampled batches 0..k with θ_0 and batch n with θ_{n-k}
+    versions = [every[0], *every[skip:]]
     items = tuple(
         tuple(
             Item(clean(w, i.completed), clean(w, i.reward), i.group, i.tokens, i.value)
             for i in items_of(w)
         )
-        for w in windows
+        for w in versions
     )
     early = bool(config.get("early_start")) if early_start is None else early_start
     work = Workload(
@@ -139,6 +141,7 @@ def fitted_workload(
         batch_forwards=1 + int(kl),
         fold_s=costs.fold_s,
         contention=kappa.kappa,
+        by_version=True,
     )
     return work, kappa, costs
 
@@ -184,20 +187,18 @@ def predict_from_run(
     at = len(history) if at_step is None else at_step
     if not 1 <= at <= len(history):
         raise ValueError(f"{folder}: step {at} is not one of its steps 1..{len(history)}")
-    # the first step, a warm-up the fit left out: the run's own, then the fitted steps
-    first = history[0]["finished_at"] - history[0]["submitted_at"]
     modes: dict[str, Any] = {}
     for k in staleness:
         for mode in registered_modes(k):
             if mode.label in modes:
                 continue
-            # a pipeline's steady state: every fitted step once more after its filling
+            # as many steps as the run, a pipeline's filling besides (its steady state)
             skip = mode.batches_in_flight
-            n = len(work.ready_s) + (skip if skip > 1 else 0)
-            steps = drive(mode, cycled(work, n))
+            steps = drive(mode, work, steps=len(history) + (skip if skip > 1 else 0))
             predicted: dict[str, Any] = {
-                "step_time_s": step_time(steps, mode),
-                "time_to_step_s": first + steps[at - 2]["finished_at"] if at > 1 else first,
+                # measured as the run is: one batch in flight, the first step left out
+                "step_time_s": step_time(steps if skip > 1 else steps[1:], mode),
+                "time_to_step_s": steps[at - 1]["finished_at"],
                 "same_updates": mode.exact,
                 "baseline": mode.baseline,
             }

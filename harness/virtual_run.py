@@ -51,9 +51,14 @@ class _Rollout:
 class VirtualRun:
     """The ``Run`` a mode drives, on a virtual clock (``now``, seconds)."""
 
-    def __init__(self, w: Workload, *, streams: bool, eager: bool = False) -> None:
+    def __init__(
+        self, w: Workload, *, streams: bool, eager: bool = False, steps: int | None = None
+    ) -> None:
         self.w, self.now = w, 0.0
+        self.num_steps = len(w.ready_s) if steps is None else steps
         self.rollouts: dict[int, _Rollout] = {}
+        self.batch_of: dict[int, int] = {}  # a submitted step's batch of the workload
+        self.version = 0  # optimizer steps taken: the policy the engine samples with
         self.busy_s = 0.0
         self._learner = VirtualLearner(self, streams=streams, eager=eager)
 
@@ -62,10 +67,15 @@ class VirtualRun:
         return self._learner
 
     def steps(self) -> range:
-        return range(len(self.w.ready_s))
+        return range(self.num_steps)
 
     def submit(self, step: int) -> None:
-        self.rollouts[step] = _Rollout(self.now, _due(self.w, step))
+        """Batch ``step`` rolls out the workload's batch ``step``, or with
+        ``Workload.by_version`` the batch sampled with the policy the engine has now."""
+        last = len(self.w.ready_s) - 1
+        batch = min(self.version if self.w.by_version else step, last)
+        self.batch_of[step] = batch
+        self.rollouts[step] = _Rollout(self.now, _due(self.w, batch, step))
 
     def advance(self, seconds: float, *, busy: bool) -> None:
         """Move the clock; rollout runs 1 + κ times slower while the learner is ``busy``."""
@@ -111,6 +121,7 @@ class VirtualRun:
         w = self.w
         self.advance(w.intake_s + self._learner.step_seconds(step) + w.optimizer_s, busy=True)
         self.advance(w.sync_s, busy=True)
+        self.version += 1
         return {"step": step + 1, "submitted_at": rollout.started, "finished_at": self.now}
 
 
@@ -127,7 +138,7 @@ class VirtualLearner:
         if not (self.streams and w.items):
             return None
         if step not in self.drains:
-            self.drains[step] = GrpoDrain(w.items[step], w)
+            self.drains[step] = GrpoDrain(w.items[self.run.batch_of[step]], w)
         return self.drains[step]
 
     def consume(self, event: ev.Event) -> None:
@@ -157,31 +168,36 @@ class VirtualLearner:
         """``step()``'s work beyond the optimizer: the batch's passes, or a streaming
         learner's folds."""
         self.drains.pop(step, None)
-        return self.run.w.fold_s if self.streams else batch_seconds(self.run.w, step)
+        w, batch = self.run.w, self.run.batch_of[step]
+        return w.fold_s if self.streams else batch_seconds(w, batch)
 
 
-def _due(w: Workload, step: int) -> list[tuple[float, ItemDue]]:
-    """Batch ``step``'s events by their rollout time: a GRPO trajectory's completion and
-    reward, or each work item's ready time and the batch's closing gate."""
+def _due(w: Workload, batch: int, step: int) -> list[tuple[float, ItemDue]]:
+    """The events of the workload's batch ``batch``, rolled out as step ``step``, by their
+    rollout time: a GRPO trajectory's completion and reward, or each work item's ready time
+    and the batch's closing gate."""
     due: list[tuple[float, ItemDue]] = []
     if w.items:
-        for i, item in enumerate(w.items[step]):
+        for i, item in enumerate(w.items[batch]):
             for t, rewarded in ((item.completed, False), (item.reward, True)):
                 event = ItemDue(step=step, index=i, rewarded=rewarded, work=True, t=t)
                 due.append((t, event))
     else:
-        for i, t in enumerate(w.ready_s[step]):
+        for i, t in enumerate(w.ready_s[batch]):
             due.append((t, ItemDue(step=step, index=i, rewarded=True, work=True, t=t)))
-        gate = w.gate(step)
-        if gate > max(w.ready_s[step], default=0.0):
+        gate = w.gate(batch)
+        if gate > max(w.ready_s[batch], default=0.0):
             closing = ItemDue(step=step, index=-1, rewarded=True, work=False, t=gate)
             due.append((gate, closing))
     due.sort(key=lambda pair: (pair[0], pair[1].index, pair[1].rewarded))
     return due
 
 
-def drive(mode: Mode, w: Workload, *, eager: bool = False) -> list[dict[str, Any]]:
-    """Each step's metrics (``submitted_at``, ``finished_at``) of ``mode`` run on ``w``: the
-    mode object's own loop (``Mode.run``) over a ``VirtualRun``."""
-    run = VirtualRun(w, streams=mode.learner_contract().streams, eager=eager)
+def drive(
+    mode: Mode, w: Workload, *, eager: bool = False, steps: int | None = None
+) -> list[dict[str, Any]]:
+    """Each step's metrics (``submitted_at``, ``finished_at``) of ``mode`` run on ``w`` for
+    ``steps`` (None: the workload's): the mode object's own loop (``Mode.run``) over a
+    ``VirtualRun``."""
+    run = VirtualRun(w, streams=mode.learner_contract().streams, eager=eager, steps=steps)
     return mode.run(run)

@@ -7,7 +7,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,11 @@ class Workload:
     contention: float = 0.0
     """κ: while the learner computes, rollout runs 1 + κ times slower (the engine, tools and
     graders share the learner's cores); 0: they do not compete."""
+    by_version: bool = False
+    """Step n rolls out the batch of the policy the engine has when it is submitted (batch v
+    after v optimizer steps, the last batch past the end) rather than batch n: a run's batches
+    as another mode would sample them (async(k) samples batch n with θ_{n−k}: early in
+    training, shorter episodes than sync's batch n)."""
 
     def gate(self, step: int) -> float:
         """When batch ``step`` is complete, from its start."""
@@ -102,22 +107,6 @@ def batch_seconds(w: Workload, step: int) -> float:
     """The batched pass over step ``step``'s trajectories (sync and async at ``step()``)."""
     tokens = w.tokens[step] if w.tokens else (0,) * len(w.ready_s[step])
     return pass_seconds(tokens, w, forwards=w.batch_forwards)
-
-
-def cycled(w: Workload, steps: int) -> Workload:
-    """``w`` with its steps repeated in order to ``steps`` (a pipeline's steady state needs more
-    steps than a short run has: async(k) fills for k + 1)."""
-
-    def repeat(per_step: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(per_step[i % len(per_step)] for i in range(steps)) if per_step else ()
-
-    return replace(
-        w,
-        ready_s=repeat(w.ready_s),
-        tokens=repeat(w.tokens),
-        gates_s=repeat(w.gates_s),
-        items=repeat(w.items),
-    )
 
 
 def named_workload(name: str, *, steps: int = 20, seed: int = 0) -> Workload:

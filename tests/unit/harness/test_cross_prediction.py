@@ -28,15 +28,15 @@ def test_each_mode_is_predicted_from_a_run_of_the_other(runs, source):
     assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)
     assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
     assert modes[source]["error"] == pytest.approx(0.0, abs=1e-9)
-    # async(1) rolls batch n+1 out while learning n (0.16 s), over the three fitted steps and
-    # two more of them: steps end at 0.66, 0.82, 1.32 (batch 2 submitted at 0.66), 1.48 and
-    # 1.98; the mean interval once its pipeline is full, after step 2
-    assert modes["async-k1"]["step_time_s"] == pytest.approx((1.98 - 0.82) / 3)
+    # async(1) rolls batch n+1 out while learning n (0.16 s), over the run's four steps and
+    # two more: steps end at 0.66, 0.82, 1.32 (batch 2 submitted at 0.66), 1.48, 1.98 and
+    # 2.14; the mean interval once its pipeline is full, after step 2
+    assert modes["async-k1"]["step_time_s"] == pytest.approx((2.14 - 0.82) / 4)
     assert not modes["async-k1"]["same_updates"] and modes["streaming"]["same_updates"]
-    # the time to the run's last step: its first step, then three predicted ones
-    first = {"sync": SYNC_S, "streaming": STREAMING_S}[source]
-    assert modes["streaming"]["time_to_step_s"] == pytest.approx(first + 3 * STREAMING_S)
-    assert result["measured_time_to_step_s"] == pytest.approx(4 * first)
+    # the time to the run's last step, all four predicted
+    assert modes["streaming"]["time_to_step_s"] == pytest.approx(4 * STREAMING_S)
+    own = {"sync": SYNC_S, "streaming": STREAMING_S}[source]
+    assert result["measured_time_to_step_s"] == pytest.approx(4 * own)
     assert not result["contention"]["measured"]  # no engine spans to show it
 
 
@@ -109,8 +109,6 @@ def test_the_time_to_the_target_is_at_the_step_the_comparison_saw_it_reached(tmp
         )
         result = json.loads(capsys.readouterr().out)
         assert result["at_step"] == step
-        # the run's own first step, then the predicted ones
-        to_step = SYNC_S + (step - 1) * STREAMING_S
-        assert result["modes"]["streaming"]["time_to_step_s"] == pytest.approx(to_step)
+        assert result["modes"]["streaming"]["time_to_step_s"] == pytest.approx(step * STREAMING_S)
     assert main(["simulate", "--from", str(runs["sync"]), "--target", "0.9"]) == 2
     assert "--target 0.9: no comparison's results.json" in capsys.readouterr().err

@@ -233,3 +233,16 @@ def test_the_shipped_projections_print_as_projections_with_their_sources(capsys)
         assert "training_tokens_per_s_per_gpu" in out and "[derived:" in out
     assert main(["simulate", "--project", str(ROOT / "README.md")]) == 2
     assert "not a readable TOML projection file" in capsys.readouterr().err
+
+
+def test_by_version_each_batch_is_the_one_its_policy_version_samples():
+    """``Workload.by_version``: a batch rolls out what the policy the engine has at its
+    submission samples (here version 0's batch ready at 1 s, version 1's at 3 s; learning 1 s).
+    async(1) submits steps 0 and 1 with θ_0: both ready at 1 s, learned 1..2 and 2..3; step 2
+    (submitted at 2 s with θ_1) ready at 5, learned 5..6; step 3 (at 3 s with θ_2, past the
+    last batch: θ_1's) ready at 6, learned 6..7. Sync samples batch n with θ_n: identical."""
+    from harness.virtual_run import drive
+
+    w = Workload("w", ((1.0,), (3.0,)), 1.0, by_version=True)
+    assert [h["finished_at"] for h in drive(AsyncMode(1), w, steps=4)] == [2.0, 3.0, 6.0, 7.0]
+    assert step_times(SYNC, w) == step_times(SYNC, replace(w, by_version=False)) == [2.0, 4.0]
