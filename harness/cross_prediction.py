@@ -5,14 +5,15 @@ each mode object on a ``VirtualRun``.
 What one mode's run says about another's:
 
 - **Ready times** (each trajectory's completion and reward, from its batch's start) are the
-  run's own, step by step. They were measured under the run's own contention: where its
+  run's own, batch by batch, each the batch its policy version sampled (``by_version``: async(k)
+  rolls out the version n − k's batch at step n). They were measured under the run's own contention: where its
   learner computed while the batch rolled out (streaming; async), the rollout ran slower
   (the engine, the tools and the graders share the learner's cores). Each time is turned back
   into uncontended rollout seconds, t − κ/(1+κ)·(learner busy before t), and every predicted
   mode pays κ again wherever its own learner overlaps its rollout (``VirtualRun.advance``).
-- **κ** is fitted from the engine's generation spans: the seconds per decode step of
-  generation batches that ran while the learner computed over those that ran while it idled,
-  times the engine's share of the rollout's time. A run whose learner never overlapped its
+- **κ** is fitted from the engine's generation spans: how much slower generation batches ran
+  beside the learner than alone, their batch sizes accounted for
+  (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run whose learner never overlapped its
   rollout (sync) cannot show κ: it is taken as 0 unless given (``contention``), and said so.
 - **Learner costs**: a run with backward passes (streaming) gives o, f and g
   (``token_pass_cost``), and a batched pass is charged as a padded pass of one backward; a run
@@ -22,6 +23,10 @@ What one mode's run says about another's:
 - **Time to the target**: the exact modes take the same updates, so they reach a target at
   the same step; the predicted time is when each mode ends that step. Async's updates differ
   (stale), so its time is to the same step, labelled as such.
+
+What it cannot know: async's trajectories come from a policy trained on stale tokens, and they
+differ from the run's beyond the version lag (on ToySum its episodes stay shorter), so async
+predicted from a sync or streaming run is a prediction for the run's own trajectories.
 """
 
 from __future__ import annotations
