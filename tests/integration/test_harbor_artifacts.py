@@ -1,12 +1,12 @@
 """Harbor's ``artifacts`` and ``[[verifier.collect]]`` hooks (schema 1.4, issue 37 item 5)
-played in bubblewrap: the hooks run in the episode's sandbox before each step is graded (the
-task's, then the step's; a failing one only warns), and each step's artifacts land in the
-episode's folder under ``artifacts_dir`` with Harbor's ``manifest.json``."""
+played in bubblewrap and (marked ``docker``) Docker: the hooks run in the episode's sandbox
+before each step is graded (the task's, then the step's; a failing one only warns), and each
+step's artifacts land in the episode's folder under ``artifacts_dir`` with Harbor's
+``manifest.json``."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,13 +20,13 @@ TASK = (
     Path(__file__).resolve().parents[1] / "fixtures" / "harbor-1.4-extras" / "artifacts-and-hooks"
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
 
-
-def test_each_steps_artifacts_and_hook_output_reach_the_episodes_folder(tmp_path: Path) -> None:
+def test_each_steps_artifacts_and_hook_output_reach_the_episodes_folder(
+    tmp_path: Path, kind: str
+) -> None:
     task = load_tasks(TASK).get(TASK.name)
     runner = EpisodeRunner(
-        lambda: ShellEnv([task], sandbox="bwrap", artifacts_dir=tmp_path),
+        lambda: ShellEnv([task], sandbox=kind, artifacts_dir=tmp_path),
         OracleAgent(),
         lambda event: None,
     )
