@@ -203,10 +203,8 @@ def run_simulate_command(args: Any) -> int:
         speed = result["speedup_vs_sync"].get(mode)
         print(f"{mode:<18}{t:>9.3f} s{'' if speed is None else f'{speed:>8.2f}x'}")
     if isinstance(result.get("prediction"), dict):  # the modes' rows as --from predicts them
-        print(
-            f"simulate: {result['workload']}: each mode's step time fitted from the run's spans "
-            "(as --from predicts it); the bound and the eager drain from its reward times alone"
-        )
+        print("simulate: the modes' rows fitted from the run's spans (as --from); the bound")
+        print("simulate: and the eager drain from its reward times alone")
     else:
         print(
             f"simulate: {result['workload']}: streaming {result['step_time_s']['streaming']:.3f}"
@@ -278,11 +276,9 @@ def run_from(args: Any) -> int:
         )
     kappa = result["contention"]
     how = "fitted from its engine spans" if kappa["measured"] else "not measured in this run"
-    print(
-        f"simulate: predicted from {result['run']} ({result['from_mode']}); contention kappa "
-        f"{kappa['kappa']:.2f} ({how}); early start {'on' if result['early_start'] else 'off'}; "
-        "* other updates: its time is to the same step"
-    )
+    print(f"* other updates than the run's: timed to the same step ({at})")
+    print(f"contention kappa {kappa['kappa']:.2f}: {how}; early start {result['early_start']}")
+    print(f"simulate: every mode predicted from the {result['from_mode']} run {result['run']}")
     return 0
 
 
