@@ -203,6 +203,7 @@ class ShellEnv(gym.Env[str, str]):
         self.strict_grading = strict_grading
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self._episode_name = "episode"
+        self._num_resets = 0
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self._sandbox_kind = sandbox
@@ -243,7 +244,8 @@ class ShellEnv(gym.Env[str, str]):
         self._close_sandbox()
         self._task = self._select_task(options.get("task"))
         self._before_grading = options.get("before_grading")
-        self._episode_name = _folder_name(options.get("episode_id"), seed)
+        self._num_resets += 1
+        self._episode_name = _folder_name(options.get("episode_id"), self._num_resets)
         self._num_turns = 0
         self._num_format_errors = 0
         self._started = time.monotonic()
@@ -552,10 +554,11 @@ class ShellEnv(gym.Env[str, str]):
         return text[: self.observation_space.max_length]
 
 
-def _folder_name(episode_id: object, seed: int | None) -> str:
+def _folder_name(episode_id: object, num_resets: int) -> str:
     """The episode's folder under ``artifacts_dir``: its id (``options["episode_id"]``, as the
-    runner names it) with anything but letters, digits, ``.``, ``_``, ``-`` replaced."""
-    name = str(episode_id) if episode_id is not None else f"seed-{seed}"
+    runner names it) with anything but letters, digits, ``.``, ``_``, ``-`` replaced; without
+    one, ``episode-<n>`` for this env's n-th reset, so no episode overwrites another's."""
+    name = str(episode_id) if episode_id is not None else f"episode-{num_resets}"
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".")
     return name[:128] or "episode"
 

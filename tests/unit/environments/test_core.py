@@ -175,6 +175,28 @@ def test_the_grader_gets_a_context_with_fresh_sandboxes_it_closes_and_strictness
     assert len(maker.made) == 4 and maker.num_open == 0
 
 
+def test_each_episode_gets_its_own_artifacts_folder_named_by_its_id(tmp_path):
+    folders = []
+
+    class ArtifactsTask(FileTask):
+        def grade(self, sandbox, context):
+            folders.append(context.artifacts_dir)
+            return super().grade(sandbox, context)
+
+    env = ShellEnv([ArtifactsTask()], sandbox=SandboxMaker(), artifacts_dir=tmp_path)
+    for options in ({"episode_id": "s1-g0-e2"}, {"episode_id": "../x y"}, {}, {}):
+        env.reset(options=options)
+        env.step(format_action("submit"))
+    env.close()
+    names = ["s1-g0-e2", "_x_y", "episode-3", "episode-4"]  # no id: never the same folder
+    assert folders == [tmp_path / name for name in names]
+    plain = ShellEnv([ArtifactsTask()], sandbox=SandboxMaker())
+    plain.reset()
+    plain.step(format_action("submit"))
+    plain.close()
+    assert folders[-1] is None  # nothing kept unless asked
+
+
 def test_sandbox_failure_during_a_step_is_an_infra_failure_not_a_zero():
     maker = SandboxMaker(fail_on_call=2)  # call 1 is the task's setup
     env = make_env(maker)
