@@ -1,6 +1,7 @@
 """``thundersync eval --suite`` on a Harbor dataset folder (issue 37 item 6): a
 ``dataset.toml`` beside one task folder and one task in Harbor's package cache layout; the
-oracle solves both in bubblewrap and the report names each task by its package name."""
+oracle solves both in bubblewrap, the report names each task by its package name, and each
+attempt's artifacts folder is under ``--out``."""
 
 from __future__ import annotations
 
@@ -28,3 +29,7 @@ def test_eval_runs_a_harbor_dataset_folder_by_task_name(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     rewards = {task["task_id"]: task["reward"] for task in report["tasks"]}
     assert rewards == {"word-count": 1.0, "greeting-file": 1.0}
+    # eval --out keeps each attempt's artifacts (here only Harbor's /logs/artifacts convention)
+    manifests = sorted((tmp_path / "artifacts").glob("*/manifest.json"))
+    assert len(manifests) == 2, manifests
+    assert [e["source"] for e in json.loads(manifests[0].read_text())] == ["/logs/artifacts"]
