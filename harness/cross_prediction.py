@@ -5,16 +5,18 @@ each mode object on a ``VirtualRun``.
 What one mode's run says about another's:
 
 - **Ready times** (each trajectory's completion and reward, from its batch's start) are the
-  run's own, batch by batch, each the batch its policy version sampled (``by_version``: async(k)
-  rolls out the version n − k's batch at step n). They were measured under the run's own contention: where its
-  learner computed while the batch rolled out (streaming; async), the rollout ran slower
-  (the engine, the tools and the graders share the learner's cores). Each time is turned back
-  into uncontended rollout seconds, t − κ/(1+κ)·(learner busy before t), and every predicted
-  mode pays κ again wherever its own learner overlaps its rollout (``VirtualRun.advance``).
+  run's own, batch by batch, each the batch its policy version sampled (``by_version``:
+  async(k) rolls out version n − k's batch at step n). They were measured under the run's own
+  contention: where its learner computed while the batch rolled out (streaming; async), the
+  rollout ran slower (the engine, the tools and the graders share the learner's cores). Each
+  time is turned back into uncontended rollout seconds, t − κ/(1+κ)·(learner busy before t),
+  and every predicted mode pays κ again wherever its learner overlaps its rollout
+  (``VirtualRun.advance``).
 - **κ** is fitted from the engine's generation spans: how much slower generation batches ran
   beside the learner than alone, their batch sizes accounted for
-  (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run whose learner never overlapped its
-  rollout (sync) cannot show κ: it is taken as 0 unless given (``contention``), and said so.
+  (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run
+  whose learner never overlapped its rollout (sync) cannot show κ: it is taken as 0 unless
+  given (``contention``), and said so.
 - **Learner costs**: a run with backward passes (streaming) gives o, f and g
   (``token_pass_cost``), and a batched pass is charged as a padded pass of one backward; a run
   that learns at ``step()`` (sync, async) gives a cost per padded token (the median over its
