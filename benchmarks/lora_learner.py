@@ -40,10 +40,24 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+def batch_shape(args: argparse.Namespace) -> Any:
+    from thundersync.core.random_batches import BatchShape
+
+    return BatchShape(
+        max_groups=args.groups,
+        min_groups=args.groups,
+        max_group_size=args.group_size,
+        min_group_size=args.group_size,
+        max_tokens=args.tokens,
+        infra_failure_rate=0.0,
+        reward_values=(0.0, 1.0),
+    )
+
+
 def run_config(folder: str, config: str, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration in this (fresh) process: step times and memory."""
     from thundersync import GRPO, Learner
-    from thundersync.core.random_batches import BatchShape, random_batch
+    from thundersync.core.random_batches import random_batch
     from thundersync.lora import BaseOfAdapter, LoraSettings, add_adapters
     from thundersync.models import load_model
 
@@ -58,15 +72,7 @@ def run_config(folder: str, config: str, args: argparse.Namespace) -> dict[str, 
         reference = load_model(folder).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
-    shape = BatchShape(
-        max_groups=args.groups,
-        min_groups=args.groups,
-        max_group_size=args.group_size,
-        min_group_size=args.group_size,
-        max_tokens=args.tokens,
-        infra_failure_rate=0.0,
-        reward_values=(0.0, 1.0),
-    )
+    shape = batch_shape(args)
     learner = Learner(model, GRPO(kl_coef=0.01), optimizer, streaming=True, reference=reference)
     seconds, peak_buffers = [], 0
     for step in range(args.steps):
