@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-import string
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -14,7 +10,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
 from environments.actions import (
     ActionFormatError,
@@ -23,6 +18,7 @@ from environments.actions import (
     parse_action,
     strip_submission_marker,
 )
+from environments.live_sandboxes import LiveSandboxes, SandboxFactory
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
     ExecResult,
@@ -40,9 +36,9 @@ from environments.tasks import (
     TaskSource,
     as_current,
 )
+from environments.text_space import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, UnicodeText
 from thundersync.protocol.types import StopReason
 
-SandboxFactory = Callable[[SandboxSpec], Sandbox]
 BeforeGrading = Callable[[str, dict[str, Any]], None]
 
 INSTANT_STEPS = "instant_steps"
@@ -50,53 +46,6 @@ INSTANT_STEPS = "instant_steps"
 waiting on anything (in-process tools, no latency, no subprocess), so that a driver may advance
 its episodes cooperatively on one thread instead of a thread each (``EpisodeRunner.episode``).
 Absent means False: a sandboxed tool or a grader blocks its thread."""
-
-MAX_ACTION_CHARS = 100_000
-MAX_OBSERVATION_CHARS = 1_000_000
-
-
-class UnicodeText(spaces.Text):
-    """Any Unicode string of at most ``max_length`` characters (the empty string included).
-
-    ``spaces.Text`` only contains strings over its charset (alphanumerics by default), which
-    rejects shell commands and tool output. ``contains`` here accepts every ``str``; ``sample``
-    draws printable ASCII strings of at most ``sample_max_length`` characters.
-    """
-
-    def __init__(
-        self, max_length: int, *, sample_max_length: int = 64, seed: int | None = None
-    ) -> None:
-        if not isinstance(max_length, int | np.integer) or max_length < 0:
-            raise ValueError(f"UnicodeText: max_length must be an integer >= 0, got {max_length!r}")
-        # Text.__init__ builds its charset tables (a 100-entry index) for every instance, ~0.1
-        # ms, and every env makes two spaces: the envs an agent loop starts per episode would
-        # spend more on that than on their episode. The tables are never mutated, so they are
-        # built once and shared; each space keeps its own RNG (Space.__init__).
-        vars(self).update(_printable_tables())
-        self.max_length = int(max_length)
-        spaces.Space.__init__(self, dtype=str, seed=seed)
-        self.sample_max_length = min(sample_max_length, self.max_length)
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and len(x) <= self.max_length
-
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
-        if mask is None and probability is None:
-            length = int(self.np_random.integers(0, self.sample_max_length + 1))
-            return super().sample(mask=(length, None))
-        return super().sample(mask=mask, probability=probability)
-
-    def __repr__(self) -> str:
-        return f"UnicodeText({self.max_length})"
-
-
-@functools.cache
-def _printable_tables() -> dict[str, Any]:
-    """The attributes ``spaces.Text.__init__`` sets for printable ASCII from length 0, less
-    those of ``spaces.Space`` (the RNG): what ``UnicodeText`` shares."""
-    prototype = spaces.Text(1, min_length=0, charset=string.printable)
-    own = vars(spaces.Space(dtype=str))
-    return {name: value for name, value in vars(prototype).items() if name not in own}
 
 
 class ShellEnv(gym.Env[str, str]):
@@ -217,9 +166,7 @@ class ShellEnv(gym.Env[str, str]):
         self._failure: str | None = None
         self._step = 0  # the current step of a stepped task
         self._step_grades: list[Grade] = []
-        self._live: dict[int, Sandbox] = {}  # every open sandbox, for interrupt()
-        self._live_lock = threading.Lock()
-        self._interrupted: str | None = None
+        self._sandboxes = LiveSandboxes(sandbox)
 
     @property
     def sandbox_kind(self) -> str | None:
@@ -255,7 +202,7 @@ class ShellEnv(gym.Env[str, str]):
         self._step_grades = []
         info: dict[str, Any] = {"task_id": self._task.task_id, "infra_failure": False}
         try:
-            self._sandbox = self._make_sandbox(self._task_spec())
+            self._sandbox = self._sandboxes.make(self._task_spec())
             self._task.setup(self._sandbox)
         except SandboxError as exc:
             self._fail(exc)
@@ -301,40 +248,9 @@ class ShellEnv(gym.Env[str, str]):
         kind = self._sandbox_kind if isinstance(self._sandbox_kind, str) else None
         return self._task.sandbox_spec(kind)
 
-    def _make_sandbox(self, spec: SandboxSpec) -> Sandbox:
-        self._check_interrupted()
-        if callable(self._sandbox_kind):
-            sandbox = self._sandbox_kind(spec)
-        else:
-            from environments.sandboxes import make_sandbox
-
-            sandbox = make_sandbox(spec, kind=self._sandbox_kind)
-        with self._live_lock:
-            if self._interrupted is None:
-                self._live[id(sandbox)] = sandbox
-                return sandbox
-        sandbox.close()  # interrupt() came while it was being made
-        self._check_interrupted()
-        raise AssertionError("unreachable: the env is interrupted")
-
-    def _check_interrupted(self) -> None:
-        if self._interrupted is not None:
-            raise SandboxError(f"the env was interrupted: {self._interrupted}")
-
     def interrupt(self, reason: str = "interrupted") -> None:
         """Close every sandbox of this env now, from any thread (see the class docstring)."""
-        with self._live_lock:
-            self._interrupted = self._interrupted or reason
-            live = list(self._live.values())
-        for sandbox in live:
-            # A sandbox that cannot be removed says so again to the episode's own close().
-            with contextlib.suppress(SandboxError):
-                sandbox.close()
-
-    def _release(self, sandbox: Sandbox) -> None:
-        with self._live_lock:
-            self._live.pop(id(sandbox), None)
-        sandbox.close()
+        self._sandboxes.interrupt(reason)
 
     # --- step --------------------------------------------------------------------------------
 
@@ -518,7 +434,7 @@ class ShellEnv(gym.Env[str, str]):
         fresh: list[Sandbox] = []
 
         def make_from(spec: SandboxSpec) -> Sandbox:
-            sandbox = self._make_sandbox(spec)
+            sandbox = self._sandboxes.make(spec)
             fresh.append(sandbox)
             return sandbox
 
@@ -538,7 +454,7 @@ class ShellEnv(gym.Env[str, str]):
             return Grade(0.0, details={"agent_failure": str(exc), "reason": str(exc)})
         finally:
             for sandbox in fresh:
-                self._release(sandbox)
+                self._sandboxes.release(sandbox)
         return _checked(grade, task.task_id)
 
     def close(self) -> None:
@@ -548,7 +464,7 @@ class ShellEnv(gym.Env[str, str]):
     def _close_sandbox(self) -> None:
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            self._release(sandbox)
+            self._sandboxes.release(sandbox)
 
     def _clip(self, text: str) -> str:
         return text[: self.observation_space.max_length]
