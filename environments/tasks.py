@@ -9,7 +9,6 @@ the method, the expected signature and the version, before any episode runs.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from environments.sandboxes.protocol import Sandbox, SandboxSpec
+from environments.splits import HELDOUT, MAX_DRAWS, SPLITS, TRAIN, heldout_by_hash
+from environments.splits import select_tasks as select_tasks  # tests import it from here
 
 
 class TaskFormatError(ValueError):
@@ -337,10 +338,6 @@ def _shown(function: Any) -> str:
 
 # --- task sources ---------------------------------------------------------------------------
 
-TRAIN = "train"
-HELDOUT = "heldout"
-SPLITS = (TRAIN, HELDOUT)
-
 
 @runtime_checkable
 class TaskSource(Protocol):
@@ -430,10 +427,6 @@ class SuiteTasks:
         return self.suite[int(rng.integers(len(self.suite)))]
 
 
-MAX_DRAWS = 10_000
-"""Draws a ``GeneratedTasks`` makes for one task of a split before it gives up."""
-
-
 @dataclass(frozen=True, slots=True)
 class GeneratedTasks:
     """A ``TaskSource`` over a generator of tasks (``generate(rng) -> Task``), split by the
@@ -468,60 +461,3 @@ class GeneratedTasks:
 
     def is_heldout(self, task_id: str) -> bool:
         return heldout_by_hash(task_id, self.heldout_every)
-
-
-def heldout_by_hash(task_id: str, heldout_every: int) -> bool:
-    """The split rule of generated tasks: held out iff a hash of the id is 0 modulo
-    ``heldout_every``."""
-    digest = hashlib.sha256(f"heldout/{task_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % heldout_every == 0
-
-
-HELDOUT_STREAM = 0x4E1D0
-"""Seeds held-out lists apart from the training draws' generators (a task's split is decided
-by its content; this only keeps evaluation's generator from replaying a training one)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Tasks chosen for an evaluation: the tasks, the split they come from and, when that is
-    not what was asked for, a one-line note saying why (printed and kept in the report)."""
-
-    tasks: tuple[Any, ...]
-    split: str
-    note: str | None = None
-
-
-def select_tasks(
-    source: Any, num_tasks: int, *, seed: int = 0, split: str = HELDOUT, name: str | None = None
-) -> Selection:
-    """``num_tasks`` distinct tasks of ``source``'s ``split`` (``heldout`` by default), seeded:
-    a seeded sample without replacement of a finite split (all of it when it is smaller,
-    said in the note), distinct draws of a generated one. A source without that split gives
-    its training tasks with a note saying so (naming the env as ``name``), never silently."""
-    note = None
-    if split not in source.splits():
-        note = (
-            f"{name or source.name} declares no {split.replace('heldout', 'held-out')} split: "
-            "evaluating its training tasks (scores are not held-out)"
-        )
-        split = TRAIN
-    rng = np.random.default_rng([seed, HELDOUT_STREAM])
-    listed = source.tasks(split)
-    if listed is not None:
-        order = rng.permutation(len(listed))[:num_tasks]
-        chosen = tuple(listed[int(i)] for i in order)
-        if len(listed) < num_tasks:
-            more = f"its {split} split has {len(listed)} task(s), fewer than the {num_tasks} asked"
-            note = f"{note}; {more}" if note else more
-        return Selection(chosen, split, note)
-    chosen_by_id: dict[str, Any] = {}
-    for _ in range(MAX_DRAWS):
-        if len(chosen_by_id) == num_tasks:
-            break
-        task = source.draw(rng, split)
-        chosen_by_id.setdefault(task.task_id, task)
-    if len(chosen_by_id) < num_tasks:
-        more = f"only {len(chosen_by_id)} distinct {split} task(s) in {MAX_DRAWS} draws"
-        note = f"{note}; {more}" if note else more
-    return Selection(tuple(chosen_by_id.values()), split, note)

@@ -200,8 +200,8 @@ def _plain(value: Any) -> Any:
 
 def eval_tasks(env_id: str, env_kwargs: dict[str, Any], num_tasks: int, *, seed: int = 0) -> Any:
     """``num_tasks`` distinct tasks of the env's held-out split, seeded, without making an env
-    (an ``environments.tasks.Selection``: its note says when they are not held-out)."""
+    (an ``environments.splits.Selection``: its note says when they are not held-out)."""
     from environments.registry import task_source
-    from environments.tasks import select_tasks
+    from environments.splits import select_tasks
 
     return select_tasks(task_source(env_id, **env_kwargs), num_tasks, seed=seed, name=env_id)
