@@ -219,7 +219,7 @@ def _production_app(env_id: str, factory: Any, max_sessions: int) -> Any:
         return JSONResponse(status.model_dump())
 
     # openenv-core counts its sessions but serves no route for it: a client asks here how many
-    # sessions it may open, instead of learning it from refusals (openenv_env.SessionGate)
+    # sessions it may open, instead of learning it from refusals (openenv_gate.SessionGate)
     app.add_api_route(
         CAPACITY_PATH,
         capacity,

@@ -352,9 +352,9 @@ TOOLS = {"tools": "python"}  # in-process tools: no sandbox needed
 @pytest.fixture
 def fresh_gates(monkeypatch):
     """Each test's servers get gates of their own (a port may be reused by a later server)."""
-    from thundersync.interop import openenv_env
+    from thundersync.interop import openenv_gate
 
-    monkeypatch.setattr(openenv_env, "_GATES", {}, raising=False)
+    monkeypatch.setattr(openenv_gate, "_GATES", {}, raising=False)
 
 
 def test_the_server_says_how_many_sessions_it_allows(fresh_gates):
@@ -403,12 +403,12 @@ def test_a_server_that_does_not_say_its_limit_is_waited_for_after_its_refusal(
 ):
     """openenv's own servers have no ``/capacity``: their refusal names the limit, and the
     refused episode waits for a session of this process to close."""
-    from thundersync.interop import openenv_env
+    from thundersync.interop import openenv_gate
 
-    monkeypatch.setattr(openenv_env, "_ask_capacity", lambda url, timeout_s: None)
+    monkeypatch.setattr(openenv_gate, "_ask_capacity", lambda url, timeout_s: None)
     with served(TOY, TOOLS, max_sessions=1) as server:
         _hold_then_wait(server, said="allows 1 session at once", capsys=capsys)
-        assert openenv_env.session_gate(server.url).limit == 1, "learnt from the refusal"
+        assert openenv_gate.session_gate(server.url).limit == 1, "learnt from the refusal"
 
 
 def test_a_closed_session_is_free_on_the_server_when_close_returns(fresh_gates):
