@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal, TypedDict
@@ -194,7 +195,6 @@ def deterministic_cuda(device: str | torch.device) -> None:
     results run after run): cuBLAS's fixed workspace and torch's deterministic algorithms
     (e.g. one key split in memory-efficient attention's backward instead of atomic adds).
     Call before the process's first CUDA work; nothing on the CPU, which is already."""
-    import os
 
     if torch.device(device).type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
