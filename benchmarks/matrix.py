@@ -53,12 +53,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from matrix_cells import (  # noqa: E402
+    BASELINE,
+    CELLS,
+    CROSS_SOURCES,
+    STALENESS,
+    STREAMING,
+    WORKLOADS,
+    Workload,
+)
+from matrix_report import print_matrix  # noqa: E402
 
 from harness.critical_path import (  # noqa: E402
     BatchedCost,
@@ -68,104 +79,7 @@ from harness.critical_path import (  # noqa: E402
 )
 from harness.cross_prediction import predict_from_run  # noqa: E402
 from harness.replay import replay_run  # noqa: E402
-from thundersync.training.modes import REGISTRY, Mode, baseline_mode, mode_from_label  # noqa: E402
-
-STALENESS = (1, 2)
-"""The staleness bounds the matrix runs a mode that takes one at (async)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    """One column of the matrix: a registered mode (``--mode``'s fields from the mode object),
-    and for a streaming one early start, and early start holding every piece to its reward
-    under a budget with room for them (``held``)."""
-
-    mode: Mode
-    early_start: bool = False
-    held: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.mode.label + "-early" * self.early_start + "-held" * self.held
-
-    @property
-    def streams(self) -> bool:
-        return self.mode.learner_contract().streams
-
-    def flags(self) -> list[str]:
-        fields = self.mode.train_fields().items()
-        flags = [word for k, v in fields for word in (f"--{k.replace('_', '-')}", str(v))]
-        if self.streams:
-            flags.append("--early-start" if self.early_start else "--no-early-start")
-        return flags
-
-
-def _cells() -> dict[str, Cell]:
-    """Every registered mode (one per staleness bound it takes), then a streaming mode's
-    early-start variants, in the registry's order."""
-    cells: list[Cell] = []
-    for cls in REGISTRY:
-        modes = [cls.from_label(cls.name, staleness=k) for k in STALENESS]
-        for mode in {m.label: m for m in modes if m is not None}.values():
-            cells.append(Cell(mode))
-            if cells[-1].streams:
-                cells += [Cell(mode, early_start=True), Cell(mode, early_start=True, held=True)]
-    return {c.name: c for c in cells}
-
-
-CELLS = _cells()
-BASELINE = baseline_mode().label
-"""The cell every ratio is against (sync)."""
-STREAMING = next(name for name, c in CELLS.items() if c.streams and not c.early_start)
-EARLY = next(name for name, c in CELLS.items() if c.early_start and not c.held)
-HELD = next(name for name, c in CELLS.items() if c.held)
-"""The streaming mode's cells the verdicts read: reward-triggered, early start, held."""
-MODES = tuple(name for name, c in CELLS.items() if not c.held)
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """One row of the matrix: ToySum's latency knob and the algorithm."""
-
-    name: str
-    env_kwargs: dict[str, Any]
-    algo: str = "grpo"
-    modes: tuple[str, ...] = MODES
-    warm: bool = True
-    """Train the warm model (False: ``train``'s tiny random model, whose actions are all format
-    errors, so every episode ends after the same turns, in the same generation batch)."""
-
-
-WORKLOADS = {
-    w.name: w
-    for w in (
-        Workload("balanced", {"tools": "python", "grade_latency_sigma": 1.0}),
-        Workload(
-            "long-tail",
-            {
-                "tools": "python",
-                "tool_latency_s": 0.05,
-                "tool_latency_sigma": 1.0,
-                "grade_latency_s": 0.3,
-                "grade_latency_sigma": 0.75,
-            },
-        ),
-        Workload(
-            "long-grading",
-            {"tools": "python", "grade_latency_sigma": 0.25},
-            modes=tuple(CELLS),
-        ),
-        Workload(
-            "opd",
-            {"tools": "python", "tool_latency_s": 0.1, "tool_latency_sigma": 0.5},
-            algo="opd",
-            modes=tuple(n for n, c in CELLS.items() if c.mode.exact and not c.early_start),
-        ),
-        Workload("no-overlap", {"tools": "python"}, warm=False),
-    )
-}
-"""The matrix's rows. OPD has no async (the learner refuses off-policy OPD) and no early start
-(its turns' gradients already start at each teacher score)."""
+from thundersync.training.modes import mode_from_label  # noqa: E402
 
 
 def train(
@@ -327,10 +241,6 @@ def run_row(model: Path, folder: Path, workload: Workload, args: argparse.Namesp
     }
 
 
-CROSS_SOURCES = (BASELINE, STREAMING)
-"""The cells each cell is predicted from (``simulate --from``): the sync run, the streaming run."""
-
-
 def cross_predictions(runs: dict[str, Path], mode: str, measured: float) -> dict[str, Any]:
     """Cell ``mode``'s step time predicted from each of ``CROSS_SOURCES``' runs in this row
     (``harness.cross_prediction``), with its error against the cell's measurement; a source
@@ -376,12 +286,6 @@ def median_cell(runs: list[dict[str, Any]], *, by: str) -> dict[str, Any]:
     }
 
 
-def paired(slower: dict[str, Any], faster: dict[str, Any]) -> float:
-    """The median over repeats of ``slower``'s step time over ``faster``'s in the same repeat."""
-    pairs = zip(slower["repeat_step_times_s"], faster["repeat_step_times_s"], strict=True)
-    return statistics.median(a / b for a, b in pairs)
-
-
 def run_matrix(model: Path, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"workloads": {}, "repeats": args.repeats}
     sized = [name for name in args.workloads if name in ("balanced", "long-grading")]
@@ -416,130 +320,6 @@ def parameter_bytes(model: Path) -> int:
     with safe_open(str(model / "model.safetensors"), framework="pt") as weights:
         names = list(weights.keys())
         return 4 * sum(math.prod(weights.get_slice(name).get_shape()) for name in names)
-
-
-def print_matrix(result: dict[str, Any]) -> None:
-    header = (
-        f"{'workload':<13}{'mode':<21}{'step':>8}{'T_sync/T':>9}{'T*/T':>7}{'strict':>7}"
-        f"{'learner':>8}{'engine':>7}{'accum':>7}{'sim':>8}{'err':>7}{'x-sync':>8}{'x-strm':>8}"
-    )
-    print(header)
-    print(
-        f"{'':<34}{'(s)':>8}{'':>9}{'':>7}{'':>7}{'idle':>8}{'idle':>7}{'(×θ)':>7}{'(s)':>8}"
-        f"{'':>7}{'err':>8}{'err':>8}"
-    )
-    for name, row in result["workloads"].items():
-        for mode, c in row["modes"].items():
-            eff = f"{c['efficiency']:.3f}" if "efficiency" in c else "-"
-            strict = f"{c['efficiency_strict']:.3f}" if "efficiency_strict" in c else "-"
-            sim = c["simulated"]
-            print(
-                f"{name:<13}{mode:<21}{c['step_time_s']:>8.3f}{c['speedup_vs_sync']:>9.2f}"
-                f"{eff:>7}{strict:>7}{c['learner_idle']:>8.0%}{c['engine_idle']:>7.0%}"
-                f"{c['peak_accumulators']:>7.1f}{sim['predicted_step_time_s']:>8.3f}"
-                f"{sim['error']:>+7.0%}{cross_error(c, BASELINE):>8}{cross_error(c, STREAMING):>8}"
-            )
-        per_token, per_item = row.get("strict_cost_per_token_s"), row["strict_cost_per_item_s"]
-        charge = f"{per_item * 1000:.1f} ms per item"
-        charge = f"{per_token * 1e6:.1f} us per token" if per_token is not None else charge
-        print(
-            f"{'':<13}makespan / L_sync {row['makespan_over_learner']:.2f}; strict bound "
-            f"charges {charge}"
-        )
-        if result.get("repeats", 1) > 1:
-            ratios = "; ".join(
-                f"{mode} " + ", ".join(f"{x:.2f}" for x in c["repeat_speedups"])
-                for mode, c in row["modes"].items()
-                if mode != BASELINE
-            )
-            print(f"{'':<13}T_sync/T per repeat: {ratios}")
-    if "budget" in result:
-        b = result["budget"]
-        print(
-            f"budget: streaming under --buffer-budget-bytes {b['budget_bytes']}: peak "
-            f"{b['peak_buffer_bytes']} bytes ({b['peak_accumulators']:.1f} copies), step "
-            f"{b['step_time_s']:.3f} s"
-        )
-    print_verdicts(result)
-
-
-def cross_error(c: dict[str, Any], source: str) -> str:
-    predicted = c.get("cross", {}).get(source)
-    return f"{predicted['error']:+.0%}" if isinstance(predicted, dict) else "-"
-
-
-def print_verdicts(result: dict[str, Any]) -> None:
-    """The issue's targets (issue 17), each with the measured value."""
-    rows = result["workloads"]
-    lines = []
-
-    def best_streaming(row: dict[str, Any]) -> dict[str, Any]:
-        candidates = [row["modes"][m] for m in (STREAMING, EARLY) if m in row["modes"]]
-        return max(candidates, key=lambda c: c["speedup_vs_sync"])
-
-    if "balanced" in rows:
-        best, ceiling = best_streaming(rows["balanced"]), ""
-        if "strict_bound_s" in best:  # what any exact schedule could reach on these batches
-            limit = rows["balanced"]["modes"][BASELINE]["step_time_s"] / best["strict_bound_s"]
-            ceiling = f"; the strict bound allows {limit:.2f}"
-        lines.append(
-            f"balanced T_sync/T_streaming {best['speedup_vs_sync']:.2f} (target >= 1.9{ceiling})"
-        )
-    for name, row in rows.items():
-        for mode in (STREAMING, EARLY, HELD):
-            c = row["modes"].get(mode)
-            if c and "efficiency" in c:
-                lines.append(
-                    f"{name} {mode} T*/T {c['efficiency']:.3f} (>= 0.97), strict "
-                    f"{c.get('efficiency_strict', float('nan')):.3f} (>= 0.9)"
-                )
-    if "long-grading" in rows:
-        modes = rows["long-grading"]["modes"]
-        if STREAMING in modes and EARLY in modes:
-            gain = paired(modes[STREAMING], modes[EARLY])
-            lines.append(f"long-grading early start {gain:.2f}x reward-triggered (>= 1.2)")
-        if STREAMING in modes and HELD in modes:
-            c = modes[HELD]
-            gain = paired(modes[STREAMING], c)
-            lines.append(
-                f"long-grading early start holding every piece {gain:.2f}x reward-triggered, "
-                f"at {c['peak_accumulators']:.1f} copies"
-            )
-    if "no-overlap" in rows:
-        modes = rows["no-overlap"]["modes"]
-        ratio = paired(best_streaming(rows["no-overlap"]), modes[BASELINE])
-        lines.append(f"no-overlap T_streaming/T_sync {ratio:.3f} (<= 1.05)")
-    for name, row in rows.items():
-        for mode, c in row["modes"].items():
-            if c.get("buffer_budget_bytes"):  # a set budget is the bound
-                over = c["peak_buffer_bytes"] > c["buffer_budget_bytes"]
-                lines.append(f"{name} {mode} budget held: {not over}")
-            elif c["peak_accumulators"] > c["open_groups_bound"]:
-                lines.append(
-                    f"{name} {mode} accumulators {c['peak_accumulators']:.1f} copies "
-                    f"(bound {c['open_groups_bound']})"
-                )
-    if "budget" in result:
-        b = result["budget"]
-        held = b["peak_buffer_bytes"] <= b["budget_bytes"]
-        lines.append(f"budget held: {held}")
-    errors = [abs(c["simulated"]["error"]) for row in rows.values() for c in row["modes"].values()]
-    if errors:
-        lines.append(f"simulator worst error {max(errors):.1%} (target <= 10%)")
-    for source in CROSS_SOURCES:
-        crossed = [
-            abs(p["error"])
-            for row in rows.values()
-            for c in row["modes"].values()
-            if isinstance(p := c.get("cross", {}).get(source), dict)
-        ]
-        if crossed:
-            lines.append(
-                f"predicted from the {source} run: worst error {max(crossed):.1%} over "
-                f"{len(crossed)} cells (target <= 10%)"
-            )
-    for line in lines:
-        print(f"matrix: {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
