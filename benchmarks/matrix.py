@@ -59,6 +59,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its own modules, when loaded by path
 
 from matrix_cells import (  # noqa: E402
     BASELINE,
@@ -69,6 +70,9 @@ from matrix_cells import (  # noqa: E402
     WORKLOADS,
     Workload,
 )
+from matrix_cells import HELD as HELD  # noqa: E402 (test_matrix.py reads it here)
+from matrix_report import cross_error as cross_error  # noqa: E402 (test_matrix.py, too)
+from matrix_report import paired as paired  # noqa: E402 (test_matrix.py, too)
 from matrix_report import print_matrix  # noqa: E402
 
 from harness.critical_path import (  # noqa: E402
