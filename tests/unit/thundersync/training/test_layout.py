@@ -1,7 +1,7 @@
 """The house's shape (docs/design.md §1, STYLE.md): layers that point one way (protocol ←
 core ← training; environments see only the protocol), no import circle, file names unique,
-small training modules, one file per mode, and no mode's name compared outside the one place
-that chooses the mode."""
+small training modules and no file over 500 lines, one file per mode, and no mode's name
+compared outside the one place that chooses the mode."""
 
 from __future__ import annotations
 
@@ -29,6 +29,21 @@ def test_no_module_of_training_is_over_300_lines_and_a_mode_fits_150():
     modes = {p.name: n for p, n in sizes.items() if p.parent.name == "modes"}
     assert {"sync.py", "async_.py", "streaming.py"} <= set(modes)
     assert {name: n for name, n in modes.items() if n > 150} == {}
+
+
+MAX_MODULE_LINES = 500
+"""STYLE.md: a module aims at 300 lines and is never over 500."""
+
+
+def test_no_python_file_of_the_house_is_over_500_lines():
+    trees = ("thundersync", "environments", "harness", "leaderboard", "benchmarks", "tests")
+    sizes = {
+        str(path.relative_to(ROOT.parent)): len(path.read_text().splitlines())
+        for tree in trees
+        for path in (ROOT.parent / tree).rglob("*.py")
+    }
+    offenders = {where: n for where, n in sorted(sizes.items()) if n > MAX_MODULE_LINES}
+    assert offenders == {}, f"over {MAX_MODULE_LINES} lines (split along a seam): {offenders}"
 
 
 def _imports(path: Path, known: set[str], *, type_checking: bool = False) -> set[str]:
