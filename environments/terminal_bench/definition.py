@@ -25,6 +25,8 @@ from environments.terminal_bench.network import NetworkPolicy
 
 _CHUNK_CHARS = 64 * 1024
 """Base64 per command: well under Linux's 128 KiB limit on one argument."""
+HARBOR_LOG_DIRS = ("/logs/agent", "/logs/verifier", collection.CONVENTION_DIR)
+"""What Harbor's environment mounts into every task's container (``EnvironmentPaths``)."""
 SOLUTION_DIR = "/solution"
 SOLUTION_DIR_VARIABLE = "THUNDERSYNC_SOLUTION_DIR"
 """Overrides where the oracle unpacks the solution, for running its commands outside a
@@ -133,6 +135,11 @@ class TaskDefinition:
         """``setup``; ``live``: the episode's own sandbox (not a grading replay), which runs
         the task's healthcheck before its first step and the first step's."""
         self.environment.setup(sandbox)
+        if self.format == "harbor":
+            # Harbor mounts these before its container starts, so an agent publishes into
+            # /logs/artifacts and a collect hook writes there; bubblewrap binds them, a Docker
+            # image lacks them. Best effort: an image whose user cannot make /logs goes on.
+            sandbox.execute(f"mkdir -p {' '.join(HARBOR_LOG_DIRS)} 2>/dev/null", timeout=30)
         failure = self.healthcheck.failure(sandbox) if live and self.healthcheck else None
         if failure is not None:
             raise SandboxError(f"task {self.task_id}: [environment.healthcheck]: {failure}")

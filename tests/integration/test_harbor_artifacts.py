@@ -7,6 +7,7 @@ step's artifacts land in the episode's folder under ``artifacts_dir`` with Harbo
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,46 @@ def test_each_steps_artifacts_and_hook_output_reach_the_episodes_folder(
         ("/app/note.txt", "file", "ok"),
     ]
     assert manifest[2]["destination"] == "kept/report.txt"
+
+
+def _publishing_task(root: Path) -> Path:
+    """A one-step Harbor task whose solution publishes into /logs/artifacts (Harbor's
+    convention folder, mounted into every container) and whose collect hook writes there too."""
+    task = root / "publishes"
+    for folder in ("environment", "solution", "tests"):
+        (task / folder).mkdir(parents=True)
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 30.0\n\n'
+        '[[verifier.collect]]\ncommand = "ls /logs/artifacts > /logs/artifacts/listing.txt"\n'
+    )
+    (task / "environment" / "Dockerfile").write_text("FROM thundersync/base:bookworm\nWORKDIR /app\n")
+    (task / "instruction.md").write_text("Publish a note.\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nset -e\necho note > /logs/artifacts/note.txt\n"
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
+    )
+    return task
+
+
+def test_the_convention_folder_is_there_for_the_agent_and_the_hooks(
+    tmp_path: Path, kind: str
+) -> None:
+    """Harbor mounts /logs/artifacts before the container starts; a Docker image lacks the
+    folder, so an agent publishing there failed and a hook writing there exited 1 (only
+    bubblewrap, which binds /logs, had it)."""
+    folder = _publishing_task(tmp_path / "tasks")
+    task = load_tasks(folder).get(folder.name)
+    out = tmp_path / "artifacts"
+    runner = EpisodeRunner(
+        lambda: ShellEnv([task], sandbox=kind, artifacts_dir=out), OracleAgent(), lambda e: None
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failing collect hook warns
+        result = runner.run_episode(task)
+    assert result.reward == 1.0, result.details
+    (episode,) = out.iterdir()
+    published = episode / "logs" / "artifacts"
+    assert (published / "note.txt").read_text() == "note\n"
+    assert (published / "listing.txt").read_text() == "listing.txt\nnote.txt\n"
