@@ -14,6 +14,8 @@ an infrastructure one, and never a silent pass (a pass stands: it needed no inte
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,4 +131,41 @@ def _read_hosts(path: Path, field: str, value: object) -> tuple[str, ...]:
         raise TaskFormatError(
             path, field, f"expected a list of hostnames, addresses or CIDRs, got {excerpt(value)}"
         )
-    return tuple(h.strip().lower() for h in value)
+    return tuple(_read_host(path, field, h) for h in value)
+
+
+_HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def _read_host(path: Path, field: str, value: str) -> str:
+    """One ``allowed_hosts`` entry as Harbor normalises it (``_validate_allowed_host_names``):
+    a hostname, a ``*.``-wildcard hostname, an IP address or a CIDR range; a URL, a port or a
+    path is refused, as Harbor refuses it."""
+    host = value.strip().lower().rstrip(".")
+    if "/" in host or ":" in host:  # a CIDR range or an IPv6 address, nothing else
+        try:
+            if "%" not in host:
+                if "/" in host:
+                    return ipaddress.ip_network(host, strict=True).compressed
+                return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            pass
+    else:
+        name = host.removeprefix("*.")
+        labels_ok = name and "*" not in name and all(_HOST_LABEL.match(p) for p in name.split("."))
+        if labels_ok and not (host.startswith("*.") and _is_address(name)):  # *.<an address>
+            return host
+    raise TaskFormatError(
+        path,
+        field,
+        "expected a hostname, *.hostname, IP address or CIDR range (not a URL, port or path), "
+        f"got {excerpt(value)}",
+    )
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

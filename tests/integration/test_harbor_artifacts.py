@@ -63,14 +63,14 @@ def _publishing_task(root: Path) -> Path:
         'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 30.0\n\n'
         '[[verifier.collect]]\ncommand = "ls /logs/artifacts > /logs/artifacts/listing.txt"\n'
     )
-    (task / "environment" / "Dockerfile").write_text("FROM thundersync/base:bookworm\nWORKDIR /app\n")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM thundersync/base:bookworm\nWORKDIR /app\n"
+    )
     (task / "instruction.md").write_text("Publish a note.\n")
     (task / "solution" / "solve.sh").write_text(
         "#!/bin/bash\nset -e\necho note > /logs/artifacts/note.txt\n"
     )
-    (task / "tests" / "test.sh").write_text(
-        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
-    )
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     return task
 
 

@@ -55,6 +55,19 @@ def test_allowlist_runs_without_internet_and_a_failure_says_why(tmp_path: Path) 
     assert "no internet" in grade.details["reason"]
 
 
+def test_allowed_hosts_are_normalised_as_harbor_does(tmp_path: Path) -> None:
+    hosts = '["Example.COM.", "2001:DB8::1", "10.0.0.0/8", "2001:db8:0::/32", "*.pythonhosted.org"]'
+    task = load(tmp_path, f'network_mode = "allowlist"\nallowed_hosts = {hosts}\n')
+    (declared,) = task.network.declared
+    assert declared.allowed_hosts == (
+        "example.com",
+        "2001:db8::1",
+        "10.0.0.0/8",
+        "2001:db8::/32",
+        "*.pythonhosted.org",
+    )
+
+
 def test_public_passing_without_internet_stands_and_is_recorded(tmp_path: Path) -> None:
     task = load(tmp_path, 'network_mode = "public"\n')
     grade = task.network.annotate(Grade(1.0, details={}))
@@ -102,6 +115,14 @@ def test_a_phase_override_is_reported_under_its_table(tmp_path: Path) -> None:
         ('allowed_hosts = ["pypi.org"]\n', "environment.allowed_hosts"),
         ('network_mode = "public"\nallowed_hosts = ["pypi.org"]\n', "environment.allowed_hosts"),
         ('network_mode = "allowlist"\nallowed_hosts = [""]\n', "environment.allowed_hosts"),
+        # Harbor refuses a URL, a port, a host-bit CIDR and a wildcard of an address
+        (
+            'network_mode = "allowlist"\nallowed_hosts = ["https://pypi.org/simple"]\n',
+            "allowed_hosts",
+        ),
+        ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org:443"]\n', "allowed_hosts"),
+        ('network_mode = "allowlist"\nallowed_hosts = ["10.0.0.1/8"]\n', "allowed_hosts"),
+        ('network_mode = "allowlist"\nallowed_hosts = ["*.10.0.0.1"]\n', "allowed_hosts"),
         ('allow_internet = "yes"\n', "environment.allow_internet"),
     ],
 )
