@@ -272,6 +272,8 @@ def load_harbor_task(task_dir: Path, *, max_turns: int = 50) -> TerminalBenchTas
     tables = _tables(path, data)
     if "steps" in data:
         return _load_multi_step(task_dir, task_id, data, tables, max_turns=max_turns)
+    # Harbor's TaskConfig checks the strategy whether or not there are steps
+    harbor_steps.read_strategy(path, data.get("multi_step_reward_strategy"))
     instruction = _instruction(task_dir)
     agent_timeout = schema.read_timeout(
         path, "agent.timeout_sec", tables["agent"].get("timeout_sec"), DEFAULT_AGENT_TIMEOUT_S

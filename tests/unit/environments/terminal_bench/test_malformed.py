@@ -420,6 +420,15 @@ CASES = [
         "environment.build_timeout_sec",
     ),
     (
+        "harbor-one-step-strategy-unknown",  # Harbor checks the enum on every task
+        "harbor",
+        _replace(
+            "task.toml", 'version = "1.0"', 'version = "1.0"\nmulti_step_reward_strategy = "max"'
+        ),
+        "task.toml",
+        "multi_step_reward_strategy",
+    ),
+    (
         "both-task-files",
         "harbor",
         lambda task: shutil.copy(FIXTURES / "tb1" / "sales-report" / "task.yaml", task),
