@@ -235,7 +235,13 @@ def _service(
         relative, dockerfile = _build(path, name, table["build"])
         field = f"services.{name}.build.context"
         context = inputs.inside(env_dir / relative, task_dir, field)
-        if dockerfile != "Dockerfile" or not (context / "Dockerfile").is_file():
+        if dockerfile != "Dockerfile":  # the image is built from the context's Dockerfile
+            raise TaskFormatError(
+                path,
+                f"services.{name}.build.dockerfile",
+                f"only the context's own Dockerfile is supported, got {excerpt(dockerfile)}",
+            )
+        if not (context / "Dockerfile").is_file():
             raise TaskFormatError(path, field, f"expected a folder with a Dockerfile: {relative}")
     elif not isinstance(image, str) or not image.strip():
         raise TaskFormatError(path, f"services.{name}", "expected a build context or an image")

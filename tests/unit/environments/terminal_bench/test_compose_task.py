@@ -84,6 +84,11 @@ def test_services_start_after_what_they_depend_on(tmp_path: Path) -> None:
         ("services:\n  a: {build: ./a, environment: {K: '${NEED:?set NEED}'}}\n", "", "set NEED"),
         ("services:\n  a: {build: ./nowhere}\n", "services.a.build.context", "Dockerfile"),
         ("services:\n  a: {build: ../../..}\n", "services.a.build.context", "outside"),
+        (
+            "services:\n  a: {build: {context: ./a, dockerfile: Dockerfile.dev}}\n",
+            "services.a.build.dockerfile",
+            "'Dockerfile.dev'",
+        ),
         ("services:\n  a: {}\n", "services.a", "build context or an image"),
     ],
 )
