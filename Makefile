@@ -121,11 +121,11 @@ $(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_BIN)/python
 	    || $(VLLM_BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(VLLM_BIN)/python -m pip install -q $(VLLM_SPEC)
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q -e ".[dev,ray]"
+	$(VLLM_BIN)/python -m pip install -q -e ".[dev,ray,lora]"
 	touch $@
 
 # Only the files that hold vllm tests: the venv lacks the other extras (swebench, ...).
-VLLM_TESTS ?= tests/integration/test_vllm_engine.py
+VLLM_TESTS ?= tests/integration/test_vllm_engine.py tests/integration/test_vllm_lora.py
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)

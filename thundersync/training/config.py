@@ -169,12 +169,6 @@ class TrainConfig:
                 "float32 or bfloat16 with engine 'vllm' (vLLM has no float64)",
             ),
             (
-                self.engine != "vllm" or self.lora is None,
-                "engine",
-                "hf with lora (adapter-only sync to vLLM, enable_lora with a LoRARequest per "
-                "policy version, is not built yet)",
-            ),
-            (
                 self.learner_ranks == 1 or self.device in ("cpu", "cuda"),
                 "device",
                 "cpu or cuda with learner_ranks > 1 (each rank takes its own GPU)",

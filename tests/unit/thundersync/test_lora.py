@@ -84,11 +84,12 @@ def test_the_lora_flag_alone_means_the_defaults_and_a_toml_table_sets_them(tmp_p
     assert config.lora_settings() == LoraSettings(rank=16, target_modules=("q_proj", "v_proj"))
 
 
-def test_engine_vllm_with_lora_is_refused_naming_what_is_missing():
+def test_engine_vllm_takes_lora():
+    """vLLM serves the adapter as a LoRARequest per sync (tests/integration/test_vllm_engine.py
+    checks it against the installed vLLM)."""
     from thundersync.training.config import TrainConfig
 
-    with pytest.raises(ValueError, match=r"'engine'.*hf with lora.*LoRARequest"):
-        TrainConfig(engine="vllm", lora={})
+    assert TrainConfig(engine="vllm", lora={}).lora_settings() == LoraSettings()
 
 
 def test_the_learner_trains_and_buffers_the_adapter_only_and_the_base_is_untouched(

