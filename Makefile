@@ -30,12 +30,13 @@ DEMO       ?= demo-out
 DEMO_DB    := $(DEMO)/leaderboard.sqlite
 DEMO_ENV   := thundersync/ToySum-v0
 DEMO_STEPS ?= 12
-DEMO_SEEDS ?= 3
+DEMO_SEEDS ?= 6
+DEMO_LR    ?= 1e-4
 DEMO_WORKLOAD := {"tools": "python", "tool_latency_s": 0.05, "tool_latency_sigma": 1.0, "grade_latency_s": 0.3, "grade_latency_sigma": 0.75}
 # GRPO as published (KL to the reference, beta 0.04); streaming starts each trajectory's backward
 # when its episode completes, overlapping the grading (early start).
 DEMO_TRAIN := --env $(DEMO_ENV) --env-kwargs '$(DEMO_WORKLOAD)' --model $(DEMO)/warm-model \
-              --steps $(DEMO_STEPS) --tasks-per-step 8 --group-size 8 --lr 5e-4 --max-new-tokens 16 \
+              --steps $(DEMO_STEPS) --tasks-per-step 8 --group-size 8 --lr $(DEMO_LR) --max-new-tokens 16 \
               --objective '{"kl_coef": 0.04}' --early-start
 DEMO_LAST  := $(DEMO)/compare/runs/streaming-seed0/checkpoints/step-$(shell printf %06d $(DEMO_STEPS))
 

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from thundersync.protocol.documents import load_json
 
 START = "<!-- --8<-- [start:results] -->"
 END = "<!-- --8<-- [end:results] -->"
+WIDTH = 100
 
 
 def render(results: dict[str, Any], *, date: str, commit: str) -> str:
@@ -51,7 +53,15 @@ def render(results: dict[str, Any], *, date: str, commit: str) -> str:
     lines.append("")
     pairs = (results.get("verdicts") or {}).get("pairs", {})
     lines += [f"- {sentence(name, pair, target, budget)}" for name, pair in pairs.items()]
-    return "\n".join(lines) + "\n"
+    return "".join(_wrapped(line) + "\n" for line in lines)
+
+
+def _wrapped(line: str) -> str:
+    """A prose line wrapped at the page's 100 columns (a bullet's lines indented under it)."""
+    if line.startswith("|") or len(line) <= WIDTH:
+        return line
+    indent = "  " if line.startswith("- ") else ""
+    return "\n".join(textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False))
 
 
 def sentence(name: str, pair: dict[str, Any], target: float, budget: float) -> str:
@@ -124,7 +134,8 @@ def _stale(stats: dict[str, Any]) -> str:
     old = sum(v for k, v in histogram.items() if int(k) > 0)
     if not tokens or not old:
         return "0"
-    return f"{old / tokens:.0%}, up to {stats['staleness']['max']} versions old"
+    most = stats["staleness"]["max"]
+    return f"{old / tokens:.0%}, up to {most} version{'s' * (most != 1)} old"
 
 
 def splice(text: str, block: str, *, path: Path) -> str:

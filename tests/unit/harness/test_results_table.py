@@ -40,9 +40,15 @@ def _results(tmp_path: Path, speed: dict[str, float], **kwargs) -> dict:
     return json.loads(json.dumps(results))  # as read back from the file
 
 
+def _unwrapped(block: str) -> str:
+    """The block with each wrapped sentence on one line (every line fits 100 columns)."""
+    assert all(len(line) <= 100 for line in block.splitlines() if not line.startswith("|"))
+    return block.replace("\n  ", " ")
+
+
 def test_the_block_says_what_each_pairs_verdicts_say(tmp_path):
-    faster = render(
-        _results(tmp_path / "a", {"sync": 1.0, "streaming": 0.75}), date="D", commit="C"
+    faster = _unwrapped(
+        render(_results(tmp_path / "a", {"sync": 1.0, "streaming": 0.75}), date="D", commit="C")
     )
     assert "(D, main at C)" in faster and "6 seeds" in faster
     assert "| streaming | 10.0 s [8.0, 12.0] |" in faster
@@ -51,16 +57,18 @@ def test_the_block_says_what_each_pairs_verdicts_say(tmp_path):
     assert "at equal steps (8): faster" in line
     assert "the same held-out accuracy at every evaluated step" in line
 
-    same = render(
-        _results(tmp_path / "b", {"sync": 1.0, "async-k1": 1.0}, seeds=12, jitter=0.3),
-        date="D",
-        commit="C",
+    same = _unwrapped(
+        render(
+            _results(tmp_path / "b", {"sync": 1.0, "async-k1": 1.0}, seeds=12, jitter=0.3),
+            date="D",
+            commit="C",
+        )
     )
     line = next(x for x in same.splitlines() if x.startswith("- **async-k1 vs sync**"))
     assert "faster" not in line and "slower" not in line
     assert "time to 0.6: not distinguishable" in line and "seeds" in line
     assert "equal steps" not in line  # async's updates are not sync's
-    assert "| async-k1 |" in same and "75%, up to 1 versions old" in same
+    assert "| async-k1 |" in same and "75%, up to 1 version old" in same
 
 
 def test_the_readme_block_is_rewritten_and_nothing_else(tmp_path):
