@@ -242,14 +242,24 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run the command: 0 when attempts were scored (whatever the rewards), 1 when no attempt
-    ran or every attempt was an infrastructure failure, 2 on bad input or prerequisites."""
-    from environments.sandboxes.image_build import parse_image_aliases, use_image_aliases
+    ran or every attempt was an infrastructure failure, 2 on bad input or prerequisites. The
+    ``--image-alias`` mappings hold for this command only."""
+    from environments.sandboxes.image_build import image_aliases_set, parse_image_aliases
+
+    try:
+        aliases = parse_image_aliases(args.image_alias, "--image-alias")
+    except ValueError as exc:
+        return _fail(str(exc))
+    with image_aliases_set(aliases):
+        return _run_eval_command(args)
+
+
+def _run_eval_command(args: argparse.Namespace) -> int:
     from environments.suites import UnknownSuiteError
     from environments.tasks import TaskFormatError
 
     try:
         config = eval_config(args)
-        use_image_aliases(parse_image_aliases(args.image_alias, "--image-alias"))
         artifacts = Path(args.out) / "artifacts" if args.out else None
         make_env, tasks, split, note = task_source(config, artifacts_dir=artifacts)
     except (ValueError, UnknownSuiteError, TaskFormatError) as exc:

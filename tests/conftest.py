@@ -24,6 +24,10 @@ from hypothesis import HealthCheck, settings
 from environments.sandboxes import BASE_IMAGE, docker_available
 from environments.sandboxes.bwrap import MARKER_PREFIX
 
+# Task fixtures carry their own tests (a Harbor task's tests/test_outputs.py runs inside its
+# sandbox, against /tests and /app): they are data here, never collected.
+collect_ignore_glob = ["fixtures/*"]
+
 settings.register_profile(
     "dev", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

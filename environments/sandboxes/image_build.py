@@ -21,7 +21,8 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,18 @@ def use_image_aliases(aliases: Mapping[str, str]) -> None:
     """Set this process's aliases from the command line (they win over the environment)."""
     _configured.clear()
     _configured.update({normalise_image(k): v for k, v in aliases.items()})
+
+
+@contextmanager
+def image_aliases_set(aliases: Mapping[str, str]) -> Iterator[None]:
+    """``use_image_aliases`` for one command: the aliases before it are back on every path
+    out, so a command run in-process (``main([...])``) leaves none behind for the next."""
+    before = dict(_configured)
+    use_image_aliases(aliases)
+    try:
+        yield
+    finally:
+        use_image_aliases(before)
 
 
 def image_aliases() -> dict[str, str]:
