@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -210,13 +211,38 @@ def test_rewards_of_an_open_group_deposited_together_match_the_textbook(models, 
 )
 @given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(VARIANTS)))
 def test_float32_and_float32_internal_models_match_within_1e_6(models, arch, dtype, seed, name):
+    """In float32 the streaming gradient is as accurate as the textbook's: both are measured
+    against the textbook on a float64 copy of the same weights, and streaming's error is at most
+    twice the textbook's plus float32's own scale (2e-6; a lost or doubled term is ~1e-2). A
+    fixed 1e-6 between the two float32 results failed at 1.3e-6 on one draw: over 24 draws of
+    each variant the two were up to 1.1e-6 apart and each up to 2e-6 from the truth."""
     out, refs = models
     key = (arch, dtype)
     objective, kwargs = VARIANTS[name]
     events = batch(seed, out[key], objective, "interleaved")
     book = textbook.gradient(out[key], objective, events, refs[key])
     stream = step_gradient(out[key], objective, events, refs[key], streaming=True, **kwargs)
-    assert rel(stream, book) <= 1e-6
+    if dtype == torch.float64:  # float32 only inside the model (qwen3/llama norms): 1e-6 apart
+        assert rel(stream, book) <= 1e-6
+        return
+    model64, ref64 = _float64_copies(models, key)
+    truth = textbook.gradient(model64, objective, events, ref64)
+    assert rel(stream, truth) <= 2 * rel(book, truth) + 2e-6
+    assert rel(stream, book) <= 1e-5  # and never far apart, whatever the draw
+
+
+_FLOAT64_COPIES: dict[tuple[str, torch.dtype], tuple[object, object]] = {}
+
+
+def _float64_copies(models, key):
+    """The float32 model and reference upcast exactly to float64 (cached per key)."""
+    if key not in _FLOAT64_COPIES:
+        out, refs = models
+        _FLOAT64_COPIES[key] = (
+            copy.deepcopy(out[key]).to(torch.float64),
+            copy.deepcopy(refs[key]).to(torch.float64),
+        )
+    return _FLOAT64_COPIES[key]
 
 
 def test_the_float64_gap_on_qwen_is_the_models_float32_internals(models):
