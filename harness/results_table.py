@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from harness.verdicts import FASTER, SLOWER
+from harness.verdicts import FASTER, SLOWER, replication, replication_lines
 from thundersync.protocol.documents import load_json
 
 START = "<!-- --8<-- [start:results] -->"
@@ -160,8 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--into", type=Path, help="rewrite this file's results block (README.md)")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument("--commit", default=None, help="default: the checkout's HEAD")
+    parser.add_argument(
+        "--replicates",
+        type=Path,
+        metavar="OTHER",
+        help="print each verdict beside another run's results.json, and how many agree "
+        "(exit status 1 when one differs)",
+    )
     args = parser.parse_args(argv)
     results = load_json(args.results.read_text(), args.results)
+    if args.replicates is not None:
+        rows = replication(results, load_json(args.replicates.read_text(), args.replicates))
+        print("\n".join(replication_lines(rows)))
+        return 0 if all(row["same"] for row in rows) else 1
     block = render(results, date=args.date, commit=args.commit or _commit())
     if args.into is None:
         print(block, end="")

@@ -249,3 +249,43 @@ def _figure(stat: dict[str, Any]) -> str:
         return f"{a}x [{lo}, {hi}]"
     a, lo, hi = ("n/a" if v is None else f"{v:+.2f}" for v in values)
     return f"{a} [{lo}, {hi}]"
+
+
+METRICS = ("time_to_target", "accuracy_at_budget", "area_under_curve", "equal_steps")
+
+
+def replication(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each verdict two comparisons both give, side by side (a pair or metric only one of them
+    has is left out): ``{"pair", "metric", "first", "second", "same", "first_figure",
+    "second_figure"}``. Two runs of one command replicate when every row is ``same``; a verdict
+    that differs while its CIs overlap was near the line in one run (docs/results.md)."""
+    rows = []
+    pairs = (second.get("verdicts") or {}).get("pairs", {})
+    for name, pair in (first.get("verdicts") or {}).get("pairs", {}).items():
+        for metric in METRICS:
+            a, b = pair.get(metric), pairs.get(name, {}).get(metric)
+            if a and b:
+                rows.append(
+                    {
+                        "pair": name,
+                        "metric": metric,
+                        "first": a["verdict"],
+                        "second": b["verdict"],
+                        "same": a["verdict"] == b["verdict"],
+                        "first_figure": _figure(a),
+                        "second_figure": _figure(b),
+                    }
+                )
+    return rows
+
+
+def replication_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows as plain lines, then how many verdicts agree."""
+    lines = [
+        f"{row['pair']}, {row['metric'].replace('_', ' ')}: {row['first']} "
+        f"{row['first_figure']} / {row['second']} {row['second_figure']}"
+        + ("" if row["same"] else "  <- differs")
+        for row in rows
+    ]
+    same = sum(row["same"] for row in rows)
+    return [*lines, f"{same} of {len(rows)} verdicts the same in both runs"]

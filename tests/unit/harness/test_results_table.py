@@ -87,3 +87,22 @@ def test_the_readme_block_is_rewritten_and_nothing_else(tmp_path):
 def test_the_readme_has_the_block_the_generator_rewrites():
     text = (ROOT / "README.md").read_text()
     assert text.count(START) == 1 and text.count(END) == 1
+
+
+def test_two_runs_are_compared_verdict_by_verdict(tmp_path, capsys):
+    """``--replicates``: each verdict beside the other run's, and exit status 1 when one
+    differs (a clearly faster streaming in one run, an indistinguishable one in the other)."""
+    faster, again, level = (tmp_path / name for name in ("faster.json", "again.json", "level.json"))
+    faster.write_text(json.dumps(_results(tmp_path / "a", {"sync": 1.0, "streaming": 0.75})))
+    again.write_text(json.dumps(_results(tmp_path / "b", {"sync": 1.0, "streaming": 0.74})))
+    level.write_text(
+        json.dumps(_results(tmp_path / "c", {"sync": 1.0, "streaming": 1.0}, seeds=12, jitter=0.3))
+    )
+    assert main([str(faster), "--replicates", str(again)]) == 0
+    out = capsys.readouterr().out
+    assert "streaming vs sync, time to target: faster 1.3" in out
+    assert out.endswith("4 of 4 verdicts the same in both runs\n")
+    assert main([str(faster), "--replicates", str(level)]) == 1
+    out = capsys.readouterr().out
+    assert "time to target: faster 1.3" in out and "/ not distinguishable" in out
+    assert "<- differs" in out and "verdicts the same in both runs" in out
