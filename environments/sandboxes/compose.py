@@ -22,11 +22,16 @@ away on every other path out, after the sandbox's own container, the holder last
 
 from __future__ import annotations
 
+import posixpath
 import re
+import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from environments.sandboxes import docker_archive
 from environments.sandboxes.image_build import (
     LABEL,
     LOCAL_BASE_IMAGE,
@@ -34,10 +39,19 @@ from environments.sandboxes.image_build import (
     require_local_image,
     resolve_image,
 )
-from environments.sandboxes.protocol import MAX_FILE_BYTES, SandboxError, ServiceSpec
+from environments.sandboxes.protocol import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    MAX_FILE_BYTES,
+    ExecResult,
+    SandboxError,
+    ServiceSpec,
+    truncate_output,
+)
 
 LOG_LINES = 20
 """How many of a failed service's last log lines its SandboxError quotes."""
+LOG_CHARS = 4000
+"""At most this much of those lines (their end): a service may log one very long line."""
 POLL_S = 0.25
 """How often a starting service's state and healthcheck are looked at."""
 HEALTHCHECK_TIMEOUT_S = 10
@@ -169,24 +183,127 @@ def wait_ready(client: Any, name: str, spec: ServiceSpec) -> None:
         time.sleep(POLL_S)
 
 
-def check_running(client: Any, made: Services, specs: tuple[ServiceSpec, ...]) -> None:
-    """SandboxError when a service has exited since it started (checked once all run)."""
+def check_running(
+    client: Any, made: Services, specs: tuple[ServiceSpec, ...], *, started: bool = False
+) -> None:
+    """SandboxError with its last log lines when a service has exited since it started
+    (``started``: the episode was under way, not the sandbox being made)."""
     for name, spec in zip(made.containers, specs, strict=False):
-        container = client.containers.get(name)
-        container.reload()
+        try:
+            container = client.containers.get(name)
+            container.reload()
+        except Exception as exc:
+            raise SandboxError(f"service {spec.name}: its container is gone: {exc}") from exc
         if container.status != "running":
             code = container.attrs.get("State", {}).get("ExitCode")
+            if started:
+                why = f"it exited (code {code}) during the episode"
+                raise _failed(container, spec, why, verb="stopped")
             raise _failed(container, spec, f"it exited (code {code}) after it started")
 
 
-def _failed(container: Any, spec: ServiceSpec, why: str) -> SandboxError:
+def _failed(
+    container: Any, spec: ServiceSpec, why: str, *, verb: str = "failed to start"
+) -> SandboxError:
     try:
         logs = container.logs(tail=LOG_LINES).decode("utf-8", "replace").rstrip()
     except Exception as exc:
         logs = f"(its logs cannot be read: {exc})"
+    if len(logs) > LOG_CHARS:
+        logs = "[...]" + logs[-LOG_CHARS:]
     return SandboxError(
-        f"service {spec.name} failed to start: {why}; its last log lines:\n{logs or '(none)'}"
+        f"service {spec.name} {verb}: {why}; its last log lines:\n{logs or '(none)'}"
     )
+
+
+class ServiceSandbox:
+    """A running service's container, as far as Harbor's collection phase reaches a sidecar
+    (``[[verifier.collect]]`` hooks and ``artifacts`` with ``service = "<name>"``): ``execute``
+    runs ``sh -c`` as the image's user from ``/`` (Harbor's sidecar exec: no workdir, user or
+    env of the task), killed after ``timeout`` s by the image's ``timeout`` where it has one,
+    and never waited for longer than that plus ``GRACE_S``; ``download`` and ``export_folder``
+    go through the daemon's archive API (no program of the container takes part). Nothing is
+    uploaded to a service. It lives as long as the sandbox that made it."""
+
+    GRACE_S = 10.0
+
+    def __init__(self, client: Any, container_name: str, marker: str) -> None:
+        self.workdir = "/"
+        self._client = client
+        self._name = container_name
+        self._marker = marker
+
+    def _container(self) -> Any:
+        try:
+            return self._client.containers.get(self._name)
+        except Exception as exc:
+            raise SandboxError(f"service container {self._name}: {exc}") from exc
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        container = self._container()
+        seconds = str(max(1, int(timeout)))
+        wrapper = (
+            'if command -v timeout >/dev/null 2>&1; then exec timeout -s KILL "$0" sh -c "$1"; '
+            'fi; exec sh -c "$1"'
+        )
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = container.exec_run(["sh", "-c", wrapper, seconds, cmd])
+            except Exception as exc:
+                box["error"] = exc
+
+        start = time.monotonic()
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout + self.GRACE_S)
+        duration = time.monotonic() - start
+        if worker.is_alive():
+            return ExecResult("", None, True, duration)
+        if "error" in box:
+            raise SandboxError(f"service container {self._name}: exec failed: {box['error']}")
+        code, raw = box["result"]
+        output, truncated = truncate_output(raw or b"", DEFAULT_MAX_OUTPUT_BYTES)
+        if code == 137 and duration >= timeout:
+            return ExecResult(output, None, True, duration, truncated)
+        return ExecResult(output, code, False, duration, truncated)
+
+    def upload(self, src: Path, dst: str) -> None:
+        raise SandboxError(f"service container {self._name}: nothing is uploaded to a service")
+
+    def download(self, src: str, dst: Path) -> None:
+        path = posixpath.normpath(posixpath.join("/", src))
+        docker_archive.get(self._container(), self._marker, path, Path(dst))
+
+    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
+        full = posixpath.normpath(posixpath.join("/", path))
+        container = self._container()
+        docker_archive.export(self._client, container, self._marker, full, Path(dst), exclude)
+
+    def stop_processes(self) -> None:
+        """Nothing: a service keeps running until its sandbox is closed."""
+
+    def close(self) -> None:
+        """Nothing: the sandbox that made it removes the container."""
+
+
+def service_sandbox(
+    client: Any, made: Services | None, name: str, marker: str
+) -> ServiceSandbox | None:
+    """Service ``name`` of ``made`` (None when there is no such service)."""
+    container_name = f"{marker}-{name}"
+    if made is None or container_name not in made.containers:
+        return None
+    return ServiceSandbox(client, container_name, marker)
+
+
+def check_alive(client: Any, made: Services | None, specs: tuple[ServiceSpec, ...]) -> None:
+    """Before grading (``stop_processes``): a service that died during the episode is a
+    SandboxError quoting its last log lines (the task's infrastructure failure), never a grade
+    of a verifier that could not reach it."""
+    if made is not None:
+        check_running(client, made, specs, started=True)
 
 
 def remove(client: Any, made: Services) -> list[str]:

@@ -277,6 +277,7 @@ class DockerSandbox:
         (its files persist), and the archive API works on it meanwhile."""
         with self._lock:
             self._check_open()
+            compose.check_alive(self._client, self._disk.services, self.spec.services)
             if not self._is_running():
                 return
             try:
@@ -437,6 +438,11 @@ class DockerSandbox:
                 self._close_error = str(exc)
         if self._close_error is not None:
             raise SandboxError(self._close_error)
+
+    def service(self, name: str) -> compose.ServiceSandbox | None:
+        """Compose service ``name`` beside this sandbox (collect hooks, artifacts), or None."""
+        self._check_open()
+        return compose.service_sandbox(self._client, self._disk.services, name, self.marker)
 
     def _check_open(self) -> None:
         if self._closed:

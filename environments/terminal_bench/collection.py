@@ -9,9 +9,12 @@ source path without the leading ``/`` (``/app/out`` -> ``app/out``), and ``manif
 lists every entry with its ``type`` and ``status`` (``ok``, ``empty``, ``failed``,
 ``skipped``). Folders leave through the sandbox engine (``work.export_work``: a clean archive,
 no program of the sandbox takes part) and are unpacked with tarfile's ``data`` filter; a file
-is copied by the engine (links stay links) if it is at most ``MAX_FILE_BYTES``. Only the
-agent's own sandbox is reached: an entry for another ``service`` (a multi-container task's
-sidecar) is ``skipped`` with its reason.
+is copied by the engine (links stay links) if it is at most ``MAX_FILE_BYTES``. The agent's
+sandbox and, in Docker, a compose task's services beside it are reached (a hook or entry of
+another ``service`` runs or is copied there: ``_service``); where there is no such service it
+is ``skipped`` with its reason. Hooks run in the order given, whatever their service (Harbor
+runs ``main``'s, copies ``main``'s artifacts, then runs the sidecars': no container's hook can
+change another's files, so the order shows nowhere).
 """
 
 from __future__ import annotations
@@ -138,14 +141,27 @@ def read_hooks(path: Path, field: str, value: object) -> tuple[CollectHook, ...]
     return tuple(hooks)
 
 
+def _service(sandbox: Sandbox, name: str) -> Sandbox | None:
+    """The sandbox a hook or artifact of service ``name`` is reached in: ``main``, the agent's;
+    another, the compose service of that name beside it (a Docker sandbox's ``service``);
+    None where there is none (bubblewrap refuses compose tasks before the episode)."""
+    if name == MAIN:
+        return sandbox
+    service = getattr(sandbox, "service", None)
+    found: Sandbox | None = service(name) if callable(service) else None
+    return found
+
+
 def run_hooks(sandbox: Sandbox, hooks: Sequence[CollectHook], task_id: str) -> list[str]:
-    """Run ``hooks`` in order in the agent's sandbox; what failed (each also a warning)."""
+    """Run ``hooks`` in order, each in the sandbox of its ``service`` (``_service``; a
+    sidecar's with ``sh -c``, as Harbor runs it); what failed (each also a warning)."""
     failures = []
     for hook in hooks:
-        if hook.service != MAIN:
-            failures.append(f"{hook.command[:80]!r}: service {hook.service!r} is not this sandbox")
+        target = _service(sandbox, hook.service)
+        if target is None:
+            failures.append(f"{hook.command[:80]!r}: no service {hook.service!r} in this sandbox")
             continue
-        result = sandbox.execute(hook.command, timeout=hook.timeout_s)
+        result = target.execute(hook.command, timeout=hook.timeout_s)
         if result.exit_code != 0 or result.timed_out:
             status = "timed out" if result.timed_out else f"exited {result.exit_code}"
             failures.append(f"{hook.command[:80]!r} {status}: {result.output.strip()[-200:]}")
@@ -188,7 +204,11 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
         "exclude": list(artifact.exclude),
     }
     if artifact.service != MAIN:
-        return {**entry, "type": "directory", "status": "skipped", "reason": "not this sandbox"}
+        found = _service(sandbox, artifact.service)
+        if found is None:
+            why = f"no service {artifact.service!r} in this sandbox"
+            return {**entry, "type": "directory", "status": "skipped", "reason": why}
+        sandbox, workdir = found, "/"
     source = posixpath.normpath(posixpath.join(workdir, artifact.source))
     quoted = shlex.quote(source)
     probe = sandbox.execute(
