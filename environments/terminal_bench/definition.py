@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from environments.sandboxes.engines import sandbox_engine
+from environments.sandboxes.engines import RUNS_AS_USER, sandbox_engine
 from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
 from environments.task_steps import StepSetupFailed
 from environments.tasks import Grade
-from environments.terminal_bench import collection, grading, inputs
+from environments.terminal_bench import collection, grading, inputs, users
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.environment import TaskEnvironment
 from environments.terminal_bench.network import NetworkPolicy
@@ -85,6 +85,11 @@ class TaskDefinition:
     collect: tuple[collection.CollectHook, ...] = ()
     """``[[verifier.collect]]`` hooks (a step's: the task's, then the step's), run in the
     episode's sandbox before the artifacts are copied and the tests run."""
+    agent_user: str | None = None
+    """``[agent] user`` (a step's: ``[steps.agent] user``, else the task's): the agent's
+    commands run as it (``environments.terminal_bench.users``); None: the image's user."""
+    verifier_user: str | None = None
+    """``[verifier] user`` (a step's likewise): the test script runs as it."""
 
     @property
     def output_checked(self) -> bool:
@@ -102,6 +107,9 @@ class TaskDefinition:
         environment's ``needs``, then its separate verifier's (``environments.sandboxes.
         engines`` capabilities)."""
         needs = dict(self.environment.needs)
+        named = users.named_users(self)
+        if named:
+            needs.setdefault(RUNS_AS_USER, f"it runs commands as a user it names ({named})")
         verifiers = [self.verifier, *(step.verifier for step in self.steps)]
         for verifier in (v for v in verifiers if v is not None):
             for capability, why in verifier.needs.items():
@@ -150,6 +158,8 @@ class TaskDefinition:
             except StepSetupFailed as err:
                 if index == 0:
                     raise SandboxError(f"task {self.task_id}: {err}") from err
+        if live:  # the agent's turn begins: its commands run as its user
+            users.agent_phase(sandbox, self.steps[0].agent_user if self.steps else self.agent_user)
 
     # --- multi-step tasks (environments.task_steps) ----------------------------------------
 
@@ -174,8 +184,11 @@ class TaskDefinition:
             timeout_s=step.timeout_s,
             verifier=step.verifier,
             step_index=index,
+            agent_user=step.agent_user,
+            verifier_user=step.verifier_user,
             artifacts=self.artifacts + step.artifacts,
             collect=self.collect + step.collect,
+            network=self.network.for_step(step.network),
         )
 
     def start_step(self, sandbox: Sandbox, index: int) -> None:
@@ -188,15 +201,18 @@ class TaskDefinition:
             for d in (grading.TESTS_DIR, grading.VERIFIER_DIR)
         )
         root = shlex.quote(f"{self.environment.workdir.rstrip('/')}/{grading.FALLBACK_DIR}")
+        users.agent_phase(sandbox, None)
         sandbox.execute(f"{wipe} rm -rf {root}; true", timeout=60)
         self._stage(sandbox, index, check=True)
+        users.agent_phase(sandbox, self.steps[index].agent_user)
 
     def _stage(self, sandbox: Sandbox, index: int, *, check: bool) -> None:
         """Copy step ``index``'s workdir/ in and run its setup.sh, then (``check``) its
         healthcheck: StepSetupFailed when one fails."""
         step = self.steps[index]
         for command in harbor_steps.stage_commands(step, self.environment.workdir, pack_files):
-            result = sandbox.execute(command, timeout=step.timeout_s)
+            with users.running_as(sandbox, step.agent_user):  # Harbor's: the step's agent user
+                result = sandbox.execute(command, timeout=step.timeout_s)
             if result.exit_code != 0 or result.timed_out:
                 what = "setup.sh" if command.startswith("bash ") else "copying workdir/"
                 status = "timed out" if result.timed_out else f"exited {result.exit_code}"

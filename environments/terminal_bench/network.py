@@ -73,6 +73,15 @@ class NetworkPolicy:
             f"{GRANTED!r}): if it needs the internet, that is why it failed"
         )
 
+    def for_step(self, declared: tuple[Declared, ...]) -> NetworkPolicy:
+        """The policy while a step runs: its ``[steps.agent]`` / ``[steps.verifier]``
+        declarations replace the task's of the same phase, as Harbor's phase resolution does
+        (``network_policy.py``: the step's explicit policy, else the task's table's, else the
+        ``[environment]`` baseline)."""
+        phases = {d.phase for d in declared}
+        kept = tuple(d for d in self.declared if d.phase not in phases)
+        return NetworkPolicy(kept + declared)
+
     def annotate(self, grade: Grade) -> Grade:
         """``grade`` with ``details["network"]`` when the task wanted internet, and that as the
         ``reason`` of a failed (not infrastructure-failed) grade that gives none."""
@@ -92,18 +101,35 @@ def read_network_policy(path: Path, tables: dict[str, dict[str, Any]]) -> Networ
     return NetworkPolicy(tuple(declared))
 
 
-def _read_phase(path: Path, phase: str, table: dict[str, Any]) -> Declared | None:
+def read_step_network(
+    path: Path, field: str, agent: dict[str, Any], verifier: dict[str, Any]
+) -> tuple[Declared, ...]:
+    """Step ``field``'s (``steps[i]``) phase overrides, ``[steps.agent]`` and
+    ``[steps.verifier]`` ``network_mode`` / ``allowed_hosts``, checked as the task's tables
+    are (TaskFormatError naming the field); each is declared for its phase, with its field."""
+    declared = []
+    for phase, table in (("agent", agent), ("verifier", verifier)):
+        found = _read_phase(path, phase, table, prefix=f"{field}.{phase}")
+        if found is not None:
+            declared.append(found)
+    return tuple(declared)
+
+
+def _read_phase(
+    path: Path, phase: str, table: dict[str, Any], *, prefix: str | None = None
+) -> Declared | None:
+    prefix = prefix or phase
     mode, hosts = table.get("network_mode"), table.get("allowed_hosts")
     if mode is not None and mode not in NETWORK_MODES:
         raise TaskFormatError(
             path,
-            f"{phase}.network_mode",
+            f"{prefix}.network_mode",
             f"expected one of {', '.join(NETWORK_MODES)}, got {excerpt(mode)}",
         )
-    allowed = _read_hosts(path, f"{phase}.allowed_hosts", hosts)
+    allowed = _read_hosts(path, f"{prefix}.allowed_hosts", hosts)
     if hosts is not None and mode != ALLOWLIST:
         raise TaskFormatError(
-            path, f"{phase}.allowed_hosts", "is only valid when network_mode = 'allowlist'"
+            path, f"{prefix}.allowed_hosts", "is only valid when network_mode = 'allowlist'"
         )
     legacy = table.get("allow_internet") if phase == "environment" else None
     if legacy is not None:
@@ -118,7 +144,7 @@ def _read_phase(path: Path, phase: str, table: dict[str, Any]) -> Declared | Non
             stacklevel=4,
         )
     if mode is not None:
-        return Declared(phase, mode, allowed, f"{phase}.network_mode")
+        return Declared(phase, mode, allowed, f"{prefix}.network_mode")
     if legacy is not None:
         return Declared(phase, PUBLIC if legacy else NO_NETWORK, (), "environment.allow_internet")
     return None

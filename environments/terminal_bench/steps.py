@@ -25,7 +25,9 @@ from typing import Any, Literal
 from environments.sandboxes.protocol import Sandbox
 from environments.tasks import Grade, TaskFormatError
 from environments.terminal_bench import collection, inputs, schema
+from environments.terminal_bench import network as network_policy
 from environments.terminal_bench.environment import TaskEnvironment
+from environments.terminal_bench.users import read_user
 from environments.terminal_bench.verifier import MODES, _plan
 from thundersync.protocol.documents import excerpt
 
@@ -153,12 +155,18 @@ class TaskStep:
     solution_script: Path | None
     verifier: TaskEnvironment | None
     min_reward: float | dict[str, float] | None = None
+    agent_user: str | None = None
+    """``[steps.agent] user``, else ``[agent]``'s: the step's setup.sh and agent run as it."""
+    verifier_user: str | None = None
+    """``[steps.verifier] user``, else ``[verifier]``'s: the step's test script runs as it."""
     healthcheck: Healthcheck | None = None
     """Run in the episode's sandbox after the step's ``setup.sh``; failing stops the episode."""
     artifacts: tuple[collection.Artifact, ...] = ()
     """The step's ``artifacts``, kept after the task's (``collection``)."""
     collect: tuple[collection.CollectHook, ...] = ()
     """``[[steps.verifier.collect]]``, run after the task's ``[[verifier.collect]]``."""
+    network: tuple[network_policy.Declared, ...] = ()
+    """``[steps.agent]`` / ``[steps.verifier]`` network overrides (``NetworkPolicy.for_step``)."""
 
     @property
     def workdir_files(self) -> list[tuple[Path, str]]:
@@ -349,6 +357,10 @@ def read_steps(
                     task_dir, folder, f"{field}.verifier", verifier, tables["verifier"], environment
                 ),
                 min_reward=_min_reward(path, f"{field}.min_reward", table.get("min_reward")),
+                agent_user=read_user(path, f"{field}.agent.user", agent.get("user"))
+                or read_user(path, "agent.user", tables["agent"].get("user")),
+                verifier_user=read_user(path, f"{field}.verifier.user", verifier.get("user"))
+                or read_user(path, "verifier.user", tables["verifier"].get("user")),
                 healthcheck=read_healthcheck(
                     path, f"{field}.healthcheck", table.get("healthcheck")
                 ),
@@ -358,6 +370,7 @@ def read_steps(
                 collect=collection.read_hooks(
                     path, f"{field}.verifier.collect", verifier.get("collect")
                 ),
+                network=network_policy.read_step_network(path, field, agent, verifier),
             )
         )
     return tuple(steps)

@@ -129,3 +129,55 @@ def test_a_phase_override_is_reported_under_its_table(tmp_path: Path) -> None:
 def test_a_bad_policy_is_refused_naming_its_field(tmp_path: Path, lines: str, field: str) -> None:
     with pytest.raises(TaskFormatError, match=field.replace(".", r"\.")):
         load(tmp_path, lines)
+
+
+STEPS_FIXTURE = Path(__file__).resolve().parents[4] / "tests/fixtures/harbor-1.4/ms-two-step-mean"
+
+
+def load_steps(tmp_path: Path, first: str = "", agent: str = "") -> TerminalBenchTask:
+    """The two-step fixture with a no-network baseline, ``first`` added to its first step's
+    [steps.agent] and ``agent`` to the task's [agent]."""
+    task_dir = tmp_path / "ms-two-step-mean"
+    shutil.copytree(STEPS_FIXTURE, task_dir)
+    path = task_dir / "task.toml"
+    text = path.read_text().replace('network_mode = "public"', 'network_mode = "no-network"')
+    text = text.replace("[agent]\n", f"[agent]\n{agent}", 1)
+    path.write_text(text.replace("[steps.agent]\n", f"[steps.agent]\n{first}", 1))
+    return load_tasks(task_dir).get("ms-two-step-mean")
+
+
+def test_a_steps_network_override_holds_for_that_step_only(tmp_path: Path) -> None:
+    """[steps.agent] network_mode was accepted and never read: a step that declares the
+    internet failed with no word of why."""
+    task = load_steps(tmp_path, first='network_mode = "allowlist"\nallowed_hosts = ["PyPI.org"]\n')
+    first = task.step_task(0).network.annotate(Grade(0.0)).details
+    assert first["network"]["declared"]["agent"] == {
+        "network_mode": "allowlist",
+        "allowed_hosts": ["pypi.org"],
+    }
+    assert "steps[0].agent.network_mode = 'allowlist'" in first["reason"]
+    assert not task.step_task(1).network.wants_internet
+
+
+def test_a_steps_override_replaces_the_tasks_for_its_phase(tmp_path: Path) -> None:
+    """Harbor's resolution: the step's explicit policy, else [agent]'s, else the baseline."""
+    task = load_steps(
+        tmp_path, first='network_mode = "no-network"\n', agent='network_mode = "public"\n'
+    )
+    assert not task.step_task(0).network.wants_internet
+    assert task.step_task(1).network.wants_internet  # [agent]'s public holds where no override
+
+
+@pytest.mark.parametrize(
+    ("first", "field"),
+    [
+        ('network_mode = "internet"\n', r"steps\[0\]\.agent\.network_mode"),
+        ('allowed_hosts = ["pypi.org"]\n', r"steps\[0\]\.agent\.allowed_hosts"),
+        ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org:443"]\n', "allowed_hosts"),
+    ],
+)
+def test_a_bad_step_policy_is_refused_naming_its_field(
+    tmp_path: Path, first: str, field: str
+) -> None:
+    with pytest.raises(TaskFormatError, match=field):
+        load_steps(tmp_path, first=first)
