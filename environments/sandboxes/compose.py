@@ -229,6 +229,7 @@ class ServiceSandbox:
 
     def __init__(self, client: Any, container_name: str, marker: str) -> None:
         self.workdir = "/"
+        self.exec_user: str | None = None  # a hook's ``user`` (``exec -u``); None: the image's
         self._client = client
         self._name = container_name
         self._marker = marker
@@ -250,7 +251,9 @@ class ServiceSandbox:
 
         def run() -> None:
             try:
-                box["result"] = container.exec_run(["sh", "-c", wrapper, seconds, cmd])
+                box["result"] = container.exec_run(
+                    ["sh", "-c", wrapper, seconds, cmd], user=self.exec_user or ""
+                )
             except Exception as exc:
                 box["error"] = exc
 

@@ -53,14 +53,7 @@ from environments.sandboxes.docker_daemon import (
     LOCAL_DAEMON_URL,
     daemon_client,
 )
-from environments.sandboxes.engines import (
-    ANY_WORKDIR,
-    BUILDS_IMAGES,
-    ENFORCES_MEMORY,
-    RUNS_ANY_IMAGE,
-    RUNS_MULTI_CONTAINER,
-    SandboxEngine,
-)
+from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
 from environments.sandboxes.image_build import LABEL, build_image
 from environments.sandboxes.orphans import (
     reap_once,
@@ -132,6 +125,7 @@ class DockerSandbox:
         self._close_lock = threading.Lock()
         self._container: Any = None
         self.services_network: str | None = None
+        self.exec_user: str | None = None  # exec -u (Harbor's user fields); None: the image's
         self._disk = _HostDisk()
         self._finalizer = weakref.finalize(self, _remove, self._client, self.marker, self._disk)
         try:
@@ -385,6 +379,7 @@ class DockerSandbox:
                 tty=False,
                 workdir=self.workdir,
                 environment=dict(self.spec.env),
+                user=self.exec_user or "",
             )
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
@@ -486,9 +481,7 @@ def prerequisite_problem() -> str | None:
 ENGINE = SandboxEngine(
     name="docker",
     title="Docker",
-    capabilities=frozenset(
-        {BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY, RUNS_MULTI_CONTAINER}
-    ),
+    capabilities=frozenset(CAPABILITIES),  # every one
     factory=DockerSandbox,
     prerequisites=prerequisite_problem,
 )

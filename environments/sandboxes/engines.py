@@ -37,7 +37,16 @@ does only where it can make a memory cgroup, else per process)."""
 RUNS_MULTI_CONTAINER = "runs_multi_container"
 """Runs ``SandboxSpec.services`` beside the sandbox: a compose file's other containers on a
 network of their own with no route out."""
-CAPABILITIES = (BUILDS_IMAGES, RUNS_ANY_IMAGE, ANY_WORKDIR, ENFORCES_MEMORY, RUNS_MULTI_CONTAINER)
+RUNS_AS_USER = "runs_as_user"
+"""Runs a command as a user a task names (Harbor's ``user`` fields), through the engine."""
+CAPABILITIES = (
+    BUILDS_IMAGES,
+    RUNS_ANY_IMAGE,
+    ANY_WORKDIR,
+    ENFORCES_MEMORY,
+    RUNS_MULTI_CONTAINER,
+    RUNS_AS_USER,
+)
 
 ENGINES: dict[str, str] = {
     "bwrap": "environments.sandboxes.bwrap:ENGINE",

@@ -34,7 +34,7 @@ from typing import Any
 from environments import work
 from environments.sandboxes.protocol import Sandbox, SandboxError
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import schema
+from environments.terminal_bench import schema, users
 from thundersync.protocol.documents import excerpt
 
 CONVENTION_DIR = "/logs/artifacts"
@@ -65,6 +65,8 @@ class CollectHook:
     command: str
     service: str = MAIN
     timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
+    user: str | None = None
+    """Who it runs as (``users``); None: the container's user."""
 
 
 def _parts(path: Path, field: str, value: str) -> tuple[str, ...]:
@@ -136,6 +138,7 @@ def read_hooks(path: Path, field: str, value: object) -> tuple[CollectHook, ...]
                 timeout_s=schema.read_timeout(
                     path, f"{name}.timeout_sec", table.get("timeout_sec"), DEFAULT_HOOK_TIMEOUT_S
                 ),
+                user=users.read_user(path, f"{name}.user", table.get("user")),
             )
         )
     return tuple(hooks)
@@ -161,7 +164,8 @@ def run_hooks(sandbox: Sandbox, hooks: Sequence[CollectHook], task_id: str) -> l
         if target is None:
             failures.append(f"{hook.command[:80]!r}: no service {hook.service!r} in this sandbox")
             continue
-        result = target.execute(hook.command, timeout=hook.timeout_s)
+        with users.running_as(target, hook.user):
+            result = target.execute(hook.command, timeout=hook.timeout_s)
         if result.exit_code != 0 or result.timed_out:
             status = "timed out" if result.timed_out else f"exited {result.exit_code}"
             failures.append(f"{hook.command[:80]!r} {status}: {result.output.strip()[-200:]}")

@@ -148,6 +148,8 @@ class TaskDefinition:
             # /logs/artifacts and a collect hook writes there; bubblewrap binds them, a Docker
             # image lacks them. Best effort: an image whose user cannot make /logs goes on.
             sandbox.execute(f"mkdir -p {' '.join(HARBOR_LOG_DIRS)} 2>/dev/null", timeout=30)
+            if users.named_users(self):  # writable for the task's users, as Harbor's mounts
+                sandbox.execute(f"chmod a+rwx {' '.join(HARBOR_LOG_DIRS)}", timeout=30)
         failure = self.healthcheck.failure(sandbox) if live and self.healthcheck else None
         if failure is not None:
             raise SandboxError(f"task {self.task_id}: [environment.healthcheck]: {failure}")

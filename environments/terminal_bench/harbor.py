@@ -11,7 +11,7 @@ from environments.sandboxes.disk import MIN_DISK_MB
 from environments.sandboxes.host_view import SYSTEM_DIRS
 from environments.sandboxes.protocol import ServiceSpec
 from environments.tasks import TaskFormatError
-from environments.terminal_bench import collection, compose_task, inputs, schema
+from environments.terminal_bench import collection, compose_task, inputs, schema, users
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.dockerfile import DEFAULT_WORKDIR, DockerfilePlan, read_dockerfile
 from environments.terminal_bench.environment import TaskEnvironment
@@ -168,6 +168,8 @@ def _schema_14(
         "collect": collection.read_hooks(
             path, "verifier.collect", tables["verifier"].get("collect")
         ),
+        "agent_user": users.read_user(path, "agent.user", tables["agent"].get("user")),
+        "verifier_user": users.read_user(path, "verifier.user", tables["verifier"].get("user")),
     }
 
 

@@ -10,7 +10,15 @@ from pathlib import Path
 from environments import tamper, work
 from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError
 from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import collection, grading, inputs, reference, strict, witness
+from environments.terminal_bench import (
+    collection,
+    grading,
+    inputs,
+    reference,
+    strict,
+    users,
+    witness,
+)
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.definition import (
     SOLUTION_DIR_VARIABLE,
@@ -64,6 +72,7 @@ class TerminalBenchTask(TaskDefinition):
         if self.num_steps:
             error = f"task {self.task_id} has steps: grade each with step_task(i).grade"
             return Grade(reward=0.0, infra_failure=True, details={"error": error})
+        users.agent_phase(sandbox, None)  # the agent's turn is over: the image's user again
         try:
             sandbox.stop_processes()
             self._gather(sandbox, context)
@@ -155,8 +164,9 @@ class TerminalBenchTask(TaskDefinition):
         oracle = context.fresh_sandbox()
         # a step's commands prepare each step themselves
         (self.setup if self.step_index is None else self.environment.setup)(oracle)
-        for command in commands:
-            oracle.execute(command, timeout=self.timeout_s)
+        with users.running_as(oracle, self.agent_user):  # as the agent's commands run
+            for command in commands:
+                oracle.execute(command, timeout=self.timeout_s)
         oracle.stop_processes()
         with tempfile.TemporaryDirectory(prefix="thundersync-reference-") as tmp:
             grade, seen = self._strict_grade(oracle, context, Path(tmp), standard=None)
@@ -271,15 +281,18 @@ class TerminalBenchTask(TaskDefinition):
         script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
         prefix = strict.pinned_environment(workdir) if pinned else ""
         watch = witness.prepare(sandbox, paths.verifier, workdir) if pinned else None
-        result = grading.run_script(
-            sandbox,
-            paths,
-            script,
-            self.test_timeout_s,
-            self.test_env,
-            prefix=prefix,
-            suffix=watch.exports(self.test_env) if watch is not None else "",
-        )
+        if self.verifier_user is not None:  # as Harbor does: its user writes the reward there
+            sandbox.execute(f"chmod a+rwx {paths.verifier}", timeout=60)
+        with users.running_as(sandbox, self.verifier_user):
+            result = grading.run_script(
+                sandbox,
+                paths,
+                script,
+                self.test_timeout_s,
+                self.test_env,
+                prefix=prefix,
+                suffix=watch.exports(self.test_env) if watch is not None else "",
+            )
         if self.format == "tb1":
             grade = grading.grade_tb1(result, self.test_timeout_s)
         else:
