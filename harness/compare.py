@@ -11,6 +11,7 @@ step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from harness import compare_report, policy_eval
+from harness import compare_report, compare_resume, policy_eval
 from harness.curves import Point
 from leaderboard.store import Entry, Store, suite_version
 from thundersync.cli_output import Progress
@@ -256,14 +257,40 @@ per mode and seed)."""
 
 def run_folders(config: CompareConfig) -> list[Path]:
     """The comparison's run folders, one per (mode, seed), as ``run_compare`` names them."""
-    return [
-        Path(config.out) / "runs" / f"{mode_name(mode, config.train)}-seed{config.train.seed + i}"
-        for i in range(config.seeds)
-        for mode in config.modes
-    ]
+    return [folder for folder, _, _ in _runs(config)]
 
 
-def out_problem(config: CompareConfig, *, overwrite: bool) -> str | None:
+def requested_settings(config: CompareConfig) -> dict[Path, dict[str, Any]]:
+    """Each run folder of the comparison and the settings ``run_compare`` requests for it
+    (its ``requested-config.json``, as read back)."""
+    train = _with_init_model(config).train
+    settings = {}
+    for folder, mode, seed in _runs(config):
+        run = mode_config(train, mode, seed, folder, config.eval_every)
+        settings[folder] = json.loads(dumps_refusing(run.to_dict(), what=str(folder)))
+    return settings
+
+
+def _runs(config: CompareConfig) -> list[tuple[Path, str, int]]:
+    """(run folder, mode, seed) in the order the runs train: modes reversed every other seed."""
+    out = []
+    for i in range(config.seeds):
+        seed = config.train.seed + i
+        for mode in config.modes if i % 2 == 0 else tuple(reversed(config.modes)):
+            name = mode_name(mode, config.train)
+            out.append((Path(config.out) / "runs" / f"{name}-seed{seed}", mode, seed))
+    return out
+
+
+def _with_init_model(config: CompareConfig) -> CompareConfig:
+    """Every run starts from the same model: without ``--model``, a tiny one built once in
+    ``OUT/init-model`` (by ``run_compare``)."""
+    if config.train.model is not None:
+        return config
+    return replace(config, train=replace(config.train, model=str(Path(config.out) / "init-model")))
+
+
+def out_problem(config: CompareConfig, *, overwrite: bool, resume: bool = False) -> str | None:
     """Why the comparison may not start in ``config.out`` (one line saying what to do), or
     None; checked before the first run trains. A folder holding a comparison (its
     results.json, or a run in ``runs/``, which a killed comparison leaves) is refused, or
@@ -290,6 +317,11 @@ def out_problem(config: CompareConfig, *, overwrite: bool) -> str | None:
                 previous.append(entry.name)
         if runs.exists() and not runs.is_dir():
             foreign.append("runs")
+    if resume:
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            return f"--out {out}: --resume found files a comparison does not write ({shown})"
+        return compare_resume.resume_problem(requested_settings(config), out / "runs")
     if (out / "results.json").exists() or previous:
         held = ", ".join(previous[:3]) + (", ..." if len(previous) > 3 else "")
         what = "results.json" + (f" and runs {held}" if previous else "")
@@ -341,32 +373,33 @@ def clear_outputs(config: CompareConfig) -> None:
             path.unlink()
 
 
-def run_compare(config: CompareConfig) -> dict[str, Any]:
-    """Train every (mode, seed), evaluate, summarise, plot; returns the results."""
+def run_compare(config: CompareConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Train every (mode, seed), evaluate, summarise, plot; returns the results. With
+    ``resume`` a run that reached its last step is kept and one that did not is trained
+    again from its first (``harness.compare_resume``)."""
 
     out = Path(config.out)
     runs: list[Run] = []
-    shared_init = config.train
-    if shared_init.model is None:  # every run starts from the same tiny model
-        shared_init = replace(shared_init, model=str(build_tiny_model(out / "init-model")))
-    config = replace(config, train=shared_init)
+    config = _with_init_model(config)
+    if config.train.model == str(out / "init-model") and not (out / "init-model").is_dir():
+        build_tiny_model(out / "init-model")
     with Progress("compare", config.seeds * len(config.modes), "runs") as progress:
-        for i in range(config.seeds):
-            seed = config.train.seed + i
-            order = config.modes if i % 2 == 0 else tuple(reversed(config.modes))
-            for mode in order:
-                name = mode_name(mode, config.train)
-                folder = out / "runs" / f"{name}-seed{seed}"
-                progress.phase(
-                    f"training {name} seed {seed} (run {len(runs) + 1}/{progress.total})"
-                )
+        for folder, mode, seed in _runs(config):
+            name = mode_name(mode, config.train)
+            where = f"{name} seed {seed} (run {len(runs) + 1}/{progress.total})"
+            if resume and compare_resume.finished(folder, config.train.steps):
+                progress.say(f"[{name} seed {seed}] kept: it finished before (--resume)")
+            else:
+                if resume and folder.exists():
+                    compare_resume.restart(folder)
+                progress.phase(f"training {where}")
                 train_run(
                     mode_config(config.train, mode, seed, folder, config.eval_every),
                     f"{name} seed {seed}",
                     progress,
                 )
-                runs.append(Run(name, seed, folder))
-                progress.advance()
+            runs.append(Run(name, seed, folder))
+            progress.advance()
     initial, task_ids = evaluate_runs(runs, config)
     with Progress("compare", 1, "outputs") as progress:  # plotting takes seconds, not silently
         progress.phase(f"writing {out / 'results.json'} and the plots")

@@ -67,6 +67,13 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "(refused when the folder holds anything else); without it, a folder holding a "
         "comparison or one of its runs is refused",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a killed comparison in --out: keep each run that reached its last "
+        "step, train the others again from their first; refused when a run was requested "
+        "with other settings",
+    )
     parser.add_argument("--json", action="store_true", help="print results.json")
     parser.add_argument(
         "--db",
@@ -105,7 +112,11 @@ def run_compare_command(args: argparse.Namespace) -> int:
         check_inputs(config.train)
         dumps_refusing(config.train.to_dict(), what="config")  # each run's config.json
         problem = output_problem(args.out, args.db, leaderboard=not args.no_leaderboard)
-        problem = problem or out_problem(config, overwrite=args.overwrite)
+        if args.resume and args.overwrite:
+            raise ValueError(
+                "--resume keeps the runs that finished, --overwrite removes them: choose one"
+            )
+        problem = problem or out_problem(config, overwrite=args.overwrite, resume=args.resume)
         if problem is not None:
             raise ValueError(problem)
     except (ValueError, TypeError) as exc:
@@ -116,7 +127,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     for warning in config.train.warnings():  # as train says them; each run's config.json too
         print(f"compare: warning: {warning}", file=sys.stderr, flush=True)
     try:
-        results = run_compare(config)
+        results = run_compare(config, resume=args.resume)
     except RuntimeError as exc:
         print(str(exc), file=sys.stderr)
         return 1

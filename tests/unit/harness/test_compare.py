@@ -88,7 +88,7 @@ def test_training_without_strict_grading_is_said_before_the_runs(
     """As ``train`` does: the runs train on grading a policy can game, so it is said first
     (each run's config.json keeps it too: the runs are ``train``'s)."""
 
-    def stop(config):
+    def stop(config, **options):
         raise RuntimeError("compare: stopped here")
 
     monkeypatch.setattr("harness.compare_command.run_compare", stop)

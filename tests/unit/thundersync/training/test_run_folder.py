@@ -179,7 +179,7 @@ def no_training(monkeypatch):
 def compare_sees(monkeypatch):
     seen: list[list[str]] = []
 
-    def record(config):
+    def record(config, **options):
         seen.append(listing(Path(config.out)))
         raise RuntimeError("compare: stopped by the test")
 
