@@ -381,24 +381,28 @@ def run_compare(config: CompareConfig, *, resume: bool = False) -> dict[str, Any
     out = Path(config.out)
     runs: list[Run] = []
     config = _with_init_model(config)
+    steps = config.train.steps
     if config.train.model == str(out / "init-model") and not (out / "init-model").is_dir():
         build_tiny_model(out / "init-model")
-    with Progress("compare", config.seeds * len(config.modes), "runs") as progress:
+    kept = {f for f, _, _ in _runs(config) if resume and compare_resume.finished(f, steps)}
+    for folder in sorted(kept):
+        _say(f"{folder.name}: kept, it finished before (--resume)")
+    with Progress("compare", len(_runs(config)) - len(kept), "runs") as progress:
         for folder, mode, seed in _runs(config):
             name = mode_name(mode, config.train)
-            where = f"{name} seed {seed} (run {len(runs) + 1}/{progress.total})"
-            if resume and compare_resume.finished(folder, config.train.steps):
-                progress.say(f"[{name} seed {seed}] kept: it finished before (--resume)")
-            else:
-                if resume and folder.exists():
-                    compare_resume.restart(folder)
-                progress.phase(f"training {where}")
-                train_run(
-                    mode_config(config.train, mode, seed, folder, config.eval_every),
-                    f"{name} seed {seed}",
-                    progress,
-                )
             runs.append(Run(name, seed, folder))
+            if folder in kept:  # the progress counts the runs this command trains
+                continue
+            if resume and folder.exists():
+                compare_resume.restart(folder)
+            progress.phase(
+                f"training {name} seed {seed} (run {progress.done + 1}/{progress.total})"
+            )
+            train_run(
+                mode_config(config.train, mode, seed, folder, config.eval_every),
+                f"{name} seed {seed}",
+                progress,
+            )
             progress.advance()
     initial, task_ids = evaluate_runs(runs, config)
     with Progress("compare", 1, "outputs") as progress:  # plotting takes seconds, not silently

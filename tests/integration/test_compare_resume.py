@@ -77,6 +77,8 @@ def test_a_killed_comparison_resumes_from_its_finished_runs(tmp_path, monkeypatc
     )
     assert main([*COMPARE, "--resume", "--out", str(out)]) == 0
     assert trained == ["streaming seed 0"]  # the finished sync run was not trained again
+    err = capsys.readouterr().err
+    assert "sync-seed0: kept, it finished before (--resume)" in err and "run 1/1" in err
     now = _files(out / "runs" / "sync-seed0")
     assert {k: v for k, v in now.items() if k in kept} == kept
     results = json.loads((out / "results.json").read_text())
