@@ -251,3 +251,77 @@ def collect(
         manifest[0] = {**manifest[0], "type": "directory", "status": "empty"}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
+
+
+PROTECTED = ("/tests", "/logs/verifier")
+"""Where no artifact is re-created: the grader's own folders (its tests, its reward files)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restorable:
+    """A collected artifact to re-create in a grading sandbox: its host copy and the path it
+    gets there (Harbor's: its ``source``; the convention folder's, ``/logs/artifacts``)."""
+
+    host: Path
+    target: str
+
+
+def _inside(path: str, folder: str) -> bool:
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder + "/") or folder == "/"
+
+
+def restorable(
+    manifest: Sequence[dict[str, Any]], root: Path, *, workdir: str
+) -> tuple[list[Restorable], list[str]]:
+    """The artifacts ``collect`` copied (status ``ok``) that a grading sandbox gets, and why
+    the others it copied do not: one inside the work folder (the agent's work is copied in
+    whole) is not needed, one under ``PROTECTED`` is never placed."""
+    kept: list[Restorable] = []
+    refused: list[str] = []
+    for entry in manifest:
+        if entry.get("status") != "ok":
+            continue
+        source = str(entry["source"])
+        convention = source.rstrip("/") == CONVENTION_DIR and entry.get("service") == MAIN
+        target = (
+            CONVENTION_DIR if convention else posixpath.normpath(posixpath.join(workdir, source))
+        )
+        if _inside(target, workdir):
+            continue
+        if any(_inside(target, folder) for folder in PROTECTED):
+            refused.append(f"{source}: the grader's own folder")
+            continue
+        kept.append(Restorable(root / str(entry["destination"]), target))
+    return kept, refused
+
+
+def restored_paths(items: Sequence[Restorable]) -> list[str]:
+    """Every file and link the artifacts place, by its path in the grading sandbox (what
+    strict grading's path rules judge, as they judge the work folder's)."""
+    paths = []
+    for item in items:
+        if item.host.is_dir():
+            for host in sorted(item.host.rglob("*")):
+                if not host.is_dir() or host.is_symlink():
+                    rel = host.relative_to(item.host).as_posix()
+                    paths.append(posixpath.join(item.target, rel))
+        else:
+            paths.append(item.target)
+    return paths
+
+
+def restore(sandbox: Sandbox, items: Sequence[Restorable]) -> None:
+    """Re-create ``items`` in ``sandbox`` (a grading sandbox), as Harbor uploads the collected
+    artifacts to a separate verifier: a folder replaces what is at its path, a file gets its
+    parent folders. SandboxError when the sandbox cannot hold them."""
+    for item in items:
+        quoted = shlex.quote(item.target)
+        parent = shlex.quote(posixpath.dirname(item.target) or "/")
+        clear = f"rm -rf {quoted} && " if item.host.is_dir() else ""
+        made = sandbox.execute(f"{clear}mkdir -p {parent}", timeout=60)
+        if made.exit_code != 0:
+            raise SandboxError(
+                f"cannot place artifact {item.target} for grading: {made.output.strip()[-300:]}"
+            )
+        sandbox.upload(item.host, item.target)

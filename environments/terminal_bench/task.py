@@ -29,6 +29,9 @@ from environments.terminal_bench.verifier import test_copy_uploads
 
 __all__ = ["SOLUTION_DIR_VARIABLE", "TerminalBenchTask"]
 
+Collected = tuple[list[collection.Restorable], list[str]]
+"""What a grading sandbox of its own gets of the collection phase (``collection.restorable``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TerminalBenchTask(TaskDefinition):
@@ -75,16 +78,17 @@ class TerminalBenchTask(TaskDefinition):
         users.agent_phase(sandbox, None)  # the agent's turn is over: the image's user again
         try:
             sandbox.stop_processes()
-            self._gather(sandbox, context)
-            if self.verifier is not None and (context is None or context.make_sandbox is None):
-                error = (
-                    f"task {self.task_id}: a separate verifier needs a context that makes sandboxes"
-                )
-                return Grade(reward=0.0, infra_failure=True, details={"error": error})
-            if context is None:
-                return self._run_tests(sandbox, pinned=False)[0]
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
-                return self._grade_against_pristine(sandbox, context, Path(tmp))
+                collected = self._gather(sandbox, context, Path(tmp))
+                if self.verifier is not None and (context is None or context.make_sandbox is None):
+                    error = (
+                        f"task {self.task_id}: a separate verifier needs a context that makes "
+                        "sandboxes"
+                    )
+                    return Grade(reward=0.0, infra_failure=True, details={"error": error})
+                if context is None:
+                    return self._run_tests(sandbox, pinned=False)[0]
+                return self._grade_against_pristine(sandbox, context, Path(tmp), collected)
         except grading.GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except AgentBrokeSandbox as err:
@@ -94,21 +98,31 @@ class TerminalBenchTask(TaskDefinition):
         except TaskFormatError as err:
             return Grade(reward=0.0, infra_failure=True, details={"error": f"task folder: {err}"})
 
-    def _gather(self, sandbox: Sandbox, context: GradingContext | None) -> None:
+    def _gather(
+        self, sandbox: Sandbox, context: GradingContext | None, tmp: Path, *, keep: bool = True
+    ) -> Collected:
         """Harbor's collection phase: the ``collect`` hooks, then the artifacts into the
-        context's ``artifacts_dir`` (a step's in ``<step name>/``), when it names one."""
+        context's ``artifacts_dir`` (a step's in ``<step name>/``) when it names one and
+        ``keep``, else into ``tmp`` when a grading sandbox of its own (strict, or a separate
+        verifier) gets them, as Harbor's separate verifier does (``collection.restore``)."""
         collection.run_hooks(sandbox, self.collect, self.task_id)
-        root = context.artifacts_dir if context is not None else None
-        if root is not None:
-            if self.step_index is not None:
-                root = root / self.steps[self.step_index].name
-            collection.collect(sandbox, self.artifacts, root, workdir=self.environment.workdir)
+        root = context.artifacts_dir if context is not None and keep else None
+        if root is not None and self.step_index is not None:
+            root = root / self.steps[self.step_index].name
+        own_sandbox = context is not None and (context.strict or self.verifier is not None)
+        if root is None and own_sandbox and self.format == "harbor":
+            root = tmp / "artifacts"
+        if root is None:
+            return [], []
+        workdir = self.environment.workdir
+        manifest = collection.collect(sandbox, self.artifacts, root, workdir=workdir)
+        return collection.restorable(manifest, root, workdir=workdir)
 
     def _grade_against_pristine(
-        self, sandbox: Sandbox, context: GradingContext, tmp: Path
+        self, sandbox: Sandbox, context: GradingContext, tmp: Path, collected: Collected
     ) -> Grade:
         standard = self._standard(context, type(sandbox).__name__)
-        grade, _ = self._strict_grade(sandbox, context, tmp, standard=standard)
+        grade, _ = self._strict_grade(sandbox, context, tmp, collected, standard=standard)
         return grade
 
     def _standard(self, context: GradingContext, kind: str) -> witness.Reference | Grade | None:
@@ -169,7 +183,8 @@ class TerminalBenchTask(TaskDefinition):
                 oracle.execute(command, timeout=self.timeout_s)
         oracle.stop_processes()
         with tempfile.TemporaryDirectory(prefix="thundersync-reference-") as tmp:
-            grade, seen = self._strict_grade(oracle, context, Path(tmp), standard=None)
+            collected = self._gather(oracle, context, Path(tmp), keep=False)
+            grade, seen = self._strict_grade(oracle, context, Path(tmp), collected, standard=None)
         if grade.infra_failure:
             raise SandboxError(f"the reference solution's run: {grade.details.get('error')}")
         if grade.reward < 1.0 or seen is None:
@@ -190,6 +205,7 @@ class TerminalBenchTask(TaskDefinition):
         sandbox: Sandbox,
         context: GradingContext,
         tmp: Path,
+        collected: Collected,
         *,
         standard: witness.Reference | Grade | None,
     ) -> tuple[Grade, witness.Observation | None]:
@@ -218,7 +234,11 @@ class TerminalBenchTask(TaskDefinition):
         modules = tamper.importable_modules(separate or fresh)
         reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
         reasons = sorted([*reasons, *work.link_reasons(workdir, pristine, agent_work)])
-        report = {
+        placed, refused = collected
+        if context.strict:  # the artifacts it places are judged as the work folder's files
+            found = tamper.path_findings(collection.restored_paths(placed))
+            reasons = sorted([*reasons, *(f"{f.path}: {f.reason} (an artifact)" for f in found)])
+        report: dict[str, object] = {
             "strict": context.strict,
             "tamper_suspected": bool(reasons),
             "tamper_reasons": reasons,
@@ -240,6 +260,9 @@ class TerminalBenchTask(TaskDefinition):
             except work.WorkExportError as err:  # its work does not fit a fresh sandbox
                 failure = {"agent_failure": str(err), "reason": str(err)}
                 return Grade(reward=0.0, details={**report, **failure}), None
+            collection.restore(target, placed)  # what the hooks and the agent published
+            if refused:
+                report["artifacts_not_placed"] = refused
             proof = standard if isinstance(standard, witness.Reference) else None
             grade, seen = self._run_tests(target, pinned=context.strict, standard=proof)
         if self.verifier is not None:
