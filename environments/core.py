@@ -90,15 +90,15 @@ class ShellEnv(gym.Env[str, str]):
         ``SandboxError`` gives reward 0.0 and ``infra_failure=True`` (never train on it).
         After an infrastructure failure nothing is graded.
 
-        A task of several steps (``environments.task_steps``: Harbor's ``[[steps]]``) plays
-        them in this one episode and sandbox: a submission grades the current step and, unless
-        it was the last or the task's gate stops the episode, the next step is prepared and
-        its instruction is the observation (reward 0, the episode goes on; info
-        ``step_finished``: the step's index and reward). Any other end grades the step it was
-        in. The terminal reward is the task's ``combine_steps`` of the graded steps (a Harbor
-        task puts each step's grade in ``grade_details["steps"]``). ``before_grading`` is
-        called once, before the grading of a step that cannot be followed by another, else
-        after the grading whose gate stopped the episode.
+        A task of several steps (``environments.task_steps``: Harbor's ``[[steps]]``) plays them in
+        this one episode and sandbox: a submission grades the current step
+        (``options["step_graded"]``, a callable, gets its index and Grade) and, unless it was the
+        last or the task's gate stops the episode, the next step is prepared and its instruction is
+        the observation (reward 0; info ``step_finished``: the step's index and reward). Any other
+        end grades the step it was in. The terminal reward is the task's ``combine_steps`` of the
+        graded steps (a Harbor task's ``grade_details["steps"]``). ``before_grading`` is called
+        once, before the grading of a step that cannot be followed by another, else after the
+        grading whose gate stopped the episode.
 
     ``strict_grading`` (default True, what training uses) asks tasks to grade strictly:
     docs/design.md §6 and ``environments.tasks.GradingContext``.
@@ -191,6 +191,7 @@ class ShellEnv(gym.Env[str, str]):
         self._close_sandbox()
         self._task = self._select_task(options.get("task"))
         self._before_grading = options.get("before_grading")
+        self._step_graded = options.get("step_graded") or (lambda index, grade: None)
         self._num_resets += 1
         self._episode_name = _folder_name(options.get("episode_id"), self._num_resets)
         self._num_turns = 0
@@ -376,6 +377,7 @@ class ShellEnv(gym.Env[str, str]):
             self._before_grading(observation, dict(info))
         grade = self._graded(steps.step_task(index))
         self._step_grades.append(grade)
+        self._step_graded(index, grade)
         stopped = None
         if index + 1 < steps.num_steps and reason is not StopReason.SUBMITTED:
             stopped = f"the episode ended ({reason.value}) in step {index + 1}"

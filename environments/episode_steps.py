@@ -5,14 +5,15 @@ coroutines on one loop, asking the policy for their actions in batches."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from environments.agents import Action, Agent, Message
-from environments.tasks import Task
+from environments.tasks import Grade, Task
+from thundersync.protocol.events import EpisodeStepGraded, Event
 from thundersync.protocol.types import Trajectory
 
-__all__ = ["ActionNeeded", "EpisodeSteps", "drive"]
+__all__ = ["ActionNeeded", "EpisodeSteps", "drive", "step_graded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +50,18 @@ def drive(steps: EpisodeSteps, agent: Agent) -> Trajectory:
         return stop.value
     finally:
         steps.close()  # an interrupt between two calls still closes the episode's env
+
+
+def step_graded(publish: Callable[[Event], None], episode_id: str) -> Callable[[int, Grade], None]:
+    """``ShellEnv``'s ``step_graded`` option: each step of a multi-step task, once graded,
+    published as an ``EpisodeStepGraded``."""
+
+    def graded(index: int, grade: Grade) -> None:
+        reward, failed = float(grade.reward), grade.infra_failure
+        publish(
+            EpisodeStepGraded(
+                episode_id=episode_id, step=index, reward=reward, infra_failure=failed
+            )
+        )
+
+    return graded

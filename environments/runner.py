@@ -1,24 +1,22 @@
-"""EpisodeRunner: drives ShellEnvs with an agent and publishes the episode events.
+"""EpisodeRunner: drives ShellEnvs with an agent and publishes the episode events (design.md §2).
 
-The event protocol is docs/design.md §2.
+Per episode, in this order: ``EpisodeStarted`` → for each action ``TurnCompleted`` (before the tool
+runs) and ``ToolFinished`` (after; every non-final action has one, the final one only if its command
+ran) → ``EpisodeCompleted`` (the last action is fixed; published from the env's ``before_grading``
+hook, so before grading starts) → ``RewardReady`` (the reward ``step`` returned, so reward wrappers
+apply); a multi-step task's ``EpisodeStepGraded`` as each step is graded, before the next step's
+turns. An exception anywhere in an episode (env, sandbox, agent) still yields this skeleton, ending
+in ``RewardReady`` with ``infra_failure=True`` and the error in ``details``; the runner never
+crashes on it and the env (hence the sandbox) is closed on every path, before ``RewardReady``: an
+episode whose sandbox could not be removed (a lost Docker daemon) is an infrastructure failure too.
 
-Per episode, in this order: ``EpisodeStarted`` → for each action ``TurnCompleted`` (before the
-tool runs) and ``ToolFinished`` (after; every non-final action has one, the final one only if
-its command ran) → ``EpisodeCompleted`` (the last action is fixed; published from the env's
-``before_grading`` hook, so before grading starts) → ``RewardReady`` (the reward ``step``
-returned, so reward wrappers apply). An exception anywhere in an
-episode (env, sandbox, agent) still yields this skeleton, ending in ``RewardReady`` with
-``infra_failure=True`` and the error in ``details``; the runner never crashes on it and the
-env (hence the sandbox) is closed on every path, before ``RewardReady``: an episode whose
-sandbox could not be removed (a lost Docker daemon) is an infrastructure failure too.
-
-Cancellation: ``cancel(reason)``, from any thread, ends every running episode at once. The
-runner keeps a registry of the envs it is running and interrupts each (``ShellEnv.interrupt``
-closes its sandboxes, killing a running command), so an ``execute`` in flight returns within
-moments instead of at its timeout. Every episode not yet concluded comes back as an
-infrastructure failure with ``details["cancelled"]`` (never trained on), and so does every
-``run_episode`` call after it: a cancelled runner stays cancelled. ``run_groups`` then returns
-all its groups (a partial result); ``cancel_on_signals()`` makes SIGINT and SIGTERM do this.
+Cancellation: ``cancel(reason)``, from any thread, ends every running episode at once. The runner
+keeps a registry of the envs it is running and interrupts each (``ShellEnv.interrupt`` closes its
+sandboxes, killing a running command), so an ``execute`` in flight returns within moments instead of
+at its timeout. Every episode not yet concluded comes back as an infrastructure failure with
+``details["cancelled"]`` (never trained on), and so does every ``run_episode`` call after it: a
+cancelled runner stays cancelled. ``run_groups`` then returns all its groups (a partial result);
+``cancel_on_signals()`` makes SIGINT and SIGTERM do this.
 
 Unparseable actions get a ``ToolFinished`` too (``exit_code=None``, ``duration_s=0``): it
 carries the corrective observation's ids, which are part of the trajectory.
@@ -61,7 +59,7 @@ from environments.episode_state import (
     describe,
     outcome,
 )
-from environments.episode_steps import ActionNeeded, EpisodeSteps, drive
+from environments.episode_steps import ActionNeeded, EpisodeSteps, drive, step_graded
 from environments.groups import run_groups
 from environments.sandboxes.protocol import SandboxError
 from environments.tasks import Grade, Task, TaskSource
@@ -361,6 +359,7 @@ class EpisodeRunner:
 
         options: dict[str, Any] = {
             "before_grading": before_grading,
+            "step_graded": step_graded(lambda e: self._publish(e, episode), episode.episode_id),
             "episode_id": episode.episode_id,
         }
         if task is not None:

@@ -16,7 +16,13 @@ from environments.agents import Agent, NopAgent, OracleAgent, ScriptedAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
 from environments.terminal_bench import TerminalBenchTask, load_tasks
-from thundersync.protocol.events import Event, RewardReady, ToolFinished
+from thundersync.protocol.events import (
+    EpisodeStepGraded,
+    Event,
+    RewardReady,
+    ToolFinished,
+    TurnCompleted,
+)
 from thundersync.protocol.types import Trajectory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/terminal_bench/multi-step"
@@ -107,6 +113,27 @@ def test_an_agent_that_solves_only_step_1_scores_by_the_strategy(
     assert len([e for e in events if isinstance(e, ToolFinished)]) == len(result.turns) - 1
     (ready,) = [e for e in events if isinstance(e, RewardReady)]
     assert ready.reward == reward and len(ready.details["steps"]) == 2
+
+
+@BWRAP
+def test_each_step_is_an_event_as_it_is_graded() -> None:
+    """Each step's reward was known only from RewardReady's details at the episode's end: an
+    EpisodeStepGraded is published as each step is graded, step 1's before step 2's first
+    action, the last before RewardReady."""
+    task = load(GATE)
+    events: list[Event] = []
+    result = play(task, "bwrap", solves_step_1(task), events=events)
+    graded = [e for e in events if isinstance(e, EpisodeStepGraded)]
+    assert [(e.step, e.reward, e.infra_failure) for e in graded] == [
+        (0, 1.0, False),
+        (1, 0.0, False),
+    ]
+    assert {e.episode_id for e in graded} == {result.episode_id}
+    turns = [i for i, e in enumerate(events) if isinstance(e, TurnCompleted)]
+    first, second = (events.index(e) for e in graded)
+    steps_1 = len(task.reference_steps()[0]) + 1  # its commands, then the submission
+    assert turns[steps_1 - 1] < first < turns[steps_1]  # graded between the steps' turns
+    assert second < next(i for i, e in enumerate(events) if isinstance(e, RewardReady))
 
 
 @BWRAP

@@ -35,9 +35,10 @@ def test_sync_and_streaming_train_bitwise_equal_on_a_multi_step_task(warm_model,
     assert any(not torch.equal(a[k], initial[k]) for k in a), "training changed nothing"
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    rewards = [
-        r for r in read_jsonl(tmp_path / "sync" / "events.jsonl") if r["event"] == "RewardReady"
-    ]
+    records = read_jsonl(tmp_path / "sync" / "events.jsonl")
+    rewards = [r for r in records if r["event"] == "RewardReady"]
+    graded = [r for r in records if r["event"] == "EpisodeStepGraded"]  # each step, as graded
+    assert len(graded) == sum(len(r["details"]["steps"]) for r in rewards)
     assert len(rewards) == 8
     assert any(len(r["details"]["steps"]) == 2 for r in rewards)  # a second step was played
     for record in rewards:

@@ -112,6 +112,19 @@ class RewardReady(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeStepGraded(Event):
+    """One step of a multi-step task (Harbor's ``[[steps]]``; ``step`` from 0) was graded, as
+    soon as it was: before the next step's instruction is the observation, the last step's
+    before ``RewardReady``. A record: the episode's reward (what is trained on) is
+    ``RewardReady``'s, which holds every step's grade in ``details["steps"]``."""
+
+    episode_id: str
+    step: int
+    reward: float
+    infra_failure: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TeacherScored(Event):
     """The OPD teacher scored ``turn``'s action tokens."""
 
@@ -210,6 +223,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolFinished,
         EpisodeCompleted,
         RewardReady,
+        EpisodeStepGraded,
         TeacherScored,
         GradientComputed,
         StepFinished,
