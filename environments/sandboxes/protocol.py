@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
@@ -164,6 +164,18 @@ class Sandbox(Protocol):
         thread: an ``execute`` running meanwhile has its command killed and raises
         SandboxError promptly. A sandbox that could not be removed raises SandboxError (on
         every call, so whoever closes it last still hears of it)."""
+        ...
+
+
+@runtime_checkable
+class HasServices(Protocol):
+    """A sandbox with ``SandboxSpec.services`` beside it (Docker's, ``compose.py``) also gives
+    each service's container as a sandbox, for Harbor's collection phase (a sidecar's
+    ``[[verifier.collect]]`` hooks and ``artifacts``): ``execute`` runs ``sh -c`` there,
+    ``download`` and ``export_folder`` read it through the engine; nothing is uploaded."""
+
+    def service(self, name: str) -> Sandbox | None:
+        """Service ``name``'s container, or None when there is no such service."""
         ...
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from environments import work
-from environments.sandboxes.protocol import Sandbox, SandboxError
+from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import schema, users
 from thundersync.protocol.documents import excerpt
@@ -150,9 +150,7 @@ def _service(sandbox: Sandbox, name: str) -> Sandbox | None:
     None where there is none (bubblewrap refuses compose tasks before the episode)."""
     if name == MAIN:
         return sandbox
-    service = getattr(sandbox, "service", None)
-    found: Sandbox | None = service(name) if callable(service) else None
-    return found
+    return sandbox.service(name) if isinstance(sandbox, HasServices) else None
 
 
 def run_hooks(sandbox: Sandbox, hooks: Sequence[CollectHook], task_id: str) -> list[str]:
