@@ -253,6 +253,11 @@ def collect(
 
 PROTECTED = ("/tests", "/logs/verifier")
 """Where no artifact is re-created: the grader's own folders (its tests, its reward files)."""
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS += ("/etc", "/boot", "/proc", "/sys", "/dev", "/run", "/var/lib/dpkg")
+"""Where strict grading re-creates no artifact: the grading sandbox's programs, libraries and
+their configuration come from the task, never from files the agent chose (an artifact folder
+declared there could hold a ``python3`` that a pinned PATH still finds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,11 +275,12 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def restorable(
-    manifest: Sequence[dict[str, Any]], root: Path, *, workdir: str
+    manifest: Sequence[dict[str, Any]], root: Path, *, workdir: str, strict: bool = False
 ) -> tuple[list[Restorable], list[str]]:
     """The artifacts ``collect`` copied (status ``ok``) that a grading sandbox gets, and why
     the others it copied do not: one inside the work folder (the agent's work is copied in
-    whole) is not needed, one under ``PROTECTED`` is never placed."""
+    whole) is not needed, one under ``PROTECTED`` or at ``/`` is never placed, nor, when
+    ``strict``, one under ``SYSTEM_DIRS``."""
     kept: list[Restorable] = []
     refused: list[str] = []
     for entry in manifest:
@@ -287,8 +293,11 @@ def restorable(
         )
         if _inside(target, workdir):
             continue
-        if any(_inside(target, folder) for folder in PROTECTED):
+        if target == "/" or any(_inside(target, folder) for folder in PROTECTED):
             refused.append(f"{source}: the grader's own folder")
+            continue
+        if strict and any(_inside(target, folder) for folder in SYSTEM_DIRS):
+            refused.append(f"{source}: a system folder (strict grading)")
             continue
         kept.append(Restorable(root / str(entry["destination"]), target))
     return kept, refused

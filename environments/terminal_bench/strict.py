@@ -11,8 +11,9 @@ files before grading:
   host, never from the agent's copies, and everything the agent did outside the work folder
   (installed packages, edited system files, a replaced ``python3``, a planted
   ``/logs/verifier/reward.txt``) is gone, except a Harbor task's collected artifacts, which are
-  re-created at their source paths as Harbor's separate verifier gets them (never under /tests
-  or /logs/verifier; their files judged by the path rules below: ``collection.restore``);
+  re-created at their source paths as Harbor's separate verifier gets them (never under /tests,
+  /logs/verifier or a system folder; their files judged by the path rules below:
+  ``collection.restore``);
 - the test files are always the task's own, uploaded to /tests;
 - the test script runs with a pinned environment (``pinned_environment``): ``PATH`` and
   ``LD_LIBRARY_PATH`` without relative entries or entries inside the work folder, no

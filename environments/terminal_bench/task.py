@@ -116,7 +116,8 @@ class TerminalBenchTask(TaskDefinition):
             return [], []
         workdir = self.environment.workdir
         manifest = collection.collect(sandbox, self.artifacts, root, workdir=workdir)
-        return collection.restorable(manifest, root, workdir=workdir)
+        strict = context is not None and context.strict
+        return collection.restorable(manifest, root, workdir=workdir, strict=strict)
 
     def _grade_against_pristine(
         self, sandbox: Sandbox, context: GradingContext, tmp: Path, collected: Collected

@@ -135,3 +135,25 @@ def test_no_artifact_is_placed_in_the_graders_folders(tmp_path: Path, kind: str)
     assert grade.reward == 0.0, grade.details
     assert not grade.infra_failure, grade.details
     assert grade.details["artifacts_not_placed"] == ["/logs/verifier: the grader's own folder"]
+
+
+FAKE_CAT = "mkdir -p /usr/local/bin && printf '#!/bin/sh\\necho 1\\n' > /usr/local/bin/cat"
+FAKE_CAT += " && chmod +x /usr/local/bin/cat"
+"""A hack: a ``cat`` ahead of the image's on PATH that answers 1, whatever a reward file says."""
+
+
+@pytest.mark.docker
+def test_strict_grading_places_no_artifact_in_a_system_folder(tmp_path: Path) -> None:
+    """A task that declares /usr/local/bin an artifact let the agent's programs, found first
+    on PATH, into strict grading's fresh sandbox: a planted cat scored 1."""
+    folder = tmp_path / "task"
+    shutil.copytree(FIXTURE, folder)
+    config = folder / "task.toml"
+    config.write_text('artifacts = ["/usr/local/bin"]\n' + config.read_text())
+    task = load_tasks(folder).get("task")
+    assert _strict(task, "docker", SOLVE).reward == 1.0
+    planted = _strict(task, "docker", FAKE_CAT)
+    assert planted.reward == 0.0, planted.details
+    assert planted.details["artifacts_not_placed"] == [
+        "/usr/local/bin: a system folder (strict grading)"
+    ]
