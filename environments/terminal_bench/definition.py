@@ -221,7 +221,8 @@ class TaskDefinition:
                 raise StepSetupFailed(
                     f"step {step.name}: {what} {status}: {result.output.strip()[-300:]}"
                 )
-        failure = step.healthcheck.failure(sandbox) if check and step.healthcheck else None
+        with users.running_as(sandbox, step.agent_user):  # Harbor's, as setup.sh
+            failure = step.healthcheck.failure(sandbox) if check and step.healthcheck else None
         if failure is not None:
             raise StepSetupFailed(f"step {step.name}: {failure}")
 

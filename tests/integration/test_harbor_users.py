@@ -81,6 +81,23 @@ def test_the_agent_cannot_do_what_its_user_may_not(tmp_path: Path) -> None:
         sandbox.close()
 
 
+@pytest.mark.docker
+def test_a_steps_healthcheck_runs_as_its_agent_user(tmp_path: Path) -> None:
+    """Harbor runs a step's [steps.healthcheck] as the step's agent user, as its setup.sh (the
+    healthcheck ran as the image's user, and failed the task)."""
+    folder = tmp_path / "runs-as-users"
+    shutil.copytree(FIXTURE, folder)
+    step = folder / "steps" / "only"
+    step.mkdir(parents=True)
+    shutil.move(folder / "instruction.md", step / "instruction.md")
+    with (folder / "task.toml").open("a") as toml:
+        toml.write('\n[[steps]]\nname = "only"\n\n[steps.healthcheck]\n')
+        toml.write("command = 'test \"$(id -un)\" = agent'\nretries = 1\n")
+    task = load_tasks(folder).get("runs-as-users")
+    result = play(task, OracleAgent(), strict=False, out=tmp_path / "out")
+    assert (result.reward, result.infra_failure) == (1.0, False), result.details
+
+
 def test_bubblewrap_refuses_a_task_that_names_a_user() -> None:
     task = load_tasks(FIXTURE).get("runs-as-users")
     with pytest.raises(
