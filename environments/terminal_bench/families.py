@@ -173,24 +173,46 @@ FAMILIES: tuple[tuple[str, Family], ...] = (
 )
 
 
-def task_id_of(index: int) -> str:
-    """Task ``index``'s id (its folder's name) without generating it."""
-    return f"gen-{FAMILIES[index % len(FAMILIES)][0]}-{index:06d}"
+FAMILY_NAMES: tuple[str, ...] = tuple(name for name, _ in FAMILIES)
+_MAKERS: dict[str, Family] = dict(FAMILIES)
 
 
-def task_spec(index: int) -> TaskSpec:
-    """Task ``index``: a pure function of the index (its own seeded generator)."""
+def check_families(families: object) -> tuple[str, ...]:
+    """``families`` as a tuple of distinct known family names (None: every family, in order)."""
+    if families is None:
+        return FAMILY_NAMES
+    if isinstance(families, str) or not isinstance(families, list | tuple):
+        raise ValueError(f"families: expected a list of family names, got {families!r}")
+    names = tuple(families)
+    unknown = [n for n in names if n not in _MAKERS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise ValueError(
+            f"families: expected distinct names of {list(FAMILY_NAMES)}, got {list(names)!r}"
+        )
+    return names
+
+
+def task_id_of(index: int, families: tuple[str, ...] = FAMILY_NAMES) -> str:
+    """Task ``index``'s id (its folder's name) without generating it: its family is
+    ``families[index % len(families)]``."""
+    return f"gen-{families[index % len(families)]}-{index:06d}"
+
+
+def task_spec(index: int, families: tuple[str, ...] = FAMILY_NAMES) -> TaskSpec:
+    """Task ``index``: a pure function of the index and its family (its own seeded generator,
+    seeded by the index alone, so a (family, index) pair is the same task under any
+    ``families``, and the cache folder named by its id is shared)."""
     if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
         raise ValueError(f"task index: expected an integer >= 0, got {index!r}")
     index = int(index)
-    family, make = FAMILIES[index % len(FAMILIES)]
+    family = families[index % len(families)]
     rng = random.Random(f"terminal-gen/{GENERATOR_VERSION}/{index}")
-    question, files, command, answer = make(rng)
+    question, files, command, answer = _MAKERS[family](rng)
     instruction = (
         f"{question}\nWrite only the answer to /app/{ANSWER_FILE} (one line), then submit.\n"
     )
     return TaskSpec(
-        task_id=task_id_of(index),
+        task_id=task_id_of(index, families),
         family=family,
         instruction=instruction,
         files=tuple(sorted(files.items())),

@@ -2,7 +2,8 @@
 with one numeric (or path) answer, played with real tool calls and graded by pytest.
 
 Task ``index`` (0 .. ``num_tasks`` - 1) is a pure function of the index (``task_spec``): its
-family is ``index % len(FAMILIES)`` and its inputs (words, numbers, file names) are drawn from a
+family is ``index % len(families)`` (``families``: every family unless the env is given a subset)
+and its inputs (words, numbers, file names) are drawn from a
 generator seeded by the index, so the same index is the same task on every machine. Families:
 
 - ``count-lines``: lines of notes.txt that contain a word (``grep -c``);
@@ -50,12 +51,14 @@ from environments.splits import HELDOUT, MAX_DRAWS, SPLITS, TRAIN, heldout_by_ha
 from environments.tasks import Task
 from environments.terminal_bench.families import (
     ANSWER_FILE,
-    FAMILIES,
+    FAMILY_NAMES,
     GENERATOR_VERSION,
     TaskSpec,
+    check_families,
     task_id_of,
     task_spec,
 )
+from environments.terminal_bench.families import FAMILIES as FAMILIES  # tests import it
 from environments.terminal_bench.families import WORDS as WORDS  # tests import it from here
 from environments.terminal_bench.harbor import load_harbor_task
 from environments.terminal_bench.task import TerminalBenchTask
@@ -167,11 +170,15 @@ def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"thundersync-terminal-gen-v{GENERATOR_VERSION}"
 
 
-def materialize(index: int, cache_dir: str | Path | None = None) -> Path:
+def materialize(
+    index: int,
+    cache_dir: str | Path | None = None,
+    families: tuple[str, ...] = FAMILY_NAMES,
+) -> Path:
     """Task ``index``'s folder in the cache, written on first use. Written beside its final
     place and renamed into it, so a concurrent writer or an interrupted one never leaves a
     partial task where a reader looks (the first rename wins; the loser's copy is removed)."""
-    spec = task_spec(index)
+    spec = task_spec(index, families)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / spec.task_id
     if (final / "task.toml").is_file():
@@ -191,17 +198,24 @@ def materialize(index: int, cache_dir: str | Path | None = None) -> Path:
 
 
 def load_generated_task(
-    index: int, *, cache_dir: str | Path | None = None, max_turns: int = DEFAULT_MAX_TURNS
+    index: int,
+    *,
+    cache_dir: str | Path | None = None,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    families: tuple[str, ...] = FAMILY_NAMES,
 ) -> TerminalBenchTask:
     """Task ``index`` loaded by the Harbor loader, its reference solution the agent's two
     actions (inspect, then write the answer) rather than solve.sh packed into one command."""
-    return _load(int(index), None if cache_dir is None else str(cache_dir), max_turns)
+    cache = None if cache_dir is None else str(cache_dir)
+    return _load(int(index), cache, max_turns, check_families(families))
 
 
 @functools.lru_cache(maxsize=4096)
-def _load(index: int, cache_dir: str | None, max_turns: int) -> TerminalBenchTask:
-    task = load_harbor_task(materialize(index, cache_dir), max_turns=max_turns)
-    spec = task_spec(index)
+def _load(
+    index: int, cache_dir: str | None, max_turns: int, families: tuple[str, ...]
+) -> TerminalBenchTask:
+    task = load_harbor_task(materialize(index, cache_dir, families), max_turns=max_turns)
+    spec = task_spec(index, families)
     commands = (spec.command, f"echo {spec.answer} > {ANSWER_FILE}")
     return replace(task, solution_script=None, solution_commands=commands)
 
@@ -230,6 +244,7 @@ class GeneratedHarborTasks:
     generate: Callable[[int], Task]
     heldout_every: int = 16
     num_tasks: int = DEFAULT_NUM_TASKS
+    families: tuple[str, ...] = FAMILY_NAMES
 
     def splits(self) -> tuple[str, ...]:
         return SPLITS
@@ -252,20 +267,30 @@ class GeneratedHarborTasks:
         want = split == HELDOUT
         for _ in range(MAX_DRAWS):
             index = int(rng.integers(self.num_tasks))
-            if self.is_heldout(task_id_of(index)) == want:
+            if self.is_heldout(task_id_of(index, self.families)) == want:
                 return self.generate(index)
         raise ValueError(f"task source {self.name!r}: no {split} task in {MAX_DRAWS} draws")
 
 
 @functools.cache
 def _source(
-    num_tasks: int, heldout_every: int, max_turns: int, cache_dir: str | None
+    num_tasks: int,
+    heldout_every: int,
+    max_turns: int,
+    cache_dir: str | None,
+    families: tuple[str, ...],
 ) -> GeneratedHarborTasks:
     def generate(index: int) -> TerminalBenchTask:
-        return load_generated_task(index, cache_dir=cache_dir, max_turns=max_turns)
+        return load_generated_task(
+            index, cache_dir=cache_dir, max_turns=max_turns, families=families
+        )
 
     return GeneratedHarborTasks(
-        "TerminalGen", generate, heldout_every=heldout_every, num_tasks=num_tasks
+        "TerminalGen",
+        generate,
+        heldout_every=heldout_every,
+        num_tasks=num_tasks,
+        families=families,
     )
 
 
@@ -275,24 +300,29 @@ def generated_source(
     heldout_every: int = DEFAULT_HELDOUT_EVERY,
     max_turns: int = DEFAULT_MAX_TURNS,
     cache_dir: str | Path | None = None,
+    families: Any = None,
 ) -> GeneratedHarborTasks:
-    """The family's tasks 0 .. ``num_tasks`` - 1 by split (one source per arguments)."""
-    num_tasks = _check_int("num_tasks", num_tasks, len(FAMILIES), MAX_NUM_TASKS)
+    """The family's tasks 0 .. ``num_tasks`` - 1 by split (one source per arguments);
+    ``families`` a subset of the family names (None: all), task ``index`` of
+    ``families[index % len(families)]``."""
+    names = check_families(families)
+    num_tasks = _check_int("num_tasks", num_tasks, len(names), MAX_NUM_TASKS)
     heldout_every = _check_int("heldout_every", heldout_every, 2, 1000)
     max_turns = _check_int("max_turns", max_turns, 2, 1000)
-    return _source(
-        num_tasks, heldout_every, max_turns, None if cache_dir is None else str(cache_dir)
-    )
+    cache = None if cache_dir is None else str(cache_dir)
+    return _source(num_tasks, heldout_every, max_turns, cache, names)
 
 
-_SOURCE_KEYWORDS = ("num_tasks", "heldout_every", "max_turns", "cache_dir")
+_SOURCE_KEYWORDS = ("num_tasks", "heldout_every", "max_turns", "cache_dir", "families")
 
 
 class GeneratedTerminalEnv(ShellEnv):
     """``thundersync/TerminalGen-v0``: the generated Harbor family (see the module docstring).
 
     Keyword arguments: ``num_tasks`` (default 900: tasks 0..899, a ``heldout_every``-th of them,
-    default a quarter, held out), ``max_turns`` (default 6), ``cache_dir``, ``split`` (which
+    default a quarter, held out), ``max_turns`` (default 6), ``cache_dir``, ``families`` (the
+    family names drawn from, default all; task ``index`` is of ``families[index %
+    len(families)]``), ``split`` (which
     split ``reset`` draws from when no task is given: ``"train"``, the default, or
     ``"heldout"``), ``sandbox``, ``max_episode_s``, ``max_format_errors``, ``strict_grading``.
     """
@@ -309,6 +339,7 @@ class GeneratedTerminalEnv(ShellEnv):
         heldout_every: int = DEFAULT_HELDOUT_EVERY,
         max_turns: int = DEFAULT_MAX_TURNS,
         cache_dir: str | Path | None = None,
+        families: Any = None,
         split: str = TRAIN,
         max_episode_s: float | None = None,
         max_format_errors: int = 3,
@@ -321,6 +352,7 @@ class GeneratedTerminalEnv(ShellEnv):
             heldout_every=heldout_every,
             max_turns=max_turns,
             cache_dir=cache_dir,
+            families=families,
         )
         super().__init__(
             source,

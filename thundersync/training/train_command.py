@@ -136,6 +136,7 @@ def run_train_command(args: argparse.Namespace) -> int:
 
 WARMSTART_FLAGS = (
     "env",
+    "env_kwargs",
     "num_demos",
     "steps",
     "bias_steps",
