@@ -41,6 +41,10 @@ Workloads (ToySum, warm model, B tasks × G episodes per step):
 Ratios are measured side by side in one run (run it on a quiet machine): one run's ratio moves
 10-15 % with the machine between its cells; ``--repeats R`` runs each cell R times, the modes
 in turn, and pairs each ratio within its repeat (``run_row``). ``--json`` prints every number.
+
+Every row runs in each ``--placements`` (default both: ``colocated``, learner and rollout on
+all cores; ``disaggregated``, the learner on its own core, rollout and sandboxes on the rest),
+one whole matrix per placement; ``--workloads`` and ``--no-budget`` run a subset.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+PLACEMENTS = ("colocated", "disaggregated")
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its own modules, when loaded by path
 
@@ -107,6 +112,7 @@ def train(
         *(["--teacher", str(model)] if workload.algo == "opd" else []),
         *(held(model, args) if CELLS[mode].held else []),
         *("--device", getattr(args, "device", "cpu")),
+        *("--placement", getattr(args, "placement", "colocated")),
         *(extra or []),
     ]
     started = time.monotonic()
@@ -361,12 +367,20 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="where every cell's learner, reference and engine compute (cpu, cuda, cuda:N)",
     )
+    parser.add_argument(
+        "--placements",
+        type=lambda s: s.split(","),
+        default=list(PLACEMENTS),
+        help="placements to run the matrix in (train --placement), of " + ",".join(PLACEMENTS),
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: unknown {','.join(unknown)}; known {','.join(WORKLOADS)}")
+    if not set(args.placements) <= set(PLACEMENTS):
+        parser.error(f"--placements: expected some of {','.join(PLACEMENTS)}")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if args.steps < 5:
@@ -376,11 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="thundersync-matrix-") as tmp:
         folder = args.keep or Path(tmp)
         model = args.model or warm_model(folder, args.seed)
-        result = run_matrix(model, folder, args)
+        result = {"placements": {}}
+        for placement in args.placements:
+            args.placement = placement
+            placed = run_matrix(model, folder / placement, args)
+            result["placements"][placement] = {"placement": placement, **placed}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print_matrix(result)
+        for placement, placed in result["placements"].items():
+            print(f"placement: {placement}")
+            print_matrix(placed)
     return 0
 
 

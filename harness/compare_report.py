@@ -61,6 +61,7 @@ def summarize(runs: list[Any], config: Any, initial_accuracy: float) -> dict[str
         }
     return {
         "config": _config_dict(config),
+        "placement": config.train.placement,  # every run's (train --placement)
         "target": config.target,
         "budget_s": budget,
         "initial_accuracy": initial_accuracy,

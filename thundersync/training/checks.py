@@ -52,6 +52,11 @@ def check_inputs(config: TrainConfig, *, resume: bool = False) -> None:
             "config field 'backend': --backend ray needs Ray: pip install 'thundersync[ray]'"
         )
     check_device(config)
+    from thundersync.training.placement import placement_problem
+
+    problem = placement_problem(config)
+    if problem:
+        raise ValueError(f"config field 'placement': {problem}")
     cores = usable_cores()
     if config.backend == "local" and config.device == "cpu" and config.learner_ranks > cores:
         raise ValueError(

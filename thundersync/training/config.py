@@ -50,10 +50,12 @@ VLLM_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """The dtypes engine vllm takes (vLLM has no float64; the learner no float16)."""
 MAX_CONFIG_BYTES = 1024 * 1024
 """A config file (or a run's config.json) is at most 1 MiB: a few dozen fields."""
-RUN_NOTES = ("warnings",)
+RUN_NOTES = ("warnings", "placed")
 """What a run's config.json holds besides the config's fields (``TrainConfig.record``): the
-warnings the run printed at its start. Loading a config (``--resume``, or ``--config`` naming
-a run's config.json) leaves them out: they are the run's record, not settings."""
+warnings the run printed at its start, and where its learner and rollout ran (``placed``:
+the cores and devices of each side, and the learner thread's affinity as it started).
+Loading a config (``--resume``, or ``--config`` naming a run's
+config.json) leaves them out: they are the run's record, not settings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,11 @@ class TrainConfig:
     """torch threads of the learner (1 is robust when rollout shares the CPU)."""
     rollout_threads: PositiveInt = 1
     """torch threads of the rollout engine."""
+    placement: Literal["colocated", "disaggregated"] = "colocated"
+    """colocated: learner and rollout share every core; disaggregated: the learner (and its
+    ranks) on learner_ranks x learner_threads cores of its own, rollout, sandboxes and
+    graders on the rest (with --device cuda: the learner on the first GPUs, the engine on the
+    next). Any mode; the math is unchanged."""
     checkpoint_every: PositiveInt = 1
     """Save a checkpoint every N steps (and at the end)."""
     keep_checkpoints: PositiveInt = 2

@@ -143,6 +143,7 @@ class RayBackend:
         num_threads: int,
         output: Outbox[WorkerFailed],
         num_gpus: float = 0,
+        cores: tuple[int, ...] | None = None,  # Ray places by resources (colocated only)
     ) -> RayWorker:
         import ray
 

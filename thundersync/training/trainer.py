@@ -30,6 +30,7 @@ from thundersync.training.config import TrainConfig
 from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.modes import Arrivals
+from thundersync.training.placement import place_learner
 from thundersync.training.ranks import RankReady, Ranks, RankStepped
 from thundersync.training.run_metrics import BatchTracker
 from thundersync.training.starting_point import starting_point
@@ -51,6 +52,7 @@ class Trainer:
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         ev.reset_clock()
+        self.placement, self.record = place_learner(config)  # first: later threads inherit it
         torch.set_num_threads(config.learner_threads)
         every, keep = config.checkpoint_every, config.keep_checkpoints
         self.checkpoints = Checkpoints(
@@ -64,7 +66,7 @@ class Trainer:
             self.control = self.pool.queue()
             self._setup_learner(resume)
             self.telemetry = Telemetry(
-                self.out, config.record(), resume=resume, start_step=self.start_step
+                self.out, self.record, resume=resume, start_step=self.start_step
             )
             self._setup_workers()
         except BaseException:  # a worker that failed to start: stop the others
@@ -119,6 +121,7 @@ class Trainer:
             teacher_inbox=self.teacher_inbox,
             weights=self.weights,
             say=self.progress.say,
+            placement=self.placement,
         )
         self.publish_weights()
         self.engine_version = -1

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from environments.registry import task_source
 from thundersync.training.config import TrainConfig
 from thundersync.training.control import Channel, RolloutMessage, TeacherMessage
+from thundersync.training.placement import Placement
 from thundersync.training.rollout_worker import RolloutSpec, rollout_main
 from thundersync.training.teacher import teacher_main
 from thundersync.training.workers import LocalBackend, WorkerFailed
@@ -90,12 +91,16 @@ def start_rollout(
     teacher_inbox: Channel[TeacherMessage] | None,
     weights: SharedWeights | ObjectStoreWeights,
     say: Callable[[str], None],
+    placement: Placement | None = None,
 ) -> None:
     """Start the rollout worker (engine, episodes, sandboxes, graders) and, with an inbox for
-    it, the OPD teacher; both load their models first. Where the env allows so many envs open
+    it, the OPD teacher, on the rollout side of ``placement`` (its cores; its GPU with
+    ``--device cuda``); both load their models first. Where the env allows so many envs open
     at once (``session_limit``), no more episodes play at once, and no more envs are made
     ahead, than that, and ``say`` tells so once: the episodes past it wait, none is lost (an
     episode refused its env would be an infrastructure failure, not trained on)."""
+    cores = placement.rollout_cores if placement else None
+    device = placement.engine_devices[0] if placement and placement.engine_devices else c.device
     in_flight = c.max_concurrency or c.tasks_per_step * c.group_size * batches_in_flight
     max_sessions = session_limit(c)
     if max_sessions is not None and max_sessions < in_flight:
@@ -118,7 +123,7 @@ def start_rollout(
         max_concurrency=min(in_flight, max_sessions or in_flight),
         batch_window_s=c.batch_window_s,
         engine=c.engine,
-        device=c.device,
+        device=device,
         max_sessions=max_sessions or 0,
     )
     rollout_gpus = 1 if pool.backend.gpu_for_rollout else gpu_asks(c)[0]
@@ -132,6 +137,7 @@ def start_rollout(
         weights,
         num_threads=c.rollout_threads,
         num_gpus=rollout_gpus,
+        cores=cores,
     )
     if teacher_inbox is not None:
         pool.spawn(
@@ -139,12 +145,13 @@ def start_rollout(
             teacher_main,
             os.path.abspath(c.teacher or ""),
             c.dtype,
-            c.device,
+            device,
             c.deterministic,
             teacher_inbox,
             pool.inbox,
             num_threads=1,
             num_gpus=gpu_asks(c)[1],
+            cores=cores,
         )
 
 

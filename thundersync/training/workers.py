@@ -58,11 +58,13 @@ def spawn(
     *args: Any,
     num_threads: int,
     output: Outbox[WorkerFailed],
+    cores: tuple[int, ...] | None = None,
 ) -> Any:
-    """Start ``target(*args)`` in a new process named ``name``; crashes go to ``output``."""
+    """Start ``target(*args)`` in a new process named ``name``, on ``cores`` (None: the
+    parent's); crashes go to ``output``."""
     process = CONTEXT.Process(
         target=_bootstrap,
-        args=(name, target, args, num_threads, output, os.getpid(), ev.clock_epoch()),
+        args=(name, target, args, num_threads, output, os.getpid(), ev.clock_epoch(), cores),
         name=f"thundersync-{name}",
         daemon=False,
     )
@@ -103,8 +105,9 @@ class LocalBackend:
         num_threads: int,
         output: Outbox[WorkerFailed],
         num_gpus: float = 0,
+        cores: tuple[int, ...] | None = None,
     ) -> Any:
-        return spawn(name, target, *args, num_threads=num_threads, output=output)
+        return spawn(name, target, *args, num_threads=num_threads, output=output, cores=cores)
 
     def stop(self, worker: Any, *, timeout_s: float) -> None:
         stop(worker, timeout_s=timeout_s)
@@ -134,7 +137,10 @@ def _bootstrap(
     output: Outbox[WorkerFailed],
     parent_pid: int,
     epoch: float,
+    cores: tuple[int, ...] | None = None,
 ) -> None:
+    if cores is not None:  # --placement disaggregated: before torch starts its threads
+        os.sched_setaffinity(0, cores)
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, _unwind)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
