@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="thundersync-matrix-") as tmp:
         folder = args.keep or Path(tmp)
         model = args.model or warm_model(folder, args.seed)
-        result = {"placements": {}}
+        result: dict[str, Any] = {"placements": {}}
         for placement in args.placements:
             args.placement = placement
             placed = run_matrix(model, folder / placement, args)
