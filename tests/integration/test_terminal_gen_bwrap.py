@@ -42,7 +42,8 @@ def strict_grade(task_dir: Path, commands: list[str]) -> Grade:
             sandbox.close()
 
 
-@pytest.mark.parametrize("index", [3, 8])  # sum-column (awk), find-file (a path answer)
+@pytest.mark.parametrize("index", [3, 5, 6, 8])  # sum-column (awk), unique-words, max-number
+# (compare-terminal's two families), find-file (a path answer)
 def test_solve_sh_scores_one_and_nothing_scores_zero(tmp_path: Path, index: int) -> None:
     folder = materialize(index, tmp_path)
     oracle = load_harbor_task(folder).reference_solution()  # solve.sh, packed as Harbor runs it
