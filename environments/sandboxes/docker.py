@@ -48,11 +48,7 @@ from typing import Any
 
 from environments.sandboxes import compose, disk, docker_archive
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
-from environments.sandboxes.docker_daemon import (
-    API_TIMEOUT_S,
-    LOCAL_DAEMON_URL,
-    daemon_client,
-)
+from environments.sandboxes.docker_daemon import API_TIMEOUT_S, LOCAL_DAEMON_URL, daemon_client
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
 from environments.sandboxes.image_build import LABEL, build_image
 from environments.sandboxes.orphans import (
@@ -104,6 +100,8 @@ class _HostDisk:
 
 MAIN_PROCESS_WAIT_S = 10.0
 """How long a started container's init may take to fork its main program."""
+STOP_GRACE_S = 5.0
+"""How long a container whose init just died may still report itself running (seen loaded)."""
 
 
 class DockerSandbox:
@@ -306,22 +304,31 @@ class DockerSandbox:
 
     def _execute(self, cmd: str, timeout: float) -> ExecResult:
         # A command may kill the container's main process (``kill -9 -1``), stopping the
-        # container; it is restarted (files persist) and an exec that it broke is retried once.
+        # container; it is restarted (files persist) and an exec that it broke is retried once
+        # (the daemon may still say "running" then: ``_stops`` gives it STOP_GRACE_S).
         for attempt in (0, 1):
             if not self._is_running():
                 self._restart()
             try:
-                result = self._exec_once(cmd, timeout)
+                result, started = self._exec_once(cmd, timeout)
             except SandboxError:
-                if attempt or self._is_running():
+                if attempt or not self._stops():
                     raise
                 continue
-            if result.exit_code == 126 and not attempt and not self._is_running():
-                continue
+            if not started and not attempt and self._stops():
+                continue  # the runtime refused it (126, no pid): the init had died
             return result
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _exec_once(self, cmd: str, timeout: float) -> ExecResult:
+    def _stops(self) -> bool:
+        """Whether the container is stopped, or stops within ``STOP_GRACE_S``."""
+        if self._is_running():
+            with contextlib.suppress(Exception):  # the timeout: still running
+                self._container.wait(timeout=STOP_GRACE_S, condition="not-running")
+        return not self._is_running()
+
+    def _exec_once(self, cmd: str, timeout: float) -> tuple[ExecResult, bool]:
+        """The result, and whether the wrapper started (the runtime gave it a pid)."""
         exec_id = self._create_exec(cmd, timeout)
         start = time.monotonic()
         capture = OutputCapture(self.spec.max_output_bytes)
@@ -334,18 +341,19 @@ class DockerSandbox:
         finally:
             sock.close()
         duration = time.monotonic() - start
-        code = self._exit_code(exec_id) if ended else None
+        code, started = self._exit_code(exec_id) if ended else (None, True)
         if not ended:
             self._restart()
         timed_out = not ended or (code == 137 and duration >= timeout - 0.05)
         output, truncated = capture.text()
-        return ExecResult(
+        result = ExecResult(
             output=output,
             exit_code=None if timed_out else code,
             timed_out=timed_out,
             duration_s=duration,
             truncated=truncated,
         )
+        return result, started
 
     def _is_running(self) -> bool:
         try:
@@ -385,16 +393,16 @@ class DockerSandbox:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
         return created["Id"]
 
-    def _exit_code(self, exec_id: str) -> int | None:
+    def _exit_code(self, exec_id: str) -> tuple[int | None, bool]:
         for _ in range(50):
             try:
                 info = self._client.api.exec_inspect(exec_id)
             except Exception as exc:
                 raise SandboxError(f"container {self.marker}: exec lost: {exc}") from exc
             if not info.get("Running"):
-                return info.get("ExitCode")
+                return info.get("ExitCode"), bool(info.get("Pid"))
             time.sleep(0.02)
-        return None
+        return None, True
 
     def upload(self, src: Path, dst: str) -> None:
         """Copy a host file or folder to container path ``dst`` (its full new name)."""
