@@ -17,8 +17,9 @@ What one mode's run says about another's:
   (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run
   whose learner never overlapped its rollout (sync) cannot show κ: it is taken as 0 unless
   given (``contention``), and said so.
-- **Learner costs**: a run with backward passes (streaming) gives o, f and g
-  (``token_pass_cost``), and a batched pass is charged as a padded pass of one backward; a run
+- **Learner costs**: a run with backward passes (streaming) gives o and f, with g = 2f
+  (``tied_pass_cost``: its small passes cannot tell f from g), and a batched pass is charged
+  as a padded pass of one backward; a run
   that learns at ``step()`` (sync, async) gives a cost per padded token (the median over its
   steps; no fixed cost per pass), split into a forward and a backward as 1 : 2 (a backward
   costs about two forwards) to charge streaming's deposits and pieces.
@@ -41,7 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.contention import Contention, fit_contention, learner_busy, uncontended
-from harness.critical_path import StepWindow, held_pieces, step_windows, token_pass_cost
+from harness.critical_path import (
+    LearnerPass,
+    StepWindow,
+    held_pieces,
+    nonnegative_least_squares,
+    step_windows,
+    token_pass_cost,
+)
 from harness.replay import intake, items_of, run_mode, step_time
 from harness.simulate import registered_modes
 from harness.virtual_run import drive
@@ -68,9 +76,10 @@ def learner_costs(
     """o, f and g from the run's passes, or from its batched steps (module docstring)."""
     optimizer = statistics.median(w.durations.get("optimizer", 0.0) for w in windows)
     if streams:
-        o, f, g = token_pass_cost(list(windows))
+        token_pass_cost(list(windows))  # refuses passes it cannot fit, saying why
+        o, f = tied_pass_cost([p for w in windows for p in w.passes])
         step = statistics.median(w.durations.get("step", 0.0) for w in windows)
-        return LearnerCosts(o, f, g, optimizer, max(step - optimizer, 0.0), "passes")
+        return LearnerCosts(o, f, 2 * f, optimizer, max(step - optimizer, 0.0), "passes")
     # per padded token; a pass's fixed cost o is not told apart from its tokens' within the
     # noise of a few steps of ~8 micro-batches each (a fit put a fifth of a second on o)
     per_token = statistics.median(
@@ -81,6 +90,22 @@ def learner_costs(
     ref = 1 + int(kl)  # a batched pass's forwards: the policy's, and the reference's
     f = per_token / (ref + 2)
     return LearnerCosts(0.0, f, 2 * f, optimizer, 0.0, "batched")
+
+
+def tied_pass_cost(passes: Sequence[LearnerPass]) -> tuple[float, float]:
+    """(o, f) with a backward costing two forwards: seconds = o · micro-batches + padded
+    tokens · (forwards + 2 · backwards) · f, none negative. A streaming run's passes are small
+    and each one's forwards grow with its backwards, so ``token_pass_cost``'s free f and g are
+    nearly collinear: on the demo it put f at several times g, which charged sync's one
+    batched pass (one forward per backward) 1.3–1.5 times what it took (docs/measurements.md,
+    2026-12-05 night); tied, the batched pass predicted from streaming's passes came within 0.99–1.07
+    of sync's own over six seeds."""
+    rows = [
+        (float(p.padded_tokens * (p.forwards + 2 * p.backwards)), float(p.micro_batches))
+        for p in passes
+    ]
+    f, o = nonnegative_least_squares(rows, [p.seconds for p in passes])
+    return o, f
 
 
 def fitted_workload(

@@ -4,13 +4,14 @@ folders whose answer is worked out by hand, both directions."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from harness.contention import fit_contention, uncontended
-from harness.critical_path import step_windows
-from harness.cross_prediction import predict_from_run
+from harness.critical_path import LearnerPass, step_windows
+from harness.cross_prediction import predict_from_run, tied_pass_cost
 from tests.unit.harness.run_folders import STREAMING_S, SYNC_S, two_mode_runs
 
 
@@ -113,3 +114,36 @@ def test_the_time_to_the_target_is_at_the_step_the_comparison_saw_it_reached(tmp
         assert result["modes"]["streaming"]["time_to_step_s"] == pytest.approx(step * STREAMING_S)
     assert main(["simulate", "--from", str(runs["sync"]), "--target", "0.9"]) == 2
     assert "--target 0.9: no comparison's results.json" in capsys.readouterr().err
+
+
+def test_a_streaming_runs_passes_charge_a_batched_pass_with_a_backward_at_two_forwards():
+    """Passes shaped as the demo's (mostly a lone piece's two forwards and two backwards),
+    each 0.5 ms a micro-batch plus 17 µs a forward token and 34 µs a backward one, timed with
+    ±15 % noise: the tied fit gives back o and f, so sync's one batched pass of 4,000 padded
+    tokens (two forwards, one backward, 8 micro-batches) is charged within 5 % of its cost."""
+    rng = random.Random(7)
+    o, f = 5e-4, 1.7e-5
+    shapes = [(2, 2, 1)] * 30 + [(1, 1, 1)] * 10 + [(2, 1, 1), (1, 1, 2), (2, 2, 2)] * 3
+    passes = []
+    for forwards, backwards, micro in shapes:
+        tokens = rng.randint(40, 400)
+        cost = o * micro + tokens * (forwards + 2 * backwards) * f
+        passes.append(
+            LearnerPass(0.0, cost * rng.uniform(0.85, 1.15), 1, tokens, micro, backwards, forwards)
+        )
+    fitted_o, fitted_f = tied_pass_cost(passes)
+    batched = 8 * fitted_o + 4000 * (2 + 2) * fitted_f
+    assert batched == pytest.approx(8 * o + 4000 * 4 * f, rel=0.05)
+    exact = [
+        LearnerPass(
+            0.0,
+            o * p.micro_batches + p.padded_tokens * (p.forwards + 2 * p.backwards) * f,
+            1,
+            p.padded_tokens,
+            p.micro_batches,
+            p.backwards,
+            p.forwards,
+        )
+        for p in passes
+    ]
+    assert tied_pass_cost(exact) == pytest.approx((o, f), rel=1e-9)

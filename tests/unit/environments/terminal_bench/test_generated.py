@@ -185,37 +185,3 @@ def test_the_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("THUNDERSYNC_TERMINAL_GEN_CACHE", "/somewhere/else")
     assert default_cache_dir() == Path("/somewhere/else")
 
-
-SUBSET = ("config-value", "max-number")
-
-
-def test_a_family_subset_draws_only_its_families_and_keeps_each_task(tmp_path: Path) -> None:
-    specs = [task_spec(i, SUBSET) for i in range(40)]
-    assert [s.family for s in specs] == [SUBSET[i % 2] for i in range(40)]
-    for i, s in enumerate(specs):  # a (family, index) pair is one task under any subset
-        assert s == task_spec(i, (s.family,))
-        assert _reference_answers(s.family, s.instruction, dict(s.files)) == [s.answer]
-    task = load_generated_task(5, cache_dir=tmp_path, families=SUBSET)
-    assert task.task_id == specs[5].task_id
-    assert task.reference_solution() == [specs[5].command, f"echo {specs[5].answer} > answer.txt"]
-
-
-def test_a_family_subsets_splits_are_disjoint_with_a_held_out_quarter(tmp_path: Path) -> None:
-    source = generated_source(num_tasks=NUM, cache_dir=tmp_path, families=list(SUBSET))
-    rng = np.random.default_rng(0)
-    train = {source.draw(rng, TRAIN).task_id for _ in range(80)}
-    heldout = {t.task_id for t in select_tasks(source, 20, seed=0).tasks}
-    assert not train & heldout and len(heldout) == 20
-    assert {t.split("-")[1] + "-" + t.split("-")[2] for t in train | heldout} == set(SUBSET)
-    every = {task_spec(i, SUBSET).task_id for i in range(NUM)}
-    marked = {t for t in every if source.is_heldout(t)}
-    assert heldout <= marked and not train & marked
-    assert 0.15 < len(marked) / NUM < 0.35
-
-
-@pytest.mark.parametrize(
-    "families", ["config-value", [], ["config-value", "config-value"], ["no-such-family"]]
-)
-def test_a_bad_family_subset_is_a_one_line_error(families: object) -> None:
-    with pytest.raises(ValueError, match="families: expected"):
-        gymnasium.make(ENV_ID, families=families)
