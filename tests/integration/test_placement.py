@@ -52,3 +52,17 @@ def test_disaggregated_trains_bitwise_as_colocated(warm_model, tmp_path):
     assert token_events(tmp_path / "colocated") == token_events(tmp_path / "disaggregated")
     a, b = final_weights(tmp_path / "colocated"), final_weights(tmp_path / "disaggregated")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_in_process_run_gives_the_callers_thread_its_cores_back(warm_model, tmp_path):
+    """``with Trainer(config)`` in a user's process (here ``main(["train", ...])``) pins the
+    calling thread to the learner's core for the run, and not after it: a notebook's next run,
+    or its own work, gets every core again."""
+    from thundersync.cli import main
+
+    before = os.sched_getaffinity(0)
+    args = ["--model", str(warm_model), "--steps", "1", "--placement", "disaggregated", *SMALL]
+    assert main(["train", "--out", str(tmp_path / "run"), *args]) == 0
+    placed = json.loads((tmp_path / "run" / "config.json").read_text())["placed"]
+    assert placed["learner_affinity"] == [min(before)]  # pinned during the run
+    assert os.sched_getaffinity(0) == before
