@@ -6,11 +6,13 @@ that namespace, for a spec's ``network`` to join (without owning) another sandbo
 
 The container runs ``sleep infinity`` under Docker's init with ``network_mode="none"`` and
 memory / CPU / pids limits, labelled ``thundersync=1``. Each ``execute`` runs a small
-``sh`` wrapper that starts ``bash -c CMD`` under ``timeout -s KILL`` and, when the command
-ends, SIGKILLs every other process in the container (so background jobs and ``setsid``
-daemons never outlive their call, as in the bubblewrap sandbox). A host-side deadline backs
-this up: if the exec has not ended shortly after its timeout, or the container died
-(``kill -9 -1`` kills its ``sleep``), the container is killed and restarted; its files persist.
+``/bin/sh`` wrapper that starts ``bash -c CMD`` under ``timeout -s KILL`` (all three by full
+path: an image whose ``PATH`` starts in the work folder must not give the agent's programs the
+grader's commands) and, when the command ends, SIGKILLs every other process in the container
+(so background jobs and ``setsid`` daemons never outlive their call, as in the bubblewrap
+sandbox). A host-side deadline backs this up: if the exec has not ended shortly after its
+timeout, or the container died (``kill -9 -1`` kills its ``sleep``), the container is killed
+and restarted; its files persist.
 
 Paths given to ``upload``/``download`` are container paths (relative ones are relative to
 ``workdir``); the container is its own filesystem, so unlike bubblewrap any path is allowed.
@@ -73,7 +75,9 @@ CMD_FILE = "/tmp/.thundersync-cmd"
 WRAPPER = r"""
 ulimit -c 0
 ulimit -f "$4"
-timeout -s KILL "$2" bash -c "$1" 2>&1
+t=/usr/bin/timeout; [ -x $t ] || t=/bin/timeout
+b=/bin/bash; [ -x $b ] || b=/usr/bin/bash
+$t -s KILL "$2" $b -c "$1" 2>&1
 rc=$?
 for round in 1 2 3 4 5; do
   alive=0
@@ -229,7 +233,7 @@ class DockerSandbox:
         deadline = time.monotonic() + MAIN_PROCESS_WAIT_S
         while True:
             try:
-                code, out = self._container.exec_run(["cat", "/proc/1/task/1/children"])
+                code, out = self._container.exec_run(["/bin/cat", "/proc/1/task/1/children"])
             except Exception as exc:
                 raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
             pids = out.decode().split() if code == 0 else []
@@ -368,7 +372,7 @@ class DockerSandbox:
             cmd = f". {CMD_FILE}"
         blocks = str(MAX_FILE_BYTES // 512)
         argv = [
-            "sh",
+            "/bin/sh",
             "-c",
             WRAPPER,
             "thundersync-exec",

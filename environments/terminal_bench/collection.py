@@ -35,6 +35,7 @@ from environments import work
 from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import schema, users
+from environments.terminal_bench.grading import own
 from thundersync.protocol.documents import excerpt
 
 CONVENTION_DIR = "/logs/artifacts"
@@ -214,8 +215,10 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
     source = posixpath.normpath(posixpath.join(workdir, artifact.source))
     quoted = shlex.quote(source)
     probe = sandbox.execute(
-        f"if [ -d {quoted} ]; then echo dir; elif [ -f {quoted} ]; then stat -c %s {quoted}; "
-        "else echo missing; fi",
+        own(
+            f"if [ -d {quoted} ]; then echo dir; elif [ -f {quoted} ]; then stat -c %s {quoted}; "
+            "else echo missing; fi"
+        ),
         timeout=30,
     )
     answer = probe.output.strip()
@@ -326,7 +329,7 @@ def restore(sandbox: Sandbox, items: Sequence[Restorable]) -> None:
         quoted = shlex.quote(item.target)
         parent = shlex.quote(posixpath.dirname(item.target) or "/")
         clear = f"rm -rf {quoted} && " if item.host.is_dir() else ""
-        made = sandbox.execute(f"{clear}mkdir -p {parent}", timeout=60)
+        made = sandbox.execute(own(f"{clear}mkdir -p {parent}"), timeout=60)
         if made.exit_code != 0:
             raise SandboxError(
                 f"cannot place artifact {item.target} for grading: {made.output.strip()[-300:]}"

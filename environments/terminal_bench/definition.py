@@ -204,7 +204,7 @@ class TaskDefinition:
         )
         root = shlex.quote(f"{self.environment.workdir.rstrip('/')}/{grading.FALLBACK_DIR}")
         users.agent_phase(sandbox, None)
-        sandbox.execute(f"{wipe} rm -rf {root}; true", timeout=60)
+        sandbox.execute(grading.own(f"{wipe} rm -rf {root}; true"), timeout=60)
         self._stage(sandbox, index, check=True)
         users.agent_phase(sandbox, self.steps[index].agent_user)
 

@@ -21,6 +21,20 @@ _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)")
 _FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
 
 
+GRADER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The ``PATH`` of the grader's own commands (``own``): the system folders only."""
+
+
+def own(command: str) -> str:
+    """``command`` as the grader runs it in a sandbox the agent has worked in: with
+    ``GRADER_PATH``, so an image whose ``PATH`` starts in the work folder (``/app/.venv/bin``
+    is common) never runs the agent's ``tail`` or ``mkdir`` in place of the system's. Strict
+    grading read its witness's records through them: a planted ``tail`` forged a proof of pass
+    (test_reward_hacks_terminal_bench). The verifier's own script keeps the task's ``PATH``
+    (strict pins it: ``strict.pinned_environment``)."""
+    return f"PATH={GRADER_PATH}; {command}"
+
+
 REWARD_RANGE = (0.0, 1.0)
 """Every reward a verifier reports must be a finite number in [0, 1]. Harbor and Terminal-Bench
 rewards are pass fractions, training normalises rewards per group, and eval averages them: a
@@ -95,7 +109,7 @@ def _make_folders(sandbox: Sandbox, workdir: str) -> GraderPaths:
     ]
     failures = []
     for paths, owned in candidates:
-        made = sandbox.execute(_reset_command(paths, owned), timeout=60)
+        made = sandbox.execute(own(_reset_command(paths, owned)), timeout=60)
         if made.exit_code == 0:
             if "tmp-writable" in made.output:
                 return GraderPaths(paths.tests, paths.verifier)
@@ -114,7 +128,7 @@ def prepare_grader(sandbox: Sandbox, workdir: str, tests: list[tuple[Path, str]]
     paths = _make_folders(sandbox, workdir)
     parents = sorted({str(Path(paths.tests, rel).parent) for _, rel in tests})
     if parents:
-        made = sandbox.execute("mkdir -p " + " ".join(shlex.quote(p) for p in parents), 60)
+        made = sandbox.execute(own("mkdir -p " + " ".join(shlex.quote(p) for p in parents)), 60)
         if made.exit_code != 0:
             raise GraderSetupError(f"cannot create the test folders: {made.output[-500:]}")
     for source, rel in tests:
@@ -249,13 +263,23 @@ def parse_reward_json(
     return sum(metrics.values()) / len(metrics), metrics
 
 
+def read_file_command(path: str) -> str:
+    """A command that prints file ``path`` (exit 1 when it is not a regular file) with the
+    shell's own ``$(< file)``, running no program of the sandbox: an image whose ``PATH``
+    starts in the work folder would otherwise run the agent's ``cat``. Trailing newlines are
+    dropped, as a reward file's reader drops them."""
+    quoted = shlex.quote(path)
+    return f"[ -f {quoted} ] || exit 1; printf '%s' \"$(< {quoted})\""
+
+
 def read_harbor_reward(
     sandbox: Sandbox, paths: GraderPaths, reward_key: str | None = None
 ) -> tuple[float, dict[str, Any]]:
     """Read the verifier's reward file, the first of ``REWARD_FILES`` present. One that is a
     link or not a regular file is a RewardFileError: code the tests import can turn
     ``reward.txt`` into a link the verifier's shell writes through (``/proc/self/fd/255``) and
-    the grader cannot read, to make a failure look like a broken task."""
+    the grader cannot read, to make a failure look like a broken task. Read without running a
+    program of the sandbox (``read_file_command``)."""
     folder = shlex.quote(paths.verifier)
     odd = sandbox.execute(
         f"cd {folder} && for f in {' '.join(REWARD_FILES)}; do "
@@ -266,7 +290,7 @@ def read_harbor_reward(
     if not_files:
         raise RewardFileError(f"{not_files[0]}: a link or not a regular file")
     for name in REWARD_FILES:
-        shown = sandbox.execute(f"cat {folder}/{name}", timeout=60)
+        shown = sandbox.execute(read_file_command(f"{paths.verifier}/{name}"), timeout=60)
         if shown.exit_code != 0:
             continue
         if name == "reward.txt":

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.sandboxes.protocol import Sandbox
-from environments.terminal_bench.grading import GraderSetupError
+from environments.terminal_bench.grading import GraderSetupError, own
 
 PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
 MODULE = PLUGIN.stem
@@ -129,8 +129,10 @@ def prepare(sandbox: Sandbox, verifier_folder: str, workdir: str = "/app") -> Wi
     seen = Witness(folder, uuid.uuid4().hex, workdir)
     q, records = shlex.quote(folder), shlex.quote(seen.records)
     made = sandbox.execute(
-        f"rm -rf {q} && mkdir -p {q}/plugin {records} && chmod 777 {records} && "
-        f"echo {seen.nonce} > {records}/{_SENTINEL}",
+        own(
+            f"rm -rf {q} && mkdir -p {q}/plugin {records} && chmod 777 {records} && "
+            f"echo {seen.nonce} > {records}/{_SENTINEL}"
+        ),
         timeout=60,
     )
     if made.exit_code != 0:
@@ -144,10 +146,12 @@ def observe(sandbox: Sandbox, seen: Witness) -> Observation:
     """Read the records (bounded: ``MAX_RECORD_FILES`` files, ``MAX_RECORD_BYTES`` in all)."""
     records = shlex.quote(seen.records)
     listed = sandbox.execute(
-        f"cd {records} && head -c 64 {_SENTINEL} && echo && "
-        'for f in *.proc; do if [ -f "$f" ] && [ ! -L "$f" ]; then '
-        'printf "%s %s\\n" "$(wc -c < "$f")" "$f"; fi; done | head -n '
-        f"{MAX_RECORD_FILES + 1}",
+        own(
+            f"cd {records} && head -c 64 {_SENTINEL} && echo && "
+            'for f in *.proc; do if [ -f "$f" ] && [ ! -L "$f" ]; then '
+            'printf "%s %s\\n" "$(wc -c < "$f")" "$f"; fi; done | head -n '
+            f"{MAX_RECORD_FILES + 1}"
+        ),
         timeout=60,
     )
     lines = listed.output.splitlines()
@@ -178,7 +182,7 @@ def _read(sandbox: Sandbox, path: str, size: int) -> str | None:
     parts = []
     for start in range(0, size, _CHUNK):
         shown = sandbox.execute(
-            f"tail -c +{start + 1} {shlex.quote(path)} | head -c {_CHUNK}", timeout=60
+            own(f"tail -c +{start + 1} {shlex.quote(path)} | head -c {_CHUNK}"), timeout=60
         )
         if shown.exit_code != 0 or shown.truncated:
             return None

@@ -212,12 +212,12 @@ HACKS = {
 }
 
 
-def make_task(root: Path, fmt: str) -> TerminalBenchTask:
+def make_task(root: Path, fmt: str, dockerfile: str = DOCKERFILE) -> TerminalBenchTask:
     """The tiny task in ``fmt`` under ``root``."""
     task_dir = root / fmt / "fix-add"
     context = task_dir / ("environment" if fmt == "harbor" else "")
     (context / "package_tests").mkdir(parents=True)
-    (context / "Dockerfile").write_text(DOCKERFILE)
+    (context / "Dockerfile").write_text(dockerfile)
     (context / "calc.py").write_text(CALC)
     (context / "package_tests" / "test_calc.py").write_text(PACKAGE_TEST)
     (task_dir / "tests").mkdir()

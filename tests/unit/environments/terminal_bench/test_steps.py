@@ -224,7 +224,7 @@ def test_a_failing_setup_sh_is_the_tasks_before_step_1_and_stops_a_later_step(
     assert any("tar --no-same-owner -xzf - -C /app" in c for c in sandbox.commands)
     with pytest.raises(StepSetupFailed, match="step 02-count: setup.sh exited 1"):
         task.start_step(sandbox, 1)  # type: ignore[arg-type]
-    assert any(c.startswith("if [ -d /tests ]") for c in sandbox.commands)  # emptied first
+    assert any("; if [ -d /tests ]" in c for c in sandbox.commands)  # emptied first
     # grading's pristine state of step 2 replays its setup as far as it goes
     task.step_task(1).setup(SetupFailsAfter(1))  # type: ignore[arg-type]
 
