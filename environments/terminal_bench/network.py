@@ -3,12 +3,14 @@
 Harbor 0.26 (``models/task/config.py``) lets ``[environment]`` say ``network_mode`` =
 ``"no-network"``, ``"allowlist"`` (with ``allowed_hosts``: names, addresses, CIDR ranges,
 ``*.``-wildcards) or ``"public"`` (its default), ``[agent]`` and ``[verifier]`` override it for
-their phase, and the deprecated ``allow_internet`` (a bool) stands for ``public`` / ``no-network``
-where ``network_mode`` is not given. Here nothing leaves the machine: every sandbox runs with no
-network (a compose task's services share one with no route out), whatever a task declares. So
-a task that declares ``public`` or ``allowlist`` runs without it, and its grade says so
-(``details["network"]``); one that fails gets that as its ``reason``: the task's own failure, not
-an infrastructure one, and never a silent pass (a pass stands: it needed no internet).
+their phase (a separate verifier's ``[verifier.environment]`` is the verifier's baseline
+instead, as in Harbor's ``trial/network_policy.py``), and the deprecated ``allow_internet`` (a
+bool) stands for ``public`` / ``no-network`` where ``network_mode`` is not given. Here nothing
+leaves the machine: every sandbox runs with no network (a compose task's services share one with
+no route out), whatever a task declares. So a task that declares ``public`` or ``allowlist``
+runs without it, and its grade says so (``details["network"]``); one that fails gets that as its
+``reason``: the task's own failure, not an infrastructure one, and never a silent pass (a pass
+stands: it needed no internet).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class NetworkPolicy:
         declarations replace the task's of the same phase, as Harbor's phase resolution does
         (``network_policy.py``: the step's explicit policy, else the task's table's, else the
         ``[environment]`` baseline)."""
+        explicit = {d.phase for d in self.declared if not _baseline(d)}
+        declared = tuple(d for d in declared if not (_baseline(d) and d.phase in explicit))
         phases = {d.phase for d in declared}
         kept = tuple(d for d in self.declared if d.phase not in phases)
         return NetworkPolicy(kept + declared)
@@ -98,6 +102,11 @@ def read_network_policy(path: Path, tables: dict[str, dict[str, Any]]) -> Networ
     ``[agent]`` and ``[verifier]``), checked as Harbor checks it; TaskFormatError naming the
     field otherwise."""
     declared = [d for phase in PHASES if (d := _read_phase(path, phase, tables.get(phase, {})))]
+    own = tables.get("verifier", {}).get("environment")
+    if isinstance(own, dict):  # a separate verifier's environment: the verifier's baseline
+        base = _read_phase(path, "verifier", own, prefix="verifier.environment", baseline=True)
+        if base is not None and not any(d.phase == "verifier" for d in declared):
+            declared.append(base)
     return NetworkPolicy(tuple(declared))
 
 
@@ -110,14 +119,31 @@ def read_step_network(
     declared = []
     for phase, table in (("agent", agent), ("verifier", verifier)):
         found = _read_phase(path, phase, table, prefix=f"{field}.{phase}")
+        own = table.get("environment") if phase == "verifier" else None
+        if found is None and isinstance(own, dict):  # the step's separate verifier's baseline
+            prefix = f"{field}.verifier.environment"
+            found = _read_phase(path, phase, own, prefix=prefix, baseline=True)
         if found is not None:
             declared.append(found)
     return tuple(declared)
 
 
+def _baseline(declared: Declared) -> bool:
+    """Whether a verifier's declaration is its separate environment's baseline, which an
+    explicit ``[verifier]`` / ``[steps.verifier]`` ``network_mode`` overrides."""
+    return "verifier.environment." in declared.field
+
+
 def _read_phase(
-    path: Path, phase: str, table: dict[str, Any], *, prefix: str | None = None
+    path: Path,
+    phase: str,
+    table: dict[str, Any],
+    *,
+    prefix: str | None = None,
+    baseline: bool = False,
 ) -> Declared | None:
+    """A table's declaration; an environment's (``baseline``: ``[environment]``, a separate
+    verifier's ``[verifier.environment]``) may say the deprecated ``allow_internet``."""
     prefix = prefix or phase
     mode, hosts = table.get("network_mode"), table.get("allowed_hosts")
     if mode is not None and mode not in NETWORK_MODES:
@@ -131,22 +157,21 @@ def _read_phase(
         raise TaskFormatError(
             path, f"{prefix}.allowed_hosts", "is only valid when network_mode = 'allowlist'"
         )
-    legacy = table.get("allow_internet") if phase == "environment" else None
+    legacy = table.get("allow_internet") if baseline or phase == "environment" else None
     if legacy is not None:
+        field = f"{prefix}.allow_internet"
         if not isinstance(legacy, bool):
-            raise TaskFormatError(
-                path, "environment.allow_internet", f"expected true or false, got {excerpt(legacy)}"
-            )
+            raise TaskFormatError(path, field, f"expected true or false, got {excerpt(legacy)}")
         warnings.warn(
-            f"{path}: field 'environment.allow_internet' is deprecated; use "
-            "[environment] network_mode (Harbor's rule: true is 'public', false 'no-network')",
+            f"{path}: field '{field}' is deprecated; use [{prefix}] network_mode "
+            "(Harbor's rule: true is 'public', false 'no-network')",
             DeprecationWarning,
             stacklevel=4,
         )
     if mode is not None:
         return Declared(phase, mode, allowed, f"{prefix}.network_mode")
     if legacy is not None:
-        return Declared(phase, PUBLIC if legacy else NO_NETWORK, (), "environment.allow_internet")
+        return Declared(phase, PUBLIC if legacy else NO_NETWORK, (), f"{prefix}.allow_internet")
     return None
 
 

@@ -30,9 +30,9 @@ from environments.terminal_bench.grading import TESTS_DIR
 from thundersync.protocol.documents import excerpt
 
 MODES = ("shared", "separate")
-ENVIRONMENT_KEYS = frozenset({"docker_image"})
-"""Keys of ``[verifier.environment]`` that are read; others (limits, network) warn: the
-verifier gets the task's limits."""
+ENVIRONMENT_KEYS = frozenset({"docker_image", "network_mode", "allowed_hosts", "allow_internet"})
+"""Keys of ``[verifier.environment]`` that are read (the network keys by ``network.py``); others
+(limits) warn: the verifier gets the task's limits."""
 
 
 def _mode(path: Path, table: dict[str, Any]) -> str:

@@ -181,3 +181,64 @@ def test_a_bad_step_policy_is_refused_naming_its_field(
 ) -> None:
     with pytest.raises(TaskFormatError, match=field):
         load_steps(tmp_path, first=first)
+
+
+def with_verifier(tmp_path: Path, lines: str, verifier: str = "") -> TerminalBenchTask:
+    """The fixture with ``lines`` appended (a [verifier.environment] table) and ``verifier``
+    added to its [verifier] table."""
+    task_dir = tmp_path / "greeting-file"
+    shutil.copytree(FIXTURE, task_dir)
+    path = task_dir / "task.toml"
+    text = path.read_text().replace("[verifier]\n", f"[verifier]\n{verifier}")
+    path.write_text(text + lines)
+    return load_tasks(task_dir).get("greeting-file")
+
+
+def test_a_separate_verifiers_environment_is_the_verifiers_baseline(tmp_path: Path) -> None:
+    """Harbor (``trial/network_policy.py``): a separate verifier with an environment of its own
+    takes that environment's policy, not the task's; [verifier] network_mode still wins."""
+    own = '[verifier.environment]\ndocker_image = "python:3.12"\nnetwork_mode = "public"\n'
+    task = with_verifier(tmp_path / "a", own)
+    assert task.network.wants_internet
+    record = task.network.annotate(Grade(0.0)).details
+    assert record["network"]["declared"] == {
+        "verifier": {"network_mode": "public", "allowed_hosts": []}
+    }
+    assert "verifier.environment.network_mode = 'public'" in record["reason"]
+    overridden = with_verifier(tmp_path / "b", own, 'network_mode = "no-network"\n')
+    assert not overridden.network.wants_internet
+
+
+def test_a_separate_verifiers_allow_internet_is_read_as_harbor_reads_it(tmp_path: Path) -> None:
+    lines = '[verifier.environment]\ndocker_image = "python:3.12"\nallow_internet = true\n'
+    with pytest.warns(DeprecationWarning, match="verifier.environment.allow_internet"):
+        task = with_verifier(tmp_path, lines)
+    (declared,) = task.network.declared
+    assert (declared.phase, declared.mode) == ("verifier", "public")
+    assert declared.field == "verifier.environment.allow_internet"
+
+
+def test_a_steps_separate_verifier_takes_its_environments_policy(tmp_path: Path) -> None:
+    """[steps.verifier.environment] network_mode is that step's verifier baseline; an explicit
+    [verifier] network_mode of the task still wins, as in Harbor's resolution."""
+    own = (
+        "[steps.verifier]\ntimeout_sec = 120.0\n\n[steps.verifier.environment]\n"
+        'docker_image = "python:3.12"\nnetwork_mode = "public"\n'
+    )
+
+    def load_with(folder: Path, verifier: str = "") -> TerminalBenchTask:
+        task_dir = folder / "ms-two-step-mean"
+        shutil.copytree(STEPS_FIXTURE, task_dir)
+        path = task_dir / "task.toml"
+        text = path.read_text().replace('network_mode = "public"', 'network_mode = "no-network"')
+        text = text.replace("[verifier]\n", f"[verifier]\n{verifier}", 1)
+        path.write_text(text.replace("[steps.verifier]\ntimeout_sec = 120.0\n", own, 1))
+        return load_tasks(task_dir).get("ms-two-step-mean")
+
+    task = load_with(tmp_path / "a")
+    details = task.step_task(0).network.annotate(Grade(0.0)).details
+    assert details["network"]["declared"]["verifier"]["network_mode"] == "public"
+    assert "steps[0].verifier.environment.network_mode = 'public'" in details["reason"]
+    assert not task.step_task(1).network.wants_internet
+    pinned = load_with(tmp_path / "b", 'network_mode = "no-network"\n')
+    assert not pinned.step_task(0).network.wants_internet
