@@ -129,13 +129,21 @@ def apply(placement: Placement, role: Role) -> None:
         os.sched_setaffinity(0, cores)
 
 
-def place_learner(config: Any) -> tuple[Placement, dict[str, Any]]:
+def place_learner(config: Any) -> tuple[Placement, dict[str, Any], list[int]]:
     """Plan the run's placement and pin the calling thread (the learner's) to its side; the
-    run's config.json record with the plan and that thread's affinity as pinned (``placed``)."""
+    run's config.json record with the plan and that thread's affinity as pinned (``placed``),
+    and the affinity it had before, for ``restore_affinity`` when the run ends."""
+    before = allowed_cores()
     placement = plan(config)
     apply(placement, "learner")
     placed = {**placement.record(), "learner_affinity": allowed_cores()}
-    return placement, {**config.record(), "placed": placed}
+    return placement, {**config.record(), "placed": placed}, before
+
+
+def restore_affinity(cores: list[int]) -> None:
+    """Give the calling thread back ``cores`` (its affinity before ``place_learner``): in a
+    user's own process the next run, or the user's own work, gets every core again."""
+    os.sched_setaffinity(0, cores)
 
 
 def _visible_gpus() -> int:

@@ -13,7 +13,6 @@ a mode can take what has queued and compute it as one micro-batch.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from thundersync.training.config import TrainConfig
 from thundersync.training.control import LoadWeights, PrepareBatch, RunBatch, Stop
 from thundersync.training.learner_setup import LearnerSpec, build_learner, leave_process_group
 from thundersync.training.modes import Arrivals
-from thundersync.training.placement import allowed_cores, place_learner
+from thundersync.training.placement import place_learner, restore_affinity
 from thundersync.training.ranks import RankReady, Ranks, RankStepped
 from thundersync.training.run_metrics import BatchTracker
 from thundersync.training.starting_point import starting_point
@@ -53,8 +52,7 @@ class Trainer:
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         ev.reset_clock()
-        self._affinity = allowed_cores()  # given back at close: the caller's thread goes on
-        self.placement, self.record = place_learner(config)  # first: later threads inherit it
+        self.placement, self.record, self._affinity = place_learner(config)  # first: inherited
         torch.set_num_threads(config.learner_threads)
         every, keep = config.checkpoint_every, config.keep_checkpoints
         self.checkpoints = Checkpoints(
@@ -273,27 +271,23 @@ class Trainer:
     # --- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop every worker (draining the inbox so none blocks on a full pipe), then close
-        the run's files, and give the calling thread back the cores it had before the run's
-        placement pinned it. Safe on every path out, errors included."""
+        """Stop every worker (draining the inbox so none blocks on a full pipe), close the run's
+        files, give the thread its cores back (``restore_affinity``); safe on every path out."""
         try:
-            self._close()
+            if not hasattr(self, "control"):  # the backend's queues never started
+                self.backend.close()
+                return
+            self.progress.quietly("stopping the workers")
+            leave_process_group()  # a rank blocked in a collective fails now, not waiting
+            for inbox in (self.control, getattr(self, "teacher_inbox", None)):
+                if inbox is not None:
+                    inbox.put(Stop())
+            self.ranks.stop()
+            self.pool.close()
+            if hasattr(self, "telemetry"):
+                self.telemetry.close()
         finally:
-            os.sched_setaffinity(0, self._affinity)
-
-    def _close(self) -> None:
-        if not hasattr(self, "control"):  # the backend's queues never started
-            self.backend.close()
-            return
-        self.progress.quietly("stopping the workers")
-        leave_process_group()  # a rank blocked in a collective fails now instead of waiting
-        for inbox in (self.control, getattr(self, "teacher_inbox", None)):
-            if inbox is not None:
-                inbox.put(Stop())
-        self.ranks.stop()
-        self.pool.close()
-        if hasattr(self, "telemetry"):
-            self.telemetry.close()
+            restore_affinity(self._affinity)
 
     def __enter__(self) -> Trainer:
         return self
