@@ -67,9 +67,9 @@ readme-results:
 # real sandbox and grading time. The warm model guesses 70 % of the time (--corrupt-fraction),
 # so groups of 8 disagree and GRPO has a decision to learn: one sync seed at these settings
 # went 0.21 -> 0.46, 0.54, 0.50 held-out at steps 2, 4, 6 (2026-12-05, docs/measurements.md;
-# at 1e-3 it collapsed at step 4 before rising); on all nine families no mode moved. Estimated, not yet measured end to end: warm start 4-5 min quiet
-# (10 min at load 20-45), a 6-step run with its 4 evaluations 2.5 min quiet, so about 27 min
-# for 9 runs on 2 quiet cores. Warm start uses one torch thread: two threads on a busy 2-core
+# at 1e-3 it collapsed at step 4 before rising); on all nine families no mode moved. Measured
+# end to end: 17.0 min on 2 quiet cores, sync +0.29 held-out (median of 3 seeds; docs/results.md).
+# Warm start uses one torch thread: two threads on a busy 2-core
 # machine ran its fine-tuning ten times slower.
 TERMINAL       ?= terminal-out
 TERMINAL_DB    := $(TERMINAL)/leaderboard.sqlite
