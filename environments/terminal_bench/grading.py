@@ -30,7 +30,7 @@ def own(command: str) -> str:
     ``GRADER_PATH``, so an image whose ``PATH`` starts in the work folder (``/app/.venv/bin``
     is common) never runs the agent's ``tail`` or ``mkdir`` in place of the system's. Strict
     grading read its witness's records through them: a planted ``tail`` forged a proof of pass
-    (test_reward_hacks_terminal_bench). The verifier's own script keeps the task's ``PATH``
+    (test_reward_hacks_path). The verifier's own script keeps the task's ``PATH``
     (strict pins it: ``strict.pinned_environment``)."""
     return f"PATH={GRADER_PATH}; {command}"
 
@@ -263,23 +263,14 @@ def parse_reward_json(
     return sum(metrics.values()) / len(metrics), metrics
 
 
-def read_file_command(path: str) -> str:
-    """A command that prints file ``path`` (exit 1 when it is not a regular file) with the
-    shell's own ``$(< file)``, running no program of the sandbox: an image whose ``PATH``
-    starts in the work folder would otherwise run the agent's ``cat``. Trailing newlines are
-    dropped, as a reward file's reader drops them."""
-    quoted = shlex.quote(path)
-    return f"[ -f {quoted} ] || exit 1; printf '%s' \"$(< {quoted})\""
-
-
 def read_harbor_reward(
     sandbox: Sandbox, paths: GraderPaths, reward_key: str | None = None
 ) -> tuple[float, dict[str, Any]]:
     """Read the verifier's reward file, the first of ``REWARD_FILES`` present. One that is a
     link or not a regular file is a RewardFileError: code the tests import can turn
     ``reward.txt`` into a link the verifier's shell writes through (``/proc/self/fd/255``) and
-    the grader cannot read, to make a failure look like a broken task. Read without running a
-    program of the sandbox (``read_file_command``)."""
+    the grader cannot read, to make a failure look like a broken task. Read with the system's
+    ``cat`` (``own``)."""
     folder = shlex.quote(paths.verifier)
     odd = sandbox.execute(
         f"cd {folder} && for f in {' '.join(REWARD_FILES)}; do "
@@ -290,7 +281,7 @@ def read_harbor_reward(
     if not_files:
         raise RewardFileError(f"{not_files[0]}: a link or not a regular file")
     for name in REWARD_FILES:
-        shown = sandbox.execute(read_file_command(f"{paths.verifier}/{name}"), timeout=60)
+        shown = sandbox.execute(own(f"cat {folder}/{name}"), timeout=60)
         if shown.exit_code != 0:
             continue
         if name == "reward.txt":

@@ -1,4 +1,4 @@
-"""A scripted sandbox double: reading known files answers, everything else succeeds."""
+"""A scripted sandbox double: ``cat`` of known files answers, everything else succeeds."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from environments.sandboxes.protocol import ExecResult
+from environments.terminal_bench.grading import own
 
 
 def result(output: str, exit_code: int | None, *, timed_out: bool = False) -> ExecResult:
@@ -14,8 +15,8 @@ def result(output: str, exit_code: int | None, *, timed_out: bool = False) -> Ex
 
 
 class ScriptedSandbox:
-    """Answers ``cat PATH`` and ``read_file_command(PATH)`` from ``files``; any other command
-    exits 0 with no output."""
+    """Answers ``cat PATH`` (the grader's ``own`` too) from ``files``; any other command exits
+    0 with no output."""
 
     workdir = "/app"
 
@@ -26,17 +27,12 @@ class ScriptedSandbox:
 
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         self.commands.append(cmd)
-        words = shlex.split(cmd)
+        words = shlex.split(cmd.removeprefix(own("")))
         if words[:1] == ["cat"]:
             path = words[1]
             if path in self.files:
                 return result(self.files[path], 0)
             return result(f"cat: {path}: No such file or directory", 1)
-        if words[:2] == ["[", "-f"]:  # grading.read_file_command: the shell's own read
-            path = words[2]
-            if path in self.files:
-                return result(self.files[path].rstrip("\n"), 0)
-            return result("", 1)
         return result("", 0)
 
     def upload(self, src: Path, dst: str) -> None:

@@ -184,4 +184,3 @@ def test_the_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch) ->
     assert repo not in default_cache_dir().resolve().parents
     monkeypatch.setenv("THUNDERSYNC_TERMINAL_GEN_CACHE", "/somewhere/else")
     assert default_cache_dir() == Path("/somewhere/else")
-

@@ -12,9 +12,9 @@ from environments.terminal_bench.grading import (
     GraderPaths,
     grade_harbor,
     grade_tb1,
+    own,
     parse_pytest_summary,
     parse_reward_json,
-    read_file_command,
 )
 
 from .fakes import ScriptedSandbox, result
@@ -108,9 +108,9 @@ def test_grader_uses_workspace_folders_when_root_is_read_only() -> None:
             self.commands.append(cmd)
             if "mkdir -p /tests" in cmd:
                 return result("mkdir: cannot create directory '/tests': Read-only", 1)
-            if cmd == read_file_command("/app/.thundersync-grader/logs/verifier/reward.json"):
+            if cmd == own("cat /app/.thundersync-grader/logs/verifier/reward.json"):
                 return result('{"a": 1, "b": 0}', 0)
-            if cmd.startswith("[ -f "):  # any other file is missing
+            if cmd.startswith(own("cat ")):  # any other file is missing
                 return result("", 1)
             return result("", 0)
 
