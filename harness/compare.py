@@ -5,7 +5,7 @@ Every (mode, seed) run is a ``thundersync train`` process saving a checkpoint ev
 (the same for every run), so evaluation never competes with training and the training clock
 excludes it. Runs alternate their mode order from seed to seed, so slow drift of a shared
 machine does not favour one mode. The report: time to the target accuracy and accuracy at a
-fixed budget, each as a median with a bootstrap CI over seeds, speed-ups over sync, the
+fixed budget, each as a median with a distribution-free CI over seeds, speed-ups over sync, the
 step-time breakdown, idle fractions, staleness and T*/T (docs/design.md §4, §7).
 """
 

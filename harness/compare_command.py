@@ -47,7 +47,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="time-to-accuracy of sync, async(k) and streaming training, over seeds",
         description="Train one workload in several modes and seeds, evaluate every run's "
         "checkpoints on one held-out task set, and report time to the target accuracy and "
-        "accuracy at a fixed budget (medians with bootstrap CIs), speed-ups over sync, "
+        "accuracy at a fixed budget (medians with distribution-free CIs), speed-ups over sync, "
         "step-time breakdowns and plots. Training flags (--env, --model, --steps, ...) "
         "apply to every run.",
         formatter_class=HelpFormatter,

@@ -9,10 +9,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from harness.bootstrap import median_ci
 from harness.critical_path import BatchedCost, batched_cost
 from harness.critical_path import summarize as critical_path
 from harness.curves import accuracy_at_budget, time_to_target
+from harness.intervals import median_ci
 from harness.plots import write_plots
 from harness.verdicts import pair_verdicts
 from thundersync.training.modes import mode_from_label

@@ -98,8 +98,8 @@ def tied_pass_cost(passes: Sequence[LearnerPass]) -> tuple[float, float]:
     and each one's forwards grow with its backwards, so ``token_pass_cost``'s free f and g are
     nearly collinear: on the demo it put f at several times g, which charged sync's one
     batched pass (one forward per backward) 1.3–1.5 times what it took (docs/measurements.md,
-    2026-12-05 night); tied, the batched pass predicted from streaming's passes came within 0.99–1.07
-    of sync's own over six seeds."""
+    2026-12-05 night); tied, the batched pass predicted from streaming's passes came within
+    0.99–1.07 of sync's own over six seeds."""
     rows = [
         (float(p.padded_tokens * (p.forwards + 2 * p.backwards)), float(p.micro_batches))
         for p in passes

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.bootstrap import median_ci
 from harness.curves import accuracy_on_grid
+from harness.intervals import median_ci
 from thundersync.training.run_metrics import read_metrics
 
 COLORS = {"sync": "#4c72b0", "streaming": "#dd8452"}
@@ -91,7 +91,7 @@ def _accuracy_plot(
         "accuracy per step (same updates: curves coincide)"
         if by_step
         else "accuracy vs wall-clock"
-        + (" (band: 95% bootstrap CI of the median)" if several else "")
+        + (" (band: 95% CI of the median, the sign test's)" if several else "")
     )
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

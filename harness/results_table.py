@@ -38,7 +38,7 @@ def render(results: dict[str, Any], *, date: str, commit: str) -> str:
         f"samples per step, {train['steps']} steps, {seeds} seeds, {config['eval_tasks']} "
         f"held-out tasks per evaluation every {config['eval_every']} steps (held-out accuracy "
         f"{results['initial_accuracy']:.2f} before the first step); medians over seeds with "
-        "95 % bootstrap CIs:",
+        "distribution-free 95 % CIs (the sign test's):",
         "",
         f"| mode | time to {target:g} accuracy | speed-up vs {_baseline(results)} (paired) "
         f"| step time | accuracy at {budget:.0f} s | stale tokens |",

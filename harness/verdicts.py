@@ -3,9 +3,9 @@
 Each pair is a mode against a reference (the baseline first, then the modes in the order
 they ran), paired within each seed — the seed's runs share tasks, initial model and, run one
 after the other, the machine's state, so the seeds' spread cancels in the pair. Per metric the
-per-seed values are summarised by ``harness.bootstrap.median_ci`` (the report's one
-statistic: the median with its percentile bootstrap CI) and the verdict is what that CI
-supports:
+per-seed values are summarised by ``harness.intervals.median_ci`` (the report's one
+statistic: the median with the sign test's distribution-free CI) and the verdict is what that
+CI supports:
 
 - time to the target: the per-seed speed-up T_reference / T_mode (a mode that never reached
   it: 0; only the reference never did: ∞; neither did: 1, a tie). CI above 1: ``faster``;
@@ -18,8 +18,8 @@ supports:
   speed-up of cumulative step time at the last step both ran (and the median over seeds at
   every step). No learning noise enters it, only the machine's.
 
-Otherwise, and always with fewer than ``MIN_SEEDS`` seeds (6: below that no interval the
-bootstrap can give has its 95 % coverage), ``not distinguishable``, with
+Otherwise, and always with fewer than ``MIN_SEEDS`` seeds (6: below that no interval of
+the per-seed values has its 95 % coverage), ``not distinguishable``, with
 ``seeds_to_separate``: how many seeds would separate them at the observed variance
 (``seeds_to_separate``'s formula).
 """
@@ -32,16 +32,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.bootstrap import median_ci
 from harness.curves import accuracy_at_budget, area_under_curve, time_to_target
+from harness.intervals import coverage, median_ci
 from thundersync.training.modes import mode_from_label
 from thundersync.training.run_metrics import read_metrics
 
 CONFIDENCE = 0.95
 FASTER, SLOWER, UNDECIDED = "faster", "slower", "not distinguishable"
-MIN_SEEDS = next(n for n in range(2, 64) if 1 - 2 * 0.5**n >= CONFIDENCE)
-"""The fewest seeds a verdict needs (6 at 95 %). With n seeds the widest interval the
-percentile bootstrap of the median gives is [min, max] of the per-seed values, which misses
+MIN_SEEDS = next(n for n in range(2, 64) if coverage(n, 1) >= CONFIDENCE)
+"""The fewest seeds a verdict needs (6 at 95 %). With n seeds the widest interval of the
+median is [min, max] of the per-seed values (``harness.intervals``), which misses
 the true median only when all n seeds fall on one side of it: probability 2·0.5^n, so it
 covers it 75 % of the time at 3 seeds and 94 % at 5. Below ``CONFIDENCE`` an interval that
 excludes no difference is every seed agreeing by chance too often (a quarter of the time

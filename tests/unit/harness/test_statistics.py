@@ -1,15 +1,16 @@
-"""pass@k against hand-computed cases, bootstrap medians, curves and the bound T*."""
+"""pass@k against hand-computed cases, medians and their intervals, curves and the bound T*."""
 
 from __future__ import annotations
 
 import json
+import random
 from math import comb
 
 import pytest
 
-from harness.bootstrap import median_ci
 from harness.critical_path import StepWindow, bound, step_windows
 from harness.curves import Point, accuracy_at_budget, time_to_target
+from harness.intervals import coverage, median_ci, order_k
 from harness.passk import mean_pass_at_k, pass_at_k
 
 
@@ -32,13 +33,40 @@ def test_mean_pass_at_k_skips_tasks_with_too_few_scored_attempts():
     assert mean_pass_at_k(outcomes, 3) is None
 
 
-def test_bootstrap_median_and_ci_treat_a_missing_seed_as_never():
+def test_median_and_ci_treat_a_missing_seed_as_never():
     stat = median_ci([10.0, 12.0, 11.0])
-    assert stat["median"] == 11.0 and 10.0 <= stat["ci"][0] <= 11.0 <= stat["ci"][1] <= 12.0
+    assert stat["median"] == 11.0 and stat["ci"] == [10.0, 12.0]  # 3 seeds: [min, max], 75 %
+    assert stat["coverage"] == pytest.approx(0.75)
     assert median_ci([10.0, None, None])["median"] is None  # two of three never got there
     assert median_ci([10.0, 20.0, None])["ci"][1] is None
     json.dumps(median_ci([1.0, None]), allow_nan=False)
-    assert median_ci([]) == {"median": None, "ci": [None, None], "per_seed": []}
+    assert median_ci([]) == {"median": None, "ci": [None, None], "coverage": None, "per_seed": []}
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "covers"),
+    # 1 - 2 * sum(C(n, i) for i < k) / 2**n, by hand
+    [(6, 1, 1 - 2 / 64), (8, 1, 1 - 2 / 256), (9, 2, 1 - 20 / 512), (12, 3, 1 - 2 * 79 / 4096)],
+)
+def test_the_interval_is_the_widest_order_statistics_that_keep_95_percent(n, k, covers):
+    """The sign test's interval: the k-th value from each end, k the largest whose coverage
+    is at least 95 % (the next narrower one is below it)."""
+    assert order_k(n, 0.95) == k and coverage(n, k) == pytest.approx(covers)
+    assert coverage(n, k) >= 0.95 > coverage(n, k + 1)
+    values = [float(v) for v in range(n, 0, -1)]  # n .. 1, unsorted on purpose
+    stat = median_ci(values)
+    assert stat["ci"] == [float(k), float(n + 1 - k)]
+    assert stat["coverage"] == pytest.approx(covers)
+
+
+def test_the_interval_covers_the_median_as_often_as_it_says():
+    """Skewed samples (log-normal, median 1) at 6 and 9 seeds: the interval holds the true
+    median at least as often as its stated coverage, less sampling error (600 draws)."""
+    rng = random.Random(11)
+    for n in (6, 9):
+        draws = [[rng.lognormvariate(0.0, 1.0) for _ in range(n)] for _ in range(600)]
+        held = sum(lo <= 1.0 <= hi for lo, hi in (median_ci(d)["ci"] for d in draws))
+        assert held / 600 >= coverage(n, order_k(n, 0.95)) - 0.03, (n, held)
 
 
 def test_time_to_target_and_accuracy_at_budget_read_the_checkpoints():

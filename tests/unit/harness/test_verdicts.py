@@ -123,7 +123,7 @@ def test_two_modes_of_one_distribution_are_not_distinguishable(tmp_path):
 
 
 def test_three_seeds_that_agree_are_not_yet_a_verdict(tmp_path):
-    """At 3 seeds the bootstrap's widest interval, [min, max], covers the median 75 % of the
+    """At 3 seeds the widest interval, [min, max], covers the median 75 % of the
     time: two modes of one distribution would be called apart a quarter of the time. Every
     seed agreeing is not a verdict until ``MIN_SEEDS``, and the estimate says so."""
     assert MIN_SEEDS == 6
