@@ -108,3 +108,58 @@ def generation_slowdown(engine: Sequence[dict[str, Any]], busy: Sequence[Interva
 def uncontended(t: float, start: float, busy: Sequence[Interval], kappa: float) -> float:
     """Rollout seconds from ``start`` to ``t`` had the learner not competed with it."""
     return (t - start) - kappa / (1.0 + kappa) * overlap(start, t, busy)
+
+
+Load = tuple[tuple[float, float], ...]
+"""A batch's rollout load: (rollout seconds from its start at which a reading ends, the busy
+share of the rollout's cores over it), in order; the last share holds after its end."""
+
+
+def rollout_loads(
+    folder: Path,
+    batches: Sequence[StepWindow],
+    every: Sequence[StepWindow],
+    busy: Sequence[Interval],
+    kappa: float,
+) -> tuple[Load, ...]:
+    """Each of ``batches``' rollout load (``cpu_load``'s readings, ``Load``), from the
+    readings taken while it alone rolled out and the learner idled: another batch's rollout
+    or the learner would be in the share. Its times are uncontended rollout seconds
+    (``uncontended``). A batch with no such reading gets the run's mean share, held from its
+    start; a run with no readings (recorded before 2026-12-06), no loads at all: the
+    simulator then lets batches in flight together run as fast as one alone."""
+    readings = [
+        (float(s["started"]), float(s["finished"]), float(s["metrics"]["busy"]))
+        for s in read_jsonl(folder / "spans.jsonl")
+        if s.get("worker") == "machine" and s.get("name") == "cpu"
+    ]
+    if not readings:
+        return ()
+    rolling = [(w.submitted_at, max(w.reward_times, default=w.submitted_at)) for w in every]
+    measured: list[list[tuple[float, float]]] = []
+    for w in batches:
+        start, end = w.submitted_at, max(w.reward_times, default=w.submitted_at)
+        others = [iv for iv in rolling if iv != (start, end)]
+        load = [
+            (uncontended(hi, start, busy, kappa), share)
+            for lo, hi, share in readings
+            if start <= lo
+            and hi <= end
+            and not overlap(lo, hi, busy)
+            and not overlap(lo, hi, merged(others))
+        ]
+        measured.append(load)
+    shares = [share for load in measured for _, share in load]
+    if not shares:
+        return ()
+    mean = sum(shares) / len(shares)
+    return tuple(tuple(load) if load else ((0.0, mean),) for load in measured)
+
+
+def load_at(load: Load, progress: float) -> tuple[float, float]:
+    """(the share at rollout second ``progress``, rollout seconds until it next changes:
+    ∞ past the last reading)."""
+    for end, share in load:
+        if progress < end - 1e-12:
+            return share, end - progress
+    return (load[-1][1] if load else 0.0), float("inf")

@@ -12,6 +12,10 @@ What one mode's run says about another's:
   time is turned back into uncontended rollout seconds, t − κ/(1+κ)·(learner busy before t),
   and every predicted mode pays κ again wherever its learner overlaps its rollout
   (``VirtualRun.advance``).
+- **Loads**: how busy each batch kept the rollout's cores while it alone rolled out and the
+  learner idled (``contention.rollout_loads``, from ``cpu_load``'s readings): a mode that
+  rolls batches out together (async) has them share those cores where their loads add past
+  1. A run recorded before the readings existed predicts them sharing nothing.
 - **κ** is fitted from the engine's generation spans: how much slower generation batches ran
   beside the learner than alone, their batch sizes accounted for
   (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run
@@ -41,7 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.contention import Contention, fit_contention, learner_busy, uncontended
+from harness.contention import (
+    Contention,
+    fit_contention,
+    learner_busy,
+    rollout_loads,
+    uncontended,
+)
 from harness.critical_path import (
     LearnerPass,
     StepWindow,
@@ -173,6 +183,7 @@ def fitted_workload(
         batch_forwards=1 + int(kl),
         fold_s=costs.fold_s,
         contention=kappa.kappa,
+        loads=rollout_loads(folder, versions, every, busy, kappa.kappa),
         by_version=True,
     )
     return work, kappa, costs

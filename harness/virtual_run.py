@@ -7,7 +7,9 @@ its items fall due after the workload's ready times of rollout; ``wait_batch`` a
 (``learner.drain``) and ``finish_step`` (intake, ``step()``'s work, optimizer, weight sync)
 move it by what they cost. While the learner computes, rollout runs 1 + κ times slower
 (``Workload.contention``): on a machine where the engine, tools and graders share the
-learner's cores, what streaming and async overlap costs the rollout.
+learner's cores, what streaming and async overlap costs the rollout. Batches rolling out
+together (async) share their cores (``Workload.loads``): where their measured loads add past
+1, each runs that many times slower.
 
 The learner is asked only what the mode's contract says (``LearnerContract.streams``): a
 learner that streams drains what arrived (per group as ``StreamingGRPO`` does where the
@@ -17,9 +19,11 @@ arrived, or with ``eager`` a pass per item); one that does not learns the batch 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.contention import Load, load_at
 from harness.grpo_drain import GrpoDrain
 from harness.workload import Workload, batch_seconds, pass_seconds
 from thundersync.protocol import events as ev
@@ -44,8 +48,14 @@ class _Rollout:
 
     started: float
     due: list[tuple[float, ItemDue]]
+    load: Load = ()
     progress: float = 0.0
     taken: int = 0
+
+    @property
+    def end(self) -> float:
+        """Rollout seconds to its last item: past it, it uses no core."""
+        return self.due[-1][0] if self.due else 0.0
 
 
 class VirtualRun:
@@ -75,23 +85,52 @@ class VirtualRun:
         last = len(self.w.ready_s) - 1
         batch = min(self.version if self.w.by_version else step, last)
         self.batch_of[step] = batch
-        self.rollouts[step] = _Rollout(self.now, _due(self.w, batch, step))
+        load = self.w.loads[batch] if self.w.loads else ()
+        self.rollouts[step] = _Rollout(self.now, _due(self.w, batch, step), load)
+
+    def _rates(self, *, busy: bool) -> tuple[dict[int, float], float]:
+        """Each batch's rollout seconds per second now, and the seconds until one changes:
+        1 + κ times slower while the learner is ``busy``, and batches still rolling out
+        together slowed by the sum of their loads where it passes 1."""
+        base = 1.0 / (1.0 + self.w.contention) if busy else 1.0
+        rates = dict.fromkeys(self.rollouts, base)
+        active = {s: r for s, r in self.rollouts.items() if r.progress < r.end - 1e-12}
+        if len(active) < 2 or not self.w.loads:
+            return rates, min(
+                ((r.end - r.progress) / base for r in active.values()), default=math.inf
+            )
+        shares = {s: load_at(r.load, r.progress) for s, r in active.items()}
+        demand = sum(share for share, _ in shares.values())
+        rate = base / max(demand, 1.0)
+        for s in active:
+            rates[s] = rate
+        horizon = min(min(r.end - r.progress, shares[s][1]) / rate for s, r in active.items())
+        return rates, horizon
 
     def advance(self, seconds: float, *, busy: bool) -> None:
-        """Move the clock; rollout runs 1 + κ times slower while the learner is ``busy``."""
-        rate = 1.0 / (1.0 + self.w.contention) if busy else 1.0
-        for rollout in self.rollouts.values():
-            rollout.progress += seconds * rate
-        self.now += seconds
-        self.busy_s += seconds if busy else 0.0
+        """Move the clock by ``seconds``; the batches in flight progress at ``_rates``."""
+        while seconds > 0.0:
+            rates, horizon = self._rates(busy=busy)
+            dt = seconds if horizon >= seconds else max(horizon, 1e-9)
+            dt = min(dt, seconds)
+            for step, rollout in self.rollouts.items():
+                rollout.progress += dt * rates[step]
+            self.now += dt
+            self.busy_s += dt if busy else 0.0
+            seconds -= dt
 
     def _wait(self, step: int, *, everything: bool, timeout_s: float | None = None) -> None:
         """Idle until batch ``step``'s next item (``everything``: its last) falls due."""
         rollout = self.rollouts[step]
-        if rollout.taken < len(rollout.due):
-            target = rollout.due[-1 if everything else rollout.taken][0]
-            wait = max(target - rollout.progress, 0.0)
-            self.advance(wait if timeout_s is None else min(wait, timeout_s), busy=False)
+        if rollout.taken >= len(rollout.due):
+            return
+        target = rollout.due[-1 if everything else rollout.taken][0]
+        budget = math.inf if timeout_s is None else timeout_s
+        while rollout.progress < target - 1e-12 and budget > 0.0:
+            rates, horizon = self._rates(busy=False)
+            dt = min((target - rollout.progress) / rates[step], max(horizon, 1e-9), budget)
+            self.advance(dt, busy=False)
+            budget -= dt
 
     def _take(self, step: int) -> list[ev.Event]:
         rollout = self.rollouts[step]

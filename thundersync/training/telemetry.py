@@ -1,11 +1,13 @@
 """The run's telemetry: a subscriber to what the run routes and computes, writing the run
 folder's records — ``config.json``, ``events.jsonl``, ``trajectories.jsonl`` (the batches'
 events in full, for ``thundersync export``), ``spans.jsonl``, ``metrics.jsonl`` (and
-TensorBoard / W&B) — and keeping the per-step busy-time window the step's metrics report.
+TensorBoard / W&B) — and keeping the per-step busy-time window the step's metrics report,
+with the rollout's cores' load (``cpu_load``) among the spans.
 It owns no control flow: the run would behave the same without it."""
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +16,7 @@ from typing import Any
 
 from thundersync.protocol import events as ev
 from thundersync.protocol.strict_json import dumps_nulled, dumps_refusing
+from thundersync.training.cpu_load import CpuSampler
 from thundersync.training.run_metrics import (
     STEP_BASE,
     BatchTracker,
@@ -49,6 +52,30 @@ class Telemetry:
         self._window: dict[str, float] = defaultdict(float)
         self._backward_intervals: list[tuple[float, float]] = []
         self._completed: dict[str, float] = {}
+        placed = config.get("placed") or {}
+        cores = placed.get("rollout_cores") or placed.get("learner_affinity") or []
+        self._loads: list[ev.SpanRecorded] = []  # the sampler's, written on the run's thread
+        self._loads_lock = threading.Lock()
+        self.sampler = CpuSampler(cores, self._load)
+
+    def _load(self, started: float, finished: float, busy: float, cores: int) -> None:
+        span = ev.SpanRecorded(
+            name="cpu",
+            started=started,
+            finished=finished,
+            worker="machine",
+            metrics={"busy": round(busy, 4), "cores": cores},
+        )
+        with self._loads_lock:
+            self._loads.append(span)
+
+    def _write_loads(self) -> None:
+        with self._loads_lock:
+            loads, self._loads = self._loads, []
+        for span in loads:  # not in the step's busy window: the machine's, not a worker's
+            record = ev.summarize(span)
+            record.pop("event", None)
+            self.spans_log.write(dumps_nulled(record) + "\n")
 
     # --- what the run routes -----------------------------------------------------------------
 
@@ -123,11 +150,13 @@ class Telemetry:
     def start_clock(self) -> None:
         """The workers are ready: the first step's time counts from now."""
         self.clock_start = ev.now()
+        self.sampler.start()
 
     def step_record(
         self, step: int, tracker: BatchTracker, learned: dict[str, Any], *, device: str
     ) -> dict[str, Any]:
         """Batch ``step``'s metrics, written to ``metrics.jsonl``; the window starts anew."""
+        self._write_loads()
         now = ev.now() - self.clock_start
         step_time, self._last_time_s = now - self._last_time_s, now
         window, self._window = dict(self._window), defaultdict(float)
@@ -154,6 +183,8 @@ class Telemetry:
         return metrics
 
     def close(self) -> None:
+        self.sampler.close()
+        self._write_loads()
         self.metrics.close()
         self.events_log.close()
         self.trajectories_log.close()

@@ -147,3 +147,33 @@ def test_a_streaming_runs_passes_charge_a_batched_pass_with_a_backward_at_two_fo
         for p in passes
     ]
     assert tied_pass_cost(exact) == pytest.approx((o, f), rel=1e-9)
+
+
+def cpu_span(lo: float, hi: float, busy: float) -> dict:
+    return {"name": "cpu", "started": lo, "finished": hi, "worker": "machine"} | {
+        "metrics": {"busy": busy, "cores": 2}
+    }
+
+
+@pytest.mark.parametrize(("share", "async_step"), [(1.0, 0.5), (0.4, (2.14 - 0.82) / 4)])
+def test_async_predicted_from_a_sync_run_shares_the_cores_its_batches_kept_busy(
+    runs, share, async_step
+):
+    """The sync run's rollout kept its cores busy at ``share`` (two readings per batch while
+    it rolled out alone; a third, during the learner's step, is not the rollout's). At 1,
+    async(1)'s two batches in flight share them: batches 0 and 1 both ready at 1.0 (half
+    speed), learned 1.0..1.16 and 1.16..1.32; from then each new batch runs alone for 0.16 s
+    and at half speed beside the next, so steps end 2.16, 2.32, 3.16, 3.32: 0.5 s a step once
+    full. At 0.4 the two add to 0.8: as without readings (the first test's 0.33)."""
+    folder = runs["sync"]
+    extra = []
+    for w in step_windows(folder):
+        at = w.submitted_at
+        extra += [cpu_span(at, at + 0.25, share), cpu_span(at + 0.25, at + 0.5, share)]
+        extra.append(cpu_span(at + 0.5, at + 0.61, 0.1))  # the learner's step: left out
+    with (folder / "spans.jsonl").open("a") as spans:
+        spans.writelines(json.dumps(s) + "\n" for s in extra)
+    modes = predict_from_run(folder)["modes"]
+    assert modes["async-k1"]["step_time_s"] == pytest.approx(async_step)
+    assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)  # one batch: no sharing
+    assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)

@@ -246,3 +246,20 @@ def test_by_version_each_batch_is_the_one_its_policy_version_samples():
     w = Workload("w", ((1.0,), (3.0,)), 1.0, by_version=True)
     assert [h["finished_at"] for h in drive(AsyncMode(1), w, steps=4)] == [2.0, 3.0, 6.0, 7.0]
     assert step_times(SYNC, w) == step_times(SYNC, replace(w, by_version=False)) == [2.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    ("share", "ends"), [(1.0, [5.0, 6.0, 9.0, 10.0]), (0.4, [3.0, 4.0, 6.0, 7.0])]
+)
+def test_batches_rolling_out_together_share_their_cores_by_load(share, ends):
+    """async(1), every batch ready after 2 s of rollout, learned in 1 s. At a load of 1 the
+    two batches in flight share the cores: batches 0 and 1 each run at half speed, both ready
+    at 4 (steps end 5, 6); batch 2 (from 5) runs alone until batch 3 joins at 6, then both at
+    half speed: ready at 8, learned 8..9; batch 3, at 1 s of 2 by then, alone: 9, learned
+    9..10. At 0.4 their loads add to 0.8 and nothing slows (the case without loads). Sync
+    never has two batches in flight: loads change nothing."""
+    from harness.virtual_run import drive
+
+    w = Workload("w", ((2.0,),) * 4, 1.0, loads=(((2.0, share),),) * 4)
+    assert [h["finished_at"] for h in drive(AsyncMode(1), w)] == [pytest.approx(e) for e in ends]
+    assert step_times(SYNC, w) == step_times(SYNC, replace(w, loads=())) == [3.0] * 4
