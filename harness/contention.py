@@ -4,8 +4,8 @@ from a run's spans, and a run's ready times with that slowdown taken out (docs/d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,46 +114,99 @@ Load = tuple[tuple[float, float], ...]
 """A batch's rollout load: (rollout seconds from its start at which a reading ends, the busy
 share of the rollout's cores over it), in order; the last share holds after its end."""
 
+COVERED = 0.5
+"""The share of a batch's rollout its readings must cover to say its load. Readings during
+the learner's work are left out, and where the learner works through most of the rollout
+(streaming, the learner on its own core) the few left are a biased sample: on the matrix's
+disaggregated long-tail they covered 0–20 % of each rollout, all at generation, and read 1.0
+where the rollout's core idled most of the time."""
 
-def rollout_loads(
-    folder: Path,
-    batches: Sequence[StepWindow],
-    every: Sequence[StepWindow],
-    busy: Sequence[Interval],
-    kappa: float,
-) -> tuple[Load, ...]:
-    """Each of ``batches``' rollout load (``cpu_load``'s readings, ``Load``), from the
-    readings taken while it alone rolled out and the learner idled: another batch's rollout
-    or the learner would be in the share. Its times are uncontended rollout seconds
-    (``uncontended``). A batch with no such reading gets the run's mean share, held from its
-    start; a run with no readings (recorded before 2026-12-06), no loads at all: the
-    simulator then lets batches in flight together run as fast as one alone."""
-    readings = [
-        (float(s["started"]), float(s["finished"]), float(s["metrics"]["busy"]))
-        for s in read_jsonl(folder / "spans.jsonl")
-        if s.get("worker") == "machine" and s.get("name") == "cpu"
-    ]
-    if not readings:
-        return ()
+SATURATED = 0.95
+"""A reading at least this busy: the cores were full, and batches rolling out during it
+shared them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """What batches rolling out together share, read from a run: its rollout cores' load
+    readings (``cpu_load``) taken while its learner idled, each with how many batches rolled
+    out during it. What one batch alone asks of the cores, and where batches in flight
+    together (async) slowed each other.
+
+    Not the engine: it generates for every batch in flight in one batched call (an async
+    run's calls held both batches' requests), so two batches do not take it twice as long;
+    charged as a resource one batch holds at a time, it moved the demo's predictions from
+    −1 % to +4 % and from async's run to −25 % (docs/measurements.md, 2026-12-06)."""
+
+    readings: tuple[tuple[float, float, float, int], ...]
+    """(started, finished, busy share, batches rolling out at its middle)."""
+    alone: float
+    """The mean share of the readings with one batch rolling out (1 with none: the cores
+    were full wherever batches shared them, and a batch is taken to fill them alone)."""
+    slowed: tuple[tuple[float, float, float], ...] = ()
+    """(from, to, factor): where batches in flight together each ran ``factor`` times slower
+    than alone."""
+
+    def share(self, busy: float, batches: int) -> float:
+        """One batch's share, alone, from a reading of ``batches`` together: the reading
+        itself for one; a part of it where the cores were not full (no batch slowed); the
+        run's ``alone`` where they were, which the reading cannot split."""
+        if batches <= 1:
+            return busy
+        return busy / batches if busy < SATURATED else self.alone
+
+    def lost(self, start: float, t: float) -> float:
+        """Seconds of [start, t] a batch lost to others beside it (1 − 1/factor of each
+        second ``slowed``)."""
+        return sum(
+            max(0.0, min(t, hi) - max(start, lo)) * (1.0 - 1.0 / factor)
+            for lo, hi, factor in self.slowed
+        )
+
+    def loads(
+        self, batches: Sequence[StepWindow], clean: Callable[[StepWindow, float], float]
+    ) -> tuple[Load, ...]:
+        """Each of ``batches``' ``Load`` at ``clean``'s rollout seconds: its readings where
+        they cover ``COVERED`` of its rollout, else none (0: not known, taken as sharing
+        nothing); no readings at all (a run recorded before 2026-12-06), no loads."""
+        if not self.readings:
+            return ()
+        out = []
+        for w in batches:
+            end = max(w.reward_times, default=w.submitted_at)
+            mine = [r for r in self.readings if w.submitted_at <= r[0] and r[1] <= end]
+            covered = sum(hi - lo for lo, hi, *_ in mine)
+            cores = tuple(
+                (clean(w, hi - w.submitted_at), self.share(busy, n)) for _, hi, busy, n in mine
+            )
+            if covered < COVERED * (end - w.submitted_at):
+                cores = ((0.0, 0.0),)
+            out.append(cores)
+        return tuple(out)
+
+
+def rollout_sharing(folder: Path, every: Sequence[StepWindow], busy: Sequence[Interval]) -> Sharing:
+    """The run's ``Sharing``: its ``cpu`` readings outside the learner's work (the learner
+    would be in the share), each with the batches rolling out at its middle, and where
+    batches rolling out together were slowed: in a full reading of m batches, m times the
+    share of one alone (at least 1)."""
     rolling = [(w.submitted_at, max(w.reward_times, default=w.submitted_at)) for w in every]
-    measured: list[list[tuple[float, float]]] = []
-    for w in batches:
-        start, end = w.submitted_at, max(w.reward_times, default=w.submitted_at)
-        others = [iv for iv in rolling if iv != (start, end)]
-        load = [
-            (uncontended(hi, start, busy, kappa), share)
-            for lo, hi, share in readings
-            if start <= lo
-            and hi <= end
-            and not overlap(lo, hi, busy)
-            and not overlap(lo, hi, merged(others))
-        ]
-        measured.append(load)
-    shares = [share for load in measured for _, share in load]
-    if not shares:
-        return ()
-    mean = sum(shares) / len(shares)
-    return tuple(tuple(load) if load else ((0.0, mean),) for load in measured)
+    readings = []
+    for s in read_jsonl(folder / "spans.jsonl"):
+        if s.get("worker") == "machine" and s.get("name") == "cpu":
+            lo, hi = float(s["started"]), float(s["finished"])
+            if not overlap(lo, hi, busy):
+                middle = (lo + hi) / 2
+                n = sum(a <= middle <= b for a, b in rolling)
+                readings.append((lo, hi, float(s["metrics"]["busy"]), n))
+    alone = [r[2] for r in readings if r[3] == 1]
+    sharing = Sharing(tuple(readings), sum(alone) / len(alone) if alone else 1.0)
+    slowed = []
+    for lo, hi, share, n in readings:
+        factor = n * sharing.share(share, n)
+        if n > 1 and factor > 1.0:
+            slowed.append((lo, hi, factor))
+    return replace(sharing, slowed=tuple(slowed))
 
 
 def load_at(load: Load, progress: float) -> tuple[float, float]:

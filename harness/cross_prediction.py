@@ -12,10 +12,13 @@ What one mode's run says about another's:
   time is turned back into uncontended rollout seconds, t − κ/(1+κ)·(learner busy before t),
   and every predicted mode pays κ again wherever its learner overlaps its rollout
   (``VirtualRun.advance``).
-- **Loads**: how busy each batch kept the rollout's cores while it alone rolled out and the
-  learner idled (``contention.rollout_loads``, from ``cpu_load``'s readings): a mode that
-  rolls batches out together (async) has them share those cores where their loads add past
-  1. A run recorded before the readings existed predicts them sharing nothing.
+- **Loads**: how busy each batch kept the rollout's cores while the learner idled
+  (``contention.rollout_sharing``, from ``cpu_load``'s readings): a mode that rolls batches
+  out together (async) has them share those cores where their loads add past 1. From an
+  async run, whose batches shared the cores, each time is also taken back to what it would
+  have been alone: a full reading of m batches had each lose 1 − 1/(m · its share alone),
+  that share measured where one batch rolled out alone (a guess of 1 where none did). A run
+  recorded before the readings existed predicts batches sharing nothing.
 - **κ** is fitted from the engine's generation spans: how much slower generation batches ran
   beside the learner than alone, their batch sizes accounted for
   (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run
@@ -49,7 +52,7 @@ from harness.contention import (
     Contention,
     fit_contention,
     learner_busy,
-    rollout_loads,
+    rollout_sharing,
     uncontended,
 )
 from harness.critical_path import (
@@ -151,8 +154,11 @@ def fitted_workload(
         streamed = other.learner_contract().streams
         costs = learner_costs(measured, streams=streamed, kl=kl, micro=micro)
 
+    sharing = rollout_sharing(folder, every, busy)
+
     def clean(w: StepWindow, t: float) -> float:
-        return uncontended(t + w.submitted_at, w.submitted_at, busy, kappa.kappa)
+        at, start = t + w.submitted_at, w.submitted_at
+        return uncontended(at, start, busy, kappa.kappa) - sharing.lost(start, at)
 
     # async(k) sampled batches 0..k with θ_0 and batch n with θ_{n-k}
     versions = [every[0], *every[skip:]]
@@ -183,7 +189,7 @@ def fitted_workload(
         batch_forwards=1 + int(kl),
         fold_s=costs.fold_s,
         contention=kappa.kappa,
-        loads=rollout_loads(folder, versions, every, busy, kappa.kappa),
+        loads=sharing.loads(versions, clean),
         by_version=True,
     )
     return work, kappa, costs

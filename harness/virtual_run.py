@@ -8,8 +8,8 @@ its items fall due after the workload's ready times of rollout; ``wait_batch`` a
 move it by what they cost. While the learner computes, rollout runs 1 + κ times slower
 (``Workload.contention``): on a machine where the engine, tools and graders share the
 learner's cores, what streaming and async overlap costs the rollout. Batches rolling out
-together (async) share their cores (``Workload.loads``): where their measured loads add past
-1, each runs that many times slower.
+together (async) share the rollout's cores (``Workload.loads``): where their measured loads
+add past 1, each runs that many times slower.
 
 The learner is asked only what the mode's contract says (``LearnerContract.streams``): a
 learner that streams drains what arrived (per group as ``StreamingGRPO`` does where the
@@ -99,12 +99,13 @@ class VirtualRun:
             return rates, min(
                 ((r.end - r.progress) / base for r in active.values()), default=math.inf
             )
-        shares = {s: load_at(r.load, r.progress) for s, r in active.items()}
-        demand = sum(share for share, _ in shares.values())
-        rate = base / max(demand, 1.0)
+        shares = [load_at(r.load, r.progress) for r in active.values()]
+        demand = max(1.0, sum(share for share, _ in shares))
+        left = min(until for _, until in shares)
+        rate = base / demand
         for s in active:
             rates[s] = rate
-        horizon = min(min(r.end - r.progress, shares[s][1]) / rate for s, r in active.items())
+        horizon = min(min(r.end - r.progress, left) / rate for r in active.values())
         return rates, horizon
 
     def advance(self, seconds: float, *, busy: bool) -> None:

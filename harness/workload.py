@@ -79,9 +79,9 @@ class Workload:
     """κ: while the learner computes, rollout runs 1 + κ times slower (the engine, tools and
     graders share the learner's cores); 0: they do not compete."""
     loads: tuple[tuple[tuple[float, float], ...], ...] = ()
-    """Per batch, its rollout's load on its cores (``harness.contention.Load``): batches in
-    flight together whose shares add past 1 slow each other in proportion (processor
-    sharing); empty: they never do."""
+    """Per batch, its rollout's load on the rollout's cores (``harness.contention.Load``):
+    batches in flight together whose shares add past 1 slow each other in proportion
+    (processor sharing); empty: they never do."""
     by_version: bool = False
     """Step n rolls out the batch of the policy the engine has when it is submitted (batch v
     after v optimizer steps, the last batch past the end) rather than batch n: a run's batches

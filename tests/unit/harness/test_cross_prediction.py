@@ -177,3 +177,36 @@ def test_async_predicted_from_a_sync_run_shares_the_cores_its_batches_kept_busy(
     assert modes["async-k1"]["step_time_s"] == pytest.approx(async_step)
     assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)  # one batch: no sharing
     assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
+
+
+def test_batches_that_shared_the_cores_are_taken_back_to_their_time_alone(tmp_path):
+    """An async run's two batches rolled out together over 0..1 s with the cores full (two
+    readings of 1.0), then one alone at 0.8 (1..1.2 s); a reading during the learner's work
+    (1.2..1.4) is left out. Alone a batch asks 0.8 of the cores, so two ask 1.6: each ran at
+    1/1.6 of its speed and lost 1 − 1/1.6 of each second. A reading below full (0.6 of two
+    batches, 2..2.5 s) slowed nobody (each asked 0.3). A batch whose readings cover a quarter
+    of its rollout (3..4 s) has no load said: too few to be its own."""
+    from harness.contention import rollout_sharing
+    from harness.critical_path import StepWindow
+
+    spans = [cpu_span(0.0, 0.5, 1.0), cpu_span(0.5, 1.0, 1.0), cpu_span(1.0, 1.2, 0.8)]
+    spans += [cpu_span(1.2, 1.4, 0.1), cpu_span(2.0, 2.5, 0.6)]
+    spans.append(cpu_span(3.0, 3.25, 0.8))
+    (tmp_path / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    windows = [
+        StepWindow(1, 0.0, 1.4, (0.9, 1.0), {}),
+        StepWindow(2, 0.0, 1.6, (1.2,), {}),
+        StepWindow(3, 2.0, 3.0, (2.5,), {}),
+        StepWindow(4, 2.0, 3.2, (2.5,), {}),
+        StepWindow(5, 3.0, 4.2, (4.0,), {}),
+    ]
+    sharing = rollout_sharing(tmp_path, windows, [(1.2, 1.4)])
+    assert sharing.alone == pytest.approx(0.8)
+    assert [r[3] for r in sharing.readings] == [2, 2, 1, 2, 1]  # the learner's reading is out
+    assert sharing.lost(0.0, 1.0) == pytest.approx(1.0 - 1.0 / 1.6)
+    assert sharing.lost(0.0, 1.2) == sharing.lost(0.0, 1.0)  # alone, nothing lost
+    assert sharing.lost(2.0, 2.5) == 0.0
+    loads = sharing.loads(windows, lambda w, t: t)
+    assert loads[2] == ((0.5, pytest.approx(0.3)),)  # its reading, split between two
+    assert loads[0] == ((0.5, pytest.approx(0.8)), (1.0, pytest.approx(0.8)))
+    assert loads[4] == ((0.0, 0.0),)  # a quarter covered: not said
