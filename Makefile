@@ -108,7 +108,7 @@ typecheck: install
 	$(BIN)/python -m mypy
 
 # The training modes on five workloads through the real loop, side by side, with the simulator's
-# replay of each run, in both placements (benchmarks/matrix.py; about 20 minutes per placement on
+# replay of each run, in both placements (benchmarks/matrix.py; about 13 minutes for both on
 # 2 quiet cores; --placements, --workloads and --no-budget run a subset).
 bench-matrix: install
 	$(BIN)/python benchmarks/matrix.py

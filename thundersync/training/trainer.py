@@ -284,9 +284,9 @@ class Trainer:
                     inbox.put(Stop())
             self.ranks.stop()
             self.pool.close()
-            if hasattr(self, "telemetry"):
-                self.telemetry.close()
         finally:
+            if hasattr(self, "telemetry"):  # its records and its load sampler, on every path
+                self.telemetry.close()
             restore_affinity(self._affinity)
 
     def __enter__(self) -> Trainer:
