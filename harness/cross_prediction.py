@@ -241,9 +241,12 @@ def predict_from_run(
         for mode in registered_modes(k):
             if mode.label in modes:
                 continue
-            # as many steps as the run, a pipeline's filling besides (its steady state)
+            # as many steps as the run: an async run's batches finish in clumps (two in
+            # flight sharing the cores end together), so its mean interval once full
+            # depends on where the run stops; predicted past it, the matrix's async cells
+            # read 5–20 points further off (docs/measurements.md, 2026-12-06)
             skip = mode.batches_in_flight
-            steps = drive(mode, work, steps=len(history) + (skip if skip > 1 else 0))
+            steps = drive(mode, work, steps=len(history))
             predicted: dict[str, Any] = {
                 # measured as the run is: one batch in flight, the first step left out
                 "step_time_s": step_time(steps if skip > 1 else steps[1:], mode),

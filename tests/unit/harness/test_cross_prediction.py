@@ -29,10 +29,10 @@ def test_each_mode_is_predicted_from_a_run_of_the_other(runs, source):
     assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)
     assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
     assert modes[source]["error"] == pytest.approx(0.0, abs=1e-9)
-    # async(1) rolls batch n+1 out while learning n (0.16 s), over the run's four steps and
-    # two more: steps end at 0.66, 0.82, 1.32 (batch 2 submitted at 0.66), 1.48, 1.98 and
-    # 2.14; the mean interval once its pipeline is full, after step 2
-    assert modes["async-k1"]["step_time_s"] == pytest.approx((2.14 - 0.82) / 4)
+    # async(1) rolls batch n+1 out while learning n (0.16 s), over the run's four steps:
+    # steps end at 0.66, 0.82, 1.32 (batch 2 submitted at 0.66) and 1.48; the mean interval
+    # once its pipeline is full, after step 2
+    assert modes["async-k1"]["step_time_s"] == pytest.approx((1.48 - 0.82) / 2)
     assert not modes["async-k1"]["same_updates"] and modes["streaming"]["same_updates"]
     # the time to the run's last step, all four predicted
     assert modes["streaming"]["time_to_step_s"] == pytest.approx(4 * STREAMING_S)
@@ -155,7 +155,7 @@ def cpu_span(lo: float, hi: float, busy: float) -> dict:
     }
 
 
-@pytest.mark.parametrize(("share", "async_step"), [(1.0, 0.5), (0.4, (2.14 - 0.82) / 4)])
+@pytest.mark.parametrize(("share", "async_step"), [(1.0, 0.5), (0.4, (1.48 - 0.82) / 2)])
 def test_async_predicted_from_a_sync_run_shares_the_cores_its_batches_kept_busy(
     runs, share, async_step
 ):
@@ -163,8 +163,8 @@ def test_async_predicted_from_a_sync_run_shares_the_cores_its_batches_kept_busy(
     it rolled out alone; a third, during the learner's step, is not the rollout's). At 1,
     async(1)'s two batches in flight share them: batches 0 and 1 both ready at 1.0 (half
     speed), learned 1.0..1.16 and 1.16..1.32; from then each new batch runs alone for 0.16 s
-    and at half speed beside the next, so steps end 2.16, 2.32, 3.16, 3.32: 0.5 s a step once
-    full. At 0.4 the two add to 0.8: as without readings (the first test's 0.33)."""
+    and at half speed beside the next, so the run's last two steps end at 2.16 and 2.32: 0.5 s
+    a step once full. At 0.4 the two add to 0.8: as without readings (the first test's)."""
     folder = runs["sync"]
     extra = []
     for w in step_windows(folder):
