@@ -34,6 +34,11 @@ def test_each_mode_is_predicted_from_a_run_of_the_other(runs, source):
     # once its pipeline is full, after step 2
     assert modes["async-k1"]["step_time_s"] == pytest.approx((1.48 - 0.82) / 2)
     assert not modes["async-k1"]["same_updates"] and modes["streaming"]["same_updates"]
+    # async(3) keeps 4 batches in flight, which the run's 4 steps never get past: it is driven
+    # one step more. Steps end at 0.66, 0.82, 0.98, 1.14 (all four batches ready at 0.5);
+    # batch 4, submitted at 0.66, ready at 1.16, learned by 1.32: 0.18 s once full
+    deep = predict_from_run(runs[source], staleness=(3,))["modes"]["async-k3"]["step_time_s"]
+    assert deep == pytest.approx(1.32 - 1.14)
     # the time to the run's last step, all four predicted
     assert modes["streaming"]["time_to_step_s"] == pytest.approx(4 * STREAMING_S)
     own = {"sync": SYNC_S, "streaming": STREAMING_S}[source]
