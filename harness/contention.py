@@ -5,7 +5,7 @@ from a run's spans, and a run's ready times with that slowdown taken out (docs/d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +143,6 @@ class Sharing:
     alone: float
     """The mean share of the readings with one batch rolling out (1 with none: the cores
     were full wherever batches shared them, and a batch is taken to fill them alone)."""
-    slowed: tuple[tuple[float, float, float], ...] = ()
-    """(from, to, factor): where batches in flight together each ran ``factor`` times slower
-    than alone."""
 
     def share(self, busy: float, batches: int) -> float:
         """One batch's share, alone, from a reading of ``batches`` together: the reading
@@ -156,12 +153,15 @@ class Sharing:
         return busy / batches if busy < SATURATED else self.alone
 
     def lost(self, start: float, t: float) -> float:
-        """Seconds of [start, t] a batch lost to others beside it (1 − 1/factor of each
-        second ``slowed``)."""
-        return sum(
-            max(0.0, min(t, hi) - max(start, lo)) * (1.0 - 1.0 / factor)
-            for lo, hi, factor in self.slowed
-        )
+        """Seconds of [start, t] a batch lost to others beside it: in a full reading of m
+        batches, each ran m times its share alone slower (at least 1), losing 1 − 1/that
+        of each second."""
+        out = 0.0
+        for lo, hi, busy, batches in self.readings:
+            factor = batches * self.share(busy, batches)
+            if batches > 1 and factor > 1.0:
+                out += max(0.0, min(t, hi) - max(start, lo)) * (1.0 - 1.0 / factor)
+        return out
 
     def loads(
         self, batches: Sequence[StepWindow], clean: Callable[[StepWindow, float], float]
@@ -187,9 +187,7 @@ class Sharing:
 
 def rollout_sharing(folder: Path, every: Sequence[StepWindow], busy: Sequence[Interval]) -> Sharing:
     """The run's ``Sharing``: its ``cpu`` readings outside the learner's work (the learner
-    would be in the share), each with the batches rolling out at its middle, and where
-    batches rolling out together were slowed: in a full reading of m batches, m times the
-    share of one alone (at least 1)."""
+    would be in the share), each with the batches rolling out at its middle."""
     rolling = [(w.submitted_at, max(w.reward_times, default=w.submitted_at)) for w in every]
     readings = []
     for s in read_jsonl(folder / "spans.jsonl"):
@@ -200,13 +198,7 @@ def rollout_sharing(folder: Path, every: Sequence[StepWindow], busy: Sequence[In
                 n = sum(a <= middle <= b for a, b in rolling)
                 readings.append((lo, hi, float(s["metrics"]["busy"]), n))
     alone = [r[2] for r in readings if r[3] == 1]
-    sharing = Sharing(tuple(readings), sum(alone) / len(alone) if alone else 1.0)
-    slowed = []
-    for lo, hi, share, n in readings:
-        factor = n * sharing.share(share, n)
-        if n > 1 and factor > 1.0:
-            slowed.append((lo, hi, factor))
-    return replace(sharing, slowed=tuple(slowed))
+    return Sharing(tuple(readings), sum(alone) / len(alone) if alone else 1.0)
 
 
 def load_at(load: Load, progress: float) -> tuple[float, float]:

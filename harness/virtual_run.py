@@ -93,27 +93,23 @@ class VirtualRun:
         1 + κ times slower while the learner is ``busy``, and batches still rolling out
         together slowed by the sum of their loads where it passes 1."""
         base = 1.0 / (1.0 + self.w.contention) if busy else 1.0
-        rates = dict.fromkeys(self.rollouts, base)
         active = {s: r for s, r in self.rollouts.items() if r.progress < r.end - 1e-12}
-        if len(active) < 2 or not self.w.loads:
-            return rates, min(
-                ((r.end - r.progress) / base for r in active.values()), default=math.inf
-            )
-        shares = [load_at(r.load, r.progress) for r in active.values()]
-        demand = max(1.0, sum(share for share, _ in shares))
-        left = min(until for _, until in shares)
-        rate = base / demand
-        for s in active:
-            rates[s] = rate
-        horizon = min(min(r.end - r.progress, left) / rate for r in active.values())
+        rate, left = base, math.inf
+        if len(active) > 1 and self.w.loads:
+            shares = [load_at(r.load, r.progress) for r in active.values()]
+            rate = base / max(1.0, sum(share for share, _ in shares))
+            left = min(until for _, until in shares)
+        rates = {s: rate if s in active else base for s in self.rollouts}
+        horizon = min(
+            (min(r.end - r.progress, left) / rate for r in active.values()), default=math.inf
+        )
         return rates, horizon
 
     def advance(self, seconds: float, *, busy: bool) -> None:
         """Move the clock by ``seconds``; the batches in flight progress at ``_rates``."""
         while seconds > 0.0:
             rates, horizon = self._rates(busy=busy)
-            dt = seconds if horizon >= seconds else max(horizon, 1e-9)
-            dt = min(dt, seconds)
+            dt = min(seconds, max(horizon, 1e-9))
             for step, rollout in self.rollouts.items():
                 rollout.progress += dt * rates[step]
             self.now += dt

@@ -73,9 +73,7 @@ class Telemetry:
         with self._loads_lock:
             loads, self._loads = self._loads, []
         for span in loads:  # not in the step's busy window: the machine's, not a worker's
-            record = ev.summarize(span)
-            record.pop("event", None)
-            self.spans_log.write(dumps_nulled(record) + "\n")
+            self._write(span)
 
     # --- what the run routes -----------------------------------------------------------------
 
@@ -127,10 +125,13 @@ class Telemetry:
         if isinstance(event, ev.GradientComputed):
             self.span(backward_span(event, "learner"))
 
-    def span(self, span: ev.SpanRecorded) -> None:
+    def _write(self, span: ev.SpanRecorded) -> None:
         record = ev.summarize(span)
         record.pop("event", None)
         self.spans_log.write(dumps_nulled(record) + "\n")
+
+    def span(self, span: ev.SpanRecorded) -> None:
+        self._write(span)
         if span.name == "backward":  # batched pieces share one interval: count it once
             self._backward_intervals.append((span.started, span.finished))
         else:
