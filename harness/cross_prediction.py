@@ -276,6 +276,7 @@ def predict_from_run(
             "engine_share": kappa.engine_share,
             "measured": kappa.measured,
         },
+        "loads": _loads_said(work),
         "learner": {
             "pass_overhead_s": costs.pass_overhead_s,
             "forward_per_token_s": costs.forward_per_token_s,
@@ -285,4 +286,16 @@ def predict_from_run(
             "fitted_to": costs.source,
         },
         "modes": modes,
+    }
+
+
+def _loads_said(work: Workload) -> dict[str, Any]:
+    """How many batches' rollout loads the run's readings said (``rollout_sharing``), of how
+    many, and their mean share of the rollout's cores (None: no readings in the run)."""
+    said = [load for load in work.loads if load != ((0.0, 0.0),)]
+    shares = [share for load in said for _, share in load]
+    return {
+        "batches": len(work.items),
+        "said": len(said),
+        "mean_share": sum(shares) / len(shares) if shares else None,
     }

@@ -14,12 +14,13 @@ import argparse
 import datetime
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from harness.verdicts import FASTER, SLOWER, replication, replication_lines
-from thundersync.protocol.documents import load_json
+from thundersync.protocol.documents import DocumentError, load_json
 
 START = "<!-- --8<-- [start:results] -->"
 END = "<!-- --8<-- [end:results] -->"
@@ -168,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         "(exit status 1 when one differs)",
     )
     args = parser.parse_args(argv)
-    results = load_json(args.results.read_text(), args.results)
-    if args.replicates is not None:
-        rows = replication(results, load_json(args.replicates.read_text(), args.replicates))
+    try:
+        results = _read(args.results)
+        other = None if args.replicates is None else _read(args.replicates)
+    except (OSError, DocumentError) as err:
+        print(f"results_table: error: {err}", file=sys.stderr)
+        return 2
+    if other is not None:
+        rows = replication(results, other)
         print("\n".join(replication_lines(rows)))
         return 0 if all(row["same"] for row in rows) else 1
     block = render(results, date=args.date, commit=args.commit or _commit())
@@ -180,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     args.into.write_text(splice(args.into.read_text(), block, path=args.into))
     print(f"results_table: {args.into}'s results block rewritten from {args.results}")
     return 0
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """A comparison's results.json; a DocumentError naming the file when it is not one."""
+    results = load_json(path.read_text(), path)
+    if not isinstance(results, dict) or "verdicts" not in results or "modes" not in results:
+        raise DocumentError(path, "not a comparison's results.json (no modes or verdicts)")
+    return results
 
 
 if __name__ == "__main__":

@@ -278,6 +278,16 @@ def run_from(args: Any) -> int:
     how = "fitted from its engine spans" if kappa["measured"] else "not measured in this run"
     print(f"* other updates than the run's: timed to the same step ({at})")
     print(f"contention kappa {kappa['kappa']:.2f}: {how}; early start {result['early_start']}")
+    loads = result["loads"]
+    if loads["mean_share"] is None:
+        print("rollout load: not recorded in this run: batches in flight together (async) are")
+        print("  predicted not to slow each other")
+    else:
+        print(
+            f"rollout load: said for {loads['said']} of {loads['batches']} batches, "
+            f"{loads['mean_share']:.2f} of the rollout's cores on average:"
+        )
+        print("  batches in flight together (async) share them")
     print(f"simulate: every mode predicted from the {result['from_mode']} run {result['run']}")
     return 0
 

@@ -88,7 +88,9 @@ def test_simulate_from_a_run_prints_every_mode_and_takes_json(runs, capsys):
     assert main(["simulate", "--from", str(runs["streaming"])]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "simulate: every mode predicted from the streaming run streaming"
-    assert out[-2].startswith("contention kappa 0.00: not measured in this run")
+    assert out[-4].startswith("contention kappa 0.00: not measured in this run")
+    assert out[-3].startswith("rollout load: not recorded in this run")  # no cpu spans
+    assert result["loads"] == {"batches": 4, "said": 0, "mean_share": None}
     # the old form keeps its keys, each registered mode now predicted from the run's spans
     assert main(["simulate", "--workload", str(runs["streaming"]), "--json"]) == 0
     times = json.loads(capsys.readouterr().out)["step_time_s"]

@@ -106,3 +106,14 @@ def test_two_runs_are_compared_verdict_by_verdict(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "time to target: faster 1.3" in out and "/ not distinguishable" in out
     assert "<- differs" in out and "verdicts the same in both runs" in out
+
+
+def test_a_file_that_is_not_a_comparisons_results_is_named_in_one_line(tmp_path, capsys):
+    not_json, other = tmp_path / "README.md", tmp_path / "other.json"
+    not_json.write_text("# a readme\n")
+    other.write_text('{"runs": []}')
+    for path in (tmp_path / "missing.json", not_json, other):
+        assert main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("results_table: error: ") and str(path.name) in err
+        assert len(err.strip().splitlines()) == 1
