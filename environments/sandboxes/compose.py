@@ -158,6 +158,8 @@ def _exists(client: Any, name: str) -> bool:
 def wait_ready(client: Any, name: str, spec: ServiceSpec) -> None:
     """Return once service ``spec`` runs (and its healthcheck passed, if it has one); a
     SandboxError with its last log lines when it exits first or its time runs out."""
+    import docker.errors  # the SDK is there: a client was made
+
     container = client.containers.get(name)
     deadline = time.monotonic() + spec.start_timeout_s
     last = ""
@@ -169,9 +171,12 @@ def wait_ready(client: Any, name: str, spec: ServiceSpec) -> None:
         if container.status == "running":
             if spec.healthcheck is None:
                 return
-            code, out = container.exec_run(
-                ["timeout", str(HEALTHCHECK_TIMEOUT_S), "sh", "-c", spec.healthcheck]
-            )
+            try:
+                code, out = container.exec_run(
+                    ["timeout", str(HEALTHCHECK_TIMEOUT_S), "sh", "-c", spec.healthcheck]
+                )
+            except docker.errors.APIError as exc:  # it exited since the reload: the next says so
+                code, out = None, str(exc).encode()
             if code == 0:
                 return
             last = out.decode("utf-8", "replace").strip()[-300:]
