@@ -143,6 +143,9 @@ class Sharing:
     alone: float
     """The mean share of the readings with one batch rolling out (1 with none: the cores
     were full wherever batches shared them, and a batch is taken to fill them alone)."""
+    learner: float | None = None
+    """The mean share of the readings taken while the learner computed and no batch rolled
+    out (``LEARNER_ALONE`` of each inside its work); None: no such reading."""
 
     def share(self, busy: float, batches: int) -> float:
         """One batch's share, alone, from a reading of ``batches`` together: the reading
@@ -185,20 +188,35 @@ class Sharing:
         return tuple(out)
 
 
+LEARNER_ALONE = 0.9
+"""The share of a reading that must lie in the learner's work, with no batch rolling out,
+for it to say the learner's load: sync's learner computes 0.6 s a step on the matrix, two or
+three readings, and one that straddles its start or end reads the idle gap too."""
+
+
 def rollout_sharing(folder: Path, every: Sequence[StepWindow], busy: Sequence[Interval]) -> Sharing:
     """The run's ``Sharing``: its ``cpu`` readings outside the learner's work (the learner
-    would be in the share), each with the batches rolling out at its middle."""
+    would be in the share), each with the batches rolling out at its middle; and the
+    learner's own load, from the readings inside its work while nothing rolled out."""
     rolling = [(w.submitted_at, max(w.reward_times, default=w.submitted_at)) for w in every]
-    readings = []
+    readings, learner = [], []
     for s in read_jsonl(folder / "spans.jsonl"):
         if s.get("worker") == "machine" and s.get("name") == "cpu":
             lo, hi = float(s["started"]), float(s["finished"])
+            middle, share = (lo + hi) / 2, float(s["metrics"]["busy"])
+            n = sum(a <= middle <= b for a, b in rolling)
             if not overlap(lo, hi, busy):
-                middle = (lo + hi) / 2
-                n = sum(a <= middle <= b for a, b in rolling)
-                readings.append((lo, hi, float(s["metrics"]["busy"]), n))
+                readings.append((lo, hi, share, n))
+            elif not overlap(lo, hi, rolling) and overlap(lo, hi, busy) >= LEARNER_ALONE * (
+                hi - lo
+            ):
+                learner.append(share)
     alone = [r[2] for r in readings if r[3] == 1]
-    return Sharing(tuple(readings), sum(alone) / len(alone) if alone else 1.0)
+    return Sharing(
+        tuple(readings),
+        sum(alone) / len(alone) if alone else 1.0,
+        sum(learner) / len(learner) if learner else None,
+    )
 
 
 def load_at(load: Load, progress: float) -> tuple[float, float]:

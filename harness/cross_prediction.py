@@ -22,8 +22,11 @@ What one mode's run says about another's:
 - **κ** is fitted from the engine's generation spans: how much slower generation batches ran
   beside the learner than alone, their batch sizes accounted for
   (``contention.generation_slowdown``), times the engine's share of the rollout's time. A run
-  whose learner never overlapped its rollout (sync) cannot show κ: it is taken as 0 unless
-  given (``contention``), and said so.
+  whose learner never overlapped its rollout (sync) cannot show κ: there the learner's own
+  load ℓ is read instead (the readings inside its work, nothing rolling out), and the
+  predicted learner and batches share the rollout's cores by their loads, each slowed where
+  they add past 1 (``Workload.learner_load``): async's learner, beside a rollout, slows too.
+  Without readings κ is 0 unless given (``contention``), and said so.
 - **Learner costs**: a run with backward passes (streaming) gives o and f, with g = 2f
   (``tied_pass_cost``: its small passes cannot tell f from g), and a batched pass is charged
   as a padded pass of one backward; a run
@@ -190,6 +193,9 @@ def fitted_workload(
         fold_s=costs.fold_s,
         contention=kappa.kappa,
         loads=sharing.loads(versions, clean),
+        # a run that shows no κ (sync's learner never overlaps its rollout) shows the
+        # learner's own load instead: the learner and the rollout then share the cores
+        learner_load=sharing.learner if contention is None and not kappa.measured else None,
         by_version=True,
     )
     return work, kappa, costs
@@ -277,6 +283,7 @@ def predict_from_run(
             "measured": kappa.measured,
         },
         "loads": _loads_said(work),
+        "learner_load": work.learner_load,
         "learner": {
             "pass_overhead_s": costs.pass_overhead_s,
             "forward_per_token_s": costs.forward_per_token_s,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from harness.workload import Item, Workload, pass_seconds
+from thundersync.core.holds import next_deposit
 from thundersync.core.micro_batches import weight_classes
 
 
@@ -22,7 +23,13 @@ class GrpoDrain:
     ones as one pass of Σ hᵢ (and Σ kᵢ), their rewards' halves (none where the reward is c) then
     a backward each per group, or once the group closes one batch with the finals' (none in a
     group of equal rewards). Each pass is charged by its trajectories' padded tokens
-    (``pass_seconds``)."""
+    (``pass_seconds``).
+
+    As the training loop's learner does (``thundersync.core.holds``), a drain with finals
+    leaves the open groups' deposits for the next drain, and one without runs one group's
+    (``next_deposit``) and leaves the rest (``deferred``: the caller comes straight back);
+    ``drain(defer=False)``, the step's, runs everything. The ski-rental hold of a group whose
+    members are all being graded is not modelled."""
 
     def __init__(self, items: Sequence[Item], w: Workload) -> None:
         self.items, self.w = list(items), w
@@ -38,6 +45,7 @@ class GrpoDrain:
         self.halves: set[int] = set()
         self.left = set(range(len(self.items)))
         self.shifts: dict[str, float | None] = {}  # a group's c: its first reward deposited
+        self.deferred = False  # the last drain left deposits for the next
 
     def see(self, index: int, *, rewarded: bool) -> None:
         """Item ``index`` completed (``rewarded`` False) or has its reward."""
@@ -75,8 +83,8 @@ class GrpoDrain:
             for g in groups
         )
 
-    def drain(self) -> float:
-        """The seconds of one drain of everything that has arrived."""
+    def drain(self, *, defer: bool = True) -> float:
+        """The seconds of one drain of what has arrived (the class docstring)."""
         kl, split = int(self.w.kl), self.w.split
         ref = 1 + kl  # forwards of a pass that computes the KL term: the reference's too
         woken = sorted((k, i) for i in self.left if (k := self._wake(i)) is not None)
@@ -99,6 +107,12 @@ class GrpoDrain:
             else:  # early start: its piece now, in the drain's loop
                 t += pass_seconds([self.items[i].tokens], self.w, backwards=1 + kl, forwards=ref)
                 self.pieces.add(i)
+        self.deferred = False
+        if defer and deposits:
+            unrewarded = {g: sum(not self._rewarded(i) for i in self.members[g]) for g in deposits}
+            first = () if finals or remainders else (next_deposit(unrewarded),)
+            self.deferred = len(first) < len(deposits)
+            deposits = {g: members for g, members in deposits.items() if g in first}
         for gid, members in [*seconds.items(), *deposits.items()]:
             self.shifts.setdefault(gid, self.items[members[0]].value)
         for members in deposits.values():  # a lone one: its piece, one backward (and kᵢ)

@@ -288,6 +288,12 @@ def run_from(args: Any) -> int:
             f"{loads['mean_share']:.2f} of the rollout's cores on average:"
         )
         print("  batches in flight together (async) share them")
+    if result["learner_load"] is not None:
+        print(
+            f"learner load: {result['learner_load']:.2f} of the rollout's cores while it computes "
+            "alone: it shares them with the rollout where their loads add past 1 (in place of "
+            "kappa)"
+        )
     print(f"simulate: every mode predicted from the {result['from_mode']} run {result['run']}")
     return 0
 

@@ -9,7 +9,8 @@ move it by what they cost. While the learner computes, rollout runs 1 + κ times
 (``Workload.contention``): on a machine where the engine, tools and graders share the
 learner's cores, what streaming and async overlap costs the rollout. Batches rolling out
 together (async) share the rollout's cores (``Workload.loads``): where their measured loads
-add past 1, each runs that many times slower.
+add past 1, each runs that many times slower. Where the learner's own load is known
+(``Workload.learner_load``), it shares them too, in place of κ: the learner slows as well.
 
 The learner is asked only what the mode's contract says (``LearnerContract.streams``): a
 learner that streams drains what arrived (per group as ``StreamingGRPO`` does where the
@@ -88,33 +89,42 @@ class VirtualRun:
         load = self.w.loads[batch] if self.w.loads else ()
         self.rollouts[step] = _Rollout(self.now, _due(self.w, batch, step), load)
 
-    def _rates(self, *, busy: bool) -> tuple[dict[int, float], float]:
-        """Each batch's rollout seconds per second now, and the seconds until one changes:
-        1 + κ times slower while the learner is ``busy``, and batches still rolling out
-        together slowed by the sum of their loads where it passes 1."""
-        base = 1.0 / (1.0 + self.w.contention) if busy else 1.0
+    def _rates(self, *, busy: bool) -> tuple[dict[int, float], float, float]:
+        """Each batch's rollout seconds per second now, the learner's work seconds per second
+        (while ``busy``), and the seconds until one changes. With ``Workload.learner_load``
+        the learner's ℓ and the loads of the batches still rolling out share the cores:
+        everyone slowed by their sum where it passes 1. Without, rollout runs 1 + κ times
+        slower while the learner is ``busy``, and batches rolling out together are slowed
+        by the sum of their loads where it passes 1; the learner runs at full speed."""
+        shared = self.w.learner_load is not None and bool(self.w.loads)
+        base = 1.0 / (1.0 + self.w.contention) if busy and not shared else 1.0
         active = {s: r for s, r in self.rollouts.items() if r.progress < r.end - 1e-12}
-        rate, left = base, math.inf
-        if len(active) > 1 and self.w.loads:
+        rate, learner, left = base, 1.0, math.inf
+        if self.w.loads and (len(active) > 1 or (shared and busy and active)):
             shares = [load_at(r.load, r.progress) for r in active.values()]
-            rate = base / max(1.0, sum(share for share, _ in shares))
+            total = sum(share for share, _ in shares)
+            if shared and busy:
+                total += self.w.learner_load or 0.0
+                learner = 1.0 / max(1.0, total)
+            rate = base / max(1.0, total)
             left = min(until for _, until in shares)
         rates = {s: rate if s in active else base for s in self.rollouts}
         horizon = min(
             (min(r.end - r.progress, left) / rate for r in active.values()), default=math.inf
         )
-        return rates, horizon
+        return rates, learner, horizon
 
     def advance(self, seconds: float, *, busy: bool) -> None:
-        """Move the clock by ``seconds``; the batches in flight progress at ``_rates``."""
+        """Move on by ``seconds`` of the learner's work (``busy``) or of idling; the batches
+        in flight progress at ``_rates``, and the learner's work at its own."""
         while seconds > 0.0:
-            rates, horizon = self._rates(busy=busy)
-            dt = min(seconds, max(horizon, 1e-9))
+            rates, learner, horizon = self._rates(busy=busy)
+            dt = min(seconds / learner, max(horizon, 1e-9))
             for step, rollout in self.rollouts.items():
                 rollout.progress += dt * rates[step]
             self.now += dt
             self.busy_s += dt if busy else 0.0
-            seconds -= dt
+            seconds -= dt * learner
 
     def _wait(self, step: int, *, everything: bool, timeout_s: float | None = None) -> None:
         """Idle until batch ``step``'s next item (``everything``: its last) falls due."""
@@ -124,7 +134,7 @@ class VirtualRun:
         target = rollout.due[-1 if everything else rollout.taken][0]
         budget = math.inf if timeout_s is None else timeout_s
         while rollout.progress < target - 1e-12 and budget > 0.0:
-            rates, horizon = self._rates(busy=False)
+            rates, _, horizon = self._rates(busy=False)
             dt = min((target - rollout.progress) / rates[step], max(horizon, 1e-9), budget)
             self.advance(dt, busy=False)
             budget -= dt
@@ -198,14 +208,17 @@ class VirtualLearner:
             self.run.advance(seconds, busy=True)
 
     def wake_after(self) -> float | None:
-        return None  # the simulated learner holds no deposit back (core/holds.py)
+        # come straight back where a drain left deposits (GrpoDrain); no ski-rental hold
+        return 0.0 if any(d.deferred for d in self.drains.values()) else None
 
     def step_seconds(self, step: int) -> float:
         """``step()``'s work beyond the optimizer: the batch's passes, or a streaming
         learner's folds."""
-        self.drains.pop(step, None)
+        drain = self.drains.pop(step, None)
         w, batch = self.run.w, self.run.batch_of[step]
-        return w.fold_s if self.streams else batch_seconds(w, batch)
+        if not self.streams:
+            return batch_seconds(w, batch)
+        return w.fold_s + (drain.drain(defer=False) if drain is not None else 0.0)
 
 
 def _due(w: Workload, batch: int, step: int) -> list[tuple[float, ItemDue]]:

@@ -82,6 +82,11 @@ class Workload:
     """Per batch, its rollout's load on the rollout's cores (``harness.contention.Load``):
     batches in flight together whose shares add past 1 slow each other in proportion
     (processor sharing); empty: they never do."""
+    learner_load: float | None = None
+    """ℓ: the learner's share of the rollout's cores while it computes alone. Given with
+    ``loads``, the learner and the batches rolling out share those cores (processor sharing:
+    where ℓ and their loads add past 1, each runs that many times slower) in place of κ;
+    None: κ (docs/design.md §4)."""
     by_version: bool = False
     """Step n rolls out the batch of the policy the engine has when it is submitted (batch v
     after v optimizer steps, the last batch past the end) rather than batch n: a run's batches

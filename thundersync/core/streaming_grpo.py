@@ -35,6 +35,7 @@ from thundersync.core.assembly import natural_key
 from thundersync.core.batch import piece_sums, weighted_grad
 from thundersync.core.canonical import select_groups
 from thundersync.core.gradients import Piece, grpo_piece
+from thundersync.core.holds import next_deposit
 from thundersync.core.objectives import GRPO, group_stats, is_degenerate
 from thundersync.core.strategy import BatchContext, Groups
 from thundersync.protocol import events as ev
@@ -62,8 +63,8 @@ class GroupState:
     dropped: bool = False
     stats: tuple[float, float] = (0.0, 1.0)
 
-    def rewards_known(self) -> bool:
-        return sum(m.has_reward for m in self.members.values()) >= self.size
+    def unrewarded(self) -> int:
+        return self.size - sum(m.has_reward for m in self.members.values())
 
     def kept(self) -> list[EpisodeRecord]:
         live = [m for m in self.members.values() if not m.is_infra_failure]
@@ -91,9 +92,9 @@ class StreamingGRPO:
         """Split episodes of groups closed since the last drain, with their (rᵢ − c) / s_g."""
         self.accounted: set[str] = set()
         """Episodes whose contribution is in (or that contribute nothing)."""
+        self.deferred = False  # the last drain left deposits for the next (core.holds)
         self.held: dict[str, tuple[float, float]] = {}
-        """Open groups whose deposits are held (``thundersync.core.holds``): since when and
-        until when (``time.monotonic()``) they may wait for the group to close."""
+        """Open groups whose deposits are held, (since, until) (``Pace.hold``)."""
         self._total: torch.Tensor | None = None
 
     # --- event-driven work -------------------------------------------------------------------
@@ -114,19 +115,22 @@ class StreamingGRPO:
                 self.unblocked.pop(eid, None)
             elif rec.tokens_ready and (rec.has_reward or g.closed or self.early_start):
                 self.unblocked[eid] = rec
-        if not g.closed and g.rewards_known():
+        if not g.closed and g.unrewarded() <= 0:
             self._close(g)
 
     def drain(self) -> None:
         """Run the unblocked work. Trajectories of closed groups have final advantages and are
         batched (one padded backward per micro-batch, like sync); rewarded trajectories of an
         open group are deposited into its accumulators, together when there are several
-        (``_deposit``), unless they are held for the group's close (``_holds``)."""
+        (``_deposit``), unless held for the group's close (``_holds``) or, where the caller
+        comes back (``wake_after``), left for the next drain (``thundersync.core.holds``)."""
         self._drain(hold=True)
 
     def wake_after(self) -> float | None:
-        """Seconds until the first held deposit may no longer wait (0.0: now); None when
-        nothing is held."""
+        """Seconds until the first held deposit may no longer wait (0.0: now, or deposits
+        left for the next drain); None when nothing is held."""
+        if self.deferred:
+            return 0.0
         if not self.held:
             return None
         return max(0.0, min(until for _, until in self.held.values()) - time.monotonic())
@@ -150,11 +154,21 @@ class StreamingGRPO:
             elif self.early_start and eid not in self.early_pieces and eid not in self.halved:
                 early.append(rec)
         held, self.held = self.held, {}  # a group stays held only while deposits wait
+        ready: dict[str, list[EpisodeRecord]] = {}
         for gid, recs in deposits.items():
             if hold and self._holds(self.groups[gid], recs, held.get(gid)):
                 self.unblocked.update((rec.episode_id, rec) for rec in recs)
             else:
-                self._deposit(self.groups[gid], recs)
+                ready[gid] = recs
+        self.deferred = False
+        if ready and hold and self.ctx.pace is not None:  # one thing per drain (core.holds)
+            unrewarded = {gid: self.groups[gid].unrewarded() for gid in ready}
+            first = () if finals or self.remainders else (next_deposit(unrewarded),)
+            self.deferred = len(ready) > len(first)
+            for gid in [gid for gid in unrewarded if gid not in first]:
+                self.unblocked.update((rec.episode_id, rec) for rec in ready.pop(gid))
+        for gid, recs in ready.items():
+            self._deposit(self.groups[gid], recs)
         halves: dict[str, list[EpisodeRecord]] = {}
         for rec in early:  # held whole where the budget has room, else split
             if not self._precompute(rec):
@@ -167,11 +181,9 @@ class StreamingGRPO:
     def _holds(
         self, g: GroupState, recs: list[EpisodeRecord], held: tuple[float, float] | None
     ) -> bool:
-        """Whether open group ``g``'s rewarded ``recs`` (every one not yet accounted for)
-        wait for its close instead of being deposited now, ``held`` its hold so far: only
-        where every member has completed (the rest are being graded), no rec holds
-        early-start work, and the group has waited less than ``recs`` would take as finals
-        (``thundersync.core.holds``). A hold goes on in ``self.held``."""
+        """Whether open group ``g``'s rewarded ``recs`` (none yet accounted for) wait for its
+        close, ``held`` its hold so far: only where every member has completed, no rec holds
+        early-start work, and the wait is within ``Pace.hold`` (in ``self.held``)."""
         pace = self.ctx.pace
         if pace is None or len(g.members) < g.size:
             return False
@@ -179,13 +191,10 @@ class StreamingGRPO:
             return False
         if not all(m.tokens_ready or m.is_infra_failure for m in g.members.values()):
             return False
-        now = time.monotonic()
-        since = now if held is None else held[0]
-        until = since + pace.hold_s(sum(rec.trajectory().context_length() for rec in recs))
-        if now >= until:
-            return False
-        self.held[g.group_id] = (since, until)
-        return True
+        hold = pace.hold(held, sum(rec.trajectory().context_length() for rec in recs))
+        if hold is not None:
+            self.held[g.group_id] = hold
+        return hold is not None
 
     def _run_remainders(self) -> None:
         """Closed groups' split episodes: Σ ((rᵢ − c) / s_g) hᵢ into each group's target, one

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,19 +172,46 @@ def test_async_predicted_from_a_sync_run_shares_the_cores_its_batches_kept_busy(
     async(1)'s two batches in flight share them: batches 0 and 1 both ready at 1.0 (half
     speed), learned 1.0..1.16 and 1.16..1.32; from then each new batch runs alone for 0.16 s
     and at half speed beside the next, so the run's last two steps end at 2.16 and 2.32: 0.5 s
-    a step once full. At 0.4 the two add to 0.8: as without readings (the first test's)."""
+    a step once full. At 0.4 the two add to 0.8: as without readings (the first test's). The
+    learner's own reading, during its step, is its load ℓ (0 here: it slows nobody)."""
     folder = runs["sync"]
+    add_readings(folder, share, learner=0.0)
+    result = predict_from_run(folder)
+    modes = result["modes"]
+    assert result["learner_load"] == 0.0
+    assert modes["async-k1"]["step_time_s"] == pytest.approx(async_step)
+    assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)  # one batch: no sharing
+    assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
+
+
+def add_readings(folder, share: float, learner: float) -> None:
+    """Two readings of ``share`` per batch while it rolls out, one of ``learner`` during the
+    learner's step."""
     extra = []
     for w in step_windows(folder):
         at = w.submitted_at
         extra += [cpu_span(at, at + 0.25, share), cpu_span(at + 0.25, at + 0.5, share)]
-        extra.append(cpu_span(at + 0.5, at + 0.61, 0.1))  # the learner's step: left out
+        extra.append(cpu_span(at + 0.5, at + 0.61, learner))
     with (folder / "spans.jsonl").open("a") as spans:
         spans.writelines(json.dumps(s) + "\n" for s in extra)
-    modes = predict_from_run(folder)["modes"]
-    assert modes["async-k1"]["step_time_s"] == pytest.approx(async_step)
-    assert modes["sync"]["step_time_s"] == pytest.approx(SYNC_S)  # one batch: no sharing
-    assert modes["streaming"]["step_time_s"] == pytest.approx(STREAMING_S)
+
+
+def test_a_sync_runs_learner_load_slows_async_s_learner_beside_a_rollout(runs, tmp_path):
+    """The same sync run with the learner's step read at 0.5 of the cores: beside a batch
+    that fills them, async(1)'s learner and that batch share them (1.5: each slower), so
+    its step is longer than where the learner asks nothing; sync, never overlapping, the
+    same. A value given for κ (``contention``) is used instead of the loads."""
+    steps = {}
+    for learner in (0.0, 0.5):
+        folder = tmp_path / f"sync-{learner}"
+        shutil.copytree(runs["sync"], folder)
+        add_readings(folder, 1.0, learner=learner)
+        result = predict_from_run(folder)
+        assert result["learner_load"] == learner
+        steps[learner] = result["modes"]
+    assert steps[0.5]["async-k1"]["step_time_s"] > steps[0.0]["async-k1"]["step_time_s"] * 1.05
+    assert steps[0.5]["sync"]["step_time_s"] == pytest.approx(steps[0.0]["sync"]["step_time_s"])
+    assert predict_from_run(tmp_path / "sync-0.5", contention=0.0)["learner_load"] is None
 
 
 def test_batches_that_shared_the_cores_are_taken_back_to_their_time_alone(tmp_path):

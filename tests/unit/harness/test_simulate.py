@@ -91,6 +91,30 @@ def test_rollout_slows_while_the_learner_computes_under_contention():
     assert step_times(SYNC, w) == [pytest.approx(3.0 + 2.0 + 0.75)]
 
 
+def test_the_learner_and_the_rollout_share_the_cores_by_their_loads():
+    """ℓ = 0.6 and a rollout load of 0.6: while both compute, each runs 1.2 times slower.
+    Items ready after 1 and 3 s of rollout; the pass over the first takes 1.2 s (1 .. 2.2),
+    the rollout gets 1 s done meanwhile, so the second falls due at 3.2 and its pass, the
+    rollout over, takes 1 s: 4.2 + 0.75. Loads that add to 0.9 slow no one; κ is not
+    charged beside ℓ; and sync never overlaps the two."""
+    w = workload([1.0, 3.0], loads=(((3.0, 0.6),),), learner_load=0.6, contention=5.0)
+    assert step_times(STREAMING, w) == [pytest.approx(4.2 + 0.75)]
+    assert step_times(STREAMING, replace(w, learner_load=0.3)) == [pytest.approx(4.0 + 0.75)]
+    assert step_times(SYNC, w) == [pytest.approx(3.0 + 2.0 + 0.75)]
+
+
+def test_async_s_learner_slows_beside_the_next_batchs_rollout():
+    """async(1), each batch one item after 1 s of rollout at load 0.8, 1 s of learning at
+    ℓ = 0.7. Batches 0 and 1 roll out together (1.6: both done at 1.6); step 0 learns alone
+    (to 2.6), then each step learns beside the next batch's rollout, both 1.5 times slower:
+    steps end at 2.6, 4.1, 5.6, ..., the last alone again (+1). Without ℓ the learner runs at
+    full speed beside it: 2.6, 3.6, 4.6, ..."""
+    w = Workload("w", ((1.0,),) * 6, 1.0, optimizer_s=0.0, sync_s=0.0, loads=(((1.0, 0.8),),) * 6)
+    ends = [h[1] for h in _ends(AsyncMode(1), replace(w, learner_load=0.7))]
+    assert ends == [pytest.approx(2.6 + 1.5 * n) for n in range(5)] + [pytest.approx(9.6)]
+    assert [h[1] for h in _ends(AsyncMode(1), w)] == [pytest.approx(2.6 + n) for n in range(6)]
+
+
 def test_a_pass_costs_its_micro_batches_padded_tokens():
     """Shortest first, two rows a micro-batch, each padded to its longest: (5, 10) and (20, 30)
     compute 2 x 10 + 2 x 30 tokens; o per micro-batch, f + g per backward per token. With room
@@ -129,6 +153,20 @@ def test_grpo_streaming_drains_deposits_finals_and_early_pieces_as_the_learner_d
     for values in ((1.0, 1.0), (1.0, 0.0)):
         graded = [Item(0.0, 0.1, "g", 10, v) for v in values] + [Item(0.0, 0.12, "g", 10, 0.0)]
         assert grpo(graded, kl) == pytest.approx(0.1 + 0.04 + 0.01)
+
+
+def test_a_drain_deposits_one_open_group_and_a_group_closed_meanwhile_takes_finals():
+    """As the training loop's learner (thundersync.core.holds): at 0.1 s a's two rewards and
+    b's first, all 0 (one backward and one for the KL term per deposit, 10 tokens each). b is
+    further from closing and deposits first (0.1 .. 0.12); its last two rewards came at
+    0.105, so it has closed: its two as finals (0.12 .. 0.14), before a's deposit; a's last
+    came at 0.12, so a's three are finals too (0.14 .. 0.17). Depositing both groups at 0.1
+    would have cost 0.06 and left three finals: 0.19."""
+    kl = Workload("w", (), 0.0, 0.0, micro_batch_size=8, backward_per_token_s=0.001, kl=True)
+    items = [Item(0.0, 0.1, "a", 10, 0.0), Item(0.0, 0.1, "a", 10, 0.0)]
+    items += [Item(0.0, 0.12, "a", 10, 0.0), Item(0.0, 0.1, "b", 10, 0.0)]
+    items += [Item(0.0, 0.105, "b", 10, 0.0), Item(0.0, 0.105, "b", 10, 0.0)]
+    assert grpo(items, kl) == pytest.approx(0.17)
 
 
 def test_early_starts_split_work_ends_at_its_first_half_where_the_reward_is_the_shift():

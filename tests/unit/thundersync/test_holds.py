@@ -11,7 +11,7 @@ from tests.property import textbook
 from tests.unit.thundersync.learner_batches import learner
 from thundersync import events as ev
 from thundersync.core import streaming_grpo
-from thundersync.core.holds import Pace
+from thundersync.core.holds import Pace, next_deposit
 from thundersync.core.random_batches import BatchShape, random_batch
 from thundersync.models import load_model
 
@@ -159,3 +159,119 @@ def test_the_pace_follows_the_passes_and_ignores_empty_ones():
     pace.note(1.0, 0)
     pace.note(3.0, 100)  # a quarter of the way to 0.03 s a token
     assert pace.seconds_per_token == pytest.approx(0.01 + 0.25 * 0.02)
+
+
+def two_open_groups(seed: int, model):
+    """A batch of two groups of three or more members whose rewards differ: its events but the
+    rewards and each group's last completion; those completions by group; the rewards by
+    group, in arrival order."""
+    for s in range(seed, seed + 500):
+        completed, rewards = graded_last(s, model, min_size=3)
+        group = {e.episode_id: e.group_id for e in completed if isinstance(e, ev.EpisodeStarted)}
+        if len(set(group.values())) != 2:
+            continue
+        by_group: dict[str, list[ev.RewardReady]] = {}
+        for r in rewards:
+            by_group.setdefault(group[r.episode_id], []).append(r)
+        last = {gid: rs[-1].episode_id for gid, rs in by_group.items()}
+        late = {
+            gid: next(
+                e for e in completed if isinstance(e, ev.EpisodeCompleted) and e.episode_id == eid
+            )
+            for gid, eid in last.items()
+        }
+        early = [e for e in completed if not any(e is x for x in late.values())]
+        return early, late, by_group
+    raise AssertionError("no such batch")
+
+
+def drained(lrn, published) -> set[str]:
+    """The episodes whose gradient work one ``drain`` did."""
+    before = len(published)
+    lrn.drain()
+    return {e.episode_id for e in published[before:] if isinstance(e, ev.GradientComputed)}
+
+
+def ids(rewards) -> set[str]:
+    return {r.episode_id for r in rewards}
+
+
+def exact(model, lrn, events) -> None:
+    lrn.step()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    book = textbook.gradient(model, lrn.objective, events)
+    assert float((grad - book).norm()) <= 1e-12 * float(book.norm())
+
+
+def test_a_drain_deposits_one_group_and_comes_back_for_the_next(model, clock):
+    published: list[ev.Event] = []
+    lrn = holding(model, published, seconds_per_token=1.0)
+    early, late, rewards = two_open_groups(0, model)
+    (a, a_rewards), (b, b_rewards) = sorted(rewards.items())
+    for e in early + a_rewards[:-2] + b_rewards[:1]:  # a: two unrewarded; b: all but one
+        lrn.consume(e)
+    # the group furthest from closing first (ties: a), the other at the next drain
+    b_first = len(b_rewards) - 1 > 2
+    first, second = (b_rewards[:1], a_rewards[:-2]) if b_first else (a_rewards[:-2], b_rewards[:1])
+    assert drained(lrn, published) == ids(first)
+    assert lrn.wake_after() == 0.0
+    assert drained(lrn, published) == ids(second)
+    assert lrn.wake_after() is None
+    for e in [late[a], late[b], *a_rewards[-2:], *b_rewards[1:]]:
+        lrn.consume(e)
+    lrn.drain()
+    exact(model, lrn, early + list(late.values()) + a_rewards + b_rewards)
+
+
+def test_a_group_that_closes_while_another_deposits_takes_its_waiting_ones_as_finals(model, clock):
+    published: list[ev.Event] = []
+    lrn = holding(model, published, seconds_per_token=1.0)
+    early, late, rewards = two_open_groups(1, model)
+    (a, a_rewards), (b, b_rewards) = sorted(rewards.items())
+    for e in early + a_rewards[:-1] + b_rewards[:-1]:
+        lrn.consume(e)
+    deposited = drained(lrn, published)  # one group's deposit; the other's waits
+    waiting, other = (b, a) if deposited == ids(a_rewards[:-1]) else (a, b)
+    assert deposited == ids(rewards[other][:-1])
+    for e in [late[waiting], rewards[waiting][-1]]:  # the waiting group closes
+        lrn.consume(e)
+    assert lrn.wake_after() == 0.0
+    assert drained(lrn, published) == ids(rewards[waiting])  # all finals, nothing else
+    assert lrn.wake_after() is None
+    for e in [late[other], rewards[other][-1]]:
+        lrn.consume(e)
+    lrn.drain()
+    exact(model, lrn, early + list(late.values()) + a_rewards + b_rewards)
+
+
+def test_finals_run_before_deposits_and_the_deposits_wait_one_drain(model, clock):
+    published: list[ev.Event] = []
+    lrn = holding(model, published, seconds_per_token=1.0)
+    early, late, rewards = two_open_groups(2, model)
+    (a, a_rewards), (b, b_rewards) = sorted(rewards.items())
+    for e in [*early, late[a], *a_rewards, *b_rewards[:-1]]:  # a closed; b's deposit ready
+        lrn.consume(e)
+    assert drained(lrn, published) == ids(a_rewards)
+    assert lrn.wake_after() == 0.0
+    assert drained(lrn, published) == ids(b_rewards[:-1])
+    assert lrn.wake_after() is None
+    for e in [late[b], b_rewards[-1]]:
+        lrn.consume(e)
+    lrn.drain()
+    exact(model, lrn, early + list(late.values()) + a_rewards + b_rewards)
+
+
+def test_a_learner_whose_caller_does_not_come_back_does_everything_in_one_drain(model):
+    published: list[ev.Event] = []
+    lrn = learner(model, eager=False, publish=published.append, max_grad_norm=None)
+    early, late, rewards = two_open_groups(0, model)
+    (a, a_rewards), (b, b_rewards) = sorted(rewards.items())
+    for e in early + a_rewards[:-1] + b_rewards[:-1]:
+        lrn.consume(e)
+    assert drained(lrn, published) == ids(a_rewards[:-1] + b_rewards[:-1])
+    assert lrn.wake_after() is None
+
+
+def test_the_next_deposit_is_the_group_furthest_from_closing():
+    assert next_deposit({"s0-g2": 1, "s0-g10": 3, "s0-g1": 3}) == "s0-g1"
+    assert next_deposit({"s0-g2": 2, "s0-g10": 2}) == "s0-g2"  # ties: natural order
