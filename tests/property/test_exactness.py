@@ -137,7 +137,7 @@ def test_streaming_and_sync_match_the_textbook_in_float64(models, seed, name, ar
 
 @given(
     seed=st.integers(0, 10**6),
-    name=st.sampled_from(sorted(n for n, (o, _) in VARIANTS.items() if isinstance(o, GRPO))),
+    name=st.sampled_from(sorted(VARIANTS)),
     arrival=arrivals,
     every=st.integers(2, 60),
     rewards=st.sampled_from(sorted(REWARDS)),
@@ -148,7 +148,8 @@ def test_a_learner_drained_every_few_events_matches_the_textbook(
     """The trainer drains what has queued since its last pass (``modes/streaming.py``), so a
     drain holds several rewarded trajectories of one open group, deposited in batched passes
     (``batch.piece_sums``: with pass/fail rewards a pass per reward), beside closed groups'
-    finals and early pieces."""
+    finals and early pieces; for OPD, the ready turns of several episodes share one pass
+    (``distill.PiecewiseOPD._batch_turns``: each row a prefix, only its new turns' tokens)."""
     out, refs = models
     key = ("gpt2", torch.float64)
     objective, kwargs = VARIANTS[name]
@@ -163,6 +164,31 @@ def test_a_learner_drained_every_few_events_matches_the_textbook(
         if n % every == 0:
             learner.drain()
     learner.step()
+    assert rel(step_grad(model), book) <= 1e-12
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("name", ["opd-turn", "opd-dr", "opd-auto"])
+def test_opd_turns_of_episodes_still_playing_drained_together_match_the_textbook(
+    models, name, seed
+):
+    """Every event but the episodes' completions, one drain, then the rest: every ready turn
+    of every episode goes into one batched pass, each row a prefix with only its turns'
+    tokens in the loss (``distill.PiecewiseOPD._batch_turns``)."""
+    out, refs = models
+    key = ("gpt2", torch.float64)
+    model, (objective, kwargs) = out[key], VARIANTS[name]
+    events = batch(seed, model, objective, "interleaved")
+    learner = make_learner(model, objective, refs[key], streaming=True, eager=False, **kwargs)
+    completions = [e for e in events if isinstance(e, ev.EpisodeCompleted)]
+    for event in events:
+        if not isinstance(event, ev.EpisodeCompleted):
+            learner.consume(event)
+    learner.drain()
+    for event in completions:
+        learner.consume(event)
+    learner.step()
+    book = textbook.gradient(model, objective, events, refs[key])
     assert rel(step_grad(model), book) <= 1e-12
 
 

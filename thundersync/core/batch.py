@@ -10,6 +10,7 @@ clipped surrogate with the behaviour policy as π_old. ``BatchOPD`` is sync OPD.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -283,25 +284,41 @@ def _grpo_loss(
 
 
 def opd_batch_grad(
-    ctx: BatchContext, objective: OPD, episodes: list[EpisodeRecord], *, total: torch.Tensor
+    ctx: BatchContext,
+    objective: OPD,
+    episodes: list[EpisodeRecord],
+    *,
+    total: torch.Tensor,
+    turns: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Add Σ_i ∇(−Σ_t w_t Â_t log π_θ(a_t)) over whole episodes (before 1/D)."""
-    for _, trajectories in micro_batches(episodes, episodes, ctx.micro_batch_size):
-        logps = ctx.policy.batch_action_logprobs(trajectories)
+    """Add Σ_i ∇(−Σ_t w_t Â_t log π_θ(a_t)) over whole episodes (before 1/D), in padded
+    micro-batches; with ``turns``, over the tokens of ``turns[i]`` of episode i only, each row
+    the prefix that ends with the last of them (so a turn's piece runs while its tool call
+    does: ``core/distill.py``)."""
+    wanted = [None] * len(episodes) if turns is None else [sorted(ks) for ks in turns]
+    trajectories = [
+        rec.trajectory(None if ks is None else ks[-1]) for rec, ks in zip(episodes, wanted)
+    ]
+    lengths = [trajectory.context_length() for trajectory in trajectories]
+    for chunk in length_chunks(lengths, ctx.micro_batch_size):
+        rows = [trajectories[i] for i in chunk]
+        logps = ctx.policy.batch_action_logprobs(rows)
         loss = torch.zeros((), dtype=ctx.policy.dtype, device=ctx.policy.device)
-        for traj, (logp_T, _, entropy_T) in zip(trajectories, logps):
-            turns = range(len(traj.turns))
-            sampler_T = sampler_logprobs(traj, logp_T)
+        for i, traj, (logp_T, turn_T, entropy_T) in zip(chunk, rows, logps):
+            ks = wanted[i]
+            if ks is not None:
+                mask_T = torch.isin(turn_T, torch.tensor(ks, device=turn_T.device))
+                logp_T, entropy_T = logp_T[mask_T], entropy_T[mask_T]
+            sampler_T = sampler_logprobs(traj, logp_T, ks)
             term = opd_term(
                 objective,
                 logp_T,
-                teacher_logprobs(traj, turns, logp_T),
+                teacher_logprobs(traj, range(len(traj.turns)) if ks is None else ks, logp_T),
                 sampler_T,
                 num_episode_tokens=traj.num_action_tokens,
             )
-            ctx.stats.record(
-                (traj.episode_id, None), logp_T, sampler_T, loss=term, entropy_T=entropy_T
-            )
+            key = (traj.episode_id, None if ks is None else ks[0])
+            ctx.stats.record(key, logp_T, sampler_T, loss=term, entropy_T=entropy_T)
             loss = loss + term
         total.add_(flat_grad(ctx.policy.params, loss))
     return total

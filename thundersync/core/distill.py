@@ -110,9 +110,10 @@ class PiecewiseOPD:
         return rec.turn_ready(turn) and turn in rec.scores
 
     def drain(self) -> None:
-        """Run unblocked pieces. Outside deterministic mode, episodes that became wholly ready
-        with no piece done yet are batched at episode granularity (exact, and one padded
-        backward per micro-batch instead of one per turn)."""
+        """Run unblocked pieces. Outside deterministic mode, what has queued shares padded
+        passes (exact, one backward per micro-batch instead of one per piece): episodes that
+        became wholly ready with no piece done yet, at episode granularity; then every ready
+        turn not yet computed, one row per episode (the prefix to its last ready turn)."""
         unblocked, self.unblocked = list(self.unblocked.values()), {}
         if not self.deterministic:
             whole = [
@@ -128,8 +129,33 @@ class PiecewiseOPD:
                 for rec in whole:
                     self.computed.update(self._keys(rec))
                     self.ctx.published(rec.episode_id, None, started)
+            self._batch_turns(unblocked)
         for rec in unblocked:
             self._run_ready(rec)
+
+    def _batch_turns(self, unblocked: list[EpisodeRecord]) -> None:
+        """Every ready, uncomputed turn of per-turn episodes in one batched pass, where there
+        is more than one (a lone turn is ``_run_ready``'s, which times it for ``auto``)."""
+        pieces = []
+        for rec in unblocked:
+            if self._resolve(rec) != "turn":
+                continue
+            ready = [
+                k
+                for k in sorted(rec.actions)
+                if (rec.episode_id, k) not in self.computed and self._ready(rec, k)
+            ]
+            if ready:
+                pieces.append((rec, ready))
+        if sum(len(turns) for _, turns in pieces) < 2:
+            return
+        started = ev.now()
+        records, turns = [rec for rec, _ in pieces], [ks for _, ks in pieces]
+        opd_batch_grad(self.ctx, self.objective, records, total=self._step_grad(), turns=turns)
+        for rec, ks in pieces:
+            for k in ks:
+                self.computed.add((rec.episode_id, k))
+                self.ctx.published(rec.episode_id, k, started)
 
     def _run_ready(self, rec: EpisodeRecord) -> None:
         if self._resolve(rec) == "turn":

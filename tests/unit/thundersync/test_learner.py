@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -322,6 +323,28 @@ def test_opd_per_turn_gradient_runs_before_its_tool_call_returns(model):
     assert published == []  # no teacher scores yet
     lrn.consume(ev.TeacherScored(episode_id=eid, turn=0, teacher_logprobs=(-0.5, -0.7)))
     assert [(type(e).__name__, e.turn) for e in published] == [("GradientComputed", 0)]
+
+
+def test_opd_turns_ready_together_share_one_pass(model):
+    """A worker drains what queued while it computed (``eager=False``): the ready turns of
+    every episode still being played go into one padded pass, not a pass each (each turn is
+    still announced, with the pass's start)."""
+    published: list[ev.Event] = []
+    lrn = learner(model, objective=OPD(granularity="turn"), publish=published.append, eager=False)
+    events = random_batch(3, model.config.vocab_size, replace(SHAPE, max_turns=3), teacher=True)
+    for event in events:
+        if not isinstance(event, ev.EpisodeCompleted):  # no episode wholly ready yet
+            lrn.consume(event)
+    lrn.drain()
+    turns = sum(isinstance(e, ev.TurnCompleted) for e in events)
+    done = [e for e in published if isinstance(e, ev.GradientComputed)]
+    assert turns > 2 and len(done) == turns
+    assert len({e.started for e in done}) == 1
+    for event in events:
+        if isinstance(event, ev.EpisodeCompleted):
+            lrn.consume(event)
+    lrn.step()  # nothing left to compute, every piece already in the step's gradient
+    assert len([e for e in published if isinstance(e, ev.GradientComputed)]) == turns
 
 
 @pytest.mark.parametrize("objective", [GRPO(), OPD()], ids=["grpo", "opd"])
