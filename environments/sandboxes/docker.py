@@ -38,7 +38,6 @@ import contextlib
 import os
 import posixpath
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -50,7 +49,11 @@ from typing import Any
 
 from environments.sandboxes import compose, disk, docker_archive
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
-from environments.sandboxes.docker_daemon import API_TIMEOUT_S, LOCAL_DAEMON_URL, daemon_client
+from environments.sandboxes.docker_daemon import (
+    API_TIMEOUT_S,
+    daemon_client,
+    make_workspace_volume,
+)
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
 from environments.sandboxes.image_build import LABEL, build_image
 from environments.sandboxes.orphans import (
@@ -134,7 +137,9 @@ class DockerSandbox:
             image = spec.image or BASE_IMAGE
             if spec.build_context is not None:
                 image = build_image(self._client, Path(spec.build_context))
-            self._make_disk()
+            make_workspace_volume(
+                self._client, self.marker, spec.disk_mb, self._labels(), self._disk, DISK_PREFIX
+            )
             network = spec.network
             if spec.services:
                 self._disk.services = compose.Services()
@@ -164,26 +169,6 @@ class DockerSandbox:
         except Exception as exc:
             raise SandboxError(f"cannot list containers to reap orphans: {exc}") from exc
         remove_orphan_workspaces(DISK_PREFIX)
-
-    def _make_disk(self) -> None:
-        """The workspace disk and its volume, where disks can be made (module docstring)."""
-        if disk.validate_disk_mb(self.spec.disk_mb) is None:
-            return
-        if getattr(self._client.api, "base_url", None) != LOCAL_DAEMON_URL:
-            disk.warn_unbounded("the Docker daemon is not on this host (no unix:// socket)")
-            return
-        if not disk.available():
-            disk.warn_unbounded("workspace disks need root, mkfs.ext4 and loop devices")
-            return
-        self._disk.root = Path(tempfile.mkdtemp(prefix=f"{DISK_PREFIX}{os.getpid()}-"))
-        self._disk.workspace = disk.create(self._disk.root, self.spec.disk_mb)
-        options = {"type": "none", "o": "bind", "device": str(self._disk.workspace)}
-        try:
-            self._client.volumes.create(
-                name=self.marker, driver="local", driver_opts=options, labels=self._labels()
-            )
-        except Exception as exc:
-            raise SandboxError(f"could not make the workspace volume {self.marker}: {exc}") from exc
 
     def _run(self, image: str, network: str | None) -> Any:
         """The container, network-less, or in the services' namespace (``network`` mode)."""
@@ -450,6 +435,10 @@ class DockerSandbox:
         """Compose service ``name`` beside this sandbox (collect hooks, artifacts), or None."""
         self._check_open()
         return compose.service_sandbox(self._client, self._disk.services, name, self.marker)
+
+    def check_services(self) -> None:
+        """``HasServices``: a SandboxError when a service has exited since it started."""
+        compose.check_alive(self._client, self._disk.services, self.spec.services)
 
     def _check_open(self) -> None:
         if self._closed:

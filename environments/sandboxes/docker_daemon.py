@@ -1,9 +1,14 @@
-"""The Docker daemon as the sandboxes reach it: whether one answers, and a client of it."""
+"""The Docker daemon as the sandboxes reach it: whether one answers, a client of it, and a
+sandbox's workspace disk served by it as a volume."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
 
+from environments.sandboxes import disk
 from environments.sandboxes.protocol import SandboxError
 
 LOCAL_DAEMON_URL = "http+docker://localhost"  # the SDK's base_url for a unix:// socket
@@ -39,3 +44,39 @@ def daemon_client() -> Any:
     except Exception as exc:
         raise SandboxError(f"no Docker daemon reachable (DOCKER_HOST / socket): {exc}") from exc
     return client
+
+
+class HostFolders(Protocol):
+    """Where a sandbox keeps what it must remove beside its container (``docker._HostDisk``)."""
+
+    root: Path | None
+    workspace: Path | None
+
+
+def make_workspace_volume(
+    client: Any,
+    name: str,
+    disk_mb: int | None,
+    labels: dict[str, str],
+    host: HostFolders,
+    prefix: str,
+) -> None:
+    """A workspace disk of ``disk_mb`` (``disk.py``) served as the named volume ``name`` (the
+    ``local`` driver's bind), its host folders noted in ``host`` as they are made (the caller
+    removes them, and the volume, whatever fails); nothing, with a warning, where no disk can
+    be made: no bound asked, a daemon not on this host, no root or loop devices."""
+    if disk.validate_disk_mb(disk_mb) is None:
+        return
+    if getattr(client.api, "base_url", None) != LOCAL_DAEMON_URL:
+        disk.warn_unbounded("the Docker daemon is not on this host (no unix:// socket)")
+        return
+    if not disk.available():
+        disk.warn_unbounded("workspace disks need root, mkfs.ext4 and loop devices")
+        return
+    host.root = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    host.workspace = disk.create(host.root, disk_mb)
+    options = {"type": "none", "o": "bind", "device": str(host.workspace)}
+    try:
+        client.volumes.create(name=name, driver="local", driver_opts=options, labels=labels)
+    except Exception as exc:
+        raise SandboxError(f"could not make the workspace volume {name}: {exc}") from exc

@@ -178,6 +178,13 @@ class HasServices(Protocol):
         """Service ``name``'s container, or None when there is no such service."""
         ...
 
+    def check_services(self) -> None:
+        """SandboxError quoting its last log lines when a service has exited since the episode
+        began. Grading asks before the verifier (``stop_processes``) and again after it: a
+        service that died just before (its engine had not yet said so) or while the verifier
+        ran makes the grade one of a verifier that could not reach it."""
+        ...
+
 
 def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
     """Keep the head and tail of ``data`` within ``limit`` bytes, with a marker between."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from environments import tamper, work
-from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError
+from environments.sandboxes.protocol import AgentBrokeSandbox, HasServices, Sandbox, SandboxError
 from environments.tasks import Grade, GradingContext, TaskFormatError
 from environments.terminal_bench import (
     collection,
@@ -87,8 +87,12 @@ class TerminalBenchTask(TaskDefinition):
                     )
                     return Grade(reward=0.0, infra_failure=True, details={"error": error})
                 if context is None:
-                    return self._run_tests(sandbox, pinned=False)[0]
-                return self._grade_against_pristine(sandbox, context, Path(tmp), collected)
+                    grade = self._run_tests(sandbox, pinned=False)[0]
+                else:
+                    grade = self._grade_against_pristine(sandbox, context, Path(tmp), collected)
+            if isinstance(sandbox, HasServices):  # a service that died as grading began
+                sandbox.check_services()
+            return grade
         except grading.GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except AgentBrokeSandbox as err:

@@ -152,6 +152,34 @@ def test_a_grader_that_cannot_run_is_an_infra_failure() -> None:
     assert "container vanished" in grade.details["error"]
 
 
+class LateServiceDeath(ScriptedSandbox):
+    """A sandbox with a sidecar whose death its engine reports only after the verifier has
+    started (the check before grading still read it running)."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        super().__init__(files)
+        self.checks = 0
+
+    def service(self, name: str) -> None:
+        return None
+
+    def check_services(self) -> None:
+        self.checks += 1
+        if any(c.endswith("tests/test.sh") for c in self.commands):
+            raise SandboxError("service kv stopped: it exited (code 7) during the episode")
+
+
+@pytest.mark.parametrize("reward", ["0", "1"])
+def test_a_service_found_dead_after_the_verifier_is_an_infra_failure(reward: str) -> None:
+    """Whatever the verifier said, it may not have reached the service: not a grade."""
+    task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
+    sandbox = LateServiceDeath({"/logs/verifier/reward.txt": reward})
+    grade = task.grade(sandbox)
+    assert (grade.reward, grade.infra_failure) == (0.0, True)
+    assert "service kv stopped" in grade.details["error"]
+    assert sandbox.checks == 1
+
+
 class AgentBrokeMkdir(ScriptedSandbox):
     """``mkdir`` fails (the agent deleted it or made the workspace read-only)."""
 
