@@ -135,7 +135,7 @@ class PiecewiseOPD:
 
     def _batch_turns(self, unblocked: list[EpisodeRecord]) -> None:
         """Every ready, uncomputed turn of per-turn episodes in one batched pass, where there
-        is more than one (a lone turn is ``_run_ready``'s, which times it for ``auto``)."""
+        is more than one (a lone turn is ``_run_ready``'s); ``auto`` is told what a turn cost."""
         pieces = []
         for rec in unblocked:
             if self._resolve(rec) != "turn":
@@ -152,6 +152,8 @@ class PiecewiseOPD:
         started = ev.now()
         records, turns = [rec for rec, _ in pieces], [ks for _, ks in pieces]
         opd_batch_grad(self.ctx, self.objective, records, total=self._step_grad(), turns=turns)
+        per_turn = (ev.now() - started) / sum(len(ks) for ks in turns)  # for ``auto``
+        self.turn_backward_s = _ema(self.turn_backward_s, per_turn)
         for rec, ks in pieces:
             for k in ks:
                 self.computed.add((rec.episode_id, k))

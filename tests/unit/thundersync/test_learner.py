@@ -347,6 +347,36 @@ def test_opd_turns_ready_together_share_one_pass(model):
     assert len([e for e in published if isinstance(e, ev.GradientComputed)]) == turns
 
 
+def test_opd_auto_learns_a_turns_cost_from_a_batched_pass(model):
+    """``auto`` does per-turn work while tool calls outlast a turn's backward: with instant
+    tools, episodes that start after a batched pass of turns has been timed are done whole."""
+    published: list[ev.Event] = []
+    lrn = learner(model, objective=OPD(), publish=published.append, eager=False)
+    shape = replace(SHAPE, min_groups=2, max_groups=2, min_group_size=2, max_turns=3)
+    events = [
+        replace(e, duration_s=0.0) if isinstance(e, ev.ToolFinished) else e
+        for e in random_batch(4, model.config.vocab_size, shape, teacher=True, arrival="batch")
+    ]
+    group = {e.episode_id: e.group_id for e in events if isinstance(e, ev.EpisodeStarted)}
+    first, later = (
+        [e for e in events if group[e.episode_id] == g] for g in sorted(set(group.values()))
+    )
+    for batch in (first, later):  # each group's episodes all played, none completed yet
+        for event in batch:
+            if not isinstance(event, ev.EpisodeCompleted):
+                lrn.consume(event)
+        lrn.drain()
+    for event in events:
+        if isinstance(event, ev.EpisodeCompleted):
+            lrn.consume(event)
+    lrn.step()
+    done = [e for e in published if isinstance(e, ev.GradientComputed)]
+    first_turns = {e.turn for e in done if group[e.episode_id] == group[first[0].episode_id]}
+    later_turns = {e.turn for e in done if group[e.episode_id] == group[later[0].episode_id]}
+    assert first_turns and None not in first_turns  # nothing measured yet: per turn, batched
+    assert later_turns == {None}  # whole episodes: the tools are faster than a turn
+
+
 @pytest.mark.parametrize("objective", [GRPO(), OPD()], ids=["grpo", "opd"])
 def test_sync_pads_each_micro_batch_only_to_trajectories_of_like_length(
     model, objective, monkeypatch
