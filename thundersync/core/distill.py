@@ -133,40 +133,35 @@ class PiecewiseOPD:
         for rec in unblocked:
             self._run_ready(rec)
 
+    def _pending(self, rec: EpisodeRecord) -> list[int]:
+        """The turns (or ``EPISODE``) of ``rec`` whose inputs are fixed and not yet computed."""
+        turns = sorted(rec.actions) if self._resolve(rec) == "turn" else [EPISODE]
+        return [
+            k for k in turns if (rec.episode_id, k) not in self.computed and self._ready(rec, k)
+        ]
+
     def _batch_turns(self, unblocked: list[EpisodeRecord]) -> None:
         """Every ready, uncomputed turn of per-turn episodes in one batched pass, where there
         is more than one (a lone turn is ``_run_ready``'s); ``auto`` is told what a turn cost."""
-        pieces = []
-        for rec in unblocked:
-            if self._resolve(rec) != "turn":
-                continue
-            ready = [
-                k
-                for k in sorted(rec.actions)
-                if (rec.episode_id, k) not in self.computed and self._ready(rec, k)
-            ]
-            if ready:
-                pieces.append((rec, ready))
-        if sum(len(turns) for _, turns in pieces) < 2:
+        pieces = [
+            (rec, ready)
+            for rec in unblocked
+            if self._resolve(rec) == "turn" and (ready := self._pending(rec))
+        ]
+        count = sum(len(ks) for _, ks in pieces)
+        if count < 2:
             return
         started = ev.now()
         records, turns = [rec for rec, _ in pieces], [ks for _, ks in pieces]
         opd_batch_grad(self.ctx, self.objective, records, total=self._step_grad(), turns=turns)
-        per_turn = (ev.now() - started) / sum(len(ks) for ks in turns)  # for ``auto``
-        self.turn_backward_s = _ema(self.turn_backward_s, per_turn)
+        self.turn_backward_s = _ema(self.turn_backward_s, (ev.now() - started) / count)
         for rec, ks in pieces:
             for k in ks:
                 self.computed.add((rec.episode_id, k))
                 self.ctx.published(rec.episode_id, k, started)
 
     def _run_ready(self, rec: EpisodeRecord) -> None:
-        if self._resolve(rec) == "turn":
-            candidates = [(rec.episode_id, k) for k in sorted(rec.actions)]
-        else:
-            candidates = [(rec.episode_id, EPISODE)]
-        for key in candidates:
-            if key in self.computed or not self._ready(rec, key[1]):
-                continue
+        for key in [(rec.episode_id, k) for k in self._pending(rec)]:
             if self.deterministic:
 
                 def piece(k: tuple[str, int] = key) -> tuple[torch.Tensor]:
