@@ -4,8 +4,9 @@ Each cell is a ``thundersync train`` run (same warm model, seed, batch and steps
 workload in one mode, read back from its run folder (docs/design.md §4):
 
 - **step time**: sync and streaming, the median over steps (the first, a warm-up, left out)
-  of a batch's submission to its step's end; async, the mean interval between step ends once
-  its pipeline is full (its throughput); and T_sync / T_mode;
+  of a batch's submission to its step's end; async, its throughput once its pipeline is
+  full, the median over windows of k + 1 step intervals (``harness.replay.step_time``); and
+  T_sync / T_mode;
 - **T*/T** for streaming against two bounds: the *per-trajectory* bound charges each work item
   (a trajectory; an OPD turn) what one costs alone, o + b, with o and b fitted to the run's own
   backward passes by the replay (GRPO: o per micro-batch, b a lone piece of the run's mean

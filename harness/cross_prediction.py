@@ -248,10 +248,10 @@ def predict_from_run(
             if mode.label in modes:
                 continue
             # as many steps as the run: an async run's batches finish in clumps (two in
-            # flight sharing the cores end together), so its mean interval once full
-            # depends on where the run stops; predicted past it, the matrix's async cells
-            # read 5–20 points further off (docs/measurements.md, 2026-12-06); at least one
-            # step past its pipeline's filling, which a run of fewer steps does not reach
+            # flight sharing the cores end together), so its throughput once full depends
+            # on where the run stops; predicted past it, the matrix's async cells read
+            # 5–20 points further off (docs/measurements.md, 2026-12-06); at least one step
+            # past its pipeline's filling, which a run of fewer steps does not reach
             skip = mode.batches_in_flight
             steps = drive(mode, work, steps=max(len(history), skip + 1))
             predicted: dict[str, Any] = {

@@ -141,6 +141,25 @@ def test_replaying_async_predicts_the_pipelines_throughput(tmp_path):
         replay_run(short)
 
 
+def test_an_async_runs_throughput_is_not_moved_by_one_slow_step():
+    """async(1)'s batches end in pairs (0.1 s, then 0.5 s apart): 0.3 s a step once full. One
+    step 1.2 s late (the learner's first steps; a stalled generation call) would put the mean
+    interval at 0.4 s; the median over windows of two intervals stays at 0.3 s, and a run
+    too short for a window of two is measured by its one interval."""
+    from harness.replay import step_time
+    from thundersync.training.modes import AsyncMode
+
+    ends = [0.0, 0.5]
+    for _ in range(6):
+        ends += [ends[-1] + 0.1, ends[-1] + 0.6]
+    history = [{"submitted_at": 0.0, "finished_at": t} for t in ends]
+    assert step_time(history, AsyncMode(1)) == pytest.approx(0.3)
+    slow = [{"submitted_at": 0.0, "finished_at": t + 1.2 * (n >= 4)} for n, t in enumerate(ends)]
+    assert (ends[-1] + 1.2 - ends[1]) / (len(ends) - 2) == pytest.approx(0.3 + 1.2 / 12)
+    assert step_time(slow, AsyncMode(1)) == pytest.approx(0.3)
+    assert step_time(history[:3], AsyncMode(1)) == pytest.approx(0.1)
+
+
 def streaming_run(folder: Path, config: dict, step: dict, steps: int = 4) -> Path:
     """A run of ``steps`` copies of ``step`` (times from its batch's start), 2 s apart."""
     copies = []
