@@ -15,19 +15,23 @@ not listen on the same port.
 Services start in the order given (the loader sorts ``depends_on``); one with a healthcheck is
 waited for until it passes, at most its ``start_timeout_s``. A service that exits or never turns
 healthy is a SandboxError (the task's infrastructure failure) with its last log lines, never a
-hang. Every container carries the sandbox's labels (``thundersync.owner_pid``…), so a run killed
-before it could remove them has them reaped by the next (``orphans.py``); ``remove`` takes them
-away on every other path out, after the sandbox's own container, the holder last.
+hang; one that exits by itself once the episode is under way is the agent's failure
+(``check_running``). Every container carries the sandbox's labels (``thundersync.owner_pid``…),
+so a run killed before it could remove them has them reaped by the next (``orphans.py``);
+``remove`` takes them away on every other path out, after the sandbox's own container, the
+holder last.
 """
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ from environments.sandboxes.image_build import (
 from environments.sandboxes.protocol import (
     DEFAULT_MAX_OUTPUT_BYTES,
     MAX_FILE_BYTES,
+    AgentBrokeSandbox,
     ExecResult,
     SandboxError,
     ServiceSpec,
@@ -189,10 +194,23 @@ def wait_ready(client: Any, name: str, spec: ServiceSpec) -> None:
 
 
 def check_running(
-    client: Any, made: Services, specs: tuple[ServiceSpec, ...], *, started: bool = False
+    client: Any,
+    made: Services,
+    specs: tuple[ServiceSpec, ...],
+    *,
+    started: bool = False,
+    until: float | None = None,
 ) -> None:
-    """SandboxError with its last log lines when a service has exited since it started
-    (``started``: the episode was under way, not the sandbox being made)."""
+    """SandboxError with its last log lines when a service has exited since it started, or
+    with ``started`` (the episode under way, not the sandbox being made) when the daemon says
+    it failed to keep it running (``State.Error``) or its container is gone. A service that
+    exited by itself during the episode is ``AgentBrokeSandbox``: the agent's requests reach
+    it, and one it crashed would otherwise turn the agent's failure into an episode excluded
+    from training; it scores 0, as Harbor's verifier scores a task whose service is down
+    (docs/design.md §6). A service with a bug that valid requests hit fails the oracle's
+    check (``verify``) instead. With ``until`` (a ``time.time()``), only a service that
+    stopped before it counts: one that stopped later, while the verifier ran, was seen by the
+    verifier, whose result stands."""
     for name, spec in zip(made.containers, specs, strict=False):
         try:
             container = client.containers.get(name)
@@ -200,25 +218,46 @@ def check_running(
         except Exception as exc:
             raise SandboxError(f"service {spec.name}: its container is gone: {exc}") from exc
         if container.status != "running":
-            code = container.attrs.get("State", {}).get("ExitCode")
-            if started:
-                why = f"it exited (code {code}) during the episode"
+            state = container.attrs.get("State", {})
+            code = state.get("ExitCode")
+            if until is not None and _stopped_at(state) >= until:
+                continue
+            if started and state.get("Error"):  # the daemon could not keep it running
+                why = f"the container engine stopped it during the episode: {state['Error']}"
                 raise _failed(container, spec, why, verb="stopped")
+            if started:  # the agent's requests reached it; the agent's failure, not infra
+                why = f"it exited (code {code}) during the episode"
+                raise _failed(container, spec, why, verb="stopped", error=AgentBrokeSandbox)
             raise _failed(container, spec, f"it exited (code {code}) after it started")
 
 
+def _stopped_at(state: dict[str, Any]) -> float:
+    """When the daemon says a container stopped (``State.FinishedAt``, RFC 3339 with
+    nanoseconds), as a ``time.time()``; -inf where it does not say."""
+    stamp = str(state.get("FinishedAt") or "")
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if match is None:
+        return -math.inf
+    whole, fraction, zone = match.groups()
+    at = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    return at.timestamp() + float(f"0.{fraction or 0}")
+
+
 def _failed(
-    container: Any, spec: ServiceSpec, why: str, *, verb: str = "failed to start"
-) -> SandboxError:
+    container: Any,
+    spec: ServiceSpec,
+    why: str,
+    *,
+    verb: str = "failed to start",
+    error: type[Exception] = SandboxError,
+) -> Exception:
     try:
         logs = container.logs(tail=LOG_LINES).decode("utf-8", "replace").rstrip()
     except Exception as exc:
         logs = f"(its logs cannot be read: {exc})"
     if len(logs) > LOG_CHARS:
         logs = "[...]" + logs[-LOG_CHARS:]
-    return SandboxError(
-        f"service {spec.name} {verb}: {why}; its last log lines:\n{logs or '(none)'}"
-    )
+    return error(f"service {spec.name} {verb}: {why}; its last log lines:\n{logs or '(none)'}")
 
 
 class ServiceSandbox:
@@ -306,12 +345,18 @@ def service_sandbox(
     return ServiceSandbox(client, container_name, marker)
 
 
-def check_alive(client: Any, made: Services | None, specs: tuple[ServiceSpec, ...]) -> None:
-    """Before grading (``stop_processes``): a service that died during the episode is a
-    SandboxError quoting its last log lines (the task's infrastructure failure), never a grade
-    of a verifier that could not reach it."""
+def check_alive(
+    client: Any,
+    made: Services | None,
+    specs: tuple[ServiceSpec, ...],
+    *,
+    until: float | None = None,
+) -> None:
+    """Before grading (``stop_processes``) and after its verifier: a service that died during
+    the episode is an error quoting its last log lines, never the grade of a verifier that
+    could not reach it: the agent's failure where it exited by itself (``check_running``)."""
     if made is not None:
-        check_running(client, made, specs, started=True)
+        check_running(client, made, specs, started=True, until=until)
 
 
 def remove(client: Any, made: Services) -> list[str]:

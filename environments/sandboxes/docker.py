@@ -436,9 +436,10 @@ class DockerSandbox:
         self._check_open()
         return compose.service_sandbox(self._client, self._disk.services, name, self.marker)
 
-    def check_services(self) -> None:
-        """``HasServices``: a SandboxError when a service has exited since it started."""
-        compose.check_alive(self._client, self._disk.services, self.spec.services)
+    def check_services(self, until: float | None = None) -> None:
+        """``HasServices``: an error when a service has exited since it started (before
+        ``until``)."""
+        compose.check_alive(self._client, self._disk.services, self.spec.services, until=until)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -178,11 +178,15 @@ class HasServices(Protocol):
         """Service ``name``'s container, or None when there is no such service."""
         ...
 
-    def check_services(self) -> None:
-        """SandboxError quoting its last log lines when a service has exited since the episode
-        began. Grading asks before the verifier (``stop_processes``) and again after it: a
-        service that died just before (its engine had not yet said so) or while the verifier
-        ran makes the grade one of a verifier that could not reach it."""
+    def check_services(self, until: float | None = None) -> None:
+        """An error quoting its last log lines when a service has exited since the episode
+        began (before ``until``, a ``time.time()``, where given): ``AgentBrokeSandbox`` where it
+        exited by itself (the agent's requests reach it: scored 0, never excluded), a
+        SandboxError where the engine failed it. Grading asks before the verifier
+        (``stop_processes``) and again after it, until the verifier began: a service that died
+        in the agent's turn but that its engine still reported running makes the grade one of
+        a verifier that could not reach it; one that died while the verifier ran, the verifier
+        saw (docs/design.md §6)."""
         ...
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,9 @@ class TerminalBenchTask(TaskDefinition):
         the agent left (a read-only workspace, deleted tools, an unreadable work folder) scores
         0 with ``details["reason"]``: otherwise an agent could turn its own failure into an
         episode that is excluded from training. So does a sandbox the agent broke
-        (``AgentBrokeSandbox``), with ``details["agent_failure"]``.
+        (``AgentBrokeSandbox``), with ``details["agent_failure"]``, and a compose service that
+        exited by itself before the verifier began (``HasServices.check_services``: asked
+        again after the verifier, for one its engine still reported running).
 
         First every process of ``sandbox`` is killed from outside (``stop_processes``), so
         nothing the agent started runs on while its work is read or graded. A task that wants
@@ -78,6 +81,7 @@ class TerminalBenchTask(TaskDefinition):
         users.agent_phase(sandbox, None)  # the agent's turn is over: the image's user again
         try:
             sandbox.stop_processes()
+            grading_began = time.time()
             with tempfile.TemporaryDirectory(prefix="thundersync-grading-") as tmp:
                 collected = self._gather(sandbox, context, Path(tmp))
                 if self.verifier is not None and (context is None or context.make_sandbox is None):
@@ -90,8 +94,8 @@ class TerminalBenchTask(TaskDefinition):
                     grade = self._run_tests(sandbox, pinned=False)[0]
                 else:
                     grade = self._grade_against_pristine(sandbox, context, Path(tmp), collected)
-            if isinstance(sandbox, HasServices):  # a service that died as grading began
-                sandbox.check_services()
+            if isinstance(sandbox, HasServices):  # one that died as grading began, seen late
+                sandbox.check_services(until=grading_began)
             return grade
         except grading.GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})

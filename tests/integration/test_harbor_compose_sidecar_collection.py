@@ -2,9 +2,9 @@
 a ``[[verifier.collect]]`` hook with ``service = "kv"`` runs in the kv container (``sh -c``,
 as Harbor runs a sidecar's hook) and an ``artifacts`` entry of that service is copied out of
 it into the episode's folder, listed ``ok`` in ``manifest.json`` (both were skipped: nothing
-reached a service's container); a sidecar that dies during the episode is the task's
-infrastructure failure quoting its last log lines, bounded, never a grade of a verifier that
-could not reach it."""
+reached a service's container); a sidecar that dies during the episode scores 0 quoting its
+last log lines, bounded (the agent's requests reach it: never an excluded infrastructure
+failure), never a grade of a verifier that could not reach it."""
 
 from __future__ import annotations
 
@@ -108,9 +108,9 @@ http.server.ThreadingHTTPServer(("", 8000), Handler).serve_forever()
 '''
 
 
-def test_a_sidecar_that_dies_mid_episode_is_an_infrastructure_failure_with_its_logs(
-    tmp_path: Path,
-) -> None:
+def test_a_sidecar_that_dies_mid_episode_scores_zero_quoting_its_logs(tmp_path: Path) -> None:
+    """The agent's requests crashed it (here the oracle's, a service with a bug): the episode
+    scores 0, never excluded from training as an infrastructure failure would be."""
     folder = variant(tmp_path)
     (folder / "environment" / "kv" / "server.py").write_text(CRASHING_KV)
     task = load_tasks(folder).get("compose-sidecar")
@@ -118,8 +118,8 @@ def test_a_sidecar_that_dies_mid_episode_is_an_infrastructure_failure_with_its_l
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = play(task, OracleAgent(), strict=strict)
-        assert result.infra_failure, result.details
-        error = str(result.details["error"])
+        assert (result.reward, result.infra_failure) == (0.0, False), result.details
+        error = str(result.details["agent_failure"])
         assert "service kv stopped: it exited (code 7) during the episode" in error, error
         assert "disk-on-fire-31" in error
         assert len(error) < LOG_CHARS + 1000  # a 20,000-character log line is cut

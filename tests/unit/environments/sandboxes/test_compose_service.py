@@ -7,12 +7,13 @@ logs, bounded, and names the service."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from environments.sandboxes import compose
-from environments.sandboxes.protocol import SandboxError, ServiceSpec
+from environments.sandboxes.protocol import AgentBrokeSandbox, SandboxError, ServiceSpec
 
 
 class FakeContainer:
@@ -84,17 +85,44 @@ def test_no_such_service_is_none() -> None:
     assert compose.service_sandbox(client, None, "kv", "thundersync-0123456789ab") is None
 
 
-def test_a_service_dead_mid_episode_is_an_error_with_its_last_log_lines_bounded() -> None:
+def test_a_service_exiting_mid_episode_is_the_agents_failure_quoting_its_last_log_lines() -> None:
+    """The agent's requests reach a service: one it crashed must score 0, not be excluded."""
     noise = b"\n".join(b"line %d " % i + b"x" * 500 for i in range(100))
     container = FakeContainer(status="exited", logs=noise + b"\nboom: out of disk")
     made = compose.Services(holder="h", containers=["thundersync-0123456789ab-kv"])
-    with pytest.raises(SandboxError) as caught:
+    with pytest.raises(AgentBrokeSandbox) as caught:
         compose.check_alive(FakeClient(container), made, (ServiceSpec(name="kv"),))
     message = str(caught.value)
     assert message.startswith("service kv stopped: it exited (code 9) during the episode")
     assert message.endswith("boom: out of disk") and "line 99" in message
     assert "line 80 " not in message  # only the last 20 lines
     assert len(message) < compose.LOG_CHARS + 200
+
+
+def test_a_service_the_engine_failed_mid_episode_is_an_infrastructure_failure() -> None:
+    container = FakeContainer(status="dead", logs=b"kv up")
+    container.attrs["State"]["Error"] = "container kill failed: device or resource busy"
+    made = compose.Services(holder="h", containers=["thundersync-0123456789ab-kv"])
+    with pytest.raises(SandboxError, match="the container engine stopped it during the episode"):
+        compose.check_alive(FakeClient(container), made, (ServiceSpec(name="kv"),))
+
+
+def test_after_the_verifier_only_a_service_stopped_before_it_began_counts() -> None:
+    """Docker's ``FinishedAt`` (nanoseconds, UTC) against when grading began: a service that
+    stopped while the verifier ran was seen by the verifier."""
+    container = FakeContainer(status="exited")
+    container.attrs["State"]["FinishedAt"] = "2026-12-06T12:00:00.250000000Z"
+    made = compose.Services(holder="h", containers=["thundersync-0123456789ab-kv"])
+    specs = (ServiceSpec(name="kv"),)
+    noon = datetime(2026, 12, 6, 12, tzinfo=UTC).timestamp()
+    compose.check_alive(FakeClient(container), made, specs, until=noon + 0.25)
+    with pytest.raises(AgentBrokeSandbox):
+        compose.check_alive(FakeClient(container), made, specs, until=noon + 0.26)
+    container.attrs["State"]["FinishedAt"] = "2026-12-06T13:00:00+01:00"  # an offset: the same
+    compose.check_alive(FakeClient(container), made, specs, until=noon)
+    container.attrs["State"]["FinishedAt"] = "0001-01-01T00:00:00Z garbage"  # unsaid: counts
+    with pytest.raises(AgentBrokeSandbox):
+        compose.check_alive(FakeClient(container), made, specs, until=noon)
 
 
 def test_no_services_nothing_to_check() -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from environments.sandboxes.protocol import SandboxError
+from environments.sandboxes.protocol import AgentBrokeSandbox, SandboxError
 from environments.terminal_bench import load_tasks
 from environments.terminal_bench.grading import (
     GraderPaths,
@@ -154,30 +155,51 @@ def test_a_grader_that_cannot_run_is_an_infra_failure() -> None:
 
 class LateServiceDeath(ScriptedSandbox):
     """A sandbox with a sidecar whose death its engine reports only after the verifier has
-    started (the check before grading still read it running)."""
+    started (the check before grading still read it running): it died before grading began
+    (``during_verifier`` False: at the end of the agent's turn) or while the tests ran."""
 
-    def __init__(self, files: dict[str, str]) -> None:
+    def __init__(self, files: dict[str, str], *, during_verifier: bool) -> None:
         super().__init__(files)
-        self.checks = 0
+        self.checks: list[float | None] = []
+        self.during_verifier = during_verifier
+        self.died_at = None if during_verifier else time.time()
+
+    def execute(self, cmd: str, timeout: float):
+        if self.during_verifier and cmd.endswith("tests/test.sh") and self.died_at is None:
+            self.died_at = time.time()
+        return super().execute(cmd, timeout)
 
     def service(self, name: str) -> None:
         return None
 
-    def check_services(self) -> None:
-        self.checks += 1
-        if any(c.endswith("tests/test.sh") for c in self.commands):
-            raise SandboxError("service kv stopped: it exited (code 7) during the episode")
+    def check_services(self, until: float | None = None) -> None:
+        self.checks.append(until)
+        reported = any(c.endswith("tests/test.sh") for c in self.commands)
+        if reported and self.died_at is not None and (until is None or self.died_at < until):
+            raise AgentBrokeSandbox("service kv stopped: it exited (code 7) during the episode")
 
 
 @pytest.mark.parametrize("reward", ["0", "1"])
-def test_a_service_found_dead_after_the_verifier_is_an_infra_failure(reward: str) -> None:
-    """Whatever the verifier said, it may not have reached the service: not a grade."""
+def test_a_service_dead_before_grading_but_reported_after_the_verifier_scores_zero(
+    reward: str,
+) -> None:
+    """Whatever the verifier said, it could not reach the service, which the agent's requests
+    did: 0, never an episode excluded from training."""
     task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
-    sandbox = LateServiceDeath({"/logs/verifier/reward.txt": reward})
+    sandbox = LateServiceDeath({"/logs/verifier/reward.txt": reward}, during_verifier=False)
     grade = task.grade(sandbox)
-    assert (grade.reward, grade.infra_failure) == (0.0, True)
-    assert "service kv stopped" in grade.details["error"]
-    assert sandbox.checks == 1
+    assert (grade.reward, grade.infra_failure) == (0.0, False)
+    assert "service kv stopped" in grade.details["agent_failure"]
+    ((until,),) = [sandbox.checks]
+    assert until is not None and sandbox.died_at < until <= time.time()
+
+
+def test_a_service_that_dies_while_the_verifier_runs_leaves_the_verifiers_grade() -> None:
+    task = load_tasks(FIXTURES / "harbor" / "sales-report").get("sales-report")
+    sandbox = LateServiceDeath({"/logs/verifier/reward.txt": "1"}, during_verifier=True)
+    grade = task.grade(sandbox)
+    assert (grade.reward, grade.infra_failure) == (1.0, False), grade.details
+    assert sandbox.died_at is not None and len(sandbox.checks) == 1
 
 
 class AgentBrokeMkdir(ScriptedSandbox):
