@@ -276,7 +276,10 @@ def run_from(args: Any) -> int:
         )
     kappa = result["contention"]
     how = "fitted from its engine spans" if kappa["measured"] else "not measured in this run"
-    print(f"* other updates than the run's: timed to the same step ({at})")
+    print(f"* other updates than the run's: timed to the same step ({at}) on the run's own")
+    print("  episodes; its own policy's may differ (async's, on stale tokens, stayed longer on")
+    print("  the matrix) and its engine, generating for batches at different turns, be slower")
+    print("  per token (docs/measurements.md, 2026-12-07)")
     print(f"contention kappa {kappa['kappa']:.2f}: {how}; early start {result['early_start']}")
     loads = result["loads"]
     if loads["mean_share"] is None:
