@@ -219,16 +219,17 @@ def check_running(
             raise SandboxError(f"service {spec.name}: its container is gone: {exc}") from exc
         if container.status != "running":
             state = container.attrs.get("State", {})
-            code = state.get("ExitCode")
             if until is not None and _stopped_at(state) >= until:
                 continue
-            if started and state.get("Error"):  # the daemon could not keep it running
+            code = state.get("ExitCode")
+            if not started:
+                raise _failed(container, spec, f"it exited (code {code}) after it started")
+            if state.get("Error"):  # the daemon could not keep it running
                 why = f"the container engine stopped it during the episode: {state['Error']}"
                 raise _failed(container, spec, why, verb="stopped")
-            if started:  # the agent's requests reached it; the agent's failure, not infra
-                why = f"it exited (code {code}) during the episode"
-                raise _failed(container, spec, why, verb="stopped", error=AgentBrokeSandbox)
-            raise _failed(container, spec, f"it exited (code {code}) after it started")
+            # the agent's requests reached it: the agent's failure, not infra
+            why = f"it exited (code {code}) during the episode"
+            raise _failed(container, spec, why, verb="stopped", error=AgentBrokeSandbox)
 
 
 def _stopped_at(state: dict[str, Any]) -> float:
