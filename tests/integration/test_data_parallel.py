@@ -185,11 +185,21 @@ def _incomplete_then_complete(rank: int, model_dir: str, shape) -> dict:
     return out
 
 
+class RanksFailed(RuntimeError):
+    """One or more ranks raised; the message holds every failed rank's traceback."""
+
+
 def run_ranks(
     folder: Path, model_dir: Path, fail_rank: int | None = None, started: list | None = None
 ) -> None:
-    """Spawn the ranks and wait for both; every process is stopped on every way out.
-    ``started`` receives the processes (to check afterwards that none is alive)."""
+    """Spawn the ranks and wait for all of them to end; every process is stopped on every
+    way out.  When ranks fail, every failed rank's traceback is reported: which rank's
+    process exits first is a race (the rank that raised, or its peer whose collective then
+    broke), so reporting only the first, as ``ProcessContext.join`` does, would not say
+    reliably which rank failed.  ``started`` receives the processes (to check afterwards
+    that none is alive)."""
+    import pickle
+
     import torch.multiprocessing as mp
 
     context = mp.start_processes(
@@ -203,9 +213,24 @@ def run_ranks(
         started.extend(context.processes)
     deadline = time.monotonic() + LIMIT_S
     try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the ranks did not finish within {LIMIT_S} s")
+        for process in context.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        if any(process.is_alive() for process in context.processes):
+            raise TimeoutError(f"the ranks did not finish within {LIMIT_S} s")
+        failures = []
+        for rank, (process, error_file) in enumerate(
+            zip(context.processes, context.error_files, strict=True)
+        ):
+            if process.exitcode == 0:
+                continue
+            path = Path(error_file)
+            if path.exists() and path.stat().st_size:
+                with path.open("rb") as fh:
+                    failures.append(f"rank {rank}:\n{pickle.load(fh)}")
+            else:
+                failures.append(f"rank {rank}: exited with code {process.exitcode}")
+        if failures:
+            raise RanksFailed("\n".join(failures))
     finally:
         for process in context.processes:
             if process.is_alive():
@@ -255,13 +280,12 @@ def test_two_ranks_step_as_one_learner_on_the_whole_batch(ranks, name):
 
 
 def test_a_failing_rank_stops_both_and_is_reported(ranks, tmp_path_factory):
-    """The harness itself: when one rank raises while the other waits in a collective, the
-    run ends with that rank's error and no process is left."""
-    import torch.multiprocessing as mp
-
+    """The harness itself: when one rank raises while the other waits (in the process
+    group's set-up or a collective), the run ends with that rank's error and no process is
+    left."""
     model_dir, _ = ranks
     started: list = []
-    with pytest.raises(mp.ProcessRaisedException, match="rank 1 fails on purpose"):
+    with pytest.raises(RanksFailed, match="rank 1 fails on purpose"):
         run_ranks(tmp_path_factory.mktemp("data-parallel-failure"), model_dir, 1, started)
     assert len(started) == WORLD_SIZE
     assert not any(process.is_alive() for process in started)
