@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.actions import SUBMIT_WORD
-from environments.sandboxes.protocol import AgentBrokeSandbox, Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    bash_read_whole,
+)
 from environments.swebench import tree_audit
 from environments.swebench.audit import (
     PINNED_ENV,
@@ -33,7 +39,7 @@ from environments.swebench.transfer import (
     read_text,
     write_text,
 )
-from environments.tamper import importable_modules
+from environments.tamper import GIT_HOOKS_OFF, importable_modules
 from environments.tasks import Grade, GradingContext
 
 TESTBED = "/testbed"
@@ -45,7 +51,7 @@ OFFICIAL_IMAGE_PATH = (
 )
 _GIT = "git -c safe.directory='*'"
 _GIT_NO_HOOKS = f"{_GIT} -c core.hooksPath=/dev/null -c core.fsmonitor="
-_HOOKS_OFF_ENV = "GIT_CONFIG_PARAMETERS=\"'core.hooksPath=/dev/null' 'core.fsmonitor='\""
+_HOOKS_OFF_ENV = f'GIT_CONFIG_PARAMETERS="{GIT_HOOKS_OFF}"'
 """For the eval script: its own ``export GIT_CONFIG_COUNT=...`` (snapshot instances) would
 override settings passed that way; GIT_CONFIG_PARAMETERS (what ``git -c`` uses) survives."""
 PATCH_FILE = f"{SCRATCH}/model.patch"
@@ -54,8 +60,6 @@ TREE_AFTER = f"{SCRATCH}/tree-after.json"
 MAX_LOG_BYTES = MAX_READ_BYTES
 """The largest eval log graded; a larger one is the agent's 0 with its tail (its code printed
 it: nothing before the tests prints more than a few megabytes)."""
-_MAX_INLINE_SCRIPT_BYTES = 96 * 1024
-"""Under the kernel's 128 KiB limit on one argument (official eval scripts are under 30 KB)."""
 MAX_PATCH_BYTES = 16 * 1024 * 1024
 _PATCH_DELIMITER = "THUNDERSYNC_GOLD_PATCH_EOF"
 
@@ -280,7 +284,7 @@ class SWEBenchTask:
         env = f"{PINNED_ENV} " if strict else ""
         paths = tree_audit.script_env(TESTBED, TREE_AFTER)
         result = sandbox.execute(
-            f"{_HOOKS_OFF_ENV} {env}{paths} {_run_script(script, text)} > {log} 2>&1",
+            f"{_HOOKS_OFF_ENV} {env}{paths} {bash_read_whole(script)} > {log} 2>&1",
             timeout=self.eval_timeout_s,
         )
         grade = self._graded_log(sandbox, log, patch, timed_out=result.timed_out, chunk=chunk)
@@ -369,16 +373,6 @@ class SWEBenchTask:
             encoded = base64.b64encode(patch.encode()).decode()
             return [f"printf %s {shlex.quote(encoded)} | base64 -d | ({apply} -)"]
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
-
-
-def _run_script(path: str, text: str) -> str:
-    """The command running the eval script at ``path`` (holding ``text``): its text read whole
-    before it starts (``bash -c "$(cat ...)"``), so that code it runs (the agent's
-    ``setup.py`` at install time) cannot rewrite the lines still to come, which ``bash FILE``
-    reads from the file as it goes. A script too long for one argument runs from the file."""
-    if len(text.encode()) > _MAX_INLINE_SCRIPT_BYTES:
-        return f"bash {path}"
-    return f'bash -c "$(cat {path})" eval.sh'
 
 
 def _audited(grade: Grade, reasons: list[str], *, strict: bool) -> Grade:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes.protocol import ExecResult, Sandbox
+from environments.sandboxes.protocol import ExecResult, Sandbox, bash_read_whole
 from environments.tasks import Grade
 
 TESTS_DIR = "/tests"
@@ -148,12 +148,13 @@ def run_script(
 ) -> ExecResult:
     """Run ``script`` with bash from the workdir, after ``prefix`` (shell commands that set up
     the environment), with the grader's variables and ``env`` (names checked by the loader,
-    values quoted), then ``suffix`` (commands applied after the task's ``env``)."""
+    values quoted), then ``suffix`` (commands applied after the task's ``env``). The script is
+    read whole before it starts (``bash_read_whole``): code it runs cannot add lines to it."""
     extra = "".join(f" {k}={shlex.quote(v)}" for k, v in env.items())
     setup = f"{prefix} ; " if prefix else ""
     after = f" && {suffix}" if suffix else ""
     return sandbox.execute(
-        f"{setup}{paths.exports()}{extra}{after} && bash {shlex.quote(script)}", timeout=timeout
+        f"{setup}{paths.exports()}{extra}{after} && {bash_read_whole(script)}", timeout=timeout
     )
 
 
