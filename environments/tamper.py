@@ -211,7 +211,7 @@ def _reason(path: PurePosixPath, existed: Callable[[str], bool]) -> str | None:
         return "pytest configuration (options, plugins, test selection)"
     if name in _SHELL_RC or "profile.d" in parts or (name in _SYSTEM_RC and "etc" in parts):
         return "a shell start-up file (runs before test scripts)"
-    if ".git" in parts and ("hooks" in parts or name in ("config", "info")):
+    if ".git" in parts and (is_git_hook(path) or name in (*GIT_CONFIG_FILES, "info")):
         return "git hooks or configuration (run during grading's git commands)"
     if name == ".gitconfig" or (".config" in parts and "git" in parts):
         return "git configuration (read by the eval script's git commands)"
@@ -245,7 +245,7 @@ def _toml_test_tables(text: str) -> object:
     does not parse: any change to such a file counts)."""
     try:
         tool = tomllib.loads(text).get("tool", {})
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # nested past the parser's depth
         return ("not TOML", text)
     if not isinstance(tool, dict):
         return tool
@@ -413,6 +413,22 @@ GIT_COMMAND_KEYS = re.compile(
     re.IGNORECASE,
 )
 """git configuration keys that run a program or pull in other configuration."""
+
+
+GIT_HOOKS_OFF = "'core.hooksPath=/dev/null' 'core.fsmonitor='"
+"""``GIT_CONFIG_PARAMETERS`` (what ``git -c`` passes on, above every config file) for grading:
+no repository hook or fsmonitor of the agent's runs in the grader's git commands, whatever
+config file or folder names them (the path rules judge the rest: pagers, filters, aliases)."""
+
+
+def is_git_hook(path: PurePosixPath) -> bool:
+    """A file under a ``hooks`` folder that git may run: ``git init``'s ``*.sample`` files are
+    never run (git runs a hook by its exact name)."""
+    return "hooks" in path.parts[:-1] and not path.name.endswith(".sample")
+
+
+GIT_CONFIG_FILES = frozenset({"config", "config.worktree"})
+"""A git folder's own config files (``config.worktree`` read with ``extensions.worktreeConfig``)."""
 _ENTRY_POINT_SECTION = re.compile(r"^\s*\[\s*pytest11\s*\]\s*$", re.MULTILINE)
 _TEST_FILE_NAMES = re.compile(r"^(conftest\.py|test_.*\.py|.*_test\.py)$")
 

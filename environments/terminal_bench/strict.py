@@ -18,7 +18,8 @@ files before grading:
 - the test script runs with a pinned environment (``pinned_environment``): ``PATH`` and
   ``LD_LIBRARY_PATH`` without relative entries or entries inside the work folder, no
   ``PYTHONPATH``, ``PYTHONSTARTUP``, ``PYTHONHOME``, ``LD_PRELOAD`` and similar hooks, pytest
-  plugin autoloading off, no user site-packages, a fresh empty ``HOME``. The task's
+  plugin autoloading off, no user site-packages, a fresh empty ``HOME``, git's hooks and
+  fsmonitor off (``tamper.GIT_HOOKS_OFF``). The task's
   ``[verifier] env`` is applied after pinning: a task that needs ``PYTHONPATH`` declares it there;
 - the agent's added, changed or deleted files (relative to the task's pristine work folder)
   are judged by ``environments.tamper`` (``tamper_reasons``): any finding sets
@@ -35,6 +36,7 @@ shows which tasks of a suite qualify for strict grading. Every shipped task does
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from pathlib import PurePosixPath
 
@@ -82,6 +84,7 @@ def pinned_environment(workdir: str) -> str:
         f"unset {' '.join(UNSET_VARIABLES)} ; {filters} ; "
         '[ -n "$LD_LIBRARY_PATH" ] || unset LD_LIBRARY_PATH ; '
         "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 ; "
+        f'export GIT_CONFIG_PARAMETERS="{tamper.GIT_HOOKS_OFF}" ; '
         'export HOME="$(mktemp -d 2>/dev/null || echo /tmp)" ; unset _k _d _e'
     )
 
@@ -131,13 +134,89 @@ def _judge(finding: tamper.TamperFinding, pristine: WorkTree, work: WorkTree) ->
         if not tamper.registers_pytest_plugin(work.read(finding.path)):
             return None
         return "package metadata that registers a pytest plugin (entry point pytest11)"
-    if ".git" in parts and parts[-1] == "config":
-        added = tamper.git_config_command_keys(work.read(finding.path))
-        added -= tamper.git_config_command_keys(pristine.read(finding.path))
-        if not added:
-            return None
-        return f"git configuration that runs programs ({', '.join(sorted(added))})"
+    if ".git" in parts and parts[-1] in tamper.GIT_CONFIG_FILES:
+        return _git_config_reason(finding.path, pristine, work)
     return finding.reason
+
+
+def _git_config_reason(path: str, pristine: WorkTree, work: WorkTree) -> str | None:
+    """A git config file's finding when it gained a key that runs a program, else None."""
+    added = tamper.git_config_command_keys(work.read(path))
+    added -= tamper.git_config_command_keys(pristine.read(path))
+    if not added:
+        return None
+    return f"git configuration that runs programs ({', '.join(sorted(added))})"
+
+
+def _git_folders(workdir: str, work: WorkTree) -> set[str]:
+    """The folders of the work tree that git may take for a repository's git folder, whatever
+    their name: every ``.git`` folder, every folder holding a ``HEAD`` (git's test of a git
+    folder needs one), and the folder a ``.git`` file (``gitdir: X``) or a git folder's
+    ``commondir`` names. An agent that moves ``.git`` aside and leaves a ``.git`` file naming
+    it moves the config and hooks that the grader's git commands run out of ``.git``."""
+    folders = {
+        path[: match.end()]
+        for path in work.entries
+        for match in re.finditer(r"(?:^|/)\.git(?=/)", path)
+    }
+    folders |= {
+        posixpath.dirname(path)
+        for path, entry in work.entries.items()
+        if entry.kind != "dir" and PurePosixPath(path).name == "HEAD"
+    }
+    while True:
+        named = {
+            target
+            for path in work.entries
+            if (target := _git_link_target(path, folders, workdir, work)) not in (None, "")
+        }
+        if named <= folders:
+            return folders
+        folders |= named
+
+
+def _git_link_target(path: str, folders: set[str], workdir: str, work: WorkTree) -> str | None:
+    """Where a ``.git`` file or a git folder's ``commondir`` at ``path`` points, relative to
+    the work folder; "" when it points outside it, None when ``path`` is neither."""
+    name, parent = PurePosixPath(path).name, posixpath.dirname(path)
+    if work.entries[path].kind != "file":
+        return None
+    if name == ".git":
+        text = work.read(path, limit=4096).strip()
+        if not text.startswith("gitdir:"):
+            return None
+        target = text.removeprefix("gitdir:").strip()
+    elif name == "commondir" and parent in folders:
+        target = work.read(path, limit=4096).strip()
+    else:
+        return None
+    root = workdir.rstrip("/")
+    if target.startswith("/"):
+        if not target.startswith(root + "/"):
+            return ""
+        resolved = posixpath.normpath(target[len(root) + 1 :])
+    else:
+        resolved = posixpath.normpath(posixpath.join(parent, target))
+    return "" if resolved == ".." or resolved.startswith("../") else resolved
+
+
+def _git_reason(
+    path: str, folders: set[str], workdir: str, pristine: WorkTree, work: WorkTree
+) -> str | None:
+    """The finding for a changed file of a git folder found by its contents
+    (``_git_folders``), not by its name: a hook, a config file that gained a key that runs a
+    program, a ``.git`` file or ``commondir`` naming a folder outside the work folder."""
+    if _git_link_target(path, folders, workdir, work) == "":
+        return "names a git folder outside the work folder (its config and hooks run in grading)"
+    for folder in folders:
+        inside = path[len(folder) + 1 :] if folder else path
+        if folder and not path.startswith(folder + "/"):
+            continue
+        if inside in tamper.GIT_CONFIG_FILES:
+            return _git_config_reason(path, pristine, work)
+        if inside.startswith("hooks/") and tamper.is_git_hook(PurePosixPath(inside)):
+            return "git hooks (run during grading's git commands)"
+    return None
 
 
 def tamper_reasons(
@@ -167,6 +246,11 @@ def tamper_reasons(
         reason = _judge(finding, pristine, work)
         if reason is not None:
             reasons.setdefault(finding.path, reason)
+    git_folders = _git_folders(workdir, work)
+    for path in changed:
+        reason = _git_reason(path, git_folders, workdir, pristine, work)
+        if reason is not None:
+            reasons.setdefault(path, reason)
     for path in changed:
         if tamper.is_mixed_config(path) and tamper.pytest_config_sections_touched(
             pristine.read(path), work.read(path), PurePosixPath(path).name
