@@ -290,7 +290,7 @@ def parse(text: str) -> TreeRecord | None:
             for path, value in data["entries"].items()
         }
         return TreeRecord(tuple(map(str, data["site_dirs"])), entries, bool(data["truncated"]))
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return None
 
 

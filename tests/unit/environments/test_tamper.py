@@ -92,6 +92,14 @@ def test_mixed_configs_are_judged_by_their_test_sections():
         assert pytest_config_sections_touched("", ini, "setup.cfg"), ini
 
 
+def test_a_pyproject_nested_past_the_parsers_depth_is_a_changed_test_section():
+    """tomllib recurses per bracket: a file nested deeper than the interpreter's recursion
+    limit raised RecursionError out of strict grading, and the attempt was dropped as an
+    infrastructure failure (red team, 2026-12-07). It is a file that no longer parses."""
+    deep = "a = " + "[" * 100_000
+    assert pytest_config_sections_touched("", deep, "pyproject.toml")
+
+
 # --- unified diffs -------------------------------------------------------------------------
 
 DATA = Path(os.environ.get("THUNDERSYNC_SWEBENCH_DATA", REPO_ROOT.parent / "shared/data/swebench"))

@@ -176,3 +176,10 @@ def test_the_recorder_goes_just_before_the_start_marker() -> None:
         "echo '>>>>> Start Test Output'\n",
         False,
     )
+
+
+def test_a_record_the_agents_code_nested_too_deep_is_no_record() -> None:
+    """The after-record is written where the agent's code ran since: JSON nested past the
+    decoder's depth raised RecursionError, which made the attempt an infrastructure failure;
+    it is a record that is not one (reported as missing, never dropped)."""
+    assert parse('{"entries": ' + "[" * 100_000) is None
