@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from environments.sandboxes.protocol import ExportTooLarge, Sandbox, SandboxError
+from environments.sandboxes.protocol import MAX_EXPORT_BYTES, ExportTooLarge, Sandbox, SandboxError
 
 ARCHIVE_NAME = "work.tar"
 OWN_PREFIX = ".thundersync-"
@@ -194,12 +194,16 @@ def _member_name(raw: str, top: str = ".") -> str | None:
     return name
 
 
-def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
+def _clean(raw: Path, clean: Path, top: str = ".", limit: int = MAX_EXPORT_BYTES) -> WorkTree:
     """Copy ``raw``'s folders, files and links into ``clean`` (but ``CACHE_FOLDER``s); index
     them. An archive that no real folder gives (a name twice, a member below a link or a file)
     is refused: extracted, it would write through the link (``zz -> tests`` then
-    ``zz/test_calc.py``)."""
+    ``zz/test_calc.py``). A hard link becomes a copy of its file, so the copies' data counts
+    against ``limit`` as the files' does: Docker's archive sends a link without data, and 250
+    links to a 4 MB file made a 1 GB clean archive (red team, 2026-12-07); past ``limit`` it
+    is the agent's WorkExportError, as an over-large folder is."""
     entries: dict[str, Entry] = {}
+    total = 0
     try:
         with tarfile.open(raw) as source, tarfile.open(clean, "w") as target:
             kept = [
@@ -223,6 +227,12 @@ def _clean(raw: Path, clean: Path, top: str = ".") -> WorkTree:
                     entries[name] = Entry("link", member.linkname)
                 else:  # a regular file, or a hard link read as the file it links to
                     handle, copy.size = _open_member(source, member)
+                    total += copy.size
+                    if total > limit:
+                        raise WorkExportError(
+                            f"the work folder holds over {limit} bytes of file data, "
+                            "each hard link counted as the copy grading makes of it"
+                        )
                     hashing = _Hashing(handle)
                     target.addfile(copy, hashing)
                     entries[name] = Entry("file", hashing.digest.hexdigest())
@@ -321,10 +331,16 @@ def _open_member(source: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[IO[b
         handle = None
     if handle is None:
         return io.BytesIO(b""), 0
-    if member.islnk():  # tar gives the data's size at the linked member: read it to know
-        data = handle.read()
-        return io.BytesIO(data), len(data)
-    return handle, member.size
+    linked = member
+    for _ in range(MAX_LINK_FOLLOWS):  # tar gives the data's size at the file a link names
+        if not linked.islnk():
+            return handle, linked.size
+        try:
+            linked = source.getmember(linked.linkname)
+        except KeyError:  # named otherwise than as archived
+            break
+    data = handle.read()  # read it to know its size
+    return io.BytesIO(data), len(data)
 
 
 class _Hashing:
