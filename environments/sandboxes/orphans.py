@@ -9,6 +9,7 @@ that is alive (even if reused by another process) is left alone: never a live ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -57,16 +58,26 @@ def remove_orphan_workspaces(prefix: str, root: str | None = None) -> list[Path]
 
 def remove_orphan_containers(client: Any, label: str) -> list[str]:
     """Remove containers, then volumes, labelled ``label`` whose ``<label>.owner_pid`` is not
-    running here; returns the names removed."""
+    running here; returns the names removed.
+
+    Other runs on the daemon make and remove their containers meanwhile: the containers are
+    listed as the list call returns them (``sparse``: no inspection of each, which failed with
+    NotFound for one removed in between, and the first sandbox of the run with it), and one
+    already gone when it is removed is skipped."""
+    from docker.errors import NotFound
+
     removed = []
-    for container in client.containers.list(all=True, filters={"label": label}):
-        if _is_orphan(container.labels, label):
-            container.remove(force=True)
-            removed.append(container.name)
+    for container in client.containers.list(all=True, filters={"label": label}, sparse=True):
+        if _is_orphan(container.attrs.get("Labels") or {}, label):
+            name = (container.attrs.get("Names") or [container.id])[0].lstrip("/")
+            with contextlib.suppress(NotFound):
+                container.remove(force=True)
+                removed.append(name)
     for volume in client.volumes.list(filters={"label": label}):
         if _is_orphan(volume.attrs.get("Labels") or {}, label):
-            volume.remove(force=True)
-            removed.append(volume.name)
+            with contextlib.suppress(NotFound):
+                volume.remove(force=True)
+                removed.append(volume.name)
     return removed
 
 

@@ -72,6 +72,43 @@ def test_containers_of_dead_owners_are_removed_and_live_ones_kept():
         client.close()
 
 
+class _Gone:
+    """A listed container or volume that another run removed before this one could."""
+
+    def __init__(self, labels: dict[str, str], name: str) -> None:
+        self.attrs = {"Labels": labels, "Names": [f"/{name}"]}
+        self.id = self.name = name
+
+    @property
+    def labels(self) -> dict[str, str]:  # what the list of a sparse container cannot give
+        raise AssertionError("inspected a listed container")
+
+    def remove(self, force: bool = False) -> None:
+        from docker.errors import NotFound
+
+        raise NotFound(f"No such container: {self.name}")
+
+
+class _Kept(_Gone):
+    def remove(self, force: bool = False) -> None:
+        self.removed = force
+
+
+def test_an_orphan_another_run_removed_meanwhile_is_skipped():
+    """On a daemon other runs share, a container listed here may be gone before it is
+    inspected or removed: the reap goes on (it failed the run's first sandbox before)."""
+    from types import SimpleNamespace
+
+    owner = {"t": "1", "t.owner_pid": str(dead_pid())}
+    gone, kept = _Gone(owner, "gone"), _Kept(owner, "kept")
+    client = SimpleNamespace(
+        containers=SimpleNamespace(list=lambda **kw: [gone, kept] if kw.get("sparse") else []),
+        volumes=SimpleNamespace(list=lambda **kw: [_Gone(owner, "volume")]),
+    )
+    assert remove_orphan_containers(client, "t") == ["kept"]
+    assert kept.removed
+
+
 def test_sigterm_to_the_cli_unwinds_so_sandboxes_are_closed():
     script = (
         "import time\n"
