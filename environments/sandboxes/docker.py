@@ -269,6 +269,23 @@ class DockerSandbox:
                     msg = f"container {self.marker}: cannot kill its processes: {exc}"
                     raise SandboxError(msg) from exc
 
+    def layer_bytes(self) -> int | None:
+        """The container layer's size (``SizeRw``): what its commands wrote outside the
+        workspace, which has a bounded disk of its own while the layer has none (``HasLayer``).
+        None when the daemon cannot say."""
+        if self._container is None:
+            return None
+        try:
+            listed = self._client.api.containers(
+                all=True, filters={"id": self._container.id}, size=True
+            )
+        except Exception:  # the daemon's failure to answer: nothing is known
+            return None
+        if len(listed) != 1 or not isinstance(listed[0].get("SizeRootFs"), int):
+            return None  # sizes not computed: nothing is known
+        size = listed[0].get("SizeRw") or 0  # the daemon leaves out a layer of 0 bytes
+        return size if isinstance(size, int) else None
+
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""
         if timeout <= 0:
