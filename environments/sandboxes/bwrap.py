@@ -236,7 +236,7 @@ class BwrapSandbox:
         limits = bwrap_session.Limits(
             self.spec.memory_mb * 1024 * 1024, self.spec.pids, MAX_FILE_BYTES
         )
-        return argv + bwrap_session.init_argv(limits, results_fd, sys.executable)
+        return argv + bwrap_session.init_argv(limits, results_fd, sys.executable, self.workdir)
 
     def _environment(self) -> dict[str, str]:
         path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"

@@ -76,6 +76,7 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 results = int(sys.argv[1])
 as_bytes, nproc, fsize = map(int, sys.argv[2:5])
 long_cmd = int(sys.argv[5])
+workdir = sys.argv[7]
 me = os.getpid()
 
 
@@ -125,6 +126,11 @@ while True:
             null = os.open("/dev/null", os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(1, 2)
+            try:
+                os.chdir(workdir)
+            except OSError as exc:  # the agent's chmod: the command fails, as a shell's cd would
+                os.write(1, f"thundersync: cannot enter {workdir}: {exc.strerror}\n".encode())
+                os._exit(126)
             if memfd >= 0:
                 os.dup2(memfd, 3)  # a no-op when memfd is 3: inheritable either way
                 os.set_inheritable(3, True)
@@ -167,13 +173,15 @@ class Limits:
     file_bytes: int
 
 
-def init_argv(limits: Limits, results_fd: int, python: str) -> list[str]:
+def init_argv(limits: Limits, results_fd: int, python: str, workdir: str) -> list[str]:
     """The session's init: ``python`` (the project's interpreter, visible in the sandbox)
-    isolated from site-packages and the environment, running INIT."""
+    isolated from site-packages and the environment, running INIT; each command runs in
+    ``workdir`` (a command that cannot enter it fails with 126 and says why)."""
     numbers = (limits.address_space_bytes, limits.processes + 1, limits.file_bytes)
     return [python, "-I", "-S", "-c", INIT, str(results_fd), *map(str, numbers)] + [
         str(MAX_ARGV_CMD_BYTES),
         str(NICE),
+        workdir,
     ]
 
 

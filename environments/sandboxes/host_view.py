@@ -140,4 +140,7 @@ def mount_args(workspace: Path, etc_dir: Path, workdir: str) -> list[str]:
                 args += ["--perms", "0755", "--dir", str(parent)]
         if path != workdir:
             args += ["--ro-bind", path, path]
-    return [*args, "--bind", str(workspace), workdir, "--chdir", workdir]
+    # The session's init starts in /; each command enters the workdir as the sandbox's user
+    # (``bwrap_session.INIT``): bwrap's own --chdir runs without the capabilities it drops, so
+    # a workdir the agent made 700 (its own, as its owner may) could no longer be entered.
+    return [*args, "--bind", str(workspace), workdir, "--chdir", "/"]

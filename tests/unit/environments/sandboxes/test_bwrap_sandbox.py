@@ -303,6 +303,23 @@ def test_one_session_runs_the_commands_and_tmp_lives_as_long_as_it() -> None:
     assert after.output == "gone\nfile\n"
 
 
+def test_a_workdir_the_agent_closed_to_others_still_runs_the_next_session() -> None:
+    """``chmod 700`` of the workdir (its owner's, a common command) made every later session
+    fail to start (bwrap enters the workdir without the capabilities it drops), so grading,
+    which starts one after ``stop_processes``, became an infrastructure failure: an episode
+    dropped from training at the agent's will (red team, 2026-12-07). Closed to its owner
+    too, a command fails as the agent's own, saying why."""
+    with BwrapSandbox(SandboxSpec(workdir="/app")) as sb:
+        sb.execute("echo kept > f && chmod 700 /app", 10)
+        sb.stop_processes()  # the next command starts a new session, as grading's does
+        assert sb.execute("pwd; cat f", 10).output == "/app\nkept\n"
+        sb.execute("chmod 000 /app", 10)
+        sb.stop_processes()
+        denied = sb.execute("echo never", 10)
+        assert denied.exit_code == 126
+        assert denied.output == "thundersync: cannot enter /app: Permission denied\n"
+
+
 def test_a_command_that_kills_its_session_is_reported_killed_and_the_next_one_runs() -> None:
     with BwrapSandbox(SandboxSpec()) as sb:
         killed = sb.execute("echo before; kill -9 $PPID; sleep 5; echo never", 10)
