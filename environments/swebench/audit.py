@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from environments.sandboxes.protocol import Sandbox, SandboxError
 from environments.swebench.instance import SWEBenchInstance, is_repo_path
-from environments.swebench.transfer import read_text
+from environments.swebench.transfer import CommandFailed, read_text
 from environments.tamper import STDLIB_MODULES, patch_findings, shadowing_findings
 from environments.unified_diff import parse_patch
 
@@ -82,17 +82,37 @@ def task_test_folders(files: Iterable[str]) -> tuple[str, ...]:
 
 
 class BaseTree:
-    """Questions about the base commit, answered by git in a freshly set-up sandbox."""
+    """Questions about the base commit, answered by git in a freshly set-up sandbox. Which
+    paths exist is read once, the commit's whole listing (``git ls-tree -r -t``): asked path
+    by path, one command each, a diff of 40000 new empty files kept grading busy for hours
+    (red team, 2026-12-07)."""
 
-    def __init__(self, sandbox: Sandbox, base_commit: str, *, scratch: str) -> None:
+    def __init__(
+        self, sandbox: Sandbox, base_commit: str, *, scratch: str, chunk_bytes: int = 32 * 1024
+    ) -> None:
         self.sandbox, self.base_commit, self.scratch = sandbox, base_commit, scratch
+        self.chunk_bytes = chunk_bytes
+        self._paths: frozenset[str] | None = None
 
     def exists(self, path: str) -> bool:
-        spec = shlex.quote(f"{self.base_commit}:{path}")
-        result = self.sandbox.execute(f"git -c safe.directory='*' cat-file -e {spec}", 60)
-        if result.timed_out:
-            raise SandboxError(f"git cat-file timed out on {path!r}")
-        return result.exit_code == 0
+        """Whether the base commit has a file or folder at ``path``."""
+        if self._paths is None:
+            self._paths = self._listing()
+        return path.rstrip("/") in self._paths
+
+    def _listing(self) -> frozenset[str]:
+        out = f"{self.scratch}/base-tree"
+        commit = shlex.quote(self.base_commit)
+        result = self.sandbox.execute(
+            f"git -c safe.directory='*' ls-tree -r -t -z --name-only {commit} > {out}", 300
+        )
+        if result.timed_out or result.exit_code != 0:
+            raise SandboxError(f"listing the base commit's tree failed: {result.output[-500:]}")
+        try:
+            text = read_text(self.sandbox, out, chunk_bytes=self.chunk_bytes)
+        except CommandFailed as exc:  # a sandbox just set up, not the agent's
+            raise SandboxError(f"reading the base commit's tree: {exc}") from exc
+        return frozenset(text.split("\0")) - {""}
 
     def text(self, path: str) -> str | None:
         if not self.exists(path):

@@ -227,7 +227,9 @@ class SWEBenchTask:
                 chunk_bytes=self._chunk_bytes(),
             )
             text = patch.decode("utf-8", errors="replace")
-            base = BaseTree(sandbox, self.instance.base_commit, scratch=SCRATCH)
+            base = BaseTree(
+                sandbox, self.instance.base_commit, scratch=SCRATCH, chunk_bytes=self._chunk_bytes()
+            )
             modules = importable_modules(sandbox)
             reasons += patch_reasons(self.instance, text, base, modules)
             try:

@@ -14,6 +14,7 @@ import pytest
 
 from environments.swebench import SWEBenchTask, load_instances
 from environments.swebench.audit import (
+    BaseTree,
     git_state_reasons,
     patch_reasons,
     task_test_files,
@@ -175,3 +176,34 @@ def test_strict_grading_restores_pass_to_pass_files_outside_the_test_patch(
         status = grade.details["tests_status"]["PASS_TO_PASS"]
         assert ("tests/test_other.py::test_empty" in status["failure"]) is strict
         assert any("tests/test_other.py: a test file" in r for r in grade.details["tamper_reasons"])
+
+
+def test_the_base_tree_is_listed_once_whatever_the_number_of_paths_asked(tmp_path: Path) -> None:
+    """A diff of 40000 new empty files asked git about each, one sandbox command apiece, and
+    kept grading busy for hours (red team, 2026-12-07): the base commit is listed once."""
+    import subprocess
+
+    from environments.sandboxes.protocol import SandboxSpec
+    from tests.unit.environments.shell_fakes import LocalSandbox
+
+    sandbox = LocalSandbox(SandboxSpec())
+    try:
+        git = "git -c user.email=a@b.c -c user.name=a"
+        made = sandbox.execute(
+            f"git init -q . && mkdir -p pkg/sub && touch pkg/__init__.py pkg/sub/mod.py "
+            f"'odd name.py' && {git} add -A && {git} commit -qm base && git rev-parse HEAD",
+            30,
+        )
+        assert made.exit_code == 0, made.output
+        commit = made.output.strip().splitlines()[-1]
+        subprocess.run(["touch", f"{sandbox.workdir}/new.py"], check=True)  # not in the commit
+        base = BaseTree(sandbox, commit, scratch=sandbox.workdir)
+        before = len(sandbox.commands)
+        asked = [f"junk/d{i}/f{i}.py" for i in range(2000)]
+        assert not any(base.exists(path) for path in asked)
+        for path in ("pkg", "pkg/", "pkg/__init__.py", "pkg/sub/mod.py", "odd name.py"):
+            assert base.exists(path), path
+        assert not base.exists("new.py") and not base.exists("pkg/nope.py")
+        assert len(sandbox.commands) - before <= 4  # the listing, its size and its read
+    finally:
+        sandbox.close()
