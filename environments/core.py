@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,6 +35,7 @@ from environments.tasks import (
     Task,
     TaskSource,
     as_current,
+    checked_grade,
 )
 from environments.text_space import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, UnicodeText
 from thundersync.protocol.types import StopReason
@@ -402,7 +402,7 @@ class ShellEnv(gym.Env[str, str]):
                 return self._clip(steps.step_task(index + 1).instruction), 0.0, False, False, info
         if not last and self._before_grading is not None:
             self._before_grading(observation, dict(info))
-        final = _checked(
+        final = checked_grade(
             steps.combine_steps(self._step_grades, stopped, gated=gated), self.task.task_id
         )
         info["infra_failure"] = final.infra_failure
@@ -461,7 +461,7 @@ class ShellEnv(gym.Env[str, str]):
         finally:
             for sandbox in fresh:
                 self._sandboxes.release(sandbox)
-        checked = _checked(grade, task.task_id)
+        checked = checked_grade(grade, task.task_id)
         error = str(checked.details.get("error", "")) if checked.infra_failure else ""
         if error and (agent := disk_filled_by_agent(self._sandbox, error)) is not None:
             return Grade(0.0, details={**checked.details, "agent_failure": agent, "reason": agent})
@@ -487,22 +487,3 @@ def _folder_name(episode_id: object, num_resets: int) -> str:
     name = str(episode_id) if episode_id is not None else f"episode-{num_resets}"
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".")
     return name[:128] or "episode"
-
-
-def _checked(grade: Any, task_id: str) -> Grade:
-    """A grader's result as a trainable ``Grade``, or an infrastructure failure naming what
-    was wrong: a reward that is not a finite real number (one NaN would poison every update
-    it reached), or not a ``Grade`` at all, is the grader's bug, never the agent's score."""
-    reward = getattr(grade, "reward", None)
-    is_real = isinstance(reward, int | float) and not isinstance(reward, bool)
-    if isinstance(grade, Grade) and is_real and math.isfinite(grade.reward):
-        return grade
-    problem = (
-        f"reward {reward!r} is not a finite number"
-        if isinstance(grade, Grade)
-        else f"returned {type(grade).__name__}, not a Grade"
-    )
-    details = dict(grade.details) if isinstance(grade, Grade) else {}
-    return Grade(
-        0.0, infra_failure=True, details={**details, "error": f"task {task_id}: grader {problem}"}
-    )

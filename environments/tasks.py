@@ -10,6 +10,7 @@ the method, the expected signature and the version, before any episode runs.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,25 @@ class Grade:
     reward: float
     infra_failure: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def checked_grade(grade: Any, task_id: str) -> Grade:
+    """A grader's result as a trainable ``Grade``, or an infrastructure failure naming what
+    was wrong: a reward that is not a finite real number (one NaN would poison every update
+    it reached), or not a ``Grade`` at all, is the grader's bug, never the agent's score."""
+    reward = getattr(grade, "reward", None)
+    is_real = isinstance(reward, int | float) and not isinstance(reward, bool)
+    if isinstance(grade, Grade) and is_real and math.isfinite(grade.reward):
+        return grade
+    problem = (
+        f"reward {reward!r} is not a finite number"
+        if isinstance(grade, Grade)
+        else f"returned {type(grade).__name__}, not a Grade"
+    )
+    details = dict(grade.details) if isinstance(grade, Grade) else {}
+    return Grade(
+        0.0, infra_failure=True, details={**details, "error": f"task {task_id}: grader {problem}"}
+    )
 
 
 @dataclass(frozen=True, slots=True)

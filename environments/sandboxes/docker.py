@@ -52,6 +52,7 @@ from environments.sandboxes.capture import OutputCapture, read_docker_frames_unt
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
     daemon_client,
+    layer_size,
     make_workspace_volume,
 )
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
@@ -270,21 +271,8 @@ class DockerSandbox:
                     raise SandboxError(msg) from exc
 
     def layer_bytes(self) -> int | None:
-        """The container layer's size (``SizeRw``): what its commands wrote outside the
-        workspace, which has a bounded disk of its own while the layer has none (``HasLayer``).
-        None when the daemon cannot say."""
-        if self._container is None:
-            return None
-        try:
-            listed = self._client.api.containers(
-                all=True, filters={"id": self._container.id}, size=True
-            )
-        except Exception:  # the daemon's failure to answer: nothing is known
-            return None
-        if len(listed) != 1 or not isinstance(listed[0].get("SizeRootFs"), int):
-            return None  # sizes not computed: nothing is known
-        size = listed[0].get("SizeRw") or 0  # the daemon leaves out a layer of 0 bytes
-        return size if isinstance(size, int) else None
+        """``HasLayer``: what its commands wrote outside the workspace (``layer_size``)."""
+        return None if self._container is None else layer_size(self._client, self._container.id)
 
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""
