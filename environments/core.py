@@ -24,7 +24,6 @@ from environments.sandboxes.protocol import (
     Sandbox,
     SandboxError,
     SandboxSpec,
-    disk_filled_by_agent,
 )
 from environments.task_steps import SteppedTask, StepSetupFailed, stepped
 from environments.tasks import (
@@ -430,8 +429,7 @@ class ShellEnv(gym.Env[str, str]):
     def _graded(self, task: Task | None = None) -> Grade:
         """Grade the finished episode's final sandbox state (as ``task``, default the
         episode's: a step of it). A ``SandboxError`` while grading gives ``Grade(0.0,
-        infra_failure=True)`` with the error in ``details``, unless it is a full disk that the
-        episode's own writes filled (``disk_filled_by_agent``): then the 0 is the agent's."""
+        infra_failure=True)`` with the error in ``details``."""
         task = task or self._task
         if task is None or self._sandbox is None:
             raise gym.error.ResetNeeded("grading needs a finished episode with its sandbox")
@@ -452,8 +450,6 @@ class ShellEnv(gym.Env[str, str]):
         try:
             grade = task.grade(self._sandbox, context)
         except SandboxError as exc:
-            if (agent := disk_filled_by_agent(self._sandbox, str(exc))) is not None:
-                return Grade(0.0, details={"agent_failure": agent, "reason": agent})
             self._fail(exc)
             return Grade(0.0, infra_failure=True, details={"error": self._failure})
         except AgentBrokeSandbox as exc:  # who failed decides the label: the agent did
@@ -461,11 +457,7 @@ class ShellEnv(gym.Env[str, str]):
         finally:
             for sandbox in fresh:
                 self._sandboxes.release(sandbox)
-        checked = checked_grade(grade, task.task_id)
-        error = str(checked.details.get("error", "")) if checked.infra_failure else ""
-        if error and (agent := disk_filled_by_agent(self._sandbox, error)) is not None:
-            return Grade(0.0, details={**checked.details, "agent_failure": agent, "reason": agent})
-        return checked
+        return checked_grade(grade, task.task_id)
 
     def close(self) -> None:
         self._close_sandbox()

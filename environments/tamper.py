@@ -444,7 +444,7 @@ def git_config_command_keys(text: str) -> set[str]:
     git run a program or read another file: hooks, fsmonitor, pagers, filters, aliases..."""
     keys: set[str] = set()
     section = ""
-    for raw in text.splitlines():
+    for raw in text.removeprefix("\ufeff").splitlines():  # git skips a byte-order mark
         line = raw.strip()
         if not line or line.startswith(("#", ";")):
             continue

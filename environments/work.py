@@ -87,6 +87,17 @@ class WorkTree:
             data = handle.read(limit) if handle is not None else b""
         return data.decode("utf-8", errors="replace")
 
+    def read_many(self, paths: Collection[str], limit: int) -> dict[str, str]:
+        """``read`` of each of ``paths`` (at most ``limit`` bytes each), the archive opened and
+        scanned once: a read apiece rescans it, which thousands of small files made slow."""
+        wanted = {p for p in paths if self.entries.get(p, Entry("", "")).kind == "file"}
+        texts = dict.fromkeys(paths, "")
+        with tarfile.open(self.archive) as archive:
+            for member in archive:
+                if member.name in wanted and (handle := archive.extractfile(member)) is not None:
+                    texts[member.name] = handle.read(limit).decode("utf-8", errors="replace")
+        return texts
+
     def changed_since(self, pristine: WorkTree) -> tuple[list[str], list[str]]:
         """(added or changed files and links, deleted files and links) relative to
         ``pristine``; folders themselves are not listed."""

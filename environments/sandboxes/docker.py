@@ -52,7 +52,6 @@ from environments.sandboxes.capture import OutputCapture, read_docker_frames_unt
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
     daemon_client,
-    layer_size,
     make_workspace_volume,
 )
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
@@ -269,10 +268,6 @@ class DockerSandbox:
                 if self._is_running():
                     msg = f"container {self.marker}: cannot kill its processes: {exc}"
                     raise SandboxError(msg) from exc
-
-    def layer_bytes(self) -> int | None:
-        """``HasLayer``: what its commands wrote outside the workspace (``layer_size``)."""
-        return None if self._container is None else layer_size(self._client, self._container.id)
 
     def execute(self, cmd: str, timeout: float) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in ``workdir``; kill everything after ``timeout`` s."""

@@ -1,5 +1,5 @@
-"""The Docker daemon as the sandboxes reach it: whether one answers, a client of it, a
-sandbox's workspace disk served by it as a volume, and the size of a container's layer."""
+"""The Docker daemon as the sandboxes reach it: whether one answers, a client of it, and a
+sandbox's workspace disk served by it as a volume."""
 
 from __future__ import annotations
 
@@ -80,18 +80,3 @@ def make_workspace_volume(
         client.volumes.create(name=name, driver="local", driver_opts=options, labels=labels)
     except Exception as exc:
         raise SandboxError(f"could not make the workspace volume {name}: {exc}") from exc
-
-
-def layer_size(client: Any, container_id: str) -> int | None:
-    """The container layer's size (``SizeRw``): what the container's commands wrote outside
-    the workspace, which has a bounded disk of its own while the layer has none. None when the
-    daemon cannot say."""
-    try:
-        listed = client.api.containers(all=True, filters={"id": container_id}, size=True)
-    except Exception:  # the daemon's failure to answer: nothing is known
-        return None
-    sizes = listed[0] if len(listed) == 1 else {}
-    if not isinstance(sizes.get("SizeRootFs"), int):
-        return None  # sizes not computed
-    size = sizes.get("SizeRw") or 0  # the daemon leaves out a layer of 0 bytes
-    return size if isinstance(size, int) else None

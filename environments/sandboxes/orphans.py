@@ -9,7 +9,6 @@ that is alive (even if reused by another process) is left alone: never a live ru
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -64,21 +63,30 @@ def remove_orphan_containers(client: Any, label: str) -> list[str]:
     listed as the list call returns them (``sparse``: no inspection of each, which failed with
     NotFound for one removed in between, and the first sandbox of the run with it), and one
     already gone when it is removed is skipped."""
-    from docker.errors import NotFound
-
     removed = []
     for container in client.containers.list(all=True, filters={"label": label}, sparse=True):
         if _is_orphan(container.attrs.get("Labels") or {}, label):
             name = (container.attrs.get("Names") or [container.id])[0].lstrip("/")
-            with contextlib.suppress(NotFound):
-                container.remove(force=True)
+            if _removed(container):
                 removed.append(name)
     for volume in client.volumes.list(filters={"label": label}):
-        if _is_orphan(volume.attrs.get("Labels") or {}, label):
-            with contextlib.suppress(NotFound):
-                volume.remove(force=True)
-                removed.append(volume.name)
+        if _is_orphan(volume.attrs.get("Labels") or {}, label) and _removed(volume):
+            removed.append(volume.name)
     return removed
+
+
+def _removed(thing: Any) -> bool:
+    """Remove a container or volume; False where another run got there first: already gone
+    (404) or being removed, or a volume its container still holds (409)."""
+    from docker.errors import APIError, NotFound
+
+    try:
+        thing.remove(force=True)
+    except APIError as exc:
+        if isinstance(exc, NotFound) or exc.status_code == 409:
+            return False
+        raise
+    return True
 
 
 def _is_orphan(labels: dict[str, str], label: str) -> bool:

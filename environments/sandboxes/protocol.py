@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
-DEFAULT_DISK_MB = 4096
-"""``SandboxSpec.disk_mb``'s default: the disk a sandbox's workspace is promised."""
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
 MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest file a sandboxed command may write (``RLIMIT_FSIZE``), in either sandbox."""
@@ -117,7 +115,7 @@ class SandboxSpec:
     memory_mb: int = 2048
     cpus: float = 1.0
     pids: int = 256
-    disk_mb: int | None = DEFAULT_DISK_MB
+    disk_mb: int | None = 4096
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     env: dict[str, str] = field(default_factory=dict)
     services: tuple[ServiceSpec, ...] = ()
@@ -191,46 +189,6 @@ class HasServices(Protocol):
         a verifier that could not reach it; one that died while the verifier ran, the verifier
         saw (docs/design.md §6)."""
         ...
-
-
-@runtime_checkable
-class HasLayer(Protocol):
-    """A sandbox whose writes outside its workspace go to a layer that only the host's disk
-    bounds (Docker's container layer) says how large that layer is, so that a disk that
-    fills while the episode is graded can be told the agent's doing from the host's
-    (``disk_filled_by_agent``)."""
-
-    def layer_bytes(self) -> int | None:
-        """Bytes the sandbox's commands wrote outside the workspace (None: the engine cannot
-        say)."""
-        ...
-
-
-DISK_FULL = ("no space left on device", "disk quota exceeded")
-"""How ``ENOSPC`` and ``EDQUOT`` read in an error, the host's (``[Errno 28] No space left on
-device``) or the engine's (Docker's API says it in lower case)."""
-
-
-def disk_filled_by_agent(sandbox: object, error: str) -> str | None:
-    """The agent's failure to report when ``error`` is a full disk and ``sandbox`` wrote more
-    outside its workspace than the disk its spec gives the workspace (``disk_mb``; the default
-    where the workspace has no disk of its own, as Docker's then lies in the layer): a sandbox
-    is promised that much; what it wrote past it filled the disk, so the 0 is the agent's, not
-    an infrastructure failure that would drop the episode from training (an agent that fills
-    the disk would otherwise escape its 0). None otherwise: a full disk is the host's."""
-    if not any(marker in error.lower() for marker in DISK_FULL):
-        return None
-    if not isinstance(sandbox, HasLayer):
-        return None
-    allowed = getattr(getattr(sandbox, "spec", None), "disk_mb", None) or DEFAULT_DISK_MB
-    written = sandbox.layer_bytes()
-    if written is None or written <= allowed * 2**20:
-        return None
-    return (
-        f"the disk filled while the episode was graded, and its commands had written "
-        f"{written / 2**20:.0f} MiB outside the workspace, more than the sandbox's "
-        f"{allowed} MiB disk: {error}"
-    )
 
 
 def bash_read_whole(path: str) -> str:

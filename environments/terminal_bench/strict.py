@@ -18,8 +18,8 @@ files before grading:
 - the test script runs with a pinned environment (``pinned_environment``): ``PATH`` and
   ``LD_LIBRARY_PATH`` without relative entries or entries inside the work folder, no
   ``PYTHONPATH``, ``PYTHONSTARTUP``, ``PYTHONHOME``, ``LD_PRELOAD`` and similar hooks, pytest
-  plugin autoloading off, no user site-packages, a fresh empty ``HOME``, git's hooks and
-  fsmonitor off (``tamper.GIT_HOOKS_OFF``). The task's
+  plugin autoloading off, no user site-packages, a fresh empty ``HOME``, git's fsmonitor
+  off (hooks stay on: tests may run hooks of repositories they make). The task's
   ``[verifier] env`` is applied after pinning: a task that needs ``PYTHONPATH`` declares it there;
 - the agent's added, changed or deleted files (relative to the task's pristine work folder)
   are judged by ``environments.tamper`` (``tamper_reasons``): any finding sets
@@ -84,7 +84,7 @@ def pinned_environment(workdir: str) -> str:
         f"unset {' '.join(UNSET_VARIABLES)} ; {filters} ; "
         '[ -n "$LD_LIBRARY_PATH" ] || unset LD_LIBRARY_PATH ; '
         "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 ; "
-        f'export GIT_CONFIG_PARAMETERS="{tamper.GIT_HOOKS_OFF}" ; '
+        "export GIT_CONFIG_PARAMETERS=\"'core.fsmonitor='\" ; "
         'export HOME="$(mktemp -d 2>/dev/null || echo /tmp)" ; unset _k _d _e'
     )
 
@@ -139,75 +139,76 @@ def _judge(finding: tamper.TamperFinding, pristine: WorkTree, work: WorkTree) ->
     return finding.reason
 
 
+GIT_CONFIG_LIMIT = 1024 * 1024
+"""The largest git config judged by its keys; a larger one is flagged (a key past the part
+read would go unseen)."""
+GIT_LINK_LIMIT = 4096
+"""The largest ``.git`` file (``gitdir: X``) or ``commondir`` judged by where it points."""
+
+
 def _git_config_reason(path: str, pristine: WorkTree, work: WorkTree) -> str | None:
-    """A git config file's finding when it gained a key that runs a program, else None."""
-    added = tamper.git_config_command_keys(work.read(path))
-    added -= tamper.git_config_command_keys(pristine.read(path))
+    """A git config file's finding when it gained a key that runs a program (or is too large
+    to judge), else None."""
+    text = work.read(path, limit=GIT_CONFIG_LIMIT + 1)
+    if len(text.encode()) > GIT_CONFIG_LIMIT:
+        return f"git configuration over {GIT_CONFIG_LIMIT} bytes (too large to judge)"
+    added = tamper.git_config_command_keys(text)
+    added -= tamper.git_config_command_keys(pristine.read(path, limit=GIT_CONFIG_LIMIT))
     if not added:
         return None
     return f"git configuration that runs programs ({', '.join(sorted(added))})"
 
 
-def _git_folders(workdir: str, work: WorkTree) -> set[str]:
+def _git_folders(work: WorkTree) -> set[str]:
     """The folders of the work tree that git may take for a repository's git folder, whatever
-    their name: every ``.git`` folder, every folder holding a ``HEAD`` (git's test of a git
-    folder needs one), and the folder a ``.git`` file (``gitdir: X``) or a git folder's
-    ``commondir`` names. An agent that moves ``.git`` aside and leaves a ``.git`` file naming
-    it moves the config and hooks that the grader's git commands run out of ``.git``."""
+    their name: every ``.git`` folder and every folder holding a ``HEAD`` (git's test of a git
+    folder needs one, a linked one too). An agent that moves ``.git`` aside and leaves a
+    ``.git`` file naming it moves the config and hooks the grader's git commands run."""
     folders = {
         path[: match.end()]
         for path in work.entries
         for match in re.finditer(r"(?:^|/)\.git(?=/)", path)
     }
-    folders |= {
+    return folders | {
         posixpath.dirname(path)
         for path, entry in work.entries.items()
         if entry.kind != "dir" and PurePosixPath(path).name == "HEAD"
     }
-    while True:
-        named = {
-            target
-            for path in work.entries
-            if (target := _git_link_target(path, folders, workdir, work)) not in (None, "")
-        }
-        if named <= folders:
-            return folders
-        folders |= named
 
 
-def _git_link_target(path: str, folders: set[str], workdir: str, work: WorkTree) -> str | None:
-    """Where a ``.git`` file or a git folder's ``commondir`` at ``path`` points, relative to
-    the work folder; "" when it points outside it, None when ``path`` is neither."""
-    name, parent = PurePosixPath(path).name, posixpath.dirname(path)
-    if work.entries[path].kind != "file":
-        return None
-    if name == ".git":
-        text = work.read(path, limit=4096).strip()
-        if not text.startswith("gitdir:"):
+def _git_link_reason(path: str, folders: set[str], work: WorkTree, text: str) -> str | None:
+    """The finding for a changed ``.git`` file or ``commondir``, which make git take a
+    repository's config (and a ``.git`` file its hooks) from another folder: allowed only as
+    git itself writes them, a ``.git`` file naming a folder inside a ``.git`` folder
+    (``git worktree add``, submodules) and a worktree's ``commondir`` of ``../..``; anything
+    else (a link, another target, ``..`` after the last ``.git``) is flagged, as git resolves
+    links and spaces where a reading of the text would not."""
+    name = PurePosixPath(path).name
+    if name != ".git" and not (name == "commondir" and posixpath.dirname(path) in folders):
+        return None  # git reads a commondir only in a git folder (one with a HEAD)
+    entry = work.entries[path]
+    target = text.rstrip("\r\n")  # what git strips
+    if name == ".git" and entry.kind == "file" and len(text) <= GIT_LINK_LIMIT:
+        parts = target.removeprefix("gitdir: ").split("/") if target.startswith("gitdir: ") else []
+        after = parts[len(parts) - parts[::-1].index("..") :] if ".." in parts else parts
+        if ".git" in after:
             return None
-        target = text.removeprefix("gitdir:").strip()
-    elif name == "commondir" and parent in folders:
-        target = work.read(path, limit=4096).strip()
-    else:
+    worktree = re.search(r"(?:^|/)\.git/worktrees/[^/]+/commondir$", path)
+    if name == "commondir" and target == "../.." and entry.kind == "file" and worktree:
         return None
-    root = workdir.rstrip("/")
-    if target.startswith("/"):
-        if not target.startswith(root + "/"):
-            return ""
-        resolved = posixpath.normpath(target[len(root) + 1 :])
-    else:
-        resolved = posixpath.normpath(posixpath.join(parent, target))
-    return "" if resolved == ".." or resolved.startswith("../") else resolved
+    return "a git folder link (.git file or commondir) naming a folder git's config comes from"
 
 
 def _git_reason(
-    path: str, folders: set[str], workdir: str, pristine: WorkTree, work: WorkTree
+    path: str, folders: set[str], pristine: WorkTree, work: WorkTree, links: dict[str, str]
 ) -> str | None:
-    """The finding for a changed file of a git folder found by its contents
-    (``_git_folders``), not by its name: a hook, a config file that gained a key that runs a
-    program, a ``.git`` file or ``commondir`` naming a folder outside the work folder."""
-    if _git_link_target(path, folders, workdir, work) == "":
-        return "names a git folder outside the work folder (its config and hooks run in grading)"
+    """The finding for a changed file of git's (``_git_link_reason``; ``links``: the texts of
+    the changed ``.git`` and ``commondir`` files, read at once) or of a git folder found by its
+    contents (``_git_folders``), not by its name: a hook, a config file that gained a key that
+    runs a program."""
+    text = links.get(path, "")
+    if (reason := _git_link_reason(path, folders, work, text)) is not None:
+        return reason
     for folder in folders:
         inside = path[len(folder) + 1 :] if folder else path
         if folder and not path.startswith(folder + "/"):
@@ -246,9 +247,11 @@ def tamper_reasons(
         reason = _judge(finding, pristine, work)
         if reason is not None:
             reasons.setdefault(finding.path, reason)
-    git_folders = _git_folders(workdir, work)
-    for path in changed:
-        reason = _git_reason(path, git_folders, workdir, pristine, work)
+    git_folders = _git_folders(work)
+    named = [p for p in all_changed if PurePosixPath(p).name in (".git", "commondir")]
+    links = work.read_many(named, GIT_LINK_LIMIT + 1)
+    for path in all_changed:  # a venv's folders hide no git folder
+        reason = _git_reason(path, git_folders, pristine, work, links)
         if reason is not None:
             reasons.setdefault(path, reason)
     for path in changed:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import pytest
 
 from environments.actions import format_action
 from environments.core import ShellEnv, UnicodeText
-from environments.sandboxes.protocol import SandboxError
 from environments.tasks import Grade
-from tests.unit.environments.shell_fakes import FileTask, LocalSandbox, SandboxMaker
+from tests.unit.environments.shell_fakes import FileTask, SandboxMaker
 from thundersync.protocol.types import StopReason
 
 
@@ -226,64 +223,6 @@ def test_grading_failure_is_an_infra_failure():
     _, reward, _, _, info = env.step(format_action("submit"))
     assert reward == 0.0 and info["infra_failure"]
     assert info["termination_reason"] == StopReason.ERROR
-
-
-FULL = "cannot archive the work folder /app: [Errno 28] No space left on device"
-
-
-class LayeredSandbox(LocalSandbox):
-    """A sandbox that says how much its commands wrote outside the workspace (``HasLayer``)."""
-
-    layer = 0
-
-    def layer_bytes(self) -> int | None:
-        return self.layer
-
-
-class LayeredMaker(SandboxMaker):
-    def __init__(self, layer: int) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def __call__(self, spec):
-        sandbox = LayeredSandbox(spec)
-        sandbox.layer = self.layer
-        self.made.append(sandbox)
-        return sandbox
-
-
-@dataclass
-class DiskFullGrader(FileTask):
-    """Grading fails on a full disk: raised (an export's OSError mapped to SandboxError) or
-    returned as an infrastructure grade (a task that catches it itself)."""
-
-    raises: bool = True
-
-    def grade(self, sandbox, context):
-        if self.raises:
-            raise SandboxError(FULL)
-        return Grade(0.0, infra_failure=True, details={"error": f"grader: {FULL}"})
-
-
-@pytest.mark.parametrize("raises", [True, False], ids=["raised", "returned"])
-@pytest.mark.parametrize(
-    ("layer_mib", "agents"), [(4097, True), (4096, False)], ids=["past-its-disk", "within"]
-)
-def test_a_disk_the_episode_filled_is_the_agents_zero_not_infrastructure(raises, layer_mib, agents):
-    """An agent that writes the host's disk full outside its bounded workspace (Docker's
-    container layer has no bound) failed grading as infrastructure, and its 0 was dropped from
-    training (red team, 2026-12-07). Past the sandbox's own disk (``disk_mb``, 4096 MiB) the
-    full disk is its doing; within it, the host's."""
-    env = ShellEnv([DiskFullGrader(raises=raises)], sandbox=LayeredMaker(layer_mib * 2**20))
-    env.reset()
-    _, reward, _, _, info = env.step(format_action("submit"))
-    env.close()
-    assert reward == 0.0 and info["infra_failure"] is not agents
-    if agents:
-        failure = info["grade_details"]["agent_failure"]
-        assert "4097 MiB outside the workspace" in failure and "No space left" in failure
-    else:
-        assert "No space left" in info["error"]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), "1.0", None, True])

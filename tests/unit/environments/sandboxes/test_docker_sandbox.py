@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from environments.sandboxes import BASE_IMAGE, DockerSandbox, SandboxError, SandboxSpec
-from environments.sandboxes.protocol import HasLayer
 
 pytestmark = pytest.mark.docker
 
@@ -75,20 +74,6 @@ def test_container_has_no_network_and_the_limits_of_the_spec(
     assert attrs["NetworkMode"] == "none" and attrs["Init"] is True
     assert attrs["Memory"] == 2048 * 2**20 and attrs["PidsLimit"] == 256
     assert attrs["NanoCpus"] == 10**9
-
-
-def test_the_layer_counts_what_was_written_outside_the_workspace(sandbox: DockerSandbox) -> None:
-    """``layer_bytes`` (``HasLayer``): the container layer, which only the host's disk bounds;
-    the workspace has a disk of its own and is not in it."""
-    assert isinstance(sandbox, HasLayer)
-    before = sandbox.layer_bytes()
-    assert before is not None
-    sandbox.execute("head -c 8M /dev/zero > /testbed/inside", 30)
-    inside = sandbox.layer_bytes()
-    assert inside is not None and inside - before < 2**20
-    sandbox.execute("head -c 8M /dev/zero > /var/tmp/outside", 30)
-    outside = sandbox.layer_bytes()
-    assert outside is not None and outside - inside >= 8 * 2**20
 
 
 def test_upload_and_download_round_trip(sandbox: DockerSandbox, tmp_path: Path) -> None:

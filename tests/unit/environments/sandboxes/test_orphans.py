@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,8 +85,10 @@ class _Gone:
         raise AssertionError("inspected a listed container")
 
     def remove(self, force: bool = False) -> None:
-        from docker.errors import NotFound
+        from docker.errors import APIError, NotFound
 
+        if self.name == "going":
+            raise APIError("removal already in progress", SimpleNamespace(status_code=409))
         raise NotFound(f"No such container: {self.name}")
 
 
@@ -97,12 +100,12 @@ class _Kept(_Gone):
 def test_an_orphan_another_run_removed_meanwhile_is_skipped():
     """On a daemon other runs share, a container listed here may be gone before it is
     inspected or removed: the reap goes on (it failed the run's first sandbox before)."""
-    from types import SimpleNamespace
-
     owner = {"t": "1", "t.owner_pid": str(dead_pid())}
-    gone, kept = _Gone(owner, "gone"), _Kept(owner, "kept")
+    gone, going, kept = _Gone(owner, "gone"), _Gone(owner, "going"), _Kept(owner, "kept")
     client = SimpleNamespace(
-        containers=SimpleNamespace(list=lambda **kw: [gone, kept] if kw.get("sparse") else []),
+        containers=SimpleNamespace(
+            list=lambda **kw: [gone, going, kept] if kw.get("sparse") else []
+        ),
         volumes=SimpleNamespace(list=lambda **kw: [_Gone(owner, "volume")]),
     )
     assert remove_orphan_containers(client, "t") == ["kept"]

@@ -106,10 +106,30 @@ def test_a_real_fix_is_not_flagged(tmp_path: Path) -> None:
             {**MOVED_GIT, ".git": "gitdir: gd\n", "gd/hooks/post-checkout": "#!/bin/sh\n"},
             "/app/gd/hooks/post-checkout: git hooks",
         ),
-        ({**MOVED_GIT, ".git": "gitdir: /tmp/gd\n"}, "/app/.git: names a git folder outside"),
+        ({**MOVED_GIT, ".git": "gitdir: /tmp/gd\n"}, "/app/.git: a git folder link"),
         (
             {".git/commondir": "../common\n", "common/config": FSMONITOR},
-            "/app/common/config: git configuration that runs programs (core.fsmonitor)",
+            "/app/.git/commondir: a git folder link",
+        ),
+        # git keeps the space that a stripped reading of the text would drop (a review)
+        ({".git/commondir": "../c \n", "c /config": FSMONITOR}, "/app/.git/commondir: a git"),
+        (  # a pyvenv.cfg exempts a venv's lib/, never a git folder moved into it
+            {
+                **MOVED_GIT,
+                "env/pyvenv.cfg": "home = /usr\n",
+                "env/lib/repo/HEAD": "ref: refs/heads/main\n",
+                "env/lib/repo/config": FSMONITOR,
+                ".git": "gitdir: env/lib/repo\n",
+            },
+            "/app/env/lib/repo/config: git configuration that runs programs",
+        ),
+        (  # git skips a byte-order mark before the first section
+            {".git/config": "\ufeff[diff]\n\texternal = /app/x.sh\n"},
+            "/app/.git/config: git configuration that runs programs (diff.external)",
+        ),
+        (
+            {".git/config": "#" * (1024 * 1024) + "\n[core]\n\tfsmonitor = /app/x.sh\n"},
+            "/app/.git/config: git configuration over",
         ),
         (
             {".git/config.worktree": FSMONITOR},
@@ -165,6 +185,10 @@ def test_a_real_fix_is_not_flagged(tmp_path: Path) -> None:
         "git-folder-moved-hook",
         "git-folder-outside",
         "git-commondir-config",
+        "git-commondir-with-a-space",
+        "git-folder-in-a-venv",
+        "git-config-byte-order-mark",
+        "git-config-too-large",
         "git-config-worktree",
         "work-folder-posing-as-venv",
         "venv-cfg-in-test-folder",
@@ -198,6 +222,7 @@ def test_test_infrastructure_is_flagged(
             "wt/calc.py": "def add(a, b):\n    return a + b\n",
         },
         {"HEAD": "a file of the project's, named HEAD\n", "config": "[core]\nname = x\n"},
+        {"sub/.git": "gitdir: ../.git/modules/sub\n", ".git/modules/sub/HEAD": "ref: x\n"},
         {  # `git init /app/newrepo`: its sample hooks never run
             "newrepo/.git/HEAD": "ref: refs/heads/main\n",
             "newrepo/.git/config": "[core]\n\tbare = false\n",
@@ -213,6 +238,7 @@ def test_test_infrastructure_is_flagged(
         "new-test-file",
         "git-worktree",
         "files-named-head-and-config",
+        "git-submodule",
         "git-init",
     ],
 )
@@ -275,7 +301,28 @@ def test_the_pinned_environment(tmp_path: Path) -> None:
     os.rmdir(values["HOME"])
 
 
-def test_the_pinned_environment_runs_no_git_hook_or_fsmonitor_of_the_repository(
+def test_a_thousand_git_files_are_judged_in_one_read_of_the_archive(tmp_path: Path) -> None:
+    """Each changed ``.git`` file read on its own rescanned the archive: 1000 took 42 s
+    (a review); they are read in one pass."""
+    work = {**PRISTINE, **{f"d{i}/.git": "gitdir: ../.git/modules/d\n" for i in range(1000)}}
+    calls = []
+    real = WorkTree.read_many
+
+    def counted(self, paths, limit):
+        calls.append(len(paths))
+        return real(self, paths, limit)
+
+    WorkTree.read_many = counted  # type: ignore[method-assign]
+    try:
+        found = strict.tamper_reasons(
+            "/app", tree(tmp_path, "pristine", PRISTINE), tree(tmp_path, "work", work)
+        )
+    finally:
+        WorkTree.read_many = real  # type: ignore[method-assign]
+    assert found == [] and calls == [1000]
+
+
+def test_the_pinned_environment_runs_no_git_fsmonitor_of_the_repository(
     tmp_path: Path,
 ) -> None:
     """A repository whose config names an fsmonitor (any config file, wherever its git folder
