@@ -80,16 +80,11 @@ class WorkTree:
 
     def read(self, path: str, limit: int = 1024 * 1024) -> str:
         """A regular file's text (at most ``limit`` bytes; "" when absent or not a file)."""
-        if self.entries.get(path, Entry("", "")).kind != "file":
-            return ""
-        with tarfile.open(self.archive) as archive:
-            handle = archive.extractfile(path)
-            data = handle.read(limit) if handle is not None else b""
-        return data.decode("utf-8", errors="replace")
+        return self.read_many([path], limit)[path]
 
     def read_many(self, paths: Collection[str], limit: int) -> dict[str, str]:
-        """``read`` of each of ``paths`` (at most ``limit`` bytes each), the archive opened and
-        scanned once: a read apiece rescans it, which thousands of small files made slow."""
+        """``read`` of each of ``paths``, the archive opened and scanned once (a read apiece
+        rescans it, which thousands of small files made slow)."""
         wanted = {p for p in paths if self.entries.get(p, Entry("", "")).kind == "file"}
         texts = dict.fromkeys(paths, "")
         with tarfile.open(self.archive) as archive:
