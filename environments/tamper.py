@@ -42,7 +42,7 @@ SHADOWED_MODULES = frozenset(
 )
 """Module names a test run imports: a new file or package of that name in the agent's work
 shadows the real one, wherever it is (pytest puts test folders on the import path too).
-``_thundersync_witness`` is strict grading's own plugin (``terminal_bench/witness.py``), found
+``_thundersync_witness`` is strict grading's own plugin (``proof/witness.py``), found
 after the work folder on the import path."""
 _NEVER_IMPORTED = frozenset({"test", "__main__"})
 STDLIB_MODULES = (

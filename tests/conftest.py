@@ -86,7 +86,7 @@ def _leaderboard_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
 def _reference_runs_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
     """Strict grading caches each task's reference run (``environments/terminal_bench/
     reference.py``): the tests' cache is their own, computed afresh each session."""
-    from environments.terminal_bench.reference import CACHE_VARIABLE
+    from environments.proof.reference import CACHE_VARIABLE
 
     previous = os.environ.get(CACHE_VARIABLE)
     os.environ[CACHE_VARIABLE] = str(built_once(tmp_path_factory, "reference-runs", Path))

@@ -201,6 +201,27 @@ def bash_read_whole(path: str) -> str:
     return f"bash -c '. \"$0\"' {shlex.quote(path)}"
 
 
+GRADER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The ``PATH`` of the grader's own commands (``own``): the system folders only."""
+
+
+def own(command: str) -> str:
+    """``command`` as the grader runs it in a sandbox the agent has worked in: with
+    ``GRADER_PATH``, so an image whose ``PATH`` starts in the work folder (``/app/.venv/bin``
+    is common) never runs the agent's ``tail`` or ``mkdir`` in place of the system's. Strict
+    grading read its witness's records through them: a planted ``tail`` forged a proof of pass
+    (test_reward_hacks_path). The verifier's own script keeps the task's ``PATH``
+    (strict pins it: ``strict.pinned_environment``)."""
+    return f"PATH={GRADER_PATH}; {command}"
+
+
+class GraderSetupError(Exception):
+    """A grader preparation command ran but failed because of the state the agent left the
+    sandbox in (a read-only workspace, deleted tools...): the episode scores 0. Only a
+    SandboxError (the sandbox could not run a command at all) is an infrastructure failure;
+    otherwise an agent could turn its own failure into an episode that is never trained on."""
+
+
 def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
     """Keep the head and tail of ``data`` within ``limit`` bytes, with a marker between."""
     if len(data) <= limit:

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from environments import work
-from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError
+from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError, own
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import schema, users
-from environments.terminal_bench.grading import own
 from thundersync.protocol.documents import excerpt
 
 CONVENTION_DIR = "/logs/artifacts"

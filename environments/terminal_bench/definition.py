@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from environments.sandboxes.engines import RUNS_AS_USER, sandbox_engine
-from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec
+from environments.sandboxes.protocol import Sandbox, SandboxError, SandboxSpec, own
 from environments.task_steps import StepSetupFailed
 from environments.tasks import Grade
 from environments.terminal_bench import collection, grading, inputs, users
@@ -204,7 +204,7 @@ class TaskDefinition:
         )
         root = shlex.quote(f"{self.environment.workdir.rstrip('/')}/{grading.FALLBACK_DIR}")
         users.agent_phase(sandbox, None)
-        sandbox.execute(grading.own(f"{wipe} rm -rf {root}; true"), timeout=60)
+        sandbox.execute(own(f"{wipe} rm -rf {root}; true"), timeout=60)
         self._stage(sandbox, index, check=True)
         users.agent_phase(sandbox, self.steps[index].agent_user)
 

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.sandboxes.protocol import ExecResult, Sandbox, bash_read_whole
+from environments.sandboxes.protocol import (
+    ExecResult,
+    GraderSetupError,
+    Sandbox,
+    bash_read_whole,
+    own,
+)
 from environments.tasks import Grade
 
 TESTS_DIR = "/tests"
@@ -19,20 +25,6 @@ FALLBACK_DIR = ".thundersync-grader"
 _OUTPUT_TAIL = 4000
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)")
 _FAILING = frozenset({"FAILED", "ERROR", "XPASS"})
-
-
-GRADER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""The ``PATH`` of the grader's own commands (``own``): the system folders only."""
-
-
-def own(command: str) -> str:
-    """``command`` as the grader runs it in a sandbox the agent has worked in: with
-    ``GRADER_PATH``, so an image whose ``PATH`` starts in the work folder (``/app/.venv/bin``
-    is common) never runs the agent's ``tail`` or ``mkdir`` in place of the system's. Strict
-    grading read its witness's records through them: a planted ``tail`` forged a proof of pass
-    (test_reward_hacks_path). The verifier's own script keeps the task's ``PATH``
-    (strict pins it: ``strict.pinned_environment``)."""
-    return f"PATH={GRADER_PATH}; {command}"
 
 
 REWARD_RANGE = (0.0, 1.0)
@@ -59,13 +51,6 @@ class GraderPaths:
     def exports(self) -> str:
         names = {"TEST_DIR": self.tests, "VERIFIER_DIR": self.verifier, "TMPDIR": self.tmp}
         return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in names.items() if v)
-
-
-class GraderSetupError(Exception):
-    """A grader preparation command ran but failed because of the state the agent left the
-    sandbox in (a read-only workspace, deleted tools...): the episode scores 0. Only a
-    SandboxError (the sandbox could not run a command at all) is an infrastructure failure;
-    otherwise an agent could turn its own failure into an episode that is never trained on."""
 
 
 def _empty_folder(path: str) -> str:

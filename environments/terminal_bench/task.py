@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from environments import tamper, work
-from environments.sandboxes.protocol import AgentBrokeSandbox, HasServices, Sandbox, SandboxError
-from environments.tasks import Grade, GradingContext, TaskFormatError
-from environments.terminal_bench import (
-    collection,
-    grading,
-    inputs,
-    reference,
-    strict,
-    users,
-    witness,
+from environments.proof import reference, witness
+from environments.sandboxes.protocol import (
+    AgentBrokeSandbox,
+    GraderSetupError,
+    HasServices,
+    Sandbox,
+    SandboxError,
+    own,
 )
+from environments.tasks import Grade, GradingContext, TaskFormatError
+from environments.terminal_bench import collection, grading, inputs, strict, users
 from environments.terminal_bench import steps as harbor_steps
 from environments.terminal_bench.definition import (
     SOLUTION_DIR_VARIABLE,
@@ -97,7 +97,7 @@ class TerminalBenchTask(TaskDefinition):
             if isinstance(sandbox, HasServices):  # one that died as grading began, seen late
                 sandbox.check_services(until=grading_began)
             return grade
-        except grading.GraderSetupError as err:
+        except GraderSetupError as err:
             return Grade(reward=0.0, details={"grader_setup_failed": True, "reason": str(err)})
         except AgentBrokeSandbox as err:
             return Grade(reward=0.0, details={"agent_failure": str(err), "reason": str(err)})
@@ -314,7 +314,7 @@ class TerminalBenchTask(TaskDefinition):
         prefix = strict.pinned_environment(workdir) if pinned else ""
         watch = witness.prepare(sandbox, paths.verifier, workdir) if pinned else None
         if self.verifier_user is not None:  # as Harbor does: its user writes the reward there
-            sandbox.execute(grading.own(f"chmod a+rwx {paths.verifier}"), timeout=60)
+            sandbox.execute(own(f"chmod a+rwx {paths.verifier}"), timeout=60)
         with users.running_as(sandbox, self.verifier_user):
             result = grading.run_script(
                 sandbox,

@@ -2,7 +2,7 @@
 folder, programs the agent plants there are found before the system's. The verifier's script
 keeps the task's ``PATH`` (strict grading pins it, without work-folder entries); the grader's
 own commands (reading the reward, the witness's records) run with the system folders only
-(``grading.own``)."""
+(``protocol.own``)."""
 
 from __future__ import annotations
 

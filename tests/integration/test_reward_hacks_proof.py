@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from environments.proof.reference import task_key
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from environments.terminal_bench.generated import load_generated_task
-from environments.terminal_bench.reference import task_key
 from tests.conftest import SANDBOX_KINDS
 from tests.integration.test_reward_hacks_terminal_bench import run_episode, write
 

@@ -6,8 +6,7 @@ import shlex
 from collections.abc import Collection
 from pathlib import Path
 
-from environments.sandboxes.protocol import ExecResult
-from environments.terminal_bench.grading import own
+from environments.sandboxes.protocol import ExecResult, own
 
 
 def result(output: str, exit_code: int | None, *, timed_out: bool = False) -> ExecResult:

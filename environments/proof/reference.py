@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from environments.terminal_bench import witness
+from environments.proof import witness
 
 CACHE_VARIABLE = "THUNDERSYNC_REFERENCE_CACHE"
 _MAX_TASK_BYTES = 256 * 1024 * 1024

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from environments.proof import witness
 from environments.sandboxes.protocol import ExecResult
-from environments.terminal_bench import witness
 
 PASSING = "def test_ok():\n    assert True\n"
 FAILING = "def test_add():\n    assert 1 + 1 == 3\n"

@@ -35,8 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from environments.sandboxes.protocol import Sandbox
-from environments.terminal_bench.grading import GraderSetupError, own
+from environments.sandboxes.protocol import GraderSetupError, Sandbox, own
 
 PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
 MODULE = PLUGIN.stem
