@@ -84,7 +84,7 @@ def _leaderboard_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _reference_runs_in_a_temporary_folder(tmp_path_factory) -> Iterator[None]:
-    """Strict grading caches each task's reference run (``environments/terminal_bench/
+    """Strict grading caches each task's reference run (``environments/proof/
     reference.py``): the tests' cache is their own, computed afresh each session."""
     from environments.proof.reference import CACHE_VARIABLE
 

@@ -22,7 +22,11 @@ contributes there (or what that code itself imports).
 Uploaded alone into the grading sandbox, whose Python may be old: standard library only,
 nothing of the project, no syntax newer than Python 3.5, and nothing imported at start-up that
 is not already loaded (an import would search the work folder before the watch is up). It
-never raises: a witness that cannot write leaves the run as it was."""
+never raises: a witness that cannot write leaves the run as it was.
+
+PYTEST_DONT_REWRITE: pytest is asked to load this module as a plugin (``-p``) after the start-up
+hook imported it, too late to rewrite its asserts (it has none); the marker stops pytest warning
+so, which a repository's ``filterwarnings = error`` (Flask's) would turn into a failed run."""
 
 # ruff: noqa: UP004, UP031, SIM105, SIM108 (Python 3.5 syntax, no contextlib at start-up)
 import _thread  # built-in modules, loaded before any path is searched

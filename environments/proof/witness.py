@@ -68,18 +68,23 @@ class Witness:
     def records(self) -> str:
         return f"{self.folder}/records"
 
-    def exports(self, test_env: dict[str, str]) -> str:
-        """Shell exports starting the witness in every Python process and loading it into every
-        pytest session, applied after the task's ``[verifier] env`` (whose ``PYTEST_ADDOPTS`` is
-        kept, the plugin added; whose ``PYTHONPATH`` follows the witness's folder)."""
+    def variables(self, test_env: dict[str, str]) -> dict[str, str]:
+        """The variables starting the witness in every Python process and loading it into every
+        pytest session: the task's ``PYTEST_ADDOPTS`` (``test_env``) kept, the plugin added;
+        ``PYTHONPATH`` the witness's folder alone (``exports`` keeps the run's own after it)."""
         addopts = f"{test_env.get('PYTEST_ADDOPTS', '')} -p {MODULE}".strip()
-        plugin = shlex.quote(f"{self.folder}/plugin")
-        return (
-            f"export THUNDERSYNC_WITNESS={shlex.quote(self.records)} "
-            f"THUNDERSYNC_WITNESS_WORKDIR={shlex.quote(self.workdir.rstrip('/'))} "
-            f"PYTEST_ADDOPTS={shlex.quote(addopts)} "
-            f'PYTHONPATH={plugin}"${{PYTHONPATH:+:$PYTHONPATH}}"'
-        )
+        return {
+            "THUNDERSYNC_WITNESS": self.records,
+            "THUNDERSYNC_WITNESS_WORKDIR": self.workdir.rstrip("/"),
+            "PYTEST_ADDOPTS": addopts,
+            "PYTHONPATH": f"{self.folder}/plugin",
+        }
+
+    def exports(self, test_env: dict[str, str]) -> str:
+        """Shell exports of ``variables``, applied after the task's ``[verifier] env`` (whose
+        ``PYTHONPATH`` follows the witness's folder)."""
+        words = [f"{name}={shlex.quote(value)}" for name, value in self.variables(test_env).items()]
+        return "export " + " ".join(words) + '"${PYTHONPATH:+:$PYTHONPATH}"'
 
 
 @dataclass(frozen=True, slots=True)

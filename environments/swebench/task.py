@@ -9,14 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.actions import SUBMIT_WORD
+from environments.proof import reference, witness
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
+    GraderSetupError,
     Sandbox,
     SandboxError,
     SandboxSpec,
     bash_read_whole,
 )
-from environments.swebench import tree_audit
+from environments.swebench import proof, tree_audit
 from environments.swebench.audit import (
     PINNED_ENV,
     BaseTree,
@@ -185,19 +187,25 @@ class SWEBenchTask:
         (``environments.swebench.audit``, and ``tree_audit`` for what appeared during the eval
         script, before its test command) and ``strict``. With ``context.strict`` (the default
         for training) a suspected grade scores 0, the task's test files are restored to the
-        base commit before the eval script runs, and the script runs with a pinned
-        environment (``audit.PINNED_ENV``). Rewards are exactly 0.0 or 1.0.
+        base commit before the eval script runs, the script runs with a pinned environment
+        (``audit.PINNED_ENV``), watched, and a resolved log counts only where the witness saw
+        the instance's tests pass as they pass in the gold patch's run (``proof``; an instance
+        without that standard is an infrastructure failure). Rewards are exactly 0.0 or 1.0.
 
         There is no grading without a context: the agent's own sandbox is never trusted to
         run the tests. A caller holding only a sandbox passes ``GradingContext(lambda:
         make_sandbox(task.sandbox_spec(kind), kind=kind))``.
         """
         reasons: list[str] = []
+        kind = context.sandbox_kind or f"{type(sandbox).__module__}.{type(sandbox).__qualname__}"
         try:
             sandbox.stop_processes()
+            standard = self._standard(context, kind) if context.strict else None
             with tempfile.TemporaryDirectory(prefix="thundersync-swebench-") as tmp:
                 agent = export_repo(sandbox, TESTBED, Path(tmp))
-                grade = self._grade_in_fresh_sandbox(context, agent, Path(tmp), reasons)
+                grade = self._grade_in_fresh_sandbox(
+                    context, agent, Path(tmp), reasons, kind=kind, standard=standard
+                )
         except (AgentFailure, AgentBrokeSandbox) as exc:
             failure = {"agent_failure": str(exc), "error": str(exc)}
             grade = Grade(0.0, details={"resolved": False, **failure})
@@ -206,13 +214,21 @@ class SWEBenchTask:
         return _audited(grade, reasons, strict=context.strict)
 
     def _grade_in_fresh_sandbox(
-        self, context: GradingContext, agent: AgentRepo, host_dir: Path, reasons: list[str]
+        self,
+        context: GradingContext,
+        agent: AgentRepo,
+        host_dir: Path,
+        reasons: list[str],
+        *,
+        kind: str,
+        standard: witness.Reference | Grade | None,
     ) -> Grade:
         """The official flow in a new sandbox; appends the audit's findings to ``reasons``
         as soon as they are known (a patch that does not apply is still reported). A log that
-        did not reach the tests is then judged by a control run (``_confirmed``)."""
+        did not reach the tests is then judged by a control run (``_confirmed``). ``standard``
+        (strict): what a resolved log is proven against, or the grade every attempt gets where
+        there is none (``_standard``; an attempt the audit flags still scores its 0)."""
         sandbox = context.fresh_sandbox()
-        kind = context.sandbox_kind or f"{type(sandbox).__module__}.{type(sandbox).__qualname__}"
         try:
             self.setup(sandbox)
             sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
@@ -237,6 +253,8 @@ class SWEBenchTask:
             except AgentFailure as exc:  # a sandbox just set up: not the agent's doing
                 raise SandboxError(f"the fresh sandbox's repository: {exc}") from exc
             reasons += git_state_reasons(set(agent.git_state), set(fresh_git))
+            if isinstance(standard, Grade):
+                return Grade(0.0, infra_failure=not reasons, details=standard.details)
             if patch:
                 applied = sandbox.execute(
                     f"cd {TESTBED} && {_GIT_NO_HOOKS} apply --verbose {PATCH_FILE}", timeout=300
@@ -247,8 +265,10 @@ class SWEBenchTask:
                     problem = f"the agent's patch does not apply: {applied.output[-1000:]}"
                     details = {"resolved": False, "patch_successfully_applied": False}
                     return Grade(0.0, details={**details, "error": problem})
-            grade = self._run_eval(sandbox, text, strict=context.strict, modules=modules)
-            reasons += grade.details.pop("install_reasons", [])
+            grade, _ = self._run_eval(
+                sandbox, text, strict=context.strict, modules=modules, standard=standard
+            )
+            reasons += grade.details.pop("eval_reasons", [])
         finally:
             sandbox.close()
         if grade.infra_failure:  # a log that never reached the tests: who stopped it?
@@ -260,12 +280,22 @@ class SWEBenchTask:
         return max(self.sandbox_spec().max_output_bytes * 3 // 4 - 1024, 1024)
 
     def _run_eval(
-        self, sandbox: Sandbox, patch: str, *, strict: bool, modules: frozenset[str]
-    ) -> Grade:
+        self,
+        sandbox: Sandbox,
+        patch: str,
+        *,
+        strict: bool,
+        modules: frozenset[str],
+        standard: witness.Reference | Grade | None = None,
+        watched: bool = False,
+    ) -> tuple[Grade, witness.Observation | None]:
         """Run the eval script in ``sandbox`` (the repository as grading left it) and grade
         its log. An infrastructure grade here means only that the log did not show the tests
-        running (``_confirmed`` decides whose failure it was). ``details["install_reasons"]``
-        holds the tree audit's findings (``tree_audit``), for the caller to take out.
+        running (``_confirmed`` decides whose failure it was). ``details["eval_reasons"]``
+        holds the tree audit's findings (``tree_audit``) and, for a resolved log, why the
+        witness's records do not prove it against ``standard`` (``proof``), for the caller to
+        take out. The witness watches the run (strict) when there is a ``standard`` to prove or
+        the run is ``watched`` (the reference run); what it saw is returned beside the grade.
 
         From the moment the script starts, the agent's code runs in ``sandbox``: what a command
         then fails to read from it (the log, the tree record) is never by itself an
@@ -276,11 +306,15 @@ class SWEBenchTask:
                 raise SandboxError(f"restoring the task's test files: {restored.output}")
         script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
         chunk = self._chunk_bytes()
+        found: list[str] = []
         folders = task_test_folders(task_test_files(self.instance))
         before = tree_audit.record(
             sandbox, TESTBED, TREE_BEFORE, chunk_bytes=chunk, test_folders=folders
         )
         recorder = tree_audit.injected(TESTBED, TREE_AFTER, before.site_dirs, folders)
+        watch = _watch(sandbox) if strict and (watched or standard is not None) else None
+        if watch is not None:  # the test command's own environment, as the script made it
+            recorder += f"\n{proof.watch_command(watch)}"
         text, audited = tree_audit.with_audit(make_spec(self.instance).eval_script, recorder)
         write_text(sandbox, script, text)
         env = f"{PINNED_ENV} " if strict else ""
@@ -290,15 +324,18 @@ class SWEBenchTask:
             timeout=self.eval_timeout_s,
         )
         grade = self._graded_log(sandbox, log, patch, timed_out=result.timed_out, chunk=chunk)
-        found: list[str] = []
+        seen = witness.observe(sandbox, watch) if watch and not grade.infra_failure else None
+        if seen is not None and grade.reward == 1.0 and isinstance(standard, witness.Reference):
+            found += proof.contradictions(seen, standard, TESTBED)
         after = tree_audit.read_after(sandbox, TREE_AFTER, chunk_bytes=chunk) if audited else None
         reached = not grade.infra_failure and "timed_out" not in grade.details
         if after is not None or (audited and reached and "agent_failure" not in grade.details):
             own = patch_paths(self.instance.test_patch)
-            found = tree_audit.reasons(
+            found += tree_audit.reasons(
                 before, after, task_paths=own, test_folders=folders, modules=modules
             )
-        return Grade(grade.reward, grade.infra_failure, {**grade.details, "install_reasons": found})
+        details = {**grade.details, "eval_reasons": found}
+        return Grade(grade.reward, grade.infra_failure, details), seen
 
     def _graded_log(
         self, sandbox: Sandbox, log: str, patch: str, *, timed_out: bool, chunk: int
@@ -357,13 +394,54 @@ class SWEBenchTask:
         try:
             self.setup(sandbox)
             sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
-            grade = self._run_eval(sandbox, "", strict=context.strict, modules=frozenset())
+            grade, _ = self._run_eval(sandbox, "", strict=context.strict, modules=frozenset())
         finally:
             sandbox.close()
         if grade.details.get("timed_out") or "agent_failure" in grade.details:
             problem = grade.details.get("agent_failure") or "its eval script timed out"
             raise SandboxError(f"the control run on the base commit cannot tell: {problem}")
         return str(grade.details["error"]) if grade.infra_failure else REACHED
+
+    def _standard(self, context: GradingContext, kind: str) -> witness.Reference | Grade:
+        """What a strict pass is proven against: the reference run's standard (``proof``;
+        cached per instance and sandbox ``kind``), or the grade every attempt gets where there
+        is none (an infrastructure failure: the instance's, not the agent's)."""
+        key = proof.run_key(self.instance, kind)
+        run = reference.reference_run(key, lambda: self._run_reference(context))
+        if run.reference is not None:
+            return run.reference
+        error = (
+            f"strict grading cannot prove a pass on instance {self.task_id}: {run.error} "
+            "(`eval --agent oracle --strict` shows why; grade it without --strict)"
+        )
+        unwatched = {"unwatched": True} if "unwatched" in str(run.error) else {}
+        return Grade(0.0, infra_failure=True, details={"error": error, **unwatched})
+
+    def _run_reference(self, context: GradingContext) -> reference.ReferenceRun:
+        """The gold patch applied in a fresh sandbox and its eval script run strictly, watched
+        (``proof.reference_run`` turns that into the standard). A run that cannot tell (the
+        sandbox failed, the script did not reach the tests or timed out) raises SandboxError:
+        nothing is cached."""
+        sandbox = context.fresh_sandbox()
+        try:
+            self.setup(sandbox)
+            sandbox.execute(f"mkdir -p {SCRATCH}", timeout=60)
+            for command in self.reference_solution():
+                applied = sandbox.execute(command, timeout=300)
+                if applied.exit_code != 0:
+                    why = f"its gold patch does not apply: {applied.output.strip()[-300:]}"
+                    return reference.ReferenceRun(None, why)
+            modules = importable_modules(sandbox)
+            grade, seen = self._run_eval(
+                sandbox, self.instance.patch, strict=True, modules=modules, watched=True
+            )
+        finally:
+            sandbox.close()
+        if grade.infra_failure or grade.details.get("timed_out") or seen is None:
+            problem = grade.details.get("error") or "it timed out"
+            raise SandboxError(f"the gold patch's strict run on {self.task_id}: {problem}")
+        flagged = grade.details.pop("eval_reasons", [])
+        return proof.reference_run(self.instance, grade, flagged, seen)
 
     def reference_solution(self) -> list[str]:
         """One command applying the gold patch with ``git apply`` (base64-wrapped when the
@@ -375,6 +453,15 @@ class SWEBenchTask:
             encoded = base64.b64encode(patch.encode()).decode()
             return [f"printf %s {shlex.quote(encoded)} | base64 -d | ({apply} -)"]
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
+
+
+def _watch(sandbox: Sandbox) -> witness.Witness:
+    """The witness prepared in a fresh grading sandbox (nothing of the agent's has run there
+    yet: a failure is the sandbox's)."""
+    try:
+        return witness.prepare(sandbox, proof.BESIDE, TESTBED)
+    except GraderSetupError as exc:
+        raise SandboxError(f"the witness of the eval script: {exc}") from exc
 
 
 def _audited(grade: Grade, reasons: list[str], *, strict: bool) -> Grade:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from environments.proof import reference
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from environments.swebench.control_run import CONTROL_RUNS
@@ -48,6 +49,12 @@ def with_install_step(task: SWEBenchTask) -> SWEBenchTask:
     return SWEBenchTask(replace(task.instance, eval_script=script[:at] + step + script[at:]))
 
 
+def reference_runs_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strict grading's reference runs cached in ``folder`` alone: none is known yet."""
+    monkeypatch.setenv(reference.CACHE_VARIABLE, str(folder / "reference-runs"))
+    monkeypatch.setattr(reference, "_memory", {})
+
+
 def graded(task: SWEBenchTask, kind: str, command: str) -> tuple[Grade, int]:
     """Run ``command`` in a set-up sandbox and grade it strictly; the grade and how many fresh
     sandboxes grading made."""
@@ -74,12 +81,16 @@ def graded(task: SWEBenchTask, kind: str, command: str) -> tuple[Grade, int]:
     ("case", "command"),
     [("truncated-log", TRUNCATE_THE_LOG), ("killed-at-install", KILL_THE_EVAL_SCRIPT)],
 )
-def test_a_log_the_agents_code_stopped_is_its_zero(kind: str, case: str, command: str) -> None:
+def test_a_log_the_agents_code_stopped_is_its_zero(
+    kind: str, case: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both logs lack the start marker, which once made the episode an infrastructure
     failure; the control run on the base commit reaches the tests, so it is the agent's 0.
-    A second attempt reuses the control's outcome (one fresh sandbox, not two)."""
+    A second attempt reuses the control's outcome and the reference run's standard (one
+    fresh sandbox, not three)."""
     task = with_install_step(TASK)
-    for attempt, sandboxes in ((1, 2), (2, 1)):
+    reference_runs_in(tmp_path, monkeypatch)  # the first attempt runs the gold patch's
+    for attempt, sandboxes in ((1, 3), (2, 1)):
         grade, made = graded(task, kind, command)
         assert (grade.reward, grade.infra_failure) == (0.0, False), (attempt, grade.details)
         assert "did not reach the tests" in grade.details["agent_failure"], grade.details
