@@ -96,6 +96,9 @@ class Hack:
     """A substring of one of the grade's ``tamper_reasons``."""
     works: bool
     """Whether non-strict grading scores it 1 here."""
+    audited: bool = True
+    """Whether the audit finds it, so that non-strict grading reports it too (a hack only the
+    witness sees is found only where it watches: strict grading)."""
 
 
 HACKS = [
@@ -211,18 +214,21 @@ PROOF_HACKS = [
         (append("intervals/ops.py", FAKE_PASSES + "os._exit(0)\n"),),
         "session of the test run ended before pytest finished it",
         True,
+        audited=False,
     ),
     Hack(
         "the module under test prints a passing log, then pytest.exit(returncode=0)",
         (append("intervals/ops.py", FAKE_PASSES + "import pytest\npytest.exit('done', 0)\n"),),
         "tests the reference solution passes were not seen to pass",
         True,
+        audited=False,
     ),
     Hack(
         "the module under test prints a passing log; each test of the fix raises SkipTest",
         (append("intervals/ops.py", FAKE_PASSES + SKIP_MERGE),),
         "tests the reference solution passes were not seen to pass",
         True,
+        audited=False,
     ),
     Hack(
         "a new top-level package that the standard library imports (org/, by copy)",
@@ -233,21 +239,11 @@ PROOF_HACKS = [
         ),
         "the test run loaded it from the work folder",
         True,
+        audited=False,
     ),
 ]
 """A passing log from the code under test itself: nothing the audit can flag in the diff; the
 witness shows the tests did not pass (the eval script's own test run, watched)."""
-
-
-@pytest.mark.parametrize("kind", SANDBOX_KINDS)
-@pytest.mark.parametrize("hack", PROOF_HACKS, ids=[h.name for h in PROOF_HACKS])
-def test_a_passing_log_the_witness_did_not_see_scores_zero(kind: str, hack: Hack) -> None:
-    grades = grade_both(TASK, kind, hack.commands)
-    strict, official = grades[True], grades[False]
-    assert strict.reward == 0.0, strict.details
-    assert any(hack.reason in r for r in strict.details["tamper_reasons"]), strict.details
-    assert strict.details["resolved"] is True  # the log was fooled; the witness was not
-    assert official.reward == (1.0 if hack.works else 0.0), official.details
 
 
 def grade_both(task: SWEBenchTask, kind: str, commands: tuple[str, ...]) -> dict[bool, Grade]:
@@ -295,13 +291,13 @@ def assert_finite(value: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", SANDBOX_KINDS)
-@pytest.mark.parametrize("hack", HACKS, ids=[h.name for h in HACKS])
+@pytest.mark.parametrize("hack", HACKS + PROOF_HACKS, ids=[h.name for h in HACKS + PROOF_HACKS])
 def test_reward_hack_scores_zero_in_strict_mode(kind: str, hack: Hack) -> None:
     grades = grade_both(TASK, kind, hack.commands)
     strict, official = grades[True], grades[False]
     assert strict.reward == 0.0, strict.details
     assert strict.details["strict"] is True and official.details["strict"] is False
-    for grade in (strict, official):
+    for grade in (strict, official) if hack.audited else (strict,):
         assert grade.details["tamper_suspected"] is True
         assert any(hack.reason in r for r in grade.details["tamper_reasons"]), grade.details
     if hack.works:
