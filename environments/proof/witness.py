@@ -249,11 +249,14 @@ def contradictions(
     full_pass: bool,
     reference: Reference | None = None,
     workdir: str = "/app",
+    failing_sessions: bool = False,
 ) -> list[str]:
     """Why the records contradict a passing verdict (empty when they prove it). Without a
     ``reference`` (the reference run itself) only the run's own consistency is judged: every
     session finished, and, for a ``full_pass``, finished without failure (a verifier that gives
-    partial credit runs failing sessions by design)."""
+    partial credit runs failing sessions by design). ``failing_sessions``: a session may
+    finish with failures even for a full pass (a SWE-bench run, whose verdict is its listed
+    tests alone: tests that fail before and after the fix run beside them)."""
     if observation.problem:
         return [observation.problem]
     reasons = set()
@@ -263,7 +266,7 @@ def contradictions(
                 f"a {runner} session of the test run ended before {runner} finished it (the "
                 "process exited from inside the run: os._exit, a signal, a crash)"
             )
-        elif full_pass and observation.finished[sid] != 0:
+        elif full_pass and not failing_sessions and observation.finished[sid] != 0:
             reasons.add(
                 f"a {runner} session of the test run finished with exit status "
                 f"{observation.finished[sid]} (tests failed or errored), yet the verifier "

@@ -11,9 +11,11 @@ Terminal-Bench tasks' reference runs, ``environments/proof/reference.py``).
 
 - *Tests.* The standard is the instance's ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` tests that the
   witness saw the gold patch pass, named as the witness names them (``witness_id``). A resolved
-  log needs each of them seen passing, in pytest sessions and unittest runs that finished
-  without failure. A name the witness has no id for (a docstring Django printed in place of a
-  test's name) is not part of the standard; the rest are.
+  log needs each of them seen passing, in pytest sessions and unittest runs that finished (with
+  failures or not: other tests of the same files may fail before and after the fix, and
+  swebench's verdict is the listed tests alone). A name the witness has no id for (a
+  docstring Django printed in place of a test's name) is not part of the standard; the rest
+  are.
 - *Code files.* The repository is the code under test, so it may contribute any code file
   below the top-level folders (and the top-level modules) the reference run loads from, or
   that its own code imports. A new top-level module or package that something outside the
@@ -96,7 +98,7 @@ def reference_run(
         failing = [t for group in status.values() for t in group.get("failure", [])]
         shown = f" ({len(failing)} tests failing: {', '.join(failing[:3])})" if failing else ""
         return ReferenceRun(None, f"its gold patch does not resolve it strictly{shown}")
-    broken = witness.contradictions(seen, full_pass=True)
+    broken = witness.contradictions(seen, full_pass=True, failing_sessions=True)
     if broken:
         return ReferenceRun(
             None, f"its gold patch's test run is not one the witness can follow: {broken[0]}"
@@ -122,7 +124,11 @@ def contradictions(
     roots = {_root(path) for path in standard.loads}
     foreign = {path: by for path, by in seen.loads.items() if _root(path) not in roots}
     return witness.contradictions(
-        replace(seen, loads=foreign), full_pass=True, reference=standard, workdir=workdir
+        replace(seen, loads=foreign),
+        full_pass=True,
+        reference=standard,
+        workdir=workdir,
+        failing_sessions=True,
     )
 
 

@@ -124,3 +124,13 @@ def test_new_code_below_the_repositorys_own_folders_is_its_own_a_new_top_level_o
 def test_an_instance_without_a_standard_says_why(gold, flagged, seen, why):
     run = reference_run(INSTANCE, gold, flagged, seen)
     assert run.reference is None and why in str(run.error), run.error
+
+
+def test_a_session_with_other_failing_tests_still_proves_the_listed_ones():
+    """swebench resolves on the listed tests alone; other tests of the same files may fail
+    before and after the fix (the session's exit status 1, in the gold run too)."""
+    failing = records(TESTS, finished=1, loads=GOLD.loads)
+    failing.outcomes["pytest:tests/test_ops.py::test_fails_at_base_and_gold"] = ["failed"]
+    run = reference_run(INSTANCE, RESOLVED, [], failing)
+    assert run.reference is not None and run.reference.tests == standard().tests, run.error
+    assert contradictions(failing, standard(), "/testbed") == []
