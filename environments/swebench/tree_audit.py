@@ -63,15 +63,35 @@ TEXT_NAMES = {"tox.ini", "setup.cfg", "pyproject.toml", "entry_points.txt"}
 SITE_NAMES = {"sitecustomize.py", "usercustomize.py"}
 MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
 RUNNER = {"pytest", "_pytest", "pluggy", "py"}
-MAX_ENTRIES, MAX_HASH, MAX_TEXT = 20000, 64 << 20, 256 << 10
+MAX_ENTRIES, MAX_HASH, MAX_TEXT, MAX_RECORD = 20000, 64 << 20, 256 << 10, 24 << 20
 root, out = sys.argv[1], sys.argv[2]
 extra_sites = [a[5:] for a in sys.argv[3:] if a.startswith("site:")]
 test_folders = [a[6:] for a in sys.argv[3:] if a.startswith("tests:")]
-entries, dirs, truncated = {}, [], False
+entries, dirs, truncated, recorded = {}, [], False, [0]
+
+def walk(top):
+    # os.walk's top-down walk without its recursion (Python before 3.12 recurses: a tree 1,000
+    # folders deep stopped the recorder); a link to a folder is listed as a file
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        subdirs, files = [], []
+        for name in names:
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(os.path.join(folder, name)).st_mode)
+            except OSError:
+                continue
+            (subdirs if is_dir else files).append(name)
+        yield folder, subdirs, files
+        stack.extend(os.path.join(folder, name) for name in reversed(subdirs))
 
 def add(key, path):
     global truncated
-    if len(entries) >= MAX_ENTRIES:
+    if len(entries) >= MAX_ENTRIES or recorded[0] >= MAX_RECORD:
         truncated = True
         return
     try:
@@ -99,8 +119,10 @@ def add(key, path):
         if name == "entry_points.txt" and b"pytest11" not in text:
             keep = False
         entries[key] = [digest.hexdigest(), text.decode("utf-8", "replace") if keep else None]
+        recorded[0] += len(key) + 100 + (len(text) if keep else 0)
     except OSError as err:
         entries[key] = ["error:" + str(err), None]
+        recorded[0] += len(key) + 100
 
 if os.path.isdir(root):
     for name in sorted(os.listdir(root)):
@@ -109,7 +131,7 @@ if os.path.isdir(root):
             add(name, path)
         elif os.path.isfile(os.path.join(path, "__init__.py")):
             add(name + "/__init__.py", os.path.join(path, "__init__.py"))
-    for folder, subdirs, files in os.walk(root):
+    for folder, subdirs, files in walk(root):
         if folder == root and ".git" in subdirs:
             subdirs.remove(".git")
         subdirs.sort()
@@ -118,7 +140,7 @@ if os.path.isdir(root):
                 path = os.path.join(folder, name)
                 add(os.path.relpath(path, root), path)
     for tests in test_folders:
-        for folder, subdirs, files in os.walk(os.path.join(root, tests)):
+        for folder, subdirs, files in walk(os.path.join(root, tests)):
             subdirs.sort()
             for name in sorted(files):
                 if name.endswith(".py"):
@@ -160,7 +182,7 @@ for folder in found:
         elif name.endswith(".py") and name[:-3] in RUNNER:
             add(path, path)
         elif name in RUNNER and os.path.isdir(path) and not os.path.islink(path):
-            for sub, subdirs, files in os.walk(path):
+            for sub, subdirs, files in walk(path):
                 subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
                 for module in sorted(files):
                     if module.endswith(".py"):
@@ -312,8 +334,11 @@ def reasons(
             "rewritten by code that ran during the eval script)"
         ]
     found: list[str] = []
-    if after.truncated and not before.truncated:
-        found.append(f"the tree holds too many files to record at the {AFTER_SUFFIX}")
+    if before.truncated or after.truncated:  # past the recorder's caps, a change could hide
+        stage = (
+            "once the agent's patch is applied" if before.truncated else f"at the {AFTER_SUFFIX}"
+        )
+        found.append(f"the tree holds more files or config text than the grader records {stage}")
     old_pth_lines = {
         line
         for path, (_, text) in before.entries.items()

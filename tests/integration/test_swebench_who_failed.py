@@ -96,3 +96,34 @@ def test_a_log_the_agents_code_stopped_is_its_zero(
         assert "did not reach the tests" in grade.details["agent_failure"], grade.details
         assert grade.details["control_run"] == "reached the tests"
         assert made == sandboxes, f"attempt {attempt}: {made} fresh sandboxes"
+
+
+CONFIG_TEXT_PAST_THE_RECORD = (
+    'python3 -c "import os\n'
+    "for i in range(300):\n"
+    "    os.makedirs('data/d%d' % i)\n"
+    "    open('data/d%d/setup.cfg' % i, 'wb').write(b'\\\\0' + b'x' * 256 * 1024)\""
+)
+"""78 MB of config files whose text the tree record keeps (256 KiB each, binary: the patch
+stays small): the record of the tree as the patch left it once passed what grading reads."""
+FOLDERS_1100_DEEP = (
+    "mkdir -p $(printf 'd/%.0s' $(seq 1100)) && touch $(printf 'd/%.0s' $(seq 1100))f"
+)
+"""A file 1,100 folders down: the recorder's ``os.walk`` recursed (Python before 3.12) and died."""
+
+
+@pytest.mark.parametrize(
+    ("case", "command"),
+    [("config-text", CONFIG_TEXT_PAST_THE_RECORD), ("deep-tree", FOLDERS_1100_DEEP)],
+)
+def test_a_tree_past_what_the_recorder_holds_is_the_agents_zero(
+    kind: str, case: str, command: str
+) -> None:
+    """The tree is recorded once the agent's patch is applied, before the eval script: what
+    its files make the recorder do is the agent's doing. Both made the attempt an
+    infrastructure failure (red team, 2026-12-07); a tree past the record's caps is now
+    flagged (a change there could hide), one only deep is recorded like any other."""
+    grade, _ = graded(TASK, kind, command)
+    assert (grade.reward, grade.infra_failure) == (0.0, False), grade.details
+    capped = [r for r in grade.details["tamper_reasons"] if "more files or config text" in r]
+    assert bool(capped) == (case == "config-text"), grade.details["tamper_reasons"]
