@@ -13,7 +13,8 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` and ``("finish", sid,
   status)`` for each pytest session (this module is also the pytest plugin ``-p
   _thundersync_witness``) and each unittest run (``unittest.result.TestResult`` is wrapped
-  when it is imported): a test counts as passed only where its call phase passed.
+  when it is imported): a test counts as passed only where its call phase passed, and, for a
+  plain test function, only where the function was called (``passed-unrun`` otherwise).
 
 The grader compares these with the reference solution's run of the same task: the tests it
 passes must each be seen to pass, and the work folder may contribute only the code files it
@@ -37,7 +38,14 @@ _FOLDER = os.environ.get("THUNDERSYNC_WITNESS", "")
 _WORK = os.environ.get("THUNDERSYNC_WITNESS_WORKDIR", "").rstrip("/")
 _THIS = os.path.abspath(__file__)
 _CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
-_state = {"token": None, "sessions": 0, "busy": set(), "started": False}
+_state = {
+    "token": None,
+    "sessions": 0,
+    "busy": set(),
+    "started": False,
+    "functions": set(),
+    "called": set(),
+}
 
 
 def _token():
@@ -234,9 +242,48 @@ def pytest_runtest_logreport(report):
             outcome = "xpassed"
         elif outcome == "skipped" and hasattr(report, "wasxfail"):
             outcome = "xfailed"
+        elif outcome == "passed" and _unrun(report.nodeid):
+            outcome = "passed-unrun"  # its test function was never called
         _append(("test", sid, outcome, report.nodeid))
     elif report.outcome != "passed":  # a setup or teardown that failed or skipped
         _append(("test", sid, "%s-%s" % (report.when, report.outcome), report.nodeid))
+
+
+def _unrun(nodeid):
+    return nodeid in _state["functions"] and nodeid not in _state["called"]
+
+
+def pytest_collection_modifyitems(items):
+    """The plain test functions of the session (pytest's own ``Function`` items, whose call
+    phase always calls ``pytest_pyfunc_call``)."""
+    try:
+        for item in items:
+            kind = type(item)
+            if kind.__name__ == "Function" and kind.__module__ == "_pytest.python":
+                _state["functions"].add(item.nodeid)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    """Notes each test function actually called: a call phase that passed without it (the
+    code under test made ``Function.runtest`` a no-op) proves nothing. A hook wrapper, so no
+    other implementation (a conftest's, a plugin's) can answer before it sees the call."""
+    try:
+        _state["called"].add(pyfuncitem.nodeid)
+    except Exception:  # noqa: BLE001
+        pass
+    yield
+
+
+pytest_pyfunc_call.pytest_impl = {  # pluggy's hookimpl marker, as @pytest.hookimpl sets it
+    "hookwrapper": True,
+    "wrapper": False,
+    "optionalhook": False,
+    "tryfirst": False,
+    "trylast": False,
+    "specname": None,
+}
 
 
 def pytest_sessionfinish(session, exitstatus):

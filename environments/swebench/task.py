@@ -314,7 +314,7 @@ class SWEBenchTask:
         recorder = tree_audit.injected(TESTBED, TREE_AFTER, before.site_dirs, folders)
         watch = _watch(sandbox) if strict and (watched or standard is not None) else None
         if watch is not None:  # the test command's own environment, as the script made it
-            recorder += f"\n{proof.watch_command(watch)}"
+            recorder += f"{proof.watch_command(watch)}\n"
         text, audited = tree_audit.with_audit(make_spec(self.instance).eval_script, recorder)
         write_text(sandbox, script, text)
         env = f"{PINNED_ENV} " if strict else ""
