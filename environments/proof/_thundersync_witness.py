@@ -10,7 +10,8 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 - ``("load", path, importer)`` for each code file (a module found by the import system, or a
   ``.py``/``.pyc``/``.so`` file opened for reading) under ``$THUNDERSYNC_WITNESS_WORKDIR``, with
   the file of the code that asked for it (the first frame outside the import machinery);
-- ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` and ``("finish", sid,
+- ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
+  sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
   status)`` for each pytest session (this module is also the pytest plugin ``-p
   _thundersync_witness``) and each unittest run (``unittest.result.TestResult`` is wrapped
   when it is imported): a test counts as passed only where its call phase passed, and, for a
@@ -316,6 +317,17 @@ def _wrap_unittest(spec):
         pass
 
 
+def _describe(sid, test, test_id):
+    """A test's one-line description (its docstring's first line), which a verbose runner
+    prints in place of its name (``test_x (module.Class)\nWhat it checks ... ok``)."""
+    try:
+        text = test.shortDescription()
+    except Exception:  # noqa: BLE001
+        return
+    if text and isinstance(text, str):
+        _append(("describe", sid, test_id, text))
+
+
 def _patch_result(cls):
     outcomes = {
         "addSuccess": "passed",
@@ -335,6 +347,7 @@ def _patch_result(cls):
                 except Exception:  # noqa: BLE001
                     test_id = repr(test)
                 _append(("test", sid, outcome, test_id))
+                _describe(sid, test, test_id)
             return method(self, test, *args)
 
         return wrapper

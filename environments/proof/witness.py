@@ -110,6 +110,9 @@ class Observation:
     """Session id → its exit status (0: every test passed; None: unreadable)."""
     outcomes: dict[str, list[str]] = field(default_factory=dict)
     """``runner:test id`` → each outcome recorded for it (a test may run in several sessions)."""
+    described: dict[str, set[str]] = field(default_factory=dict)
+    """A unittest test's one-line description (its docstring's first line) → the
+    ``unittest:test id`` of each test it describes."""
     problem: str | None = None
     """Why the records cannot be trusted (removed, changed, too many): contradicts any pass."""
 
@@ -219,6 +222,8 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
     elif kind == "finish" and len(record) == 3:
         status = record[2] if isinstance(record[2], int) else None
         observation.finished[str(record[1])] = status
+    elif kind == "describe" and len(record) == 4 and isinstance(record[3], str):
+        observation.described.setdefault(record[3], set()).add(f"unittest:{record[2]}")
     elif kind == "test" and len(record) == 4:
         runner = observation.sessions.get(str(record[1]), "pytest")
         observation.outcomes.setdefault(f"{runner}:{record[3]}", []).append(str(record[2]))

@@ -10,12 +10,12 @@ patch graded the same way, once per instance, sandbox kind and witness version (
 Terminal-Bench tasks' reference runs, ``environments/proof/reference.py``).
 
 - *Tests.* The standard is the instance's ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` tests that the
-  witness saw the gold patch pass, named as the witness names them (``witness_id``). A resolved
+  witness saw the gold patch pass, named as the witness names them (``witness_id``; a docstring
+  Django printed in place of a name, by the description the witness recorded). A resolved
   log needs each of them seen passing, in pytest sessions and unittest runs that finished (with
   failures or not: other tests of the same files may fail before and after the fix, and
-  swebench's verdict is the listed tests alone). A name the witness has no id for (a
-  docstring Django printed in place of a test's name) is not part of the standard; the rest
-  are.
+  swebench's verdict is the listed tests alone). A name the witness has no id for (sympy's
+  runner's) is not part of the standard; the rest are.
 - *Code files.* The repository is the code under test, so it may contribute any code file
   below the top-level folders (and the top-level modules) the reference run loads from, or
   that its own code imports. A new top-level module or package that something outside the
@@ -52,8 +52,9 @@ _UNITTEST_NAME = re.compile(r"^(\w+) \(([\w.]+)\)$")
 def witness_id(name: str) -> str | None:
     """The witness's id of a test as swebench's log parsers name it: a pytest node id
     (``tests/test_x.py::test_y[1]``) is pytest's; ``test_y (module.Class)``, or Python 3.11's
-    ``test_y (module.Class.test_y)``, is unittest's ``module.Class.test_y``. Other names (a
-    docstring printed in place of the name, sympy's runner's bare ``test_y``) have none."""
+    ``test_y (module.Class.test_y)``, is unittest's ``module.Class.test_y``. Other names have
+    none here: a docstring's first line printed in place of the name is found by the witness's
+    descriptions (``reference_run``); sympy's runner's bare ``test_y`` is not found."""
     if "::" in name:
         return f"pytest:{name}"
     found = _UNITTEST_NAME.match(name)
@@ -103,8 +104,11 @@ def reference_run(
         return ReferenceRun(
             None, f"its gold patch's test run is not one the witness can follow: {broken[0]}"
         )
-    named = {witness_id(n) for n in (*instance.fail_to_pass, *instance.pass_to_pass)}
-    tests = seen.passed() & {n for n in named if n is not None}
+    named: set[str] = set()
+    for name in (*instance.fail_to_pass, *instance.pass_to_pass):
+        test = witness_id(name)
+        named |= {test} if test is not None else seen.described.get(name, set())
+    tests = seen.passed() & named
     if not tests:
         return ReferenceRun(
             None,

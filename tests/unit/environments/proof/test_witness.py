@@ -199,8 +199,8 @@ def test_a_unittest_run_is_watched_test_by_test(tmp_path: Path) -> None:
     """``python3 -m unittest``: an atexit hook turns a failing run's status into 0."""
     source = (
         "import atexit, os, unittest\natexit.register(lambda: os._exit(0))\n\n\n"
-        "class T(unittest.TestCase):\n    def test_ok(self):\n        pass\n\n"
-        "    def test_bad(self):\n        self.assertEqual(1, 2)\n"
+        'class T(unittest.TestCase):\n    def test_ok(self):\n        """Says what it checks.\n\n'
+        '        More."""\n\n    def test_bad(self):\n        self.assertEqual(1, 2)\n'
     )
     code, seen = watched_run(tmp_path, source, "-m unittest test_task")
     assert code == 0
@@ -209,6 +209,8 @@ def test_a_unittest_run_is_watched_test_by_test(tmp_path: Path) -> None:
         "unittest:test_task.T.test_ok": ["passed"],
         "unittest:test_task.T.test_bad": ["failed"],
     }
+    # a verbose runner prints the docstring's first line for the name (SWE-bench's Django rows)
+    assert observed.described == {"Says what it checks.": {"unittest:test_task.T.test_ok"}}
     standard = witness.Reference(frozenset(observed.outcomes), frozenset())
     reasons = judged(seen, full_pass=True, reference=standard)
     assert any("unittest:test_task.T.test_bad (failed)" in r for r in reasons), reasons

@@ -134,3 +134,15 @@ def test_a_session_with_other_failing_tests_still_proves_the_listed_ones():
     run = reference_run(INSTANCE, RESOLVED, [], failing)
     assert run.reference is not None and run.reference.tests == standard().tests, run.error
     assert contradictions(failing, standard(), "/testbed") == []
+
+
+def test_a_docstring_printed_for_a_name_is_found_by_the_witnesss_description():
+    """Django's runner prints a test's docstring line in place of its name; the witness
+    records each unittest test's description, so that test is part of the standard too."""
+    name, test = "Named URLs should be reversible", "unittest:urlpatterns.tests.T.test_named"
+    instance = replace(INSTANCE, fail_to_pass=(name,), pass_to_pass=())
+    seen = witness.Observation(processes=1, sessions={"s": "unittest"}, finished={"s": 0})
+    seen.outcomes[test] = [witness.PASSED]
+    seen.described[name] = {test}
+    run = reference_run(instance, RESOLVED, [], seen)
+    assert run.reference is not None and run.reference.tests == {test}, run.error
