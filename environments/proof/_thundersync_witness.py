@@ -12,10 +12,12 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
   the file of the code that asked for it (the first frame outside the import machinery);
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
   sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
-  status)`` for each pytest session (this module is also the pytest plugin ``-p
-  _thundersync_witness``) and each unittest run (``unittest.result.TestResult`` is wrapped
-  when it is imported): a test counts as passed only where its call phase passed, and, for a
-  plain test function, only where the function was called (``passed-unrun`` otherwise).
+  status)`` (``("tampered", sid, names)`` before it when the test runners' own functions
+  changed since they were loaded) for each pytest session (this module is also the pytest
+  plugin ``-p _thundersync_witness``) and each unittest run (``unittest.result.TestResult``
+  is wrapped when it is imported): a test counts as passed only where its call phase passed,
+  and, for a plain test function, only where the function was called (``passed-unrun``
+  otherwise).
 
 The grader compares these with the reference solution's run of the same task: the tests it
 passes must each be seen to pass, and the work folder may contribute only the code files it
@@ -143,7 +145,9 @@ def _note(name, spec):
             _load(place)
             return
     if name == "unittest.result":
-        _wrap_unittest(spec)
+        _after_exec(spec, lambda module: _patch_result(module.TestResult))
+    elif name == "unittest":  # the package is whole: its modules' code as the runner's
+        _after_exec(spec, lambda module: _snapshot(("unittest",)))
 
 
 def _thread_id():
@@ -226,6 +230,16 @@ def _session_id():
     return "%s-%d" % (_token(), _state["sessions"])
 
 
+def pytest_addoption(parser):
+    """Called as pytest registers this plugin (``-p``), before any conftest, entry-point
+    plugin or test module is imported: the runners' code as pytest ships it."""
+    try:
+        __import__("unittest")  # the standard library's, for the TestCase items pytest runs
+    except Exception:  # noqa: BLE001
+        pass
+    _snapshot(_RUNNERS)
+
+
 def pytest_configure(config):
     sid = _session_id()
     config._thundersync_witness_sid = sid
@@ -290,15 +304,17 @@ pytest_pyfunc_call.pytest_impl = {  # pluggy's hookimpl marker, as @pytest.hooki
 def pytest_sessionfinish(session, exitstatus):
     sid = getattr(session.config, "_thundersync_witness_sid", None)
     if sid is not None:
+        _check_runners(sid)
         _append(("finish", sid, int(exitstatus)))
 
 
 # --- unittest ----------------------------------------------------------------------------------
 
 
-def _wrap_unittest(spec):
-    """Wrap ``unittest.result``'s loader so that, once the module is executed, its
-    ``TestResult`` records each test's outcome and each run's start and end."""
+def _after_exec(spec, then):
+    """Wrap a module's loader so that, once the module is executed, ``then(module)`` runs:
+    ``unittest.result``'s ``TestResult`` then records each test's outcome and each run's start
+    and end; ``unittest``'s modules are then snapshot (``_snapshot``)."""
     loader = spec.loader
     execute = getattr(loader, "exec_module", None)
     if execute is None:
@@ -307,7 +323,7 @@ def _wrap_unittest(spec):
     def exec_module(module):
         execute(module)
         try:
-            _patch_result(module.TestResult)
+            then(module)
         except Exception:  # noqa: BLE001
             pass
 
@@ -377,7 +393,60 @@ def _patch_result(cls):
         result = stop_run(self)
         sid = getattr(self, "_thundersync_sid", None)
         if sid is not None:
+            _check_runners(sid)
             _append(("finish", sid, 0 if self.wasSuccessful() else 1))
         return result
 
     cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run
+
+
+# --- the runners' own code ---------------------------------------------------------------------
+
+_RUNNERS = ("_pytest", "pytest", "pluggy", "unittest")
+_MISSING = object()
+
+
+def _code(value):
+    function = getattr(value, "__func__", None) or getattr(value, "fget", None) or value
+    return getattr(function, "__code__", None)
+
+
+def _snapshot(packages):
+    """Note each function, class and method (with its code object) of the loaded modules of
+    ``packages``, as first seen: a failing test passes when code under test replaces one
+    (``Function.runtest`` wrapped in a try, ``TestCase.assertEqual`` made a no-op)."""
+    code = _state.setdefault("code", {})
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".", 1)[0] not in packages:
+            continue
+        try:
+            members = [(module, name, key, value) for key, value in vars(module).items()]
+            for _, _, key, value in list(members):
+                if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                    members.extend((value, name + "." + key, k, v) for k, v in vars(value).items())
+        except Exception:  # noqa: BLE001
+            continue
+        for owner, where, key, value in members:
+            if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
+                code.setdefault((where, key), (owner, value, _code(value)))
+
+
+def _check_runners(sid):
+    """Record the noted members that code of the work folder replaced: removed, or now code
+    written there, or code with no source at all. A plugin's own replacement (Hypothesis wraps
+    ``FixtureFunctionMarker.__call__``) is code from outside the work folder, and stands."""
+    changed = []
+    for (where, key), (owner, value, code) in list(_state.get("code", {}).items()):
+        try:
+            now = vars(owner).get(key, _MISSING)
+            if now is value and _code(now) is code:
+                continue
+            new = None if now is _MISSING else _code(now)
+            if new is code and now is not _MISSING:
+                continue
+            if new is None or _inside(new.co_filename):
+                changed.append("%s.%s" % (where, key))
+        except Exception:  # noqa: BLE001
+            continue
+    if changed:
+        _append(("tampered", sid, sorted(changed)[:8]))

@@ -110,6 +110,9 @@ class Observation:
     """Session id → its exit status (0: every test passed; None: unreadable)."""
     outcomes: dict[str, list[str]] = field(default_factory=dict)
     """``runner:test id`` → each outcome recorded for it (a test may run in several sessions)."""
+    tampered: dict[str, list[str]] = field(default_factory=dict)
+    """Session id → the test runners' functions (pytest's, pluggy's, unittest's) that were
+    replaced or given other code while it ran."""
     described: dict[str, set[str]] = field(default_factory=dict)
     """A unittest test's one-line description (its docstring's first line) → the
     ``unittest:test id`` of each test it describes."""
@@ -222,6 +225,8 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
     elif kind == "finish" and len(record) == 3:
         status = record[2] if isinstance(record[2], int) else None
         observation.finished[str(record[1])] = status
+    elif kind == "tampered" and len(record) == 3 and isinstance(record[2], list):
+        observation.tampered[str(record[1])] = [str(name) for name in record[2]]
     elif kind == "describe" and len(record) == 4 and isinstance(record[3], str):
         observation.described.setdefault(record[3], set()).add(f"unittest:{record[2]}")
     elif kind == "test" and len(record) == 4:
@@ -277,6 +282,12 @@ def contradictions(
                 f"{observation.finished[sid]} (tests failed or errored), yet the verifier "
                 "reported a pass"
             )
+    for sid, names in observation.tampered.items():
+        runner = observation.sessions.get(sid, "test")
+        reasons.add(
+            f"the {runner} runner's own code changed during the test run ({', '.join(names)}): "
+            "code that makes a failing test pass"
+        )
     if reference is None:
         return sorted(reasons)
     for relative, importers in sorted(observation.loads.items()):

@@ -238,3 +238,38 @@ def test_records_too_many_to_read_contradict_a_pass(tmp_path: Path) -> None:
     assert code == 0
     reasons = judged(seen, TruncatingShell(), full_pass=True)
     assert any("more records than the grader reads" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    ("source", "command", "changed"),
+    [
+        (  # pytest: each test's failure swallowed, its function still called
+            "import sys\n_python = sys.modules['_pytest.python']\n_run = _python.Function.runtest\n"
+            "def _quiet(self):\n    try:\n        _run(self)\n    except Exception:\n        pass\n"
+            "_python.Function.runtest = _quiet\n\n\n" + FAILING,
+            "-m pytest -q -p no:cacheprovider test_task.py",
+            "_pytest.python.Function.runtest",
+        ),
+        (  # unittest: an assertion made a no-op
+            "import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None\n\n\n"
+            "class T(unittest.TestCase):\n    def test_add(self):\n"
+            "        self.assertEqual(2, 3)\n",
+            "-m unittest test_task",
+            "unittest.case.TestCase.assertEqual",
+        ),
+    ],
+    ids=["pytest-runtest-swallowed", "unittest-assert-no-op"],
+)
+def test_the_runners_code_replaced_from_the_work_folder_contradicts_a_pass(
+    tmp_path: Path, source: str, command: str, changed: str
+) -> None:
+    """Code under test (here the test file itself) that replaces the runner's own functions
+    makes a failing test pass; the replacement comes from the work folder, and is seen. The
+    venv's own plugins replace some too (Hypothesis wraps ``FixtureFunctionMarker.__call__``),
+    which the honest runs above show is not counted."""
+    code, seen = watched_run(tmp_path, source, command)
+    assert code == 0  # the run passed
+    reasons = judged(seen, full_pass=True)
+    assert any(f"runner's own code changed during the test run ({changed}" in r for r in reasons), (
+        reasons
+    )
