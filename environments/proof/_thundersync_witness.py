@@ -416,9 +416,12 @@ def _snapshot(packages):
     ``packages``, as first seen: a failing test passes when code under test replaces one
     (``Function.runtest`` wrapped in a try, ``TestCase.assertEqual`` made a no-op)."""
     code = _state.setdefault("code", {})
+    files = _state.setdefault("runner_files", set())
     for name, module in list(sys.modules.items()):
         if module is None or name.split(".", 1)[0] not in packages:
             continue
+        if isinstance(getattr(module, "__file__", None), str):
+            files.add(module.__file__)
         try:
             members = [(module, name, key, value) for key, value in vars(module).items()]
             for _, _, key, value in list(members):
@@ -434,8 +437,11 @@ def _snapshot(packages):
 def _check_runners(sid):
     """Record the noted members that code of the work folder replaced: removed, or now code
     written there, or code with no source at all. A plugin's own replacement (Hypothesis wraps
-    ``FixtureFunctionMarker.__call__``) is code from outside the work folder, and stands."""
+    ``FixtureFunctionMarker.__call__``) is code from outside the work folder, and stands; so
+    does the runners' own (pytest's ``legacypath`` sets ``Config._getini_unknown_type``), even
+    where the runner is installed inside the work folder (a rebuilt image's ``/testbed/.deps``)."""
     changed = []
+    own = _state.get("runner_files", ())
     for (where, key), (owner, value, code) in list(_state.get("code", {}).items()):
         try:
             now = vars(owner).get(key, _MISSING)
@@ -444,7 +450,7 @@ def _check_runners(sid):
             new = None if now is _MISSING else _code(now)
             if new is code and now is not _MISSING:
                 continue
-            if new is None or _inside(new.co_filename):
+            if new is None or (_inside(new.co_filename) and new.co_filename not in own):
                 changed.append("%s.%s" % (where, key))
         except Exception:  # noqa: BLE001
             continue

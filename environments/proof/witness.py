@@ -41,7 +41,7 @@ PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
 MODULE = PLUGIN.stem
 STARTUP = Path(__file__).with_name("_thundersync_sitecustomize.py")
 FOLDER_NAME = ".thundersync-witness"
-VERSION = 4
+VERSION = 5
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
 _SENTINEL = ".sentinel"

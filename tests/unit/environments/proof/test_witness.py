@@ -273,3 +273,27 @@ def test_the_runners_code_replaced_from_the_work_folder_contradicts_a_pass(
     assert any(f"runner's own code changed during the test run ({changed}" in r for r in reasons), (
         reasons
     )
+
+
+def test_the_runners_own_replacements_stand_where_the_runner_lives_in_the_work_folder(
+    tmp_path: Path,
+) -> None:
+    """A rebuilt image may install pytest inside the work folder (``/testbed/.deps``); pytest's
+    own ``legacypath`` then replaces ``Config._getini_unknown_type`` with code of the work
+    folder, which is the runner's own and no contradiction (it failed Flask's gold run)."""
+    import _pytest
+    import pluggy
+
+    deps = tmp_path / "app" / ".deps"
+    deps.mkdir(parents=True)
+    for package in (Path(_pytest.__file__).parent, Path(pluggy.__file__).parent):
+        (deps / package.name).symlink_to(package, target_is_directory=True)
+    (deps / "pytest").symlink_to(Path(pytest.__file__).parent, target_is_directory=True)
+    run = (
+        "-c \"import sys; sys.path.insert(0, '.deps'); import pytest; "
+        "assert '/app/.deps/' in pytest.__file__; "
+        "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'test_task.py']))\""
+    )
+    code, seen = watched_run(tmp_path, PASSING, run)
+    assert code == 0
+    assert judged(seen, full_pass=True) == []
