@@ -228,6 +228,16 @@ def test_opd_moves_a_student_toward_its_teacher_with_per_turn_work(warm_model, t
     backward = {(s["episode_id"], s["turn"]) for s in spans if s["name"] == "backward"}
     learned = {(e, t) for e, t in turns if (e, t) in backward or (e, None) in backward}
     assert turns and turns <= teacher and learned == turns, (turns - teacher, turns - learned)
+    # each generation call's padded shape, which an engine cost model needs (multi-turn
+    # prompts grow; a call of mixed turns computes every row to its longest)
+    calls = [s["metrics"] for s in spans if s["name"] == "engine"]
+    assert calls and all(0 < c["longest_completion"] <= 12 for c in calls), calls
+    assert all(c["num_tokens"] <= c["batch_size"] * c["longest_completion"] for c in calls)
+    assert all(
+        c["longest_prompt"] <= c["prompt_tokens"] <= c["batch_size"] * c["longest_prompt"]
+        for c in calls
+    )
+    assert max(c["longest_prompt"] for c in calls) > min(c["longest_prompt"] for c in calls)
 
 
 def test_a_dead_rollout_worker_stops_the_run_with_a_clear_message(warm_model, tmp_path):

@@ -123,6 +123,10 @@ def rollout_main(
                 metrics={
                     "batch_size": len(requests),
                     "num_tokens": sum(len(c.token_ids) for c in completions),
+                    # a padded call computes every row to the longest prompt and completion
+                    "prompt_tokens": sum(len(r.prompt_ids) for r in requests),
+                    "longest_prompt": max((len(r.prompt_ids) for r in requests), default=0),
+                    "longest_completion": max((len(c.token_ids) for c in completions), default=0),
                 },
             )
         )
