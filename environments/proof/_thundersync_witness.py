@@ -285,7 +285,9 @@ def pytest_pyfunc_call(pyfuncitem):
     code under test made ``Function.runtest`` a no-op) proves nothing. A hook wrapper, so no
     other implementation (a conftest's, a plugin's) can answer before it sees the call."""
     try:
-        _state["called"].add(pyfuncitem.nodeid)
+        module = getattr(pyfuncitem, "module", None)
+        if module is None or type(module) is type(sys):  # a module whose class was changed
+            _state["called"].add(pyfuncitem.nodeid)  # can hand pytest another function
     except Exception:  # noqa: BLE001
         pass
     yield
@@ -406,9 +408,44 @@ _RUNNERS = ("_pytest", "pytest", "pluggy", "unittest")
 _MISSING = object()
 
 
+_FUNCTION = type(_append)
+
+
+def _function(value):
+    """The plain function a member holds (a method's, a static or class method's, a
+    property's getter), or None: read from the real wrappers only, as any object can carry a
+    ``__func__`` or ``__code__`` attribute of its choosing."""
+    if isinstance(value, (staticmethod, classmethod)) or type(value).__name__ == "method":
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    return value if type(value) is _FUNCTION else None
+
+
 def _code(value):
-    function = getattr(value, "__func__", None) or getattr(value, "fget", None) or value
-    return getattr(function, "__code__", None)
+    function = _function(value)
+    return None if function is None else function.__code__
+
+
+def _home(function):
+    """Where a replacing function's code comes from: ``runner`` (a runner's own file),
+    ``outside`` (another file outside the work folder), ``work`` (the work folder), or
+    ``none``: no plain function, or one whose globals are not its module's own (a runner's
+    code object given forged globals) or whose module's file is not its code's."""
+    if function is None:
+        return "none"
+    code = function.__code__
+    module = sys.modules.get(function.__globals__.get("__name__"))
+    home = getattr(module, "__file__", None)
+    if module is None or vars(module) is not function.__globals__ or not isinstance(home, str):
+        return "none"
+    if home.endswith(".pyc"):
+        home = home[:-1]
+    if home != code.co_filename:
+        return "none"
+    if code.co_filename in _state.get("runner_files", ()):
+        return "runner"
+    return "work" if _inside(code.co_filename) else "outside"
 
 
 def _snapshot(packages):
@@ -435,24 +472,31 @@ def _snapshot(packages):
 
 
 def _check_runners(sid):
-    """Record the noted members that code of the work folder replaced: removed, or now code
-    written there, or code with no source at all. A plugin's own replacement (Hypothesis wraps
-    ``FixtureFunctionMarker.__call__``) is code from outside the work folder, and stands; so
-    does the runners' own (pytest's ``legacypath`` sets ``Config._getini_unknown_type``), even
-    where the runner is installed inside the work folder (a rebuilt image's ``/testbed/.deps``)."""
-    changed = []
-    own = _state.get("runner_files", ())
-    for (where, key), (owner, value, code) in list(_state.get("code", {}).items()):
+    """Record the noted members replaced since: removed, or given code of the work folder,
+    code with no source or forged globals (``("tampered", ...)``, which contradicts a pass);
+    and every other replacement, by code outside the work folder or a runner's own file, as
+    ``("replaced", sid, ["owner.member=module.function", ...])``: a plugin's (Hypothesis wraps
+    ``FixtureFunctionMarker.__call__``) or the runner's own (pytest's ``legacypath`` sets
+    ``Config._getini_unknown_type``), which stand where the reference solution's run shows
+    the same, and an existing function swapped in (``unittest.case._addError``) does not."""
+    changed, replaced = [], []
+    for (where, key), (owner, value, _) in list(_state.get("code", {}).items()):
         try:
             now = vars(owner).get(key, _MISSING)
-            if now is value and _code(now) is code:
+            if now is value:
                 continue
-            new = None if now is _MISSING else _code(now)
-            if new is code and now is not _MISSING:
-                continue
-            if new is None or (_inside(new.co_filename) and new.co_filename not in own):
+            function = None if now is _MISSING else _function(now)
+            if function is not None and function is _function(value):
+                continue  # the same function, wrapped anew
+            home = _home(function)
+            if home in ("work", "none"):
                 changed.append("%s.%s" % (where, key))
+            else:
+                name = getattr(function, "__qualname__", function.__name__)
+                replaced.append("%s.%s=%s.%s" % (where, key, function.__module__, name))
         except Exception:  # noqa: BLE001
-            continue
+            changed.append("%s.%s" % (where, key))
     if changed:
         _append(("tampered", sid, sorted(changed)[:8]))
+    if replaced:
+        _append(("replaced", sid, sorted(replaced)[:64]))

@@ -45,6 +45,7 @@ class ReferenceRun:
         return {
             "tests": sorted(ref.tests) if ref else None,
             "loads": sorted(ref.loads) if ref else None,
+            "replaced": sorted(ref.replaced) if ref else None,
             "error": self.error,
             "reward": self.reward,
         }
@@ -54,7 +55,12 @@ class ReferenceRun:
         tests, loads = data.get("tests"), data.get("loads")
         reference = None
         if isinstance(tests, list) and isinstance(loads, list):
-            reference = witness.Reference(frozenset(map(str, tests)), frozenset(map(str, loads)))
+            replaced = data.get("replaced")
+            reference = witness.Reference(
+                frozenset(map(str, tests)),
+                frozenset(map(str, loads)),
+                frozenset(map(str, replaced)) if isinstance(replaced, list) else frozenset(),
+            )
         error = data.get("error")
         return ReferenceRun(reference, str(error) if error else None, float(data.get("reward", 0)))
 

@@ -116,7 +116,8 @@ def reference_run(
             "patch's run (its test runner is neither pytest nor unittest, or strips the "
             "witness's variables): unwatched",
         )
-    return ReferenceRun(witness.Reference(frozenset(tests), frozenset(seen.loads)), reward=1.0)
+    standard = witness.Reference(frozenset(tests), frozenset(seen.loads), seen.replacements())
+    return ReferenceRun(standard, reward=1.0)
 
 
 def contradictions(
