@@ -429,9 +429,8 @@ def _code(value):
 
 def _home(function):
     """Where a replacing function's code comes from: ``runner`` (a runner's own file),
-    ``outside`` (another file outside the work folder), ``work`` (the work folder), or
-    ``none``: no plain function, or one whose globals are not its module's own (a runner's
-    code object given forged globals) or whose module's file is not its code's."""
+    ``outside``, ``work`` (the work folder), or ``none``: no plain function, or one whose
+    globals or file are not its module's (a runner's code object under forged globals)."""
     if function is None:
         return "none"
     code = function.__code__
@@ -439,9 +438,7 @@ def _home(function):
     home = getattr(module, "__file__", None)
     if module is None or vars(module) is not function.__globals__ or not isinstance(home, str):
         return "none"
-    if home.endswith(".pyc"):
-        home = home[:-1]
-    if home != code.co_filename:
+    if (home[:-1] if home.endswith(".pyc") else home) != code.co_filename:
         return "none"
     if code.co_filename in _state.get("runner_files", ()):
         return "runner"
