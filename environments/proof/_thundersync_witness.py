@@ -477,14 +477,13 @@ def _check_runners(sid):
     ``Config._getini_unknown_type``), which stand where the reference solution's run shows
     the same, and an existing function swapped in (``unittest.case._addError``) does not."""
     changed, replaced = [], []
-    for (where, key), (owner, value, _) in list(_state.get("code", {}).items()):
+    for (where, key), (owner, value, code) in list(_state.get("code", {}).items()):
         try:
             now = vars(owner).get(key, _MISSING)
-            if now is value:
-                continue
             function = None if now is _MISSING else _function(now)
-            if function is not None and function is _function(value):
-                continue  # the same function, wrapped anew
+            same = now is value or (function is not None and function is _function(value))
+            if same and _code(now) is code:
+                continue  # the same member or function (wrapped anew), its code unchanged
             home = _home(function)
             if home in ("work", "none"):
                 changed.append("%s.%s" % (where, key))
