@@ -63,10 +63,11 @@ TEXT_NAMES = {"tox.ini", "setup.cfg", "pyproject.toml", "entry_points.txt"}
 SITE_NAMES = {"sitecustomize.py", "usercustomize.py"}
 MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
 RUNNER = {"pytest", "_pytest", "pluggy", "py"}
-MAX_ENTRIES, MAX_HASH, MAX_TEXT, MAX_RECORD = 20000, 64 << 20, 256 << 10, 24 << 20
+MAX_ENTRIES, MAX_HASH, MAX_TEXT = 20000, 64 << 20, 256 << 10
 root, out = sys.argv[1], sys.argv[2]
-extra_sites = [a[5:] for a in sys.argv[3:] if a.startswith("site:")]
-test_folders = [a[6:] for a in sys.argv[3:] if a.startswith("tests:")]
+MAX_RECORD = int(sys.argv[3])
+extra_sites = [a[5:] for a in sys.argv[4:] if a.startswith("site:")]
+test_folders = [a[6:] for a in sys.argv[4:] if a.startswith("tests:")]
 entries, dirs, truncated, recorded = {}, [], False, [0]
 
 def walk(top):
@@ -95,34 +96,37 @@ def add(key, path):
         truncated = True
         return
     try:
+        entry = None
         if not os.path.lexists(path):
             return
         info = os.lstat(path)
         if stat.S_ISLNK(info.st_mode):
-            entries[key] = ["link:" + os.readlink(path), None]
+            entry = ["link:" + os.readlink(path), None]
+        elif not stat.S_ISREG(info.st_mode):
             return
-        if not stat.S_ISREG(info.st_mode):
-            return
-        digest, text, size = hashlib.sha256(), b"", 0
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as handle:
-            while size <= MAX_HASH:
-                chunk = handle.read(1 << 16)
-                if not chunk:
-                    break
-                size += len(chunk)
-                digest.update(chunk)
-                if len(text) <= MAX_TEXT:
-                    text += chunk[:MAX_TEXT + 1 - len(text)]
-        name = os.path.basename(path)
-        keep = name in TEXT_NAMES or name.endswith(".pth")
-        if name == "entry_points.txt" and b"pytest11" not in text:
-            keep = False
-        entries[key] = [digest.hexdigest(), text.decode("utf-8", "replace") if keep else None]
-        recorded[0] += len(key) + 100 + (len(text) if keep else 0)
+        else:
+            digest, text, size = hashlib.sha256(), b"", 0
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as handle:
+                while size <= MAX_HASH:
+                    chunk = handle.read(1 << 16)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    digest.update(chunk)
+                    if len(text) <= MAX_TEXT:
+                        text += chunk[:MAX_TEXT + 1 - len(text)]
+            name = os.path.basename(path)
+            keep = name in TEXT_NAMES or name.endswith(".pth")
+            if name == "entry_points.txt" and b"pytest11" not in text:
+                keep = False
+            entry = [digest.hexdigest(), text.decode("utf-8", "replace") if keep else None]
     except OSError as err:
-        entries[key] = ["error:" + str(err), None]
-        recorded[0] += len(key) + 100
+        entry = ["error:" + str(err), None]
+    entries[key] = entry
+    # counted as written: JSON escapes a control character or a non-ASCII one in 6 bytes or
+    # 12, so text counted raw let a record grow past what the grader reads
+    recorded[0] += len(json.dumps(key)) + len(json.dumps(entry)) + 2
 
 if os.path.isdir(root):
     for name in sorted(os.listdir(root)):
@@ -191,9 +195,18 @@ for folder in found:
 with open(out, "w") as handle:
     json.dump({"site_dirs": dirs, "entries": entries, "truncated": truncated}, handle)
 """
-"""Records one tree (argv: the repository, the output file, then ``site:FOLDER`` for more site
-folders and ``tests:FOLDER`` for the task's test folders, relative): Python 3.5, standard
-library only, nothing of the repository imported (it runs from ``/``)."""
+"""Records one tree (argv: the repository, the output file, the record's cap in bytes, then
+``site:FOLDER`` for more site folders and ``tests:FOLDER`` for the task's test folders,
+relative): Python 3.5, standard library only, nothing of the repository imported (it runs
+from ``/``)."""
+
+MAX_RECORD_BYTES = 24 << 20
+"""Past this much JSON the recorder stops adding entries and marks the record truncated
+(flagged: a change could hide past it). It counts the JSON as written: JSON escapes a
+control character in 6 bytes, and counted raw, 24 MiB of such text made a record past
+``transfer.MAX_READ_BYTES``, which the grader could not read: an infrastructure failure the
+agent's files caused. The entry that crosses the cap adds at most 6 bytes for each of its
+``MAX_TEXT`` bytes of text."""
 
 _FINDER = re.compile(r"import (__editable___[A-Za-z0-9_]+_finder); \1\.install\(\)")
 """setuptools' own line in an editable install's ``.pth`` (PEP 660, its finder strategy)."""
@@ -229,7 +242,8 @@ def command(
     around them, so the log shows none of it. ``raw``: ``testbed`` and ``out`` are shell
     words already (``injected``)."""
     paths = (testbed, out) if raw else (shlex.quote(testbed), shlex.quote(out))
-    more = [f"site:{d}" for d in site_dirs] + [f"tests:{f}" for f in test_folders]
+    more = [str(MAX_RECORD_BYTES)]
+    more += [f"site:{d}" for d in site_dirs] + [f"tests:{f}" for f in test_folders]
     args = " ".join([*paths, *(shlex.quote(a) for a in more)])
     code = shlex.quote(RECORDER)
     run = f"(cd / && {{ python3 -I -S -c {code} {args} || python -I -S -c {code} {args}; }})"

@@ -14,7 +14,10 @@ import pytest
 
 from environments.swebench import load_instances
 from environments.swebench.grading import make_spec
+from environments.swebench import tree_audit
+from environments.swebench.transfer import MAX_READ_BYTES
 from environments.swebench.tree_audit import (
+    MAX_RECORD_BYTES,
     RECORDER,
     TreeRecord,
     command,
@@ -183,3 +186,21 @@ def test_a_record_the_agents_code_nested_too_deep_is_no_record() -> None:
     decoder's depth raised RecursionError, which made the attempt an infrastructure failure;
     it is a record that is not one (reported as missing, never dropped)."""
     assert parse('{"entries": ' + "[" * 100_000) is None
+
+
+def test_a_record_is_capped_as_json_writes_it(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Config text of control characters is written 6 bytes to the byte: counted raw, the
+    record grew to 6 times its cap, past what the grader reads (an infrastructure failure the
+    agent's files caused). Counted as written, it ends within one entry of its cap, marked
+    truncated; here at a 1 MiB cap (the real one is 24 MiB)."""
+    monkeypatch.setattr(tree_audit, "MAX_RECORD_BYTES", 1 << 20)
+    for i in range(24):
+        (repo / f"data/d{i}").mkdir(parents=True)
+        (repo / f"data/d{i}/setup.cfg").write_bytes(b"\x01" * (64 << 10))
+    out = tmp_path / "record.json"
+    record = recorded(repo, out)
+    assert record.truncated
+    assert out.stat().st_size <= (1 << 20) + 6 * (64 << 10) + 4096
+    assert MAX_RECORD_BYTES + 6 * (257 << 10) + 6 * 2 * 4096 < MAX_READ_BYTES
