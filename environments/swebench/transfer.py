@@ -37,10 +37,13 @@ def write_text(sandbox: Sandbox, path: str, text: str, *, timeout: float = 60.0)
 def write_bytes(sandbox: Sandbox, path: str, data: bytes, *, timeout: float = 60.0) -> None:
     """Write ``data`` to ``path`` inside the sandbox, creating its folder."""
     quoted = shlex.quote(path)
-    _run(sandbox, f'mkdir -p "$(dirname {quoted})" && : > {quoted}', timeout)
-    for start in range(0, len(data), WRITE_CHUNK_BYTES):
+    for start in range(0, max(len(data), 1), WRITE_CHUNK_BYTES):
         chunk = base64.b64encode(data[start : start + WRITE_CHUNK_BYTES]).decode()
-        _run(sandbox, f"printf %s {chunk} | base64 -d >> {quoted}", timeout)
+        if start == 0:  # the folder made with the first chunk: one command for most files
+            cmd = f'mkdir -p "$(dirname {quoted})" && printf %s {chunk} | base64 -d > {quoted}'
+        else:
+            cmd = f"printf %s {chunk} | base64 -d >> {quoted}"
+        _run(sandbox, cmd, timeout)
 
 
 def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float = 60.0) -> str:
@@ -63,22 +66,37 @@ def read_bytes(
     """Read ``path`` from the sandbox from byte ``start`` to its end (at most
     ``MAX_READ_BYTES``: a larger read raises CommandFailed; read a tail with ``start``).
     ``chunk_bytes`` should keep one chunk's base64 (4/3 of it) under the sandbox's output
-    limit; a truncated chunk is retried at half the size."""
+    limit; a truncated chunk is retried at half the size. The file's size comes with its
+    first chunk: a file of one chunk takes one command (a Docker exec costs ~60 ms)."""
     quoted = shlex.quote(path)
-    size = file_size(sandbox, path, timeout=timeout)
-    start = max(0, min(start, size))
-    if size - start > MAX_READ_BYTES:
-        raise CommandFailed(
-            f"{path} in the sandbox is {size} bytes, over {MAX_READ_BYTES} from byte {start}"
-        )
+    start, size = max(0, start), None
     data = bytearray()
-    while start + len(data) < size:
+    while size is None or start + len(data) < size:
         cmd = f"tail -c +{start + len(data) + 1} {quoted} | head -c {chunk_bytes} | base64 -w0"
+        if size is None:
+            cmd = f"stat -c %s {quoted} && {cmd}"
         result = sandbox.execute(cmd, timeout=timeout)
         if result.truncated and chunk_bytes > MIN_READ_CHUNK_BYTES:
             chunk_bytes //= 2
             continue
-        encoded = _checked(result, cmd)
+        try:
+            encoded = _checked(result, cmd)
+        except CommandFailed as exc:
+            if size is None:
+                raise CommandFailed(f"cannot stat or read {path} in the sandbox: {exc}") from exc
+            raise
+        if size is None:
+            size_text, _, encoded = encoded.partition("\n")
+            if not size_text.isdigit():
+                raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
+            size, start = int(size_text), min(start, int(size_text))
+            if size - start > MAX_READ_BYTES:
+                raise CommandFailed(
+                    f"{path} in the sandbox is {size} bytes, over {MAX_READ_BYTES} from byte "
+                    f"{start}"
+                )
+            if start == size:
+                break
         try:
             chunk = base64.b64decode(encoded.strip(), validate=True)
         except ValueError as exc:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from environments.swebench import load_instances
+from environments.swebench import load_instances, tree_audit
 from environments.swebench.grading import make_spec
-from environments.swebench import tree_audit
 from environments.swebench.transfer import MAX_READ_BYTES
 from environments.swebench.tree_audit import (
     MAX_RECORD_BYTES,
