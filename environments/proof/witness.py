@@ -218,11 +218,7 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
         record = ast.literal_eval(line)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return
-    if (
-        not isinstance(record, tuple)
-        or not record
-        or not all(isinstance(x, str | int | list | type(None)) for x in record)
-    ):
+    if not isinstance(record, tuple) or not record or not all(map(_plain, record)):
         return
     kind = record[0]
     if kind == "load" and len(record) == 3 and isinstance(record[1], str):
@@ -244,6 +240,18 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
     elif kind == "test" and len(record) == 4:
         runner = observation.sessions.get(str(record[1]), "pytest")
         observation.outcomes.setdefault(f"{runner}:{record[3]}", []).append(str(record[2]))
+
+
+def _plain(value: object) -> bool:
+    """A record's field as the witness writes it: text, a list of text, None, or an int of a
+    process's range (a pid, an exit status). The code under test can append lines too: a
+    15,000-digit literal made ``str()`` raise past Python's digit limit, which took the whole
+    grade down as an infrastructure failure (red team, 2026-12-07)."""
+    if isinstance(value, list):
+        return all(isinstance(item, str) for item in value)
+    if isinstance(value, int):
+        return -(1 << 63) <= value < 1 << 63
+    return value is None or isinstance(value, str)
 
 
 def work_relative(path: str, workdir: str) -> str | None:

@@ -65,7 +65,8 @@ def grade_log(
     """Turn an eval log into a Grade: reward 1 iff swebench says resolved.
 
     Infrastructure failures (the script never reached the tests; the test patch did not
-    apply although the agent left the test patch's files alone) are flagged, not scored; a
+    apply although the agent left the test patch's files alone; swebench's parser raising on
+    the log's text) are flagged, not scored; a
     log alone cannot say who caused them, so ``SWEBenchTask`` keeps the label only when a
     control run on the base commit fails too (``control.py``). A
     timeout is the agent's (its code may hang), as in the official harness, which scores it
@@ -89,7 +90,14 @@ def grade_log(
         # the log shows (swebench itself only looks for "applied patch" anywhere in it).
         problem = f"the test patch did not apply over the agent's changes to {touched}"
         return Grade(0.0, details={"resolved": False, "error": problem, "log_tail": tail})
-    report = eval_report(instance, log, model_patch="\n".join(changed_files))
+    try:
+        report = eval_report(instance, log, model_patch="\n".join(changed_files))
+    except Exception as exc:  # noqa: BLE001 - swebench's parsers, on text the tests printed
+        # a log its parser cannot read proves nothing, and raised, it was an infrastructure
+        # failure whoever printed the text (an exit-code line of 5,000 digits, a Django line
+        # `ERROR:` alone: red team, 2026-12-07); flagged, a control run decides whose it is
+        problem = f"swebench could not parse the eval log: {type(exc).__name__}: {exc}"
+        return _infra(problem[:500], tail)
     resolved = bool(report["resolved"])
     details = {
         "resolved": resolved,

@@ -406,3 +406,23 @@ def test_a_test_module_whose_class_was_changed_proves_no_call(tmp_path: Path) ->
     assert code == 0  # the run passed
     observed = witness.observe(HostShell(), seen)
     assert observed.outcomes == {"pytest:test_task.py::test_add": ["passed-unrun"]}
+
+
+FORGES_RECORDS = (
+    "import os\n"
+    "with open(os.path.join(os.environ['THUNDERSYNC_WITNESS'], 'zz.proc'), 'a') as out:\n"
+    "    out.write('(\"test\", 0x' + 'f' * 15000 + ', \"passed\", \"x\")\\n')\n"
+    "    out.write('(\"tampered\", \"s\", [0x' + 'f' * 15000 + '])\\n')\n"
+    '    out.write(\'("session", 1 << 4000, "pytest")\\n\')\n' + FAILING
+)
+
+
+def test_record_lines_the_code_under_test_forged_are_read_as_no_record(tmp_path: Path) -> None:
+    """Fields no witness writes (a 15,000-digit int, a list of ints) are no record: ``str()``
+    of such an int raised past Python's digit limit, and the grade fell as an infrastructure
+    failure (red team, 2026-12-07); the failing test is still seen failing."""
+    code, seen = watched_run(tmp_path, FORGES_RECORDS)
+    assert code == 1
+    observed = witness.observe(HostShell(), seen)
+    assert observed.outcomes == {"pytest:test_task.py::test_add": ["failed"]}
+    assert not observed.tampered

@@ -178,3 +178,26 @@ def test_patch_paths() -> None:
         "+++ b/tests/new.py\n"
     )
     assert patch_paths(patch) == {"src/x.py", "tests/new.py"}
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "printed"),
+    [
+        ("pallets__flask-5014", ">>>>> Test Exit Code: " + "9" * 5000),
+        ("django__django-10097", "ERROR:"),
+    ],
+    ids=["exit-code-of-5000-digits", "django-error-line-alone"],
+)
+def test_a_log_swebenchs_parser_cannot_read_is_flagged_for_the_control_run(
+    verified: TaskList, verified_rows: dict, instance_id: str, printed: str
+) -> None:
+    """Lines the code under test prints that swebench's parsers raise on (``int()`` past
+    Python's digit limit; Django's parser reading a second word): raised, the grade fell as an
+    infrastructure failure whoever printed them (red team, 2026-12-07). Flagged instead, so
+    that a control run on the base commit says whose it is (test_swebench_labels.py)."""
+    log = synthetic_log(verified_rows[instance_id], set()).replace(
+        "+ : '>>>>> Start Test Output'\n", f"+ : '>>>>> Start Test Output'\n{printed}\n"
+    )
+    grade = grade_log(verified.get(instance_id).instance, log)
+    assert (grade.reward, grade.infra_failure) == (0.0, True)
+    assert "swebench could not parse the eval log" in grade.details["error"]

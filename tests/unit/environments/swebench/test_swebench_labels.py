@@ -212,6 +212,24 @@ def test_code_under_test_truncating_its_log_is_the_agents_zero(
         assert all(made.closed for made in fresh.made)
 
 
+def test_a_log_line_swebench_cannot_parse_printed_by_the_agents_code_is_its_zero(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path
+) -> None:
+    """The code under test prints an exit-code line of 5,000 digits, which swebench's parser
+    raises on (it takes the first such line): the base commit's log parses, so it is the
+    agent's 0, not an infrastructure failure."""
+    script = f"{START}\npython3 -c 'import intervals.ops'\n{summary(shipped)}\n{END}\n"
+    task = with_script(shipped, script)
+    sandbox = set_up(task, testbed)
+    with open(testbed / "intervals/ops.py", "a") as ops:
+        ops.write("print('>>>>> Test Exit Code: ' + '9' * 5000)\n")
+    fresh = FreshSandboxes(tmp_path, task)
+    graded = grade(task, sandbox, fresh)
+    assert (graded.reward, graded.infra_failure) == (0.0, False), graded.details
+    assert "could not parse the eval log" in graded.details["agent_failure"], graded.details
+    assert graded.details["control_run"] == "reached the tests"
+
+
 def test_setup_py_killing_the_eval_script_at_install_is_the_agents_zero(
     shipped: SWEBenchTask, testbed: Path, tmp_path: Path
 ) -> None:
