@@ -73,8 +73,8 @@ def read_bytes(
     data = bytearray()
     while size is None or start + len(data) < size:
         cmd = f"tail -c +{start + len(data) + 1} {quoted} | head -c {chunk_bytes} | base64 -w0"
-        if size is None:
-            cmd = f"stat -c %s {quoted} && {cmd}"
+        if size is None:  # nothing read past the size stat gives (a fifo's 0: no blocking read)
+            cmd = f's=$(stat -c %s {quoted}) && echo "$s" && {{ [ "$s" -le {start} ] || {cmd}; }}'
         result = sandbox.execute(cmd, timeout=timeout)
         if result.truncated and chunk_bytes > MIN_READ_CHUNK_BYTES:
             chunk_bytes //= 2

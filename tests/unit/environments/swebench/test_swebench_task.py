@@ -4,6 +4,7 @@ plumbing (chunked file transfer, infra failures) on a host-subprocess stand-in."
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from dataclasses import replace
@@ -13,7 +14,7 @@ import pytest
 
 from environments.sandboxes.protocol import ExecResult, SandboxError
 from environments.swebench import SWEBenchTask, load_instances
-from environments.swebench.transfer import read_text, write_text
+from environments.swebench.transfer import read_bytes, read_text, write_text
 from environments.tasks import GradingContext
 from tests.unit.environments.swebench.host_sandbox import (
     BrokenSandbox,
@@ -174,6 +175,14 @@ def test_transfer_read_shrinks_chunks_that_overflow_the_output_limit(tmp_path: P
     text = "ü" * 20_000
     (tmp_path / "big.txt").write_text(text)
     assert read_text(sandbox, str(tmp_path / "big.txt"), chunk_bytes=1_000_000) == text
+
+
+def test_transfer_reads_a_fifo_as_empty_without_blocking(tmp_path: Path) -> None:
+    """A record the agent's code replaced by a fifo has size 0: nothing is read from it (the
+    size comes with the first chunk's command, which must not block on the fifo)."""
+    os.mkfifo(tmp_path / "record.json")
+    sandbox = SubprocessSandbox(tmp_path)
+    assert read_bytes(sandbox, str(tmp_path / "record.json"), chunk_bytes=1000, timeout=5) == b""
 
 
 def test_transfer_errors_are_sandbox_errors(tmp_path: Path) -> None:
