@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import io
 import json
 import os
 import re
@@ -217,7 +218,19 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, terminate)
 
 
+def printable_streams() -> None:
+    """Standard output and error print what they cannot encode escaped: text of the agent's
+    (a file name of invalid UTF-8 in a tamper reason) holds lone surrogates, and under a UTF-8
+    locale ``print`` raised on them once ``eval`` had written its results, losing its table,
+    its leaderboard row and its exit status (red team, 2026-12-07)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # this process's own streams
+        printable_streams()
     words = list(sys.argv[1:] if argv is None else argv)
     command = next((w for w in words if not w.startswith("-")), "thundersync")
     # A process's own command line (argv None) says, through a pipe, that it is starting;

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
+import re
 import shlex
 import uuid
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 _CHUNK = 48 * 1024
 """Bytes per read: below the sandbox's output limit."""
 _MAX_LINE = 16 * 1024
+_LISTED = re.compile(r" *([0-9]+) ([^/\n]+\.proc)")
+"""A line of ``observe``'s listing: a record file's size and name, as the witness names them."""
 PASSED = "passed"
 
 
@@ -180,10 +183,11 @@ def observe(sandbox: Sandbox, seen: Witness) -> Observation:
             problem=f"{seen.records}: the grader's records of the test run were removed or changed"
         )
     files: list[tuple[str, int]] = []
-    for line in lines[1:]:
-        digits, _, name = line.partition(" ")
-        if digits.strip().isdigit() and name.endswith(".proc") and "/" not in name:
-            files.append((name, int(digits)))
+    for line in filter(None, lines[1:]):  # the sentinel's own newline ends in an empty line
+        listed_file = _LISTED.fullmatch(line)
+        if listed_file is None:  # a name no witness makes (a newline and '²' in it: red team)
+            return Observation(problem=f"{seen.records}: a record's name is not the witness's")
+        files.append((listed_file[2], int(listed_file[1])))
     if listed.truncated or len(files) > MAX_RECORD_FILES:
         return Observation(problem=f"{seen.records}: more records than the grader reads")
     if sum(size for _, size in files) > MAX_RECORD_BYTES:
@@ -216,8 +220,8 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
         return
     try:
         record = ast.literal_eval(line)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return  # TypeError: an unhashable key or member (`{[]: 0}`, red team)
     if not isinstance(record, tuple) or not record or not all(map(_plain, record)):
         return
     kind = record[0]

@@ -176,7 +176,7 @@ def diff_in(
             f"{result.output[-500:]}"
         )
     size = sandbox.execute(f"stat -c %s {q(out)}", timeout=60)
-    if size.exit_code != 0 or not size.output.strip().isdigit():
+    if size.exit_code != 0 or not (size.output.isascii() and size.output.strip().isdigit()):
         raise SandboxError(f"cannot stat the patch in the fresh sandbox: {size.output[-200:]}")
     if int(size.output) > max_bytes:
         raise AgentFailure(f"the agent's patch is {int(size.output)} bytes, over {max_bytes}")

@@ -55,7 +55,7 @@ def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float =
 def file_size(sandbox: Sandbox, path: str, *, timeout: float = 60.0) -> int:
     """The size of ``path`` in the sandbox (CommandFailed when it cannot be stat'ed)."""
     size_text = _run(sandbox, f"stat -c %s {shlex.quote(path)}", timeout).strip()
-    if not size_text.isdigit():
+    if not _digits(size_text):
         raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
     return int(size_text)
 
@@ -87,7 +87,7 @@ def read_bytes(
             raise
         if size is None:
             size_text, _, encoded = encoded.partition("\n")
-            if not size_text.isdigit():
+            if not _digits(size_text):
                 raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
             size, start = int(size_text), min(start, int(size_text))
             if size - start > MAX_READ_BYTES:
@@ -105,6 +105,12 @@ def read_bytes(
             raise CommandFailed(f"{path} in the sandbox shrank while being read")
         data += chunk
     return bytes(data)
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits alone: ``str.isdigit()`` takes '²', which ``int()`` refuses, and the
+    agent's code may have replaced ``stat`` by then (a root agent in Docker)."""
+    return text.isascii() and text.isdigit()
 
 
 def _run(sandbox: Sandbox, cmd: str, timeout: float) -> str:

@@ -227,7 +227,8 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
         except (work.WorkExportError, SandboxError, OSError, tarfile.TarError) as err:
             return {**entry, "type": "directory", "status": "failed", "reason": str(err)[:300]}
         return {**entry, "type": "directory", "status": "ok" if has else "empty"}
-    if not answer.isdigit() or int(answer) > MAX_FILE_BYTES:
+    # ASCII digits: str.isdigit() takes '²', which int() refuses (a planted `stat`: red team)
+    if not (answer.isascii() and answer.isdigit()) or int(answer) > MAX_FILE_BYTES:
         why = MISSING if answer == "missing" else f"not copied: {answer[:100]}"
         return {**entry, "type": "file", "status": "failed", "reason": why}
     try:

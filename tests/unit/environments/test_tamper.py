@@ -291,3 +291,9 @@ def test_shadowing_spares_what_existed_and_names_only_the_listed_modules() -> No
     assert tamper.shadowing_findings(["numpy.py"]) == []  # not installed: shadows nothing
     existed = {"argparse.py"}.__contains__
     assert tamper.shadowing_findings(["argparse.py"], existed=existed) == []
+
+
+def test_a_pyproject_with_an_integer_past_pythons_digit_limit_is_a_changed_test_section():
+    """tomllib raises a plain ValueError for an integer of 5,000 digits: it fell out of
+    grading (strict and default) as an infrastructure failure (red team, 2026-12-07)."""
+    assert pytest_config_sections_touched("", "x = " + "1" * 5000 + "\n", "pyproject.toml")

@@ -104,6 +104,34 @@ def test_python_dash_m_thundersync_runs_the_command_line():
     assert done.returncode == 0 and done.stdout.startswith("thundersync "), done.stderr
 
 
+def test_text_of_the_agents_that_utf_8_cannot_encode_prints_escaped():
+    """A tamper reason naming a file of invalid UTF-8 holds a lone surrogate: under a UTF-8
+    locale ``print`` raised on it after ``eval`` wrote its results, and the command lost its
+    table, leaderboard row and exit status (red team, 2026-12-07). A command printing one
+    prints it escaped and exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import argparse, sys\n"
+        "from thundersync import cli\n"
+        "def parser():\n"
+        "    p = argparse.ArgumentParser()\n"
+        "    p.set_defaults(func=lambda args: print('reason: /app/\\udcff/conftest.py'))\n"
+        "    return p\n"
+        "cli.build_parser = parser\n"
+        "sys.argv = ['thundersync']\n"
+        "sys.exit(cli.main())\n"
+    )
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "reason: /app/\\udcff/conftest.py" in done.stdout
+
+
 def test_a_reader_that_closed_the_pipe_ends_the_command_quietly():
     """``thundersync simulate … | head`` closing the pipe early: exit 141 as a shell tool
     does, no traceback."""

@@ -413,16 +413,36 @@ FORGES_RECORDS = (
     "with open(os.path.join(os.environ['THUNDERSYNC_WITNESS'], 'zz.proc'), 'a') as out:\n"
     "    out.write('(\"test\", 0x' + 'f' * 15000 + ', \"passed\", \"x\")\\n')\n"
     "    out.write('(\"tampered\", \"s\", [0x' + 'f' * 15000 + '])\\n')\n"
-    '    out.write(\'("session", 1 << 4000, "pytest")\\n\')\n' + FAILING
+    '    out.write(\'("session", 1 << 4000, "pytest")\\n\')\n'
+    "    out.write('{[]: 0}\\n')\n" + FAILING
 )
 
 
 def test_record_lines_the_code_under_test_forged_are_read_as_no_record(tmp_path: Path) -> None:
-    """Fields no witness writes (a 15,000-digit int, a list of ints) are no record: ``str()``
-    of such an int raised past Python's digit limit, and the grade fell as an infrastructure
+    """Fields no witness writes (a 15,000-digit int, a list of ints) and literals that cannot
+    be built (an unhashable key) are no record: ``str()`` of such an int raised past Python's
+    digit limit, ``literal_eval`` a TypeError, and each grade fell as an infrastructure
     failure (red team, 2026-12-07); the failing test is still seen failing."""
     code, seen = watched_run(tmp_path, FORGES_RECORDS)
     assert code == 1
     observed = witness.observe(HostShell(), seen)
     assert observed.outcomes == {"pytest:test_task.py::test_add": ["failed"]}
     assert not observed.tampered
+
+
+ODD_RECORD_NAME = (
+    "import os\n"
+    "open(os.path.join(os.environ['THUNDERSYNC_WITNESS'], 'a\\n\\u00b2 b.proc'), 'w').close()\n"
+    + PASSING
+)
+
+
+def test_a_record_name_no_witness_makes_is_no_listing(tmp_path: Path) -> None:
+    """A file named with a newline and '²' split the grader's listing into a line whose size
+    ``str.isdigit()`` took and ``int()`` refused: an infrastructure failure (red team,
+    2026-12-07). The records are then no proof of anything."""
+    code, seen = watched_run(tmp_path, ODD_RECORD_NAME)
+    assert code == 0
+    observed = witness.observe(HostShell(), seen)
+    assert observed.problem is not None and "not the witness's" in observed.problem
+    assert any("not the witness's" in r for r in judged(seen, full_pass=True))

@@ -14,7 +14,7 @@ import pytest
 from environments.sandboxes.protocol import ExecResult, SandboxError
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import TerminalBenchTask, load_tasks
-from environments.terminal_bench.collection import Artifact, CollectHook
+from environments.terminal_bench.collection import Artifact, CollectHook, collect
 
 from .fakes import ScriptedSandbox, result
 
@@ -124,3 +124,21 @@ def test_the_environments_healthcheck_runs_before_the_first_step_only_live() -> 
     live = ScriptedSandbox()
     task.setup(live)
     assert live.commands.count("test -d /app") == 1
+
+
+class _PlantedStat(ScriptedSandbox):
+    """The agent's sandbox where a root agent (Docker) replaced ``stat``: it answers '²'."""
+
+    def execute(self, cmd: str, timeout: float) -> ExecResult:
+        self.commands.append(cmd)
+        return result("\u00b2\n", 0)
+
+
+def test_a_size_that_is_no_ascii_number_fails_the_artifact_not_the_grading(
+    tmp_path: Path,
+) -> None:
+    """``str.isdigit()`` takes '²', which ``int()`` refuses: the ValueError ended grading as
+    an infrastructure failure (red team, 2026-12-07). The artifact is not copied, saying why."""
+    (entry,) = collect(_PlantedStat(), [], tmp_path, workdir="/app")
+    assert (entry["type"], entry["status"]) == ("file", "failed")
+    assert "not copied" in entry["reason"]
