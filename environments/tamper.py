@@ -306,6 +306,9 @@ def config_findings(diff: FileDiff, old_text: str | None = None) -> list[TamperF
     name = PurePosixPath(diff.path).name
     if name not in _ENTRY_POINT_SOURCES:
         return []
+    if diff.binary:  # a NUL byte in a comment: no line to judge, and configparser still
+        # reads `[tool:pytest] addopts = -p ...` from the file (red team, 2026-12-07)
+        return [TamperFinding(diff.path, "changes a config file git shows as binary data")]
     old_lines = old_text.splitlines() if old_text is not None else None
     reasons: set[str] = set()
     for hunk in diff.hunks:

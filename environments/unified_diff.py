@@ -30,6 +30,9 @@ class FileDiff:
     old_path: str | None
     new_path: str | None
     hunks: tuple[Hunk, ...] = ()
+    binary: bool = False
+    """git shows the change as binary data (``GIT binary patch``, ``Binary files ... differ``):
+    a text file with a NUL byte in it is one, and its lines are in no hunk."""
 
     @property
     def path(self) -> str:
@@ -60,7 +63,7 @@ def _parse_file(lines: list[str], index: int) -> tuple[FileDiff, int]:
     first = lines[index].rstrip("\r")
     git_paths = _git_line_paths(first[len("diff --git ") :]) if first.startswith("diff") else None
     old = new = None
-    saw_old = saw_new = False
+    saw_old = saw_new = binary = False
     if first.startswith("diff --git "):
         index += 1
     while index < len(lines) and not lines[index].startswith(("diff --git ", "@@ ")):
@@ -79,6 +82,10 @@ def _parse_file(lines: list[str], index: int) -> tuple[FileDiff, int]:
             saw_old = True
         elif line.startswith("deleted file mode"):
             saw_new = True
+        elif line == "GIT binary patch" or (
+            line.startswith("Binary files ") and line.endswith(" differ")
+        ):
+            binary = True
     if git_paths is not None:
         old = old if saw_old else git_paths[0]
         new = new if saw_new else git_paths[1]
@@ -86,7 +93,7 @@ def _parse_file(lines: list[str], index: int) -> tuple[FileDiff, int]:
     while index < len(lines) and lines[index].startswith("@@ "):
         hunk, index = _parse_hunk(lines, index)
         hunks.append(hunk)
-    return FileDiff(old, new, tuple(hunks)), index
+    return FileDiff(old, new, tuple(hunks), binary), index
 
 
 def _parse_hunk(lines: list[str], index: int) -> tuple[Hunk, int]:

@@ -53,7 +53,7 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 _CHUNK = 48 * 1024
 """Bytes per read: below the sandbox's output limit."""
 _MAX_LINE = 16 * 1024
-_LISTED = re.compile(r" *([0-9]+) ([^/\n]+\.proc)")
+_LISTED = re.compile(r" *([0-9]{1,18}) ([^/\n]+\.proc)")
 """A line of ``observe``'s listing: a record file's size and name, as the witness names them."""
 PASSED = "passed"
 

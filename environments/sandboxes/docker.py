@@ -221,12 +221,14 @@ class DockerSandbox:
                 code, out = self._container.exec_run(["/bin/cat", "/proc/1/task/1/children"])
             except Exception as exc:
                 raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
-            pids = out.decode().split() if code == 0 else []
-            if pids:
+            # the agent's code may have replaced `cat` (root in the container): bytes that are
+            # no pid are none, and never a strict decode's error (red team, 2026-12-07)
+            pids = out.decode(errors="replace").split() if code == 0 else []
+            if pids and pids[0].isascii() and pids[0].isdigit():
                 return pids[0]
             if time.monotonic() >= deadline or not self._is_running():
                 raise SandboxError(
-                    f"container {self.marker}: cannot find its main process: {out!r}"
+                    f"container {self.marker}: cannot find its main process: {out[:200]!r}"
                 )
             time.sleep(0.05)
 
@@ -280,8 +282,8 @@ class DockerSandbox:
             except Exception as exc:
                 if self._closed:
                     raise self._closed_while_running() from exc
-                if isinstance(exc, SandboxError):
-                    raise
+                if isinstance(exc, (SandboxError, AgentBrokeSandbox)):
+                    raise  # AgentBrokeSandbox: a restart found the agent's doing (not infra)
                 # a broken stream or an SDK error the call sites did not name: still the daemon's
                 raise SandboxError(f"container {self.marker}: {type(exc).__name__}: {exc}") from exc
         if self._closed:

@@ -215,6 +215,22 @@ def own(command: str) -> str:
     return f"PATH={GRADER_PATH}; {command}"
 
 
+MAX_SIZE_DIGITS = 18
+"""The most digits of a byte count a sandbox's command may print (``parse_size``)."""
+
+
+def parse_size(text: str) -> int | None:
+    """A byte count a command in a sandbox printed (``stat -c %s``, ``wc -c``), or None where
+    the text is not ASCII digits, at most ``MAX_SIZE_DIGITS`` of them. Once the agent's code
+    has run in a sandbox, ``stat`` may be its own (a root agent in Docker): '²' passes
+    ``str.isdigit`` and fails ``int``, and 5,000 digits fail ``int`` past Python's digit
+    limit; raised, either made the attempt an infrastructure failure (red team, 2026-12-07)."""
+    text = text.strip()
+    if text.isascii() and text.isdigit() and len(text) <= MAX_SIZE_DIGITS:
+        return int(text)
+    return None
+
+
 class GraderSetupError(Exception):
     """A grader preparation command ran but failed because of the state the agent left the
     sandbox in (a read-only workspace, deleted tools...): the episode scores 0. Only a

@@ -187,7 +187,14 @@ def restore_command(instance: SWEBenchInstance, testbed: str) -> str:
     files = task_test_files(instance)
     if not files:
         return "true"
-    git, base = "git -c safe.directory='*'", instance.base_commit
+    # no configuration but the repository's: the agent's patch may have written a global one
+    # (in bubblewrap HOME is the work folder: a .config/git/attributes naming an encoding
+    # that does not exist made git die here, red team, 2026-12-07)
+    git = (
+        "HOME=/nonexistent XDG_CONFIG_HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 "
+        "git -c safe.directory='*' -c core.attributesFile=/dev/null"
+    )
+    base = instance.base_commit
     quoted = " ".join(shlex.quote(f) for f in files)
     return (
         f'cd {testbed} && for f in {quoted}; do rm -rf -- "$f"; '

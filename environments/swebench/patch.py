@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from environments.sandboxes.protocol import Sandbox, SandboxError
+from environments.sandboxes.protocol import Sandbox, SandboxError, parse_size
 from environments.swebench.transfer import read_bytes, write_bytes
 from environments.work import WorkExportError, WorkTree, export_agent_folder, export_work
 
@@ -175,9 +175,10 @@ def diff_in(
             f"git could not diff the agent's tree against the base commit ({status}): "
             f"{result.output[-500:]}"
         )
-    size = sandbox.execute(f"stat -c %s {q(out)}", timeout=60)
-    if size.exit_code != 0 or not (size.output.isascii() and size.output.strip().isdigit()):
-        raise SandboxError(f"cannot stat the patch in the fresh sandbox: {size.output[-200:]}")
-    if int(size.output) > max_bytes:
-        raise AgentFailure(f"the agent's patch is {int(size.output)} bytes, over {max_bytes}")
+    stat = sandbox.execute(f"stat -c %s {q(out)}", timeout=60)
+    size = parse_size(stat.output) if stat.exit_code == 0 else None
+    if size is None:
+        raise SandboxError(f"cannot stat the patch in the fresh sandbox: {stat.output[-200:]}")
+    if size > max_bytes:
+        raise AgentFailure(f"the agent's patch is {size} bytes, over {max_bytes}")
     return read_bytes(sandbox, out, chunk_bytes=chunk_bytes)

@@ -291,7 +291,8 @@ class SWEBenchTask:
     ) -> tuple[Grade, witness.Observation | None]:
         """Run the eval script in ``sandbox`` (the repository as grading left it) and grade
         its log. An infrastructure grade here means only that the log did not show the tests
-        running (``_confirmed`` decides whose failure it was). ``details["eval_reasons"]``
+        running, or (strict) that the task's test files could not be restored over the
+        agent's patch (``_confirmed`` decides whose failure it was). ``details["eval_reasons"]``
         holds the tree audit's findings (``tree_audit``) and, for a resolved log, why the
         witness's records do not prove it against ``standard`` (``proof``), for the caller to
         take out. The witness watches the run (strict) when there is a ``standard`` to prove or
@@ -302,8 +303,10 @@ class SWEBenchTask:
         infrastructure failure; only the engine's own failures (SandboxError) are."""
         if strict:
             restored = sandbox.execute(restore_command(self.instance, TESTBED), timeout=300)
-            if restored.exit_code != 0:
-                raise SandboxError(f"restoring the task's test files: {restored.output}")
+            if restored.timed_out or restored.exit_code != 0:  # over the agent's patch
+                how = "timed out" if restored.timed_out else f"failed: {restored.output[-500:]}"
+                problem = f"restoring the task's test files {how}"
+                return Grade(0.0, infra_failure=True, details={"error": problem}), None
         script, log = f"{SCRATCH}/eval.sh", f"{SCRATCH}/test_output.txt"
         chunk = self._chunk_bytes()
         found: list[str] = []

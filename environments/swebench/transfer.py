@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError
+from environments.sandboxes.protocol import ExecResult, Sandbox, SandboxError, parse_size
 
 WRITE_CHUNK_BYTES = 48 * 1024
 MAX_READ_BYTES = 64 * 1024 * 1024
@@ -54,10 +54,11 @@ def read_text(sandbox: Sandbox, path: str, *, chunk_bytes: int, timeout: float =
 
 def file_size(sandbox: Sandbox, path: str, *, timeout: float = 60.0) -> int:
     """The size of ``path`` in the sandbox (CommandFailed when it cannot be stat'ed)."""
-    size_text = _run(sandbox, f"stat -c %s {shlex.quote(path)}", timeout).strip()
-    if not _digits(size_text):
+    size_text = _run(sandbox, f"stat -c %s {shlex.quote(path)}", timeout)
+    size = parse_size(size_text)
+    if size is None:
         raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
-    return int(size_text)
+    return size
 
 
 def read_bytes(
@@ -87,9 +88,10 @@ def read_bytes(
             raise
         if size is None:
             size_text, _, encoded = encoded.partition("\n")
-            if not _digits(size_text):
+            size = parse_size(size_text)
+            if size is None:
                 raise CommandFailed(f"cannot stat {path} in the sandbox: {size_text[:200]!r}")
-            size, start = int(size_text), min(start, int(size_text))
+            start = min(start, size)
             if size - start > MAX_READ_BYTES:
                 raise CommandFailed(
                     f"{path} in the sandbox is {size} bytes, over {MAX_READ_BYTES} from byte "
@@ -105,12 +107,6 @@ def read_bytes(
             raise CommandFailed(f"{path} in the sandbox shrank while being read")
         data += chunk
     return bytes(data)
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits alone: ``str.isdigit()`` takes '²', which ``int()`` refuses, and the
-    agent's code may have replaced ``stat`` by then (a root agent in Docker)."""
-    return text.isascii() and text.isdigit()
 
 
 def _run(sandbox: Sandbox, cmd: str, timeout: float) -> str:

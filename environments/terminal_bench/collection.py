@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from environments import work
-from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError, own
+from environments.sandboxes.protocol import HasServices, Sandbox, SandboxError, own, parse_size
 from environments.tasks import TaskFormatError
 from environments.terminal_bench import schema, users
 from thundersync.protocol.documents import excerpt
@@ -227,8 +227,8 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
         except (work.WorkExportError, SandboxError, OSError, tarfile.TarError) as err:
             return {**entry, "type": "directory", "status": "failed", "reason": str(err)[:300]}
         return {**entry, "type": "directory", "status": "ok" if has else "empty"}
-    # ASCII digits: str.isdigit() takes '²', which int() refuses (a planted `stat`: red team)
-    if not (answer.isascii() and answer.isdigit()) or int(answer) > MAX_FILE_BYTES:
+    size = parse_size(answer)  # a planted `stat` may answer anything (a root agent in Docker)
+    if size is None or size > MAX_FILE_BYTES:
         why = MISSING if answer == "missing" else f"not copied: {answer[:100]}"
         return {**entry, "type": "file", "status": "failed", "reason": why}
     try:

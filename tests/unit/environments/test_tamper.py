@@ -297,3 +297,31 @@ def test_a_pyproject_with_an_integer_past_pythons_digit_limit_is_a_changed_test_
     """tomllib raises a plain ValueError for an integer of 5,000 digits: it fell out of
     grading (strict and default) as an infrastructure failure (red team, 2026-12-07)."""
     assert pytest_config_sections_touched("", "x = " + "1" * 5000 + "\n", "pyproject.toml")
+
+
+BINARY_SETUP_CFG = """diff --git a/setup.cfg b/setup.cfg
+index 1111111..2222222 100644
+GIT binary patch
+literal 40
+zcmXpsFfcSTG_x?bG&V3YGdDI$F*Y$VF|;r;F)%eYF)}eXF)%S<V_;xpU|?WkU|?WO
+
+literal 0
+HcmV?d00001
+
+"""
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        BINARY_SETUP_CFG,
+        "diff --git a/tox.ini b/tox.ini\nBinary files a/tox.ini and b/tox.ini differ\n",
+    ],
+    ids=["git-binary-patch", "binary-files-differ"],
+)
+def test_a_config_file_git_shows_as_binary_is_flagged(patch: str) -> None:
+    """A NUL byte in a comment makes git show a `setup.cfg` as binary: no hunk, so no line
+    was judged, while configparser still reads `[tool:pytest] addopts = -p ...` from it
+    (red team, 2026-12-07)."""
+    findings = tamper.patch_findings(patch)
+    assert [f.reason for f in findings] == ["changes a config file git shows as binary data"]

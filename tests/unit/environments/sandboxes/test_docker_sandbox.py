@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from environments.sandboxes import BASE_IMAGE, DockerSandbox, SandboxError, SandboxSpec
+from environments.sandboxes import docker as docker_module
+from environments.sandboxes.protocol import AgentBrokeSandbox
 
 pytestmark = pytest.mark.docker
 
@@ -198,3 +200,35 @@ def test_the_main_process_is_awaited_after_a_start_not_taken_for_missing() -> No
     with pytest.raises(SandboxError, match="cannot find its main process"):
         sandbox._find_main_pid()
     assert sandbox._container.reads == 1
+
+
+class _ReplacedCat(_SlowInit):
+    """The agent's code replaced ``cat`` (root in the container): it prints bytes, no pid."""
+
+    def exec_run(self, argv: list[str]) -> tuple[int, bytes]:
+        self.reads += 1
+        return 0, b"\xff\n"
+
+
+def test_a_replaced_cat_finds_no_main_process_rather_than_failing_to_decode() -> None:
+    """Bytes that are no UTF-8 raised UnicodeDecodeError outside the restart's mapping, and
+    the attempt became an infrastructure failure (red team, 2026-12-07); they are no pid,
+    and after a restart that is the agent's ``AgentBrokeSandbox``."""
+    sandbox = object.__new__(DockerSandbox)
+    sandbox.marker, sandbox._container = "thundersync-test", _ReplacedCat(0, running=False)
+    with pytest.raises(SandboxError, match="cannot find its main process"):
+        sandbox._find_main_pid()
+
+
+def test_a_container_whose_cat_the_agent_replaced_is_the_agents_broken_sandbox(
+    sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root in the container, the agent's code replaced ``cat`` (which finds the main
+    process) and killed every process: the restart finds no main process. That is
+    ``AgentBrokeSandbox``, the agent's 0; ``execute`` wrapped it as a SandboxError, an
+    infrastructure failure (red team, 2026-12-07)."""
+    monkeypatch.setattr(docker_module, "MAIN_PROCESS_WAIT_S", 1.0)
+    broken = "printf '#!/bin/sh\\nprintf \"\\\\377\\\\n\"\\n' > /usr/bin/cat; kill -9 -1"
+    sandbox.execute(broken, timeout=30)
+    with pytest.raises(AgentBrokeSandbox, match="does not run after a restart"):
+        sandbox.execute("true", timeout=30)

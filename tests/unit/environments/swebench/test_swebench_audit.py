@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 from dataclasses import replace
@@ -17,6 +18,7 @@ from environments.swebench.audit import (
     BaseTree,
     git_state_reasons,
     patch_reasons,
+    restore_command,
     task_test_files,
     task_test_folders,
 )
@@ -207,3 +209,26 @@ def test_the_base_tree_is_listed_once_whatever_the_number_of_paths_asked(tmp_pat
         assert len(sandbox.commands) - before <= 4  # the listing, its size and its read
     finally:
         sandbox.close()
+
+
+def test_the_restore_reads_no_global_git_configuration(
+    shipped: SWEBenchTask, tmp_path: Path
+) -> None:
+    """In bubblewrap HOME is the work folder, so the agent's patch can write git's global
+    files: a ``.config/git/attributes`` naming an encoding that does not exist made the strict
+    restore's ``git checkout`` die, and the attempt an infrastructure failure (red team,
+    2026-12-07). The restore reads the repository's configuration alone."""
+    sandbox, home = FreshSandboxes(tmp_path / "fresh", shipped)(), tmp_path / "home"
+    shipped.setup(sandbox)  # the repository at the base commit
+    testbed = sandbox.root
+    (home / ".config/git").mkdir(parents=True)
+    (home / ".config/git/attributes").write_text("tests/* working-tree-encoding\n")
+    (home / ".gitconfig").write_text("[core]\n\tattributesFile = ~/.config/git/attributes\n")
+    (testbed / "tests/test_ops.py").write_text("changed\n")
+    instance = shipped.instance
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    done = subprocess.run(
+        ["bash", "-c", restore_command(instance, str(testbed))], env=env, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (testbed / "tests/test_ops.py").read_text() != "changed\n"

@@ -19,6 +19,7 @@ import pytest
 
 from environments.sandboxes.protocol import ExportTooLarge, SandboxError
 from environments.swebench import SWEBenchTask, load_instances
+from environments.swebench import task as swebench_task
 from environments.swebench.control_run import CONTROL_RUNS
 from environments.swebench.patch import AgentFailure, export_repo
 from environments.tasks import Grade, GradingContext
@@ -227,6 +228,26 @@ def test_a_log_line_swebench_cannot_parse_printed_by_the_agents_code_is_its_zero
     graded = grade(task, sandbox, fresh)
     assert (graded.reward, graded.infra_failure) == (0.0, False), graded.details
     assert "could not parse the eval log" in graded.details["agent_failure"], graded.details
+    assert graded.details["control_run"] == "reached the tests"
+
+
+def test_test_files_the_agents_patch_keeps_from_being_restored_are_its_zero(
+    shipped: SWEBenchTask, testbed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Strict grading restores the task's test files over the agent's patch; a restore that
+    failed there raised, an infrastructure failure whoever caused it (a global git
+    attributes file the patch wrote: red team, 2026-12-07). A control run decides: here the
+    restore fails only where the agent's file is (a stand-in for what its patch can do)."""
+    monkeypatch.setattr(
+        swebench_task, "restore_command", lambda instance, tb: f"test ! -e {tb}/BREAKS_RESTORE"
+    )
+    task = with_script(shipped, f"{START}\n{summary(shipped)}\n{END}\n")
+    sandbox = set_up(task, testbed)
+    (testbed / "BREAKS_RESTORE").write_text("")
+    fresh = FreshSandboxes(tmp_path, task)
+    graded = task.grade(sandbox, GradingContext(fresh, strict=True))
+    assert (graded.reward, graded.infra_failure) == (0.0, False), graded.details
+    assert "restoring the task's test files failed" in graded.details["agent_failure"]
     assert graded.details["control_run"] == "reached the tests"
 
 
