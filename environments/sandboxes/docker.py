@@ -107,6 +107,8 @@ class _HostDisk:
 
 MAIN_PROCESS_WAIT_S = 10.0
 """How long a started container's init may take to fork its main program."""
+CHILDREN_BYTES = 4096
+"""The most of the init's children list read (``_children_of_init``): a few pids."""
 STOP_GRACE_S = 5.0
 """How long a container whose init just died may still report itself running (seen loaded)."""
 
@@ -217,13 +219,10 @@ class DockerSandbox:
         runs; an empty list after that is an error."""
         deadline = time.monotonic() + MAIN_PROCESS_WAIT_S
         while True:
-            try:
-                code, out = self._container.exec_run(["/bin/cat", "/proc/1/task/1/children"])
-            except Exception as exc:
-                raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
-            # the agent's code may have replaced `cat` (root in the container): bytes that are
-            # no pid are none, and never a strict decode's error (red team, 2026-12-07)
-            pids = out.decode(errors="replace").split() if code == 0 else []
+            code, out = self._children_of_init(deadline)
+            # the agent's code may have replaced `cat` (root in the container): what is no pid
+            # is none (bytes of no UTF-8 failed a strict decode: red team, 2026-12-07)
+            pids = out.split() if code == 0 else []
             if pids and pids[0].isascii() and pids[0].isdigit():
                 return pids[0]
             if time.monotonic() >= deadline or not self._is_running():
@@ -231,6 +230,27 @@ class DockerSandbox:
                     f"container {self.marker}: cannot find its main process: {out[:200]!r}"
                 )
             time.sleep(0.05)
+
+    def _children_of_init(self, deadline: float) -> tuple[int | None, str]:
+        """``cat /proc/1/task/1/children`` in the container: its exit status (None: no answer
+        by ``deadline``) and at most ``CHILDREN_BYTES`` of its output. Bounded both ways, as
+        ``cat`` may be the agent's (root in the container): one that prints without end or
+        never ends would have held ``exec_run`` and the grading for ever."""
+        api = self._client.api
+        try:
+            made = api.exec_create(
+                self._container.id, ["/bin/cat", "/proc/1/task/1/children"], stdout=True
+            )
+            sock = api.exec_start(made["Id"], socket=True)
+        except Exception as exc:
+            raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
+        capture = OutputCapture(CHILDREN_BYTES)
+        try:
+            ended = read_docker_frames_until(sock, capture, max(deadline, time.monotonic() + 1))
+        finally:
+            sock.close()
+        text, _ = capture.text()  # undecodable bytes replaced
+        return (self._exit_code(made["Id"])[0] if ended else None), text
 
     def _restart(self) -> None:
         """Kill every process by restarting the container; the filesystem persists. The

@@ -181,54 +181,55 @@ class _SlowInit:
     def __init__(self, empty: int, *, running: bool = True) -> None:
         self.empty, self.reads, self.status = empty, 0, "running" if running else "exited"
 
-    def exec_run(self, argv: list[str]) -> tuple[int, bytes]:
+    def children(self, deadline: float) -> tuple[int, str]:
         self.reads += 1
-        return 0, (b"" if self.reads <= self.empty else b"7\n")
+        return 0, ("" if self.reads <= self.empty else "7\n")
 
     def reload(self) -> None:
         pass
+
+
+def faked(container: _SlowInit) -> DockerSandbox:
+    """A DockerSandbox over ``container``, whose init's children it reads."""
+    sandbox = object.__new__(DockerSandbox)
+    sandbox.marker, sandbox._container = "thundersync-test", container
+    sandbox._children_of_init = container.children  # type: ignore[method-assign]
+    return sandbox
 
 
 def test_the_main_process_is_awaited_after_a_start_not_taken_for_missing() -> None:
     """Under load the init had not forked ``sleep`` yet when its children were read: the
     fresh grading sandbox failed as an infrastructure failure (and after a restart the agent
     would have been blamed). The children are read again until the process is there."""
-    sandbox = object.__new__(DockerSandbox)
-    sandbox.marker, sandbox._container = "thundersync-test", _SlowInit(empty=3)
+    sandbox = faked(_SlowInit(empty=3))
     assert sandbox._find_main_pid() == "7" and sandbox._container.reads == 4
-    sandbox._container = _SlowInit(empty=10**6, running=False)  # stopped: no wait
+    sandbox = faked(_SlowInit(empty=10**6, running=False))  # stopped: no wait
     with pytest.raises(SandboxError, match="cannot find its main process"):
         sandbox._find_main_pid()
     assert sandbox._container.reads == 1
 
 
-class _ReplacedCat(_SlowInit):
-    """The agent's code replaced ``cat`` (root in the container): it prints bytes, no pid."""
-
-    def exec_run(self, argv: list[str]) -> tuple[int, bytes]:
-        self.reads += 1
-        return 0, b"\xff\n"
-
-
-def test_a_replaced_cat_finds_no_main_process_rather_than_failing_to_decode() -> None:
-    """Bytes that are no UTF-8 raised UnicodeDecodeError outside the restart's mapping, and
-    the attempt became an infrastructure failure (red team, 2026-12-07); they are no pid,
-    and after a restart that is the agent's ``AgentBrokeSandbox``."""
-    sandbox = object.__new__(DockerSandbox)
-    sandbox.marker, sandbox._container = "thundersync-test", _ReplacedCat(0, running=False)
-    with pytest.raises(SandboxError, match="cannot find its main process"):
-        sandbox._find_main_pid()
+# (one printing without end is bounded alike, by the read's 4 KiB; removing its container
+# then takes dockerd 20 s, so it is not run here)
+REPLACED_CATS = {
+    "undecodable": "#!/bin/sh\nprintf '\\377\\n'\n",
+    "silent-for-ever": "#!/bin/sh\nexec sleep 1000\n",
+}
 
 
+@pytest.mark.parametrize("cat", list(REPLACED_CATS))
 def test_a_container_whose_cat_the_agent_replaced_is_the_agents_broken_sandbox(
-    sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+    sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cat: str
 ) -> None:
     """Root in the container, the agent's code replaced ``cat`` (which finds the main
-    process) and killed every process: the restart finds no main process. That is
-    ``AgentBrokeSandbox``, the agent's 0; ``execute`` wrapped it as a SandboxError, an
-    infrastructure failure (red team, 2026-12-07)."""
+    process) and killed every process: the restart finds no main process, within its
+    bound. That is ``AgentBrokeSandbox``, the agent's 0. Bytes of no UTF-8 failed a strict
+    decode, ``execute`` wrapped the error as a SandboxError (an infrastructure failure), and
+    a ``cat`` that printed without end or never ended held ``exec_run`` for ever (red team,
+    2026-12-07)."""
     monkeypatch.setattr(docker_module, "MAIN_PROCESS_WAIT_S", 1.0)
-    broken = "printf '#!/bin/sh\\nprintf \"\\\\377\\\\n\"\\n' > /usr/bin/cat; kill -9 -1"
-    sandbox.execute(broken, timeout=30)
+    (tmp_path / "cat").write_text(REPLACED_CATS[cat])
+    sandbox.upload(tmp_path / "cat", "/usr/bin/cat")
+    sandbox.execute("chmod 755 /usr/bin/cat; kill -9 -1", timeout=30)
     with pytest.raises(AgentBrokeSandbox, match="does not run after a restart"):
         sandbox.execute("true", timeout=30)
