@@ -52,6 +52,7 @@ from environments.sandboxes.capture import OutputCapture, read_docker_frames_unt
 from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
     daemon_client,
+    exec_bounded,
     make_workspace_volume,
 )
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
@@ -107,8 +108,6 @@ class _HostDisk:
 
 MAIN_PROCESS_WAIT_S = 10.0
 """How long a started container's init may take to fork its main program."""
-CHILDREN_BYTES = 4096
-"""The most of the init's children list read (``_children_of_init``): a few pids."""
 STOP_GRACE_S = 5.0
 """How long a container whose init just died may still report itself running (seen loaded)."""
 
@@ -233,24 +232,14 @@ class DockerSandbox:
 
     def _children_of_init(self, deadline: float) -> tuple[int | None, str]:
         """``cat /proc/1/task/1/children`` in the container: its exit status (None: no answer
-        by ``deadline``) and at most ``CHILDREN_BYTES`` of its output. Bounded both ways, as
-        ``cat`` may be the agent's (root in the container): one that prints without end or
-        never ends would have held ``exec_run`` and the grading for ever."""
-        api = self._client.api
+        by ``deadline``) and the start of its output, bounded both ways (``exec_bounded``)."""
+        argv = ["/bin/cat", "/proc/1/task/1/children"]
+        until = max(deadline, time.monotonic() + 1)
         try:
-            made = api.exec_create(
-                self._container.id, ["/bin/cat", "/proc/1/task/1/children"], stdout=True
-            )
-            sock = api.exec_start(made["Id"], socket=True)
+            exec_id, text = exec_bounded(self._client, self._container.id, argv, until)
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
-        capture = OutputCapture(CHILDREN_BYTES)
-        try:
-            ended = read_docker_frames_until(sock, capture, max(deadline, time.monotonic() + 1))
-        finally:
-            sock.close()
-        text, _ = capture.text()  # undecodable bytes replaced
-        return (self._exit_code(made["Id"])[0] if ended else None), text
+        return (self._exit_code(exec_id)[0] if exec_id else None), text
 
     def _restart(self) -> None:
         """Kill every process by restarting the container; the filesystem persists. The

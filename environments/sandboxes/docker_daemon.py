@@ -1,5 +1,5 @@
-"""The Docker daemon as the sandboxes reach it: whether one answers, a client of it, and a
-sandbox's workspace disk served by it as a volume."""
+"""The Docker daemon as the sandboxes reach it: whether one answers, a client of it, a bounded
+exec, and a sandbox's workspace disk served by it as a volume."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from environments.sandboxes import disk
+from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
 from environments.sandboxes.protocol import SandboxError
+
+EXEC_BOUNDED_BYTES = 4096
+"""The most of an ``exec_bounded`` command's output kept."""
 
 LOCAL_DAEMON_URL = "http+docker://localhost"  # the SDK's base_url for a unix:// socket
 API_TIMEOUT_S = 300
@@ -80,3 +84,21 @@ def make_workspace_volume(
         client.volumes.create(name=name, driver="local", driver_opts=options, labels=labels)
     except Exception as exc:
         raise SandboxError(f"could not make the workspace volume {name}: {exc}") from exc
+
+
+def exec_bounded(
+    client: Any, container_id: str, argv: list[str], deadline: float
+) -> tuple[str | None, str]:
+    """Run ``argv`` in the container through the exec API: its exec id (None where it had not
+    ended by ``deadline``) and at most ``EXEC_BOUNDED_BYTES`` of its output (undecodable
+    bytes replaced). Bounded both ways, unlike ``exec_run``, as the program may be the
+    agent's (root in a container): one that never ends or prints without end held the
+    grading for ever (red team, 2026-12-07). The API's own failures are raised."""
+    made = client.api.exec_create(container_id, argv, stdout=True)
+    sock = client.api.exec_start(made["Id"], socket=True)
+    capture = OutputCapture(EXEC_BOUNDED_BYTES)
+    try:
+        ended = read_docker_frames_until(sock, capture, deadline)
+    finally:
+        sock.close()
+    return (made["Id"] if ended else None), capture.text()[0]
