@@ -96,7 +96,6 @@ def add(key, path):
         truncated = True
         return
     try:
-        entry = None
         if not os.path.lexists(path):
             return
         info = os.lstat(path)
