@@ -110,18 +110,25 @@ class WorkTree:
 
 
 def export_work(
-    sandbox: Sandbox, workdir: str, host_dir: Path, name: str, *, exclude: Collection[str] = ()
+    sandbox: Sandbox,
+    workdir: str,
+    host_dir: Path,
+    name: str,
+    *,
+    exclude: Collection[str] = (),
+    max_entries: int | None = None,
 ) -> WorkTree:
     """Archive ``workdir`` through the sandbox engine (``Sandbox.export_folder``: no program
     of the sandbox, which the agent could have replaced, takes part), without its children
     named in ``exclude``, and read it into a clean archive ``host_dir/name``. WorkExportError
     when the agent left the folder missing, not a folder, unreadable, too large, too deep, or
-    an archive that could not come from a real folder; SandboxError when the engine (or the
-    host) fails (``export_agent_folder``'s map)."""
+    an archive that could not come from a real folder, or more than ``max_entries`` members;
+    SandboxError when the engine (or the host) fails (``export_agent_folder``'s map)."""
     raw = host_dir / f"{name}.raw"
     export_agent_folder(sandbox, workdir, raw, exclude=exclude, what="the work folder")
+    top = posixpath.basename(workdir.rstrip("/")) or "."
     try:
-        return _clean(raw, host_dir / name, top=posixpath.basename(workdir.rstrip("/")) or ".")
+        return _clean(raw, host_dir / name, top=top, max_entries=max_entries)
     finally:
         raw.unlink(missing_ok=True)
 
@@ -162,12 +169,7 @@ def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
         made = f"mkdir -p {w} && rm -rf {s} && mkdir -p {s}"
         if sandbox.execute(made, timeout=TIMEOUT_S).exit_code != 0:
             continue
-        try:
-            sandbox.upload(work.archive, f"{scratch}/{ARCHIVE_NAME}")
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise SandboxError(f"uploading the agent's work failed: {err}") from err
-            raise WorkExportError(f"the agent's work does not fit a fresh sandbox: {err}") from err
+        upload_agents(sandbox, work.archive, f"{scratch}/{ARCHIVE_NAME}", what="the agent's work")
         archive = shlex.quote(f"{scratch}/{ARCHIVE_NAME}")
         done = sandbox.execute(
             f"find {w} -mindepth 1 -maxdepth 1 ! -name '{OWN_PREFIX}*' -exec rm -rf {{}} + && "
@@ -180,6 +182,21 @@ def import_work(sandbox: Sandbox, workdir: str, work: WorkTree) -> None:
             )
         return
     raise SandboxError(f"no scratch folder ({', '.join(scratch_folders(workdir))}) in the sandbox")
+
+
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def upload_agents(sandbox: Sandbox, host: Path, path: str, *, what: str) -> None:
+    """``sandbox.upload(host, path)`` of what the agent left (its work, its artifacts) into a
+    grading sandbox made from the task: a sandbox too small for it is the agent's doing
+    (WorkExportError, its 0); any other failure is SandboxError, an infrastructure failure."""
+    try:
+        sandbox.upload(host, path)
+    except OSError as err:
+        if err.errno not in _NO_ROOM:
+            raise SandboxError(f"uploading {what} failed: {err}") from err
+        raise WorkExportError(f"{what} does not fit a fresh sandbox: {err}") from err
 
 
 def _member_name(raw: str, top: str = ".") -> str | None:
@@ -200,7 +217,13 @@ def _member_name(raw: str, top: str = ".") -> str | None:
     return name
 
 
-def _clean(raw: Path, clean: Path, top: str = ".", limit: int = MAX_EXPORT_BYTES) -> WorkTree:
+def _clean(
+    raw: Path,
+    clean: Path,
+    top: str = ".",
+    limit: int = MAX_EXPORT_BYTES,
+    max_entries: int | None = None,
+) -> WorkTree:
     """Copy ``raw``'s folders, files and links into ``clean`` (but ``CACHE_FOLDER``s); index
     them. An archive that no real folder gives (a name twice, a member below a link or a file)
     is refused: extracted, it would write through the link (``zz -> tests`` then
@@ -219,6 +242,8 @@ def _clean(raw: Path, clean: Path, top: str = ".", limit: int = MAX_EXPORT_BYTES
                 and (member.isdir() or member.isfile() or member.issym() or member.islnk())
                 and CACHE_FOLDER not in name.split("/")
             ]
+            if max_entries is not None and len(kept) > max_entries:
+                raise WorkExportError(f"the folder holds over {max_entries} files and folders")
             _check_structure(kept)
             for name, member in kept:
                 copy = tarfile.TarInfo(name)

@@ -34,7 +34,7 @@ import re
 import shlex
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from environments.sandboxes.protocol import GraderSetupError, Sandbox, own
 
@@ -42,7 +42,7 @@ PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
 MODULE = PLUGIN.stem
 STARTUP = Path(__file__).with_name("_thundersync_sitecustomize.py")
 FOLDER_NAME = ".thundersync-witness"
-VERSION = 6
+VERSION = 7
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
 _SENTINEL = ".sentinel"
@@ -56,6 +56,23 @@ _MAX_LINE = 16 * 1024
 _LISTED = re.compile(r" *([0-9]{1,18}) ([^/\n]+\.proc)")
 """A line of ``observe``'s listing: a record file's size and name, as the witness names them."""
 PASSED = "passed"
+_LAUNCHERS = re.compile(
+    r"(?<![\w.-])(python[0-9.]*|pytest|py\.test|unittest|uvx?|pip[0-9.]*|tox|nox|poetry|pdm|"
+    r"hatch|pipenv|conda|mamba|micromamba)(?![\w-])"
+)
+
+
+def python_named(name: str, text: str) -> str | None:
+    """The Python launcher a verifier's file ``name`` (with its ``text``) names, if any: a
+    Python file, or a word that starts Python (``python3``, ``pytest``, ``uv``...). A reference
+    run whose verifier names one while the witness saw no Python process was not watched (a
+    test script that exports its own ``PYTHONPATH``, ``env -i``, ``python -I``): its verdict
+    cannot stand for a pass (red team, 2026-12-07: an agent's ``os._exit(0)`` appended to the
+    module a unittest verifier imported scored 1)."""
+    if name.endswith(".py"):
+        return name
+    found = _LAUNCHERS.search(text)
+    return None if found is None else found[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,32 @@ class Reference:
     """The runners' members its run replaced by code outside the work folder or a runner's
     own file (``owner.member=module.function``): a plugin's or the runner's own, which the
     graded run may repeat."""
+
+    def test_files(self) -> frozenset[str]:
+        """The work folder's code files that hold the tests it passes: each loaded by its test
+        processes and named by a test id (pytest's ``path::name``, its path a suffix of the
+        file's or the file's of it; unittest's dotted ``module.Class.test``, a suffix of the
+        file's module name followed by the rest). The agent changing one changes the task's
+        tests, whatever its name: Django's ``tests.py`` run by ``python -m unittest tests``
+        matched no test-file name, and a failing attempt that emptied its asserts scored 1
+        (red team, 2026-12-07)."""
+        held = set()
+        for path in self.loads:
+            parts = tuple(PurePosixPath(path).with_suffix("").parts)
+            if parts and parts[-1] == "__init__":
+                parts = parts[:-1]
+            for test in self.tests:
+                runner, _, test_id = test.partition(":")
+                if runner == "pytest":
+                    named = tuple(p for p in test_id.split("::", 1)[0].split("/") if p != "..")
+                    whole = PurePosixPath(path).parts
+                    if named and (whole[-len(named) :] == named or named[-len(whole) :] == whole):
+                        held.add(path)
+                        break
+                elif any(test_id.startswith(".".join(parts[i:]) + ".") for i in range(len(parts))):
+                    held.add(path)
+                    break
+        return frozenset(held)
 
 
 @dataclass

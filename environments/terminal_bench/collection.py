@@ -180,7 +180,9 @@ def _host_target(root: Path, artifact: Artifact) -> Path:
 def _copy_folder(sandbox: Sandbox, source: str, target: Path, exclude: Sequence[str]) -> bool:
     """Whether the folder held anything; raises work.WorkExportError or SandboxError."""
     with tempfile.TemporaryDirectory(prefix="thundersync-artifact-") as tmp:
-        tree = work.export_work(sandbox, source, Path(tmp), "artifact.tar")
+        tree = work.export_work(
+            sandbox, source, Path(tmp), "artifact.tar", max_entries=MAX_ARTIFACT_ENTRIES
+        )
         kept = {
             name
             for name in tree.entries
@@ -215,12 +217,15 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
     quoted = shlex.quote(source)
     probe = sandbox.execute(
         own(
-            f"if [ -d {quoted} ]; then echo dir; elif [ -f {quoted} ]; then stat -c %s {quoted}; "
-            "else echo missing; fi"
+            f"if [ -L {quoted} ]; then echo link; elif [ -d {quoted} ]; then echo dir; "
+            f"elif [ -f {quoted} ]; then stat -c %s {quoted}; else echo missing; fi"
         ),
         timeout=30,
     )
     answer = probe.output.strip()
+    if answer == "link":  # Docker's archive holds the link, not what it names (red team)
+        why = "a symbolic link: not copied"
+        return {**entry, "type": "file", "status": "failed", "reason": why}
     if answer == "dir":
         try:
             has = _copy_folder(sandbox, source, target, artifact.exclude)
@@ -234,7 +239,7 @@ def _collect_one(sandbox: Sandbox, artifact: Artifact, root: Path, workdir: str)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         sandbox.download(source, target)
-    except (SandboxError, OSError) as err:
+    except (SandboxError, OSError, tarfile.TarError) as err:
         return {**entry, "type": "file", "status": "failed", "reason": str(err)[:300]}
     return {**entry, "type": "file", "status": "ok"}
 
@@ -254,6 +259,10 @@ def collect(
     return manifest
 
 
+MAX_ARTIFACT_ENTRIES = 50_000
+"""Files, links and folders a collected artifact folder may hold: each is re-created in a
+grading sandbox, and 576,000 hard links to empty files took strict grading 20 minutes before
+its disk ran out of inodes (red team, 2026-12-07); past it the folder is not copied."""
 PROTECTED = ("/tests", "/logs/verifier")
 """Where no artifact is re-created: the grader's own folders (its tests, its reward files)."""
 SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -323,15 +332,18 @@ def restored_paths(items: Sequence[Restorable]) -> list[str]:
 
 def restore(sandbox: Sandbox, items: Sequence[Restorable]) -> None:
     """Re-create ``items`` in ``sandbox`` (a grading sandbox), as Harbor uploads the collected
-    artifacts to a separate verifier: a folder replaces what is at its path, a file gets its
-    parent folders. SandboxError when the sandbox cannot hold them."""
+    artifacts to a separate verifier: each replaces what is at its path (the agent may have
+    made ``/logs/artifacts`` a file), with its parent folders made. What the agent left decides
+    whether they fit: sparse files and hard links are restored at full size, so a grading
+    sandbox too small for them, or a path the agent's own files block, is the agent's
+    ``work.WorkExportError`` (its 0), as the work folder's is (``work.import_work``); a
+    failing sandbox is SandboxError."""
     for item in items:
         quoted = shlex.quote(item.target)
         parent = shlex.quote(posixpath.dirname(item.target) or "/")
-        clear = f"rm -rf {quoted} && " if item.host.is_dir() else ""
-        made = sandbox.execute(own(f"{clear}mkdir -p {parent}"), timeout=60)
+        made = sandbox.execute(own(f"rm -rf {quoted} && mkdir -p {parent}"), timeout=60)
         if made.exit_code != 0:
-            raise SandboxError(
+            raise work.WorkExportError(
                 f"cannot place artifact {item.target} for grading: {made.output.strip()[-300:]}"
             )
-        sandbox.upload(item.host, item.target)
+        work.upload_agents(sandbox, item.host, item.target, what=f"artifact {item.target}")

@@ -207,7 +207,29 @@ class TerminalBenchTask(TaskDefinition):
                 f"its reference solution scores {grade.reward:g} strictly ({why})",
                 grade.reward,
             )
+        launcher = None if seen.processes or self.output_checked else self._python_named()
+        if launcher is not None:
+            return reference.ReferenceRun(
+                None,
+                f"its verifier names Python ({launcher}) but the witness saw no Python process "
+                "of its run (a test script that sets its own PYTHONPATH or environment, or runs "
+                "`python -I`): a pass could not be proven, and a task whose verifier checks "
+                "outputs alone declares [metadata] output_checked = true",
+                grade.reward,
+            )
         return reference.ReferenceRun(seen.reference(), None, grade.reward)
+
+    def _python_named(self) -> str | None:
+        """The first Python launcher the verifier's files name (``witness.python_named``)."""
+        for host, rel in self.test_uploads():
+            try:
+                text = host.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            found = witness.python_named(rel, text)
+            if found is not None:
+                return found
+        return None
 
     def _strict_grade(
         self,
@@ -241,7 +263,8 @@ class TerminalBenchTask(TaskDefinition):
         separate = self._verifier_sandbox(context) if self.verifier is not None else None
         # the names the interpreter that runs the tests imports: the verifier image's, if any
         modules = tamper.importable_modules(separate or fresh)
-        reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules)
+        held = standard.test_files() if isinstance(standard, witness.Reference) else frozenset()
+        reasons = strict.tamper_reasons(workdir, pristine, agent_work, modules, held)
         reasons = sorted([*reasons, *work.link_reasons(workdir, pristine, agent_work)])
         placed, refused = collected
         if context.strict:  # the artifacts it places are judged as the work folder's files
@@ -264,12 +287,12 @@ class TerminalBenchTask(TaskDefinition):
             grade, _ = self._run_tests(sandbox, pinned=False)
         else:
             target = separate or fresh
-            try:
+            try:  # its work and what the hooks and it published: do they fit a fresh sandbox?
                 work.import_work(target, workdir, agent_work)
-            except work.WorkExportError as err:  # its work does not fit a fresh sandbox
+                collection.restore(target, placed)
+            except work.WorkExportError as err:
                 failure = {"agent_failure": str(err), "reason": str(err)}
                 return Grade(reward=0.0, details={**report, **failure}), None
-            collection.restore(target, placed)  # what the hooks and the agent published
             if refused:
                 report["artifacts_not_placed"] = refused
             proof = standard if isinstance(standard, witness.Reference) else None

@@ -16,8 +16,10 @@ import pytest
 from environments.agents import NopAgent, OracleAgent
 from environments.core import ShellEnv
 from environments.runner import EpisodeRunner
+from environments.sandboxes import make_sandbox
 from environments.tasks import Grade
 from environments.terminal_bench import TerminalBenchTask, load_tasks
+from environments.terminal_bench.collection import MAX_ARTIFACT_ENTRIES, collect
 from tests.integration.test_reward_hacks_terminal_bench import run_episode
 from thundersync.protocol.types import Trajectory
 
@@ -157,3 +159,59 @@ def test_strict_grading_places_no_artifact_in_a_system_folder(tmp_path: Path) ->
     assert planted.details["artifacts_not_placed"] == [
         "/usr/local/bin: a system folder (strict grading)"
     ]
+
+
+REPLACED_CONVENTION = {
+    "a-file": "rm -rf /logs/artifacts && echo x > /logs/artifacts",
+    "a-link": "rm -rf /logs/artifacts && ln -s /etc/hostname /logs/artifacts",
+}
+
+
+@pytest.mark.parametrize("made", sorted(REPLACED_CONVENTION))
+def test_a_convention_folder_the_agent_replaced_is_its_zero(kind: str, made: str) -> None:
+    """/logs/artifacts made a file, or a link to one: placing the file over the grading
+    sandbox's folder raised IsADirectoryError, and Docker's archive of the link a TarError,
+    out of grading: an infrastructure failure, the attempt dropped from training (red team,
+    2026-12-07). A link is not copied; a file replaces the folder."""
+    task = load_tasks(FIXTURE).get("hook-snapshot")
+    grade = _strict(task, kind, f"printf 'one\\n' > /app/lines.txt && {REPLACED_CONVENTION[made]}")
+    assert not grade.infra_failure, grade.details
+    assert grade.reward == 0.0, grade.details
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+def test_artifacts_that_outgrow_the_grading_disk_are_the_agents_zero(tmp_path: Path) -> None:
+    """Sparse files are restored at full size: 24 MB of them in /logs/artifacts filled a 16 MB
+    grading disk, and the ENOSPC left grading as an infrastructure failure (red team)."""
+    folder = tmp_path / "task"
+    shutil.copytree(FIXTURE, folder)
+    config = folder / "task.toml"
+    config.write_text(
+        config.read_text().replace("[environment]\n", "[environment]\nstorage_mb = 16\n")
+    )
+    task = load_tasks(folder).get("task")
+    sparse = (
+        "mkdir -p /logs/artifacts && for i in 1 2 3; do truncate -s 8M /logs/artifacts/f$i; done"
+    )
+    grade = _strict(task, "bwrap", f"{SOLVE} && {sparse}")
+    assert not grade.infra_failure, grade.details
+    assert grade.reward == 0.0
+    assert "does not fit a fresh sandbox" in grade.details["agent_failure"]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bwrap")
+def test_an_artifact_folder_of_too_many_entries_is_not_copied(tmp_path: Path) -> None:
+    """Each entry is re-created in the grading sandbox: 576,000 hard links to empty files took
+    strict grading 20 minutes (red team). Past ``MAX_ARTIFACT_ENTRIES`` the folder is refused
+    when collected, the refusal recorded."""
+    spec = load_tasks(FIXTURE).get("hook-snapshot").sandbox_spec("bwrap")
+    links = f"import os; [os.link('f', f'l{{i}}') for i in range({MAX_ARTIFACT_ENTRIES})]"
+    with make_sandbox(spec, kind="bwrap") as sandbox:
+        made = sandbox.execute(
+            f'mkdir -p /logs/artifacts && cd /logs/artifacts && touch f && python3 -c "{links}"',
+            timeout=120,
+        )
+        assert made.exit_code == 0, made.output
+        manifest = collect(sandbox, [], tmp_path / "collected", workdir="/app")
+    assert manifest[0]["status"] == "failed", manifest[0]
+    assert f"over {MAX_ARTIFACT_ENTRIES} files and folders" in manifest[0]["reason"]

@@ -446,3 +446,35 @@ def test_a_record_name_no_witness_makes_is_no_listing(tmp_path: Path) -> None:
     observed = witness.observe(HostShell(), seen)
     assert observed.problem is not None and "not the witness's" in observed.problem
     assert any("not the witness's" in r for r in judged(seen, full_pass=True))
+
+
+def test_the_work_folders_test_files_are_those_its_reference_tests_came_from() -> None:
+    """A loaded file is a test file when a passing test's id names it: pytest by path (from
+    any rootdir), unittest by dotted module; the module under test is not one."""
+    reference = witness.Reference(
+        tests=frozenset(
+            {
+                "unittest:tests.TestCount.test_count",
+                "pytest:../app/src/check_words.py::test_words",
+                "pytest:/tests/test_outputs.py::test_outputs",
+            }
+        ),
+        loads=frozenset({"tests.py", "wordcount.py", "src/check_words.py", "outputs.py"}),
+    )
+    assert reference.test_files() == {"tests.py", "src/check_words.py"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "named"),
+    [
+        ("test.sh", "export PYTHONPATH=/app; python3 -m unittest tests\n", "python3"),
+        ("test.sh", "cd /app && uv run pytest -q\n", "uv"),
+        ("test.sh", "env -i /usr/bin/python3.11 -I check\n", "python3.11"),
+        ("check.py", "print(1)\n", "check.py"),
+        ("test.sh", "grep -q hello /app/out.txt # a pipeline, detox, anaconda\n", None),
+    ],
+)
+def test_a_verifier_naming_python_is_told_from_one_that_does_not(
+    name: str, text: str, named: str | None
+) -> None:
+    assert witness.python_named(name, text) == named
