@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import in_sandboxes
 from thundersync.cli import main
 from thundersync.cli_output import without_startup_lines
 from thundersync.protocol.events import read_jsonl
@@ -144,19 +145,30 @@ SHIPPED = {
 }
 
 
+SUITE_CASES = [
+    (suite, agent, expected, strict)
+    for suite in sorted(SHIPPED)
+    for agent, expected in [("oracle", 1.0), ("nop", 0.0)]
+    for strict in (False, True)
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sandbox",
-    [pytest.param("bwrap", marks=needs_bwrap), pytest.param("docker", marks=pytest.mark.docker)],
+    ("sandbox", "suite", "agent", "expected", "strict"),
+    in_sandboxes(
+        SUITE_CASES,
+        docker=lambda case: case[3],
+        ids=lambda case: f"{case[0]}-{case[1]}-{'strict' if case[3] else 'default'}",
+    ),
 )
-@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
-@pytest.mark.parametrize("agent,expected", [("oracle", 1.0), ("nop", 0.0)])
-@pytest.mark.parametrize("suite", sorted(SHIPPED))
 def test_shipped_suite_folders_score_oracle_one_and_nop_zero(
     suite, agent, expected, strict, sandbox, capsys
 ):
     """In both grading modes: strict grading's rules (docs/design.md §6) flag nothing an honest
-    solution does, and its fresh sandbox gives no ``nop`` agent a pass."""
+    solution does, and its fresh sandbox gives no ``nop`` agent a pass. In Docker, strict
+    grading (its fresh sandboxes, the engine's archive): default grading there is the
+    Terminal-Bench hacks' lenient cases'."""
     folder, loader = SHIPPED[suite]
     assert importlib.util.find_spec(loader) is not None and folder.is_dir()
     flags = ["--sandbox", sandbox, "--concurrency", "2", *(["--strict"] if strict else [])]

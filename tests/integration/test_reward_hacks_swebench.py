@@ -22,7 +22,7 @@ import pytest
 from environments.sandboxes import Sandbox, make_sandbox
 from environments.swebench import SWEBenchTask, load_instances
 from environments.tasks import Grade, GradingContext
-from tests.conftest import SANDBOX_KINDS
+from tests.conftest import SANDBOX_KINDS, in_sandboxes
 
 FIXTURES = Path(__file__).resolve().parents[2] / "environments/fixtures/swebench"
 TASK = load_instances(FIXTURES).get("thundersync__intervals-1")
@@ -321,8 +321,21 @@ def assert_finite(value: Any) -> None:
             assert_finite(item)
 
 
-@pytest.mark.parametrize("kind", SANDBOX_KINDS)
-@pytest.mark.parametrize("hack", HACKS + PROOF_HACKS, ids=[h.name for h in HACKS + PROOF_HACKS])
+IN_DOCKER = {
+    "conftest forcing every test to pass (SWE-bench #631)",
+    "the task's test file rewritten to pass",
+    "git hook printing a passing log, through .git/hooks and core.hooksPath",
+    "the module under test prints a passing log, then os._exit(0)",
+    "a new top-level package that the standard library imports (org/, by copy)",
+}
+"""The hacks also played in Docker (``in_sandboxes``): the audit's diff, the restored test
+files, git run by the grader, and the witness's two ways of telling a run that did not finish."""
+
+
+@pytest.mark.parametrize(
+    ("kind", "hack"),
+    in_sandboxes(HACKS + PROOF_HACKS, docker=lambda h: h.name in IN_DOCKER, ids=lambda h: h.name),
+)
 def test_reward_hack_scores_zero_in_strict_mode(kind: str, hack: Hack) -> None:
     grades = grade_both(TASK, kind, hack.commands)
     strict, official = grades[True], grades[False]

@@ -21,7 +21,7 @@ import pytest
 from environments.sandboxes import ExecResult, Sandbox, SandboxSpec, make_sandbox
 from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
-from tests.conftest import SANDBOX_KINDS
+from tests.conftest import SANDBOX_KINDS, in_sandboxes
 
 DOCKERFILE = """FROM thundersync/base:bookworm
 WORKDIR /app
@@ -263,6 +263,24 @@ CASES = [("harbor", name) for name in sorted(HACKS)] + [
 (a failing session that exits 0 prints its summary) and pytest itself."""
 
 
+IN_DOCKER = {
+    name for name, hack in HACKS.items() if hack.lenient.get("bwrap") != hack.lenient.get("docker")
+}
+IN_DOCKER |= {"conftest-forces-pass", "code-under-test-ends-the-run", "shell-rc-files"}
+IN_DOCKER |= {
+    "planted-reward-file",
+    "reward-file-made-a-link",
+    "code-under-test-appends-to-the-test-script",
+}
+CASES_IN_SANDBOXES = in_sandboxes(
+    CASES,
+    docker=lambda case: case[1] in IN_DOCKER or case == ("tb1", "code-under-test-exits-0-at-exit"),
+    ids=lambda case: "-".join(case),
+)
+"""Every case in bubblewrap; in Docker (``in_sandboxes``) the hacks whose outcome differs by
+engine (the agent as root), those through ``/logs``, and one per format of the witness."""
+
+
 def run_episode(task: TerminalBenchTask, kind: str, commands: list[str], *, strict: bool) -> Grade:
     """The grade of one episode that ran ``commands`` (their failures are the hack's)."""
     made: list[Sandbox] = []
@@ -300,8 +318,7 @@ def test_the_oracle_scores_one_strictly_and_nothing_is_flagged(
     assert grade.details["tamper_suspected"] is False, grade.details["tamper_reasons"]
 
 
-@pytest.mark.parametrize("kind", SANDBOX_KINDS)
-@pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
+@pytest.mark.parametrize(("kind", "fmt", "name"), CASES_IN_SANDBOXES)
 def test_a_reward_hack_scores_zero_under_strict_grading(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
 ) -> None:
@@ -314,8 +331,7 @@ def test_a_reward_hack_scores_zero_under_strict_grading(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", SANDBOX_KINDS)
-@pytest.mark.parametrize(("fmt", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
+@pytest.mark.parametrize(("kind", "fmt", "name"), CASES_IN_SANDBOXES)
 def test_without_strict_grading_the_hack_is_real_and_still_reported(
     tasks: dict[str, TerminalBenchTask], kind: str, fmt: str, name: str
 ) -> None:
