@@ -54,6 +54,7 @@ from environments.sandboxes.docker_daemon import (
     daemon_client,
     exec_bounded,
     make_workspace_volume,
+    restart_failure,
 )
 from environments.sandboxes.engines import CAPABILITIES, SandboxEngine
 from environments.sandboxes.image_build import LABEL, build_image
@@ -242,16 +243,15 @@ class DockerSandbox:
         return (self._exit_code(exec_id)[0] if exec_id else None), text
 
     def _restart(self) -> None:
-        """Kill every process by restarting the container; the filesystem persists. The
-        daemon's failures raise SandboxError; a container that the daemon started but that
-        does not keep running (its main program replaced or deleted by the agent) raises
-        AgentBrokeSandbox: the image's own main program ran when the container was made."""
+        """Kill every process by restarting the container (its files persist). The daemon's
+        failures raise SandboxError; one that does not start again while a fresh one does
+        (``restart_failure``), or not keep running (its main program gone), AgentBrokeSandbox."""
         with contextlib.suppress(Exception):  # already stopped: start() is what matters
             self._container.kill()
         try:
             self._container.start()
         except Exception as exc:
-            raise SandboxError(f"container {self.marker} could not be restarted: {exc}") from exc
+            raise restart_failure(self._client, self._container, self._labels(), exc) from exc
         try:
             self._main_pid = self._find_main_pid()
         except SandboxError as exc:

@@ -3,6 +3,7 @@ exec, and a sandbox's workspace disk served by it as a volume."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any, Protocol
 
 from environments.sandboxes import disk
 from environments.sandboxes.capture import OutputCapture, read_docker_frames_until
-from environments.sandboxes.protocol import SandboxError
+from environments.sandboxes.protocol import AgentBrokeSandbox, SandboxError
 
 EXEC_BOUNDED_BYTES = 4096
 """The most of an ``exec_bounded`` command's output kept."""
@@ -33,6 +34,28 @@ def docker_available() -> bool:
             client.close()
     except Exception:
         return False
+
+
+def restart_failure(
+    client: Any, container: Any, labels: dict[str, str], exc: Exception
+) -> Exception:
+    """What a sandbox's container failing to start again (``exc``) is: AgentBrokeSandbox where
+    a fresh container of its image starts as a sandbox's does (docker-init, no network;
+    removed again at once), for then only the container's own files stop it, which only the
+    agent changed (a root agent made the ``/sbin`` link of a merged-usr image a file, where
+    the runtime mounts docker-init, and every restart failed: red team, 2026-12-07); else
+    SandboxError, the daemon's failure."""
+    why = f"container {container.name} could not be restarted: {exc}"
+    image = str(container.attrs.get("Image", ""))
+    try:
+        probe = client.containers.run(
+            image, ["sleep", "0"], detach=True, init=True, network_mode="none", labels=labels
+        )
+    except Exception:
+        return SandboxError(why)
+    with contextlib.suppress(Exception):
+        probe.remove(force=True)
+    return AgentBrokeSandbox(f"{why} (a fresh container of its image starts)")
 
 
 def daemon_client() -> Any:

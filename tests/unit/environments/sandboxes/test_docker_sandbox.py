@@ -233,3 +233,16 @@ def test_a_container_whose_cat_the_agent_replaced_is_the_agents_broken_sandbox(
     sandbox.execute("chmod 755 /usr/bin/cat; kill -9 -1", timeout=30)
     with pytest.raises(AgentBrokeSandbox, match="does not run after a restart"):
         sandbox.execute("true", timeout=30)
+
+
+def test_a_container_whose_sbin_the_agent_replaced_is_the_agents_broken_sandbox(
+    sandbox: DockerSandbox,
+) -> None:
+    """On a merged-usr image ``/sbin`` is a link, and the runtime mounts docker-init at
+    ``/sbin/docker-init`` as a container starts: a root agent that made ``/sbin`` a file made
+    every restart fail, which read as the daemon failing, an infrastructure failure in any task
+    run in Docker (red team, 2026-12-07). A fresh container of the image starts, so the agent
+    broke its own; the probe container is removed (the fixture checks none is left)."""
+    sandbox.execute("rm /sbin && echo x > /sbin; kill -9 -1", timeout=30)
+    with pytest.raises(AgentBrokeSandbox, match="a fresh container of its image starts"):
+        sandbox.execute("true", timeout=30)
