@@ -46,6 +46,7 @@ class ReferenceRun:
             "tests": sorted(ref.tests) if ref else None,
             "loads": sorted(ref.loads) if ref else None,
             "replaced": sorted(ref.replaced) if ref else None,
+            "solution_changed": sorted(ref.solution_changed) if ref else None,
             "error": self.error,
             "reward": self.reward,
         }
@@ -55,11 +56,12 @@ class ReferenceRun:
         tests, loads = data.get("tests"), data.get("loads")
         reference = None
         if isinstance(tests, list) and isinstance(loads, list):
-            replaced = data.get("replaced")
+            replaced, changed = data.get("replaced"), data.get("solution_changed")
             reference = witness.Reference(
                 frozenset(map(str, tests)),
                 frozenset(map(str, loads)),
                 frozenset(map(str, replaced)) if isinstance(replaced, list) else frozenset(),
+                frozenset(map(str, changed)) if isinstance(changed, list) else frozenset(),
             )
         error = data.get("error")
         return ReferenceRun(reference, str(error) if error else None, float(data.get("reward", 0)))

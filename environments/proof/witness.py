@@ -119,6 +119,10 @@ class Reference:
     """The runners' members its run replaced by code outside the work folder or a runner's
     own file (``owner.member=module.function``): a plugin's or the runner's own, which the
     graded run may repeat."""
+    solution_changed: frozenset[str] = frozenset()
+    """The work folder's files the reference solution added, changed or deleted: solving the
+    task edits them (a module whose doctests are the tests; tests the task asks for), so none
+    is one of the task's test files."""
 
     def test_files(self) -> frozenset[str]:
         """The work folder's code files that hold the tests it passes: each loaded by its test
@@ -129,7 +133,7 @@ class Reference:
         matched no test-file name, and a failing attempt that emptied its asserts scored 1
         (red team, 2026-12-07)."""
         held = set()
-        for path in self.loads:
+        for path in self.loads - self.solution_changed:
             parts = tuple(PurePosixPath(path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -171,6 +175,9 @@ class Observation:
     ``unittest:test id`` of each test it describes."""
     problem: str | None = None
     """Why the records cannot be trusted (removed, changed, too many): contradicts any pass."""
+    work_changed: frozenset[str] = frozenset()
+    """Set by the grader, not recorded: the graded work's files changed against the task's
+    pristine work folder (for a reference run, ``Reference.solution_changed``)."""
 
     def passed(self) -> frozenset[str]:
         """Tests seen to pass: a passing call phase, and no failing record beside it."""
@@ -184,7 +191,9 @@ class Observation:
         return frozenset(name for names in self.replaced.values() for name in names)
 
     def reference(self) -> Reference:
-        return Reference(self.passed(), frozenset(self.loads), self.replacements())
+        return Reference(
+            self.passed(), frozenset(self.loads), self.replacements(), self.work_changed
+        )
 
 
 def prepare(sandbox: Sandbox, verifier_folder: str, workdir: str = "/app") -> Witness:

@@ -297,6 +297,10 @@ class TerminalBenchTask(TaskDefinition):
                 report["artifacts_not_placed"] = refused
             proof = standard if isinstance(standard, witness.Reference) else None
             grade, seen = self._run_tests(target, pinned=context.strict, standard=proof)
+            if seen is not None:
+                seen.work_changed = frozenset(
+                    p for paths in agent_work.changed_since(pristine) for p in paths
+                )
         if self.verifier is not None:
             report["separate_verifier"] = True
         if isinstance(standard, witness.Reference) and not standard.tests:

@@ -267,6 +267,28 @@ def test_the_tasks_own_tests_are_its_test_files_whatever_their_names(
     )
 
 
+DOCTESTED = 'def count(text):\n    """Words in text.\n\n    >>> count("a b  c")\n    3\n    """\n'
+
+
+@pytest.mark.parametrize("kind", SANDBOX_KINDS[:1])  # the rule is the grader's, not the engine's
+def test_a_file_whose_tests_the_solution_edits_is_not_the_tasks_test_file(
+    kind: str, tmp_path: Path
+) -> None:
+    """A module whose doctests are the verifier's tests, and whose function the solution
+    writes: editing it is solving the task, so an honest attempt scores 1 (the reference
+    run's tests came from it, but its reference solution changed it too)."""
+    stub = DOCTESTED + "    return 0\n"
+    task = harbor_task(
+        tmp_path,
+        tests={},
+        test_sh="python3 -m pytest -q -p no:cacheprovider --doctest-modules wordcount.py",
+        solve=write("/app/wordcount.py", DOCTESTED + "    return len(text.split())\n"),
+        app={"wordcount.py": stub},
+    )
+    assert_one(run_episode(task, kind, task.reference_solution(), strict=True))
+    assert_zero(run_episode(task, kind, ["true"], strict=True))
+
+
 @pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_a_coverage_plugin_is_flagged(kind: str) -> None:
     task = shipped("harbor", "fix-python-bug")
