@@ -37,13 +37,14 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """A Ray test runs in the serial part (``make test``'s second run, without workers): one
-    private Ray head at a time, since each test counts the Ray processes and folders left
-    behind. The parallel part hands each worker whole files (``--dist loadfile``), so a file's
-    module fixtures are built once."""
-    if item.get_closest_marker("ray"):
-        item.add_marker(pytest.mark.serial)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Ray tests run in the parallel part, one private Ray head at a time (each counts
+    the Ray processes and folders left behind): they live in one file, which ``--dist
+    loadfile`` hands whole to one worker, and no other test starts Ray. A Ray test in a second
+    file would break that, so it is refused here."""
+    files = sorted({str(item.path) for item in items if item.get_closest_marker("ray")})
+    if len(files) > 1:
+        raise pytest.UsageError(f"Ray tests in {len(files)} files ({', '.join(files)}): keep one")
 
 
 T = TypeVar("T")

@@ -11,14 +11,13 @@ hack is real: most score 1.0 there, in one sandbox or both, and the tampering is
 from __future__ import annotations
 
 import shutil
-import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from environments.sandboxes import ExecResult, Sandbox, SandboxSpec, make_sandbox
+from environments.sandboxes import Sandbox, SandboxSpec, make_sandbox
 from environments.tasks import Grade, GradingContext
 from environments.terminal_bench import TerminalBenchTask, load_tasks
 from tests.conftest import SANDBOX_KINDS, in_sandboxes
@@ -435,81 +434,3 @@ def test_a_link_to_what_the_grader_puts_outside_the_work_folder_is_flagged(
         "/app/answer.py",
         "/app/up",
     ]
-
-
-class WatchedSandbox:
-    """A sandbox that, before each command grading runs in it, lists the container's
-    processes from the host (``docker top``: the daemon's host-side ``ps``, never a program
-    of the container, which the agent could have replaced)."""
-
-    def __init__(self, inner: Sandbox) -> None:
-        self.inner, self.workdir = inner, inner.workdir
-        self.seen: list[list[str]] = []
-
-    def execute(self, cmd: str, timeout: float) -> ExecResult:
-        self.seen.append(container_processes(self.inner))
-        return self.inner.execute(cmd, timeout)
-
-    def upload(self, src: Path, dst: str) -> None:
-        self.inner.upload(src, dst)
-
-    def download(self, src: str, dst: Path) -> None:
-        self.inner.download(src, dst)
-
-    def export_folder(self, path: str, dst: Path, *, exclude: Collection[str] = ()) -> None:
-        self.inner.export_folder(path, dst, exclude=exclude)
-
-    def stop_processes(self) -> None:
-        self.inner.stop_processes()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def container_processes(sandbox: Sandbox) -> list[str]:
-    """The command lines of every process in ``sandbox``'s container ([] when stopped)."""
-    import docker
-
-    client = docker.from_env()
-    try:
-        container = client.containers.get(sandbox.marker)  # type: ignore[attr-defined]
-        if container.status != "running":
-            return []
-        try:
-            top = container.top()
-        except docker.errors.APIError:
-            container.reload()
-            if container.status != "running":
-                return []
-            raise
-        return [" ".join(str(field) for field in row) for row in top["Processes"] or []]
-    finally:
-        client.close()
-
-
-@pytest.mark.docker
-def test_no_process_of_the_agent_survives_into_default_grading(
-    tasks: dict[str, TerminalBenchTask],
-) -> None:
-    """Deterministic: a daemon carrying a unique token in its argv, left running by a replaced
-    ``/bin/sh`` that skips the exec wrapper's kill loop, is seen alive after the agent's turn,
-    and seen in no process list taken before any command of default grading (which runs the
-    tests in the agent's own sandbox)."""
-    task, token = tasks["harbor"], f"thundersync-daemon-{uuid.uuid4().hex}"
-    sandbox = WatchedSandbox(make_sandbox(task.sandbox_spec("docker"), kind="docker"))
-    try:
-        task.setup(sandbox.inner)
-        for command in [
-            *AGENT_PROGRAM_HACKS["replaced-sh-keeps-a-daemon"][:2],
-            f"nohup bash -c 'while :; do sleep 1; done; : {token}' >/dev/null 2>&1 &",
-        ]:
-            sandbox.inner.execute(command, timeout=60)
-        alive = [line for line in container_processes(sandbox.inner) if token in line]
-        assert alive, "the hack did not work: no daemon outlived the agent's command"
-        grade = task.grade(sandbox)
-        assert not grade.infra_failure, grade.details
-        assert sandbox.seen, "default grading ran no command in the sandbox"
-        survivors = [line for seen in sandbox.seen for line in seen if token in line]
-        assert survivors == [], survivors
-    finally:
-        sandbox.close()
