@@ -62,6 +62,11 @@ _LAUNCHERS = re.compile(
 )
 
 
+def _suffix_either(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether one of two non-empty paths (as parts) ends the other."""
+    return bool(a and b) and (a[-len(b) :] == b or b[-len(a) :] == a)
+
+
 def python_named(name: str, text: str) -> str | None:
     """The Python launcher a verifier's file ``name`` (with its ``text``) names, if any: a
     Python file, or a word that starts Python (``python3``, ``pytest``, ``uv``...). A reference
@@ -127,8 +132,9 @@ class Reference:
     def test_files(self) -> frozenset[str]:
         """The work folder's code files that hold the tests it passes: each loaded by its test
         processes and named by a test id (pytest's ``path::name``, its path a suffix of the
-        file's or the file's of it; unittest's dotted ``module.Class.test``, a suffix of the
-        file's module name followed by the rest). The agent changing one changes the task's
+        file's or the file's of it; unittest's ``module.Class.test``, its module's dotted name
+        and the file's ending one another, so a package's ``__init__.py`` is none). The agent
+        changing one changes the task's
         tests, whatever its name: Django's ``tests.py`` run by ``python -m unittest tests``
         matched no test-file name, and a failing attempt that emptied its asserts scored 1
         (red team, 2026-12-07)."""
@@ -141,12 +147,11 @@ class Reference:
                 runner, _, test_id = test.partition(":")
                 if runner == "pytest":
                     named = tuple(p for p in test_id.split("::", 1)[0].split("/") if p != "..")
-                    whole = PurePosixPath(path).parts
-                    if named and (whole[-len(named) :] == named or named[-len(whole) :] == whole):
+                    if _suffix_either(PurePosixPath(path).parts, named):
                         held.add(path)
                         break
-                elif any(test_id.startswith(".".join(parts[i:]) + ".") for i in range(len(parts))):
-                    held.add(path)
+                elif _suffix_either(parts, tuple(test_id.split(".")[:-2])):
+                    held.add(path)  # unittest's module.Class.test: the module's own file
                     break
         return frozenset(held)
 

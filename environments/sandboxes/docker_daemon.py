@@ -40,13 +40,17 @@ def restart_failure(
     client: Any, container: Any, labels: dict[str, str], exc: Exception
 ) -> Exception:
     """What a sandbox's container failing to start again (``exc``) is: AgentBrokeSandbox where
-    a fresh container of its image starts as a sandbox's does (docker-init, no network;
-    removed again at once), for then only the container's own files stop it, which only the
-    agent changed (a root agent made the ``/sbin`` link of a merged-usr image a file, where
-    the runtime mounts docker-init, and every restart failed: red team, 2026-12-07); else
-    SandboxError, the daemon's failure."""
+    the daemon refused it for its root filesystem (a 4xx naming the rootfs) and a fresh
+    container of its image starts as a sandbox's does (docker-init, no network; removed again
+    at once), for then only the container's own files stop it, which only the agent changed
+    (a root agent made the ``/sbin`` link of a merged-usr image a file, where the runtime
+    mounts docker-init, and every restart failed: red team, 2026-12-07); else SandboxError,
+    the daemon's failure (a timeout, a lost connection, a volume it cannot mount)."""
     why = f"container {container.name} could not be restarted: {exc}"
     image = str(container.attrs.get("Image", ""))
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if not (isinstance(status, int) and 400 <= status < 500 and "rootfs" in str(exc)):
+        return SandboxError(why)  # the daemon's: a timeout, a lost connection, a volume
     try:
         probe = client.containers.run(
             image, ["sleep", "0"], detach=True, init=True, network_mode="none", labels=labels

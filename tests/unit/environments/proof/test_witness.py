@@ -462,6 +462,15 @@ def test_the_work_folders_test_files_are_those_its_reference_tests_came_from() -
         loads=frozenset({"tests.py", "wordcount.py", "src/check_words.py", "outputs.py"}),
     )
     assert reference.test_files() == {"tests.py", "src/check_words.py"}
+    # a package's tests module, not the package: an honest solution may edit its __init__.py
+    # (red team, 2026-12-07); nor a file the reference solution itself edits
+    package = witness.Reference(
+        tests=frozenset({"unittest:shop.tests.ShopTests.test_discount"}),
+        loads=frozenset({"shop/__init__.py", "shop/tests.py", "shop/core.py"}),
+    )
+    assert package.test_files() == {"shop/tests.py"}
+    edited = witness.Reference(package.tests, package.loads, solution_changed=package.loads)
+    assert edited.test_files() == frozenset()
 
 
 @pytest.mark.parametrize(
