@@ -134,12 +134,12 @@ class Reference:
         processes and named by a test id (pytest's ``path::name``, its path a suffix of the
         file's or the file's of it; unittest's ``module.Class.test``, its module's dotted name
         and the file's ending one another, so a package's ``__init__.py`` is none). The agent
-        changing one changes the task's
-        tests, whatever its name: Django's ``tests.py`` run by ``python -m unittest tests``
-        matched no test-file name, and a failing attempt that emptied its asserts scored 1
-        (red team, 2026-12-07)."""
+        changing one changes the task's tests, whatever its name: Django's ``tests.py`` run by
+        ``python -m unittest tests`` matched no test-file name, and a failing attempt that
+        emptied its asserts scored 1 (red team, 2026-12-07)."""
         held = set()
         for path in self.loads - self.solution_changed:
+            whole = PurePosixPath(path).parts
             parts = tuple(PurePosixPath(path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -147,7 +147,7 @@ class Reference:
                 runner, _, test_id = test.partition(":")
                 if runner == "pytest":
                     named = tuple(p for p in test_id.split("::", 1)[0].split("/") if p != "..")
-                    if _suffix_either(PurePosixPath(path).parts, named):
+                    if _suffix_either(whole, named):
                         held.add(path)
                         break
                 elif _suffix_either(parts, tuple(test_id.split(".")[:-2])):

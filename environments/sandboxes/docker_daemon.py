@@ -47,10 +47,10 @@ def restart_failure(
     mounts docker-init, and every restart failed: red team, 2026-12-07); else SandboxError,
     the daemon's failure (a timeout, a lost connection, a volume it cannot mount)."""
     why = f"container {container.name} could not be restarted: {exc}"
-    image = str(container.attrs.get("Image", ""))
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if not (isinstance(status, int) and 400 <= status < 500 and "rootfs" in str(exc)):
-        return SandboxError(why)  # the daemon's: a timeout, a lost connection, a volume
+        return SandboxError(why)
+    image = str(container.attrs.get("Image", ""))
     try:
         probe = client.containers.run(
             image, ["sleep", "0"], detach=True, init=True, network_mode="none", labels=labels

@@ -297,7 +297,7 @@ class TerminalBenchTask(TaskDefinition):
                 report["artifacts_not_placed"] = refused
             proof = standard if isinstance(standard, witness.Reference) else None
             grade, seen = self._run_tests(target, pinned=context.strict, standard=proof)
-            if seen is not None:
+            if seen is not None and standard is None:  # the reference run: what it edits
                 seen.work_changed = frozenset(
                     p for paths in agent_work.changed_since(pristine) for p in paths
                 )
