@@ -10,6 +10,11 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 - ``("load", path, importer)`` for each code file (a module found by the import system, or a
   ``.py``/``.pyc``/``.so`` file opened for reading) under ``$THUNDERSYNC_WITNESS_WORKDIR``, with
   the file of the code that asked for it (the first frame outside the import machinery);
+- ``("read", path, reader)`` for each other file there opened for reading by code of the work
+  folder (``reader``: the innermost such frame's file), and ``("defined", sid, test_id, path)``
+  for each test whose function's code lies there: the reference run's tests read their
+  expected values and take their code from these (a base class in a helper module, a script
+  run as ``__main__``);
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
   sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
   status)`` (``("tampered", sid, names)`` before it when the test runners' own functions
@@ -37,6 +42,8 @@ import _thread  # built-in modules, loaded before any path is searched
 import os
 import sys
 
+import _thundersync_runners as _runners  # beside this file, first on the path at start-up
+
 _FOLDER = os.environ.get("THUNDERSYNC_WITNESS", "")
 _WORK = os.environ.get("THUNDERSYNC_WITNESS_WORKDIR", "").rstrip("/")
 _THIS = os.path.abspath(__file__)
@@ -48,6 +55,7 @@ _state = {
     "started": False,
     "functions": set(),
     "called": set(),
+    "noted": set(),
 }
 
 
@@ -147,7 +155,7 @@ def _note(name, spec):
     if name == "unittest.result":
         _after_exec(spec, lambda module: _patch_result(module.TestResult))
     elif name == "unittest":  # the package is whole: its modules' code as the runner's
-        _after_exec(spec, lambda module: _snapshot(("unittest",)))
+        _after_exec(spec, lambda module: _runners.snapshot(("unittest",)))
 
 
 def _thread_id():
@@ -155,8 +163,9 @@ def _thread_id():
 
 
 def _audit(event, args):
-    """Code files under the work folder opened for reading by an import (a test may read the
-    agent's files as data; those are not recorded)."""
+    """Files under the work folder opened for reading: a code file by an import is a load (a
+    test may read the agent's source as data: not one); any other file, by code of the work
+    folder, is a read (a test's expected values in ``expected.json``)."""
     if event != "open" or not _WORK:
         return
     try:
@@ -166,14 +175,54 @@ def _audit(event, args):
         text = os.fspath(path)
         if isinstance(text, bytes):
             text = text.decode("utf-8", "surrogateescape")
-        if not text.endswith(_CODE_SUFFIXES):
-            return
         if mode is None:
             reading = (flags & 3) == 0
         else:
             reading = "r" in mode and "+" not in mode
-        if reading and _inside(text) and _importing():
+        if not reading or not _inside(text):
+            return
+        if not text.endswith(_CODE_SUFFIXES):
+            _note_once(("read", os.path.abspath(text), _reader()))
+        elif _importing():
             _load(text)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _reader():
+    """The file of the innermost frame that is the work folder's code (from the caller of
+    ``open``, two frames up), or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if _inside(name):
+            return os.path.abspath(name)
+        frame = frame.f_back
+    return None
+
+
+def _note_once(record):
+    """A record not yet written by this process, up to 4096 of them (a test reading a
+    thousand files, once each, writes a bounded record)."""
+    noted = _state["noted"]
+    if record[-1] is not None and record not in noted and len(noted) < 4096:
+        noted.add(record)
+        _append(record)
+
+
+def _defined(sid, test_id, function):
+    """A test's function's file, where it lies in the work folder: its innermost function
+    through decorators' ``__wrapped__``."""
+    try:
+        for _ in range(16):
+            function = getattr(function, "__func__", function)
+            inner = getattr(function, "__wrapped__", None)
+            if inner is None:
+                break
+            function = inner
+        name = getattr(getattr(function, "__code__", None), "co_filename", None)
+        if sid is not None and isinstance(name, str) and _inside(name):
+            _note_once(("defined", sid, test_id, os.path.abspath(name)))
     except Exception:  # noqa: BLE001
         pass
 
@@ -192,9 +241,9 @@ def _importing():
 
 
 def start():
-    """Called by the grader's ``sitecustomize`` at interpreter start: the process's first
-    record, the watch on imports and opens, then the interpreter's own ``sitecustomize``
-    (found after the grader's folder on the path), as if the grader's were not there."""
+    """The process's first record, then the watch on imports and opens: called at interpreter
+    start by the grader's ``sitecustomize`` or, earlier, by its user-site ``.pth`` file
+    (``user_site``), whichever comes first."""
     if _state["started"]:
         return
     _state["started"] = True
@@ -202,10 +251,29 @@ def start():
     sys.meta_path.insert(0, _Watch())
     if hasattr(sys, "addaudithook"):
         sys.addaudithook(_audit)
-    _chain_sitecustomize()
 
 
-def _chain_sitecustomize():
+def user_site():
+    """Called by the ``.pth`` file in the grader's user site (``$PYTHONUSERBASE``), which
+    Python reads while it starts even where a test script or a ``Makefile`` set its own
+    ``PYTHONPATH`` and dropped the grader's folder: with the grader's folder put first on the
+    path (so Python's ``sitecustomize`` is the grader's, which chains to the interpreter's
+    own), the watch starts, and the user site the process would have had is added back."""
+    start()
+    import site  # loaded: this runs inside it
+
+    ours = os.environ.get("PYTHONUSERBASE", "")
+    base = os.environ.get("THUNDERSYNC_WITNESS_USERBASE") or os.path.expanduser("~/.local")
+    user = getattr(site, "USER_SITE", None)
+    if ours and isinstance(user, str) and user.startswith(ours):
+        site.USER_BASE, site.USER_SITE = base, base + user[len(ours) :]
+        if os.path.isdir(site.USER_SITE):
+            site.addsitedir(site.USER_SITE)
+
+
+def chain_sitecustomize():
+    """The interpreter's own ``sitecustomize`` (found after the grader's folder on the path),
+    imported by the grader's as if the grader's were not there."""
     here = os.path.dirname(_THIS)
     ours = sys.modules.pop("sitecustomize", None)
     saved = list(sys.path)
@@ -237,7 +305,7 @@ def pytest_addoption(parser):
         __import__("unittest")  # the standard library's, for the TestCase items pytest runs
     except Exception:  # noqa: BLE001
         pass
-    _snapshot(_RUNNERS)
+    _runners.snapshot(_runners.RUNNERS)
 
 
 def pytest_configure(config):
@@ -276,6 +344,7 @@ def pytest_collection_modifyitems(items):
             kind = type(item)
             if kind.__name__ == "Function" and kind.__module__ == "_pytest.python":
                 _state["functions"].add(item.nodeid)
+            _defined(_state.get("pytest_sid"), item.nodeid, getattr(item, "obj", None))
     except Exception:  # noqa: BLE001
         pass
 
@@ -316,7 +385,7 @@ def pytest_sessionfinish(session, exitstatus):
 def _after_exec(spec, then):
     """Wrap a module's loader so that, once the module is executed, ``then(module)`` runs:
     ``unittest.result``'s ``TestResult`` then records each test's outcome and each run's start
-    and end; ``unittest``'s modules are then snapshot (``_snapshot``)."""
+    and end; ``unittest``'s modules are then snapshot (``_runners.snapshot``)."""
     loader = spec.loader
     execute = getattr(loader, "exec_module", None)
     if execute is None:
@@ -337,7 +406,9 @@ def _after_exec(spec, then):
 
 def _describe(sid, test, test_id):
     """A test's one-line description (its docstring's first line), which a verbose runner
-    prints in place of its name (``test_x (module.Class)\nWhat it checks ... ok``)."""
+    prints in place of its name (``test_x (module.Class)\nWhat it checks ... ok``), and
+    its method's file."""
+    _defined(sid, test_id, getattr(test, str(getattr(test, "_testMethodName", "")), None))
     try:
         text = test.shortDescription()
     except Exception:  # noqa: BLE001
@@ -402,96 +473,14 @@ def _patch_result(cls):
     cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run
 
 
-# --- the runners' own code ---------------------------------------------------------------------
-
-_RUNNERS = ("_pytest", "pytest", "pluggy", "unittest")
-_MISSING = object()
-
-
-_FUNCTION = type(_append)
-
-
-def _function(value):
-    """The plain function a member holds (a method's, a static or class method's, a
-    property's getter), or None: read from the real wrappers only, as any object can carry a
-    ``__func__`` or ``__code__`` attribute of its choosing."""
-    if isinstance(value, (staticmethod, classmethod)) or type(value).__name__ == "method":
-        value = value.__func__
-    elif isinstance(value, property):
-        value = value.fget
-    return value if type(value) is _FUNCTION else None
-
-
-def _code(value):
-    function = _function(value)
-    return None if function is None else function.__code__
-
-
-def _home(function):
-    """Where a replacing function's code comes from: ``runner`` (a runner's own file),
-    ``outside``, ``work`` (the work folder), or ``none``: no plain function, or one whose
-    globals or file are not its module's (a runner's code object under forged globals)."""
-    if function is None:
-        return "none"
-    code = function.__code__
-    module = sys.modules.get(function.__globals__.get("__name__"))
-    home = getattr(module, "__file__", None)
-    if module is None or vars(module) is not function.__globals__ or not isinstance(home, str):
-        return "none"
-    if (home[:-1] if home.endswith(".pyc") else home) != code.co_filename:
-        return "none"
-    if code.co_filename in _state.get("runner_files", ()):
-        return "runner"
-    return "work" if _inside(code.co_filename) else "outside"
-
-
-def _snapshot(packages):
-    """Note each function, class and method (with its code object) of the loaded modules of
-    ``packages``, as first seen: a failing test passes when code under test replaces one
-    (``Function.runtest`` wrapped in a try, ``TestCase.assertEqual`` made a no-op)."""
-    code = _state.setdefault("code", {})
-    files = _state.setdefault("runner_files", set())
-    for name, module in list(sys.modules.items()):
-        if module is None or name.split(".", 1)[0] not in packages:
-            continue
-        if isinstance(getattr(module, "__file__", None), str):
-            files.add(module.__file__)
-        try:
-            members = [(module, name, key, value) for key, value in vars(module).items()]
-            for _, _, key, value in list(members):
-                if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                    members.extend((value, name + "." + key, k, v) for k, v in vars(value).items())
-        except Exception:  # noqa: BLE001
-            continue
-        for owner, where, key, value in members:
-            if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
-                code.setdefault((where, key), (owner, value, _code(value)))
-
-
 def _check_runners(sid):
-    """Record the noted members replaced since: removed, or given code of the work folder,
-    code with no source or forged globals (``("tampered", ...)``, which contradicts a pass);
-    and every other replacement, by code outside the work folder or a runner's own file, as
-    ``("replaced", sid, ["owner.member=module.function", ...])``: a plugin's (Hypothesis wraps
-    ``FixtureFunctionMarker.__call__``) or the runner's own (pytest's ``legacypath`` sets
-    ``Config._getini_unknown_type``), which stand where the reference solution's run shows
-    the same, and an existing function swapped in (``unittest.case._addError``) does not."""
-    changed, replaced = [], []
-    for (where, key), (owner, value, code) in list(_state.get("code", {}).items()):
-        try:
-            now = vars(owner).get(key, _MISSING)
-            function = None if now is _MISSING else _function(now)
-            same = now is value or (function is not None and function is _function(value))
-            if same and _code(now) is code:
-                continue  # the same member or function (wrapped anew), its code unchanged
-            home = _home(function)
-            if home in ("work", "none"):
-                changed.append("%s.%s" % (where, key))
-            else:
-                name = getattr(function, "__qualname__", function.__name__)
-                replaced.append("%s.%s=%s.%s" % (where, key, function.__module__, name))
-        except Exception:  # noqa: BLE001
-            changed.append("%s.%s" % (where, key))
+    """The runners' noted members replaced since the snapshot (``_runners.check``): code that
+    makes a failing test pass (``("tampered", ...)``) and the replacements that stand where
+    the reference solution's run shows the same (``("replaced", ...)``)."""
+    try:
+        changed, replaced = _runners.check(_inside)
+    except Exception:  # noqa: BLE001
+        changed, replaced = ["the runners' check"], []
     if changed:
         _append(("tampered", sid, sorted(changed)[:8]))
     if replaced:

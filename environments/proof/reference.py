@@ -47,6 +47,8 @@ class ReferenceRun:
             "loads": sorted(ref.loads) if ref else None,
             "replaced": sorted(ref.replaced) if ref else None,
             "solution_changed": sorted(ref.solution_changed) if ref else None,
+            "defined": sorted(ref.defined) if ref else None,
+            "reads": sorted(map(list, ref.reads)) if ref else None,
             "error": self.error,
             "reward": self.reward,
         }
@@ -57,11 +59,18 @@ class ReferenceRun:
         reference = None
         if isinstance(tests, list) and isinstance(loads, list):
             replaced, changed = data.get("replaced"), data.get("solution_changed")
+            defined, reads = data.get("defined"), data.get("reads")
             reference = witness.Reference(
                 frozenset(map(str, tests)),
                 frozenset(map(str, loads)),
                 frozenset(map(str, replaced)) if isinstance(replaced, list) else frozenset(),
                 frozenset(map(str, changed)) if isinstance(changed, list) else frozenset(),
+                frozenset(map(str, defined)) if isinstance(defined, list) else frozenset(),
+                frozenset(
+                    (str(pair[0]), str(pair[1]))
+                    for pair in (reads if isinstance(reads, list) else [])
+                    if isinstance(pair, list) and len(pair) == 2
+                ),
             )
         error = data.get("error")
         return ReferenceRun(reference, str(error) if error else None, float(data.get("reward", 0)))

@@ -70,11 +70,13 @@ def watch_command(watch: witness.Witness) -> str:
     the witness's folder first on ``PYTHONPATH``, its plugin added to ``PYTEST_ADDOPTS``."""
     variables = watch.variables({})
     folder, records = shlex.quote(variables["PYTHONPATH"]), variables["THUNDERSYNC_WITNESS"]
-    passed = " ".join([f"${{{PASSENV}:-}}", *variables])
+    passed = " ".join([f"${{{PASSENV}:-}}", *variables, "THUNDERSYNC_WITNESS_USERBASE"])
     return (
-        f"export THUNDERSYNC_WITNESS={shlex.quote(records)} "
+        'export THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}" '
+        f"THUNDERSYNC_WITNESS={shlex.quote(records)} "
         f"THUNDERSYNC_WITNESS_WORKDIR={shlex.quote(variables['THUNDERSYNC_WITNESS_WORKDIR'])} "
         f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {witness.MODULE}" '
+        f"PYTHONUSERBASE={shlex.quote(variables['PYTHONUSERBASE'])} "
         f'PYTHONPATH={folder}"${{PYTHONPATH:+:$PYTHONPATH}}" {PASSENV}="{passed}"'
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import tempfile
 import time
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ class TerminalBenchTask(TaskDefinition):
                 f"its reference solution scores {grade.reward:g} strictly ({why})",
                 grade.reward,
             )
-        launcher = None if seen.processes or self.output_checked else self._python_named()
+        launcher = None if seen.processes or self.output_checked else seen.launcher
         if launcher is not None:
             return reference.ReferenceRun(
                 None,
@@ -219,8 +220,12 @@ class TerminalBenchTask(TaskDefinition):
             )
         return reference.ReferenceRun(seen.reference(), None, grade.reward)
 
-    def _python_named(self) -> str | None:
-        """The first Python launcher the verifier's files name (``witness.python_named``)."""
+    def _python_named(self, pristine: work.WorkTree) -> str | None:
+        """The first Python launcher the verifier's files name, or the work folder's scripts
+        they name (``witness.python_named``, ``witness.work_files_named``; a ``Makefile``, a
+        shell script, a file with a ``#!`` line; not a data file a test greps): a script that
+        hands over to ``make`` or ``/app/run_tests.sh`` names no Python itself."""
+        texts = []
         for host, rel in self.test_uploads():
             try:
                 text = host.read_text(encoding="utf-8", errors="replace")
@@ -229,6 +234,14 @@ class TerminalBenchTask(TaskDefinition):
             found = witness.python_named(rel, text)
             if found is not None:
                 return found
+            texts.append(text)
+        workdir = self.environment.workdir
+        named = witness.work_files_named(texts, workdir, pristine.entries)
+        for rel, text in pristine.read_many(named, 256 * 1024).items():
+            runnable = text.startswith("#!") or rel.endswith((".sh", ".bash")) or "make" in rel
+            found = witness.python_named(rel, text) if runnable else None
+            if found is not None:
+                return f"{found}, in {posixpath.join(workdir, rel)}"
         return None
 
     def _strict_grade(
@@ -301,6 +314,7 @@ class TerminalBenchTask(TaskDefinition):
                 seen.work_changed = frozenset(
                     p for paths in agent_work.changed_since(pristine) for p in paths
                 )
+                seen.launcher = self._python_named(pristine)
         if self.verifier is not None:
             report["separate_verifier"] = True
         if isinstance(standard, witness.Reference) and not standard.tests:

@@ -1,0 +1,132 @@
+"""Where the reference run's tests come from, as the witness records it in a real run on the
+host: the file a test's function lies in (a base class in a helper module, a script run as
+``__main__``), the files its code reads (expected values), and a verifier that sets its own
+``PYTHONPATH`` still watched through the grader's user site. Each was a strict 1.0 for a
+failing attempt (red team, 2026-12-07)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from environments.proof import witness
+from tests.unit.environments.proof.test_witness import HostShell, watched_run
+
+CASES = (
+    "import unittest\n\nfrom calc import add\n\n\nclass CalcCases:\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+)
+TESTS = (
+    "import unittest\n\nfrom cases import CalcCases\n\n\n"
+    "class T(CalcCases, unittest.TestCase):\n    pass\n"
+)
+READS = (
+    "import json\nimport pathlib\n\nfrom calc import add\n\n\ndef test_add():\n"
+    "    expected = json.loads(pathlib.Path('expected.json').read_text())\n"
+    "    assert add(2, 3) == expected['sum']\n\n\ndef test_more():\n"
+    "    with open('more.json') as f:\n        assert add(1, 1) == json.load(f)['sum']\n"
+)
+
+
+def reference_of(
+    tmp_path: Path, test_source: str, command: str, files: dict[str, str] | None = None
+) -> witness.Reference:
+    """The reference from an honest run of ``test_source`` (``test_task.py``) beside ``calc.py``
+    and ``files``."""
+    work = tmp_path / "app"
+    work.mkdir(exist_ok=True)
+    (work / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    for name, text in (files or {}).items():
+        (work / name).write_text(text)
+    code, seen = watched_run(tmp_path, test_source, command)
+    assert code == 0
+    return witness.observe(HostShell(), seen).reference()
+
+
+def test_a_base_class_in_a_helper_module_makes_it_a_test_file(tmp_path: Path) -> None:
+    """``tests.py`` holds no test code; ``cases.py``'s base class does. Emptying its assert
+    scored 1: the test ids name ``test_task`` alone."""
+    reference = reference_of(tmp_path, TESTS, "-m unittest test_task", {"cases.py": CASES})
+    assert reference.tests == {"unittest:test_task.T.test_add"}
+    assert reference.test_files() == {"cases.py", "test_task.py"}  # not calc.py, the code
+
+
+def test_a_test_file_run_as_a_script_is_a_test_file(tmp_path: Path) -> None:
+    """``python3 tests.py``: the ids fall under ``__main__``, which names no file."""
+    source = (
+        "import unittest\n\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n\n"
+        "if __name__ == '__main__':\n    unittest.main()\n"
+    )
+    reference = reference_of(tmp_path, source, "test_task.py")
+    assert reference.tests == {"unittest:__main__.T.test_add"}
+    assert reference.test_files() == {"test_task.py"}
+
+
+def test_the_expected_values_a_test_reads_are_test_files(tmp_path: Path) -> None:
+    """A test that reads ``expected.json`` (through ``pathlib``: the reader is the innermost
+    frame of the work folder's code); the module under test reads nothing of it."""
+    command = "-m pytest -q -p no:cacheprovider test_task.py"
+    data = {"expected.json": '{"sum": 5}', "more.json": '{"sum": 2}'}
+    reference = reference_of(tmp_path, READS, command, data)
+    assert ("expected.json", "test_task.py") in reference.reads  # through pathlib
+    assert ("more.json", "test_task.py") in reference.reads  # open() in the test itself
+    assert reference.test_files() == {"test_task.py", "expected.json", "more.json"}
+    # what the reference solution itself writes is its work, not the tests'
+    solved = witness.Reference(
+        reference.tests,
+        reference.loads,
+        solution_changed=frozenset({"expected.json"}),
+        defined=reference.defined,
+        reads=reference.reads,
+    )
+    assert solved.test_files() == {"test_task.py", "more.json"}
+
+
+def test_a_run_that_sets_its_own_pythonpath_is_still_watched(tmp_path: Path) -> None:
+    """A ``Makefile`` recipe ``PYTHONPATH=src python3 -m unittest`` drops the grader's folder
+    from the path; the grader's user site starts the witness, and the user site the run had
+    is kept. (The system's interpreter: a virtual environment reads no user site.)"""
+    python = getattr(sys, "_base_executable", sys.executable)
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    own_site = tmp_path / "own" / "lib" / version / "site-packages"
+    own_site.mkdir(parents=True)
+    (own_site / "users_package.py").write_text("VALUE = 7\n")
+    source = (
+        "import unittest\n\nimport users_package\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_ok(self):\n        self.assertEqual(users_package.VALUE, 7)\n"
+    )
+    work = tmp_path / "app"
+    work.mkdir()
+    shell = HostShell()
+    seen = witness.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
+    (work / "test_task.py").write_text(source)
+    done = subprocess.run(
+        f"export PYTHONUSERBASE={tmp_path / 'own'} && {seen.exports({})} && "
+        f"PYTHONPATH=src {python} -m unittest test_task",
+        shell=True,
+        cwd=work,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    observed = witness.observe(shell, seen)
+    assert observed.processes == 1
+    assert observed.passed() == {"unittest:test_task.T.test_ok"}
+
+
+def test_the_reference_keeps_its_sources_through_the_cache() -> None:
+    from environments.proof.reference import ReferenceRun
+
+    reference = witness.Reference(
+        frozenset({"unittest:__main__.T.test_add"}),
+        frozenset({"calc.py"}),
+        defined=frozenset({"tests.py"}),
+        reads=frozenset({("expected.json", "tests.py")}),
+    )
+    back = ReferenceRun.from_json(ReferenceRun(reference).to_json()).reference
+    assert back == reference
+    assert back.test_files() == {"tests.py", "expected.json"}
