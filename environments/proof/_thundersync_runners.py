@@ -98,3 +98,17 @@ def check(inside):
         except Exception:  # noqa: BLE001
             changed.append("%s.%s" % (where, key))
     return changed, replaced
+
+
+def report(sid, inside, append):
+    """``check``'s findings for session ``sid`` as records (``append``): ``("tampered", sid,
+    names)``, which contradicts a pass, and ``("replaced", sid, names)``, which stands where
+    the reference solution's run shows the same."""
+    try:
+        changed, replaced = check(inside)
+    except Exception:  # noqa: BLE001 (a witness never raises)
+        changed, replaced = ["the runners' check"], []
+    if changed:
+        append(("tampered", sid, sorted(changed)[:8]))
+    if replaced:
+        append(("replaced", sid, sorted(replaced)[:64]))

@@ -10,11 +10,10 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 - ``("load", path, importer)`` for each code file (a module found by the import system, or a
   ``.py``/``.pyc``/``.so`` file opened for reading) under ``$THUNDERSYNC_WITNESS_WORKDIR``, with
   the file of the code that asked for it (the first frame outside the import machinery);
-- ``("read", path, reader)`` for each other file there opened for reading by code of the work
-  folder (``reader``: the innermost such frame's file), and ``("defined", sid, test_id, path)``
-  for each test whose function's code lies there: the reference run's tests read their
-  expected values and take their code from these (a base class in a helper module, a script
-  run as ``__main__``);
+- ``("read", path, reader)`` for each other file there read (by its name and its link's
+  target; ``reader``: the innermost frame's file outside the standard library and installed
+  packages, "" for none), ``("wrote", path)`` for each written, and ``("defined", path)`` for
+  each file whose code a test runs as its function (the tests' own files: ``witness.py``);
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
   sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
   status)`` (``("tampered", sid, names)`` before it when the test runners' own functions
@@ -26,12 +25,11 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 
 The grader compares these with the reference solution's run of the same task: the tests it
 passes must each be seen to pass, and the work folder may contribute only the code files it
-contributes there (or what that code itself imports).
-
-Uploaded alone into the grading sandbox, whose Python may be old: standard library only,
-nothing of the project, no syntax newer than Python 3.5, and nothing imported at start-up that
-is not already loaded (an import would search the work folder before the watch is up). It
-never raises: a witness that cannot write leaves the run as it was.
+contributes there (or what that code itself imports). Uploaded with ``_thundersync_runners.py``
+alone into the grading sandbox, whose Python may be old: standard library only, no syntax
+newer than Python 3.5, nothing imported at start-up that is not already loaded but that module
+beside it (an import would search the work folder before the watch is up). It never raises: a
+witness that cannot write leaves the run as it was.
 
 PYTEST_DONT_REWRITE: pytest is asked to load this module as a plugin (``-p``) after the start-up
 hook imported it, too late to rewrite its asserts (it has none); the marker stops pytest warning
@@ -47,6 +45,8 @@ import _thundersync_runners as _runners  # beside this file, first on the path a
 _FOLDER = os.environ.get("THUNDERSYNC_WITNESS", "")
 _WORK = os.environ.get("THUNDERSYNC_WITNESS_WORKDIR", "").rstrip("/")
 _THIS = os.path.abspath(__file__)
+_LIBRARY = os.path.dirname(os.path.abspath(os.__file__)) + "/"
+_PACKAGES = ("/site-packages/", "/dist-packages/")
 _CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 _state = {
     "token": None,
@@ -55,7 +55,7 @@ _state = {
     "started": False,
     "functions": set(),
     "called": set(),
-    "noted": set(),
+    "noted": {},
 }
 
 
@@ -163,12 +163,17 @@ def _thread_id():
 
 
 def _audit(event, args):
-    """Files under the work folder opened for reading: a code file by an import is a load (a
-    test may read the agent's source as data: not one); any other file, by code of the work
-    folder, is a read (a test's expected values in ``expected.json``)."""
-    if event != "open" or not _WORK:
+    """Files under the work folder opened: a code file read by an import is a load (a test may
+    read the agent's source as data: not one); any other file read is a read, and one written
+    (or renamed into place) a write."""
+    if not _WORK:
         return
     try:
+        if event in ("os.rename", "os.replace"):
+            _wrote(args[1])
+            return
+        if event != "open":
+            return
         path, mode, flags = args[0], args[1], args[2]
         if isinstance(path, int):
             return
@@ -179,40 +184,58 @@ def _audit(event, args):
             reading = (flags & 3) == 0
         else:
             reading = "r" in mode and "+" not in mode
-        if not reading or not _inside(text):
+        if not _inside(text):
             return
-        if not text.endswith(_CODE_SUFFIXES):
-            _note_once(("read", os.path.abspath(text), _reader()))
-        elif _importing():
-            _load(text)
+        if text.endswith(_CODE_SUFFIXES):
+            if reading and _importing():
+                _load(text)
+        elif not reading:
+            _wrote(text)
+        else:
+            reader = _reader()
+            for name in set((os.path.abspath(text), os.path.realpath(text))):
+                if _inside(name):
+                    _note_once(("read", name, reader))
     except Exception:  # noqa: BLE001
         pass
 
 
+def _wrote(path):
+    """A file the run writes (not code, nor a bytecode cache's, which Python writes as it
+    imports a test file: the file would pass for the run's output)."""
+    path = os.fspath(path)
+    if isinstance(path, str) and "__pycache__" not in path and not path.endswith(_CODE_SUFFIXES):
+        if _inside(path):
+            _note_once(("wrote", os.path.abspath(path)))
+
+
 def _reader():
-    """The file of the innermost frame that is the work folder's code (from the caller of
-    ``open``, two frames up), or None."""
+    """The file of the innermost frame (from the caller of ``open``, two frames up) that is
+    neither the standard library's, an installed package's nor the witness's: the test code
+    or the work folder's code that read a file; "" for none (the runner's own read)."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if _inside(name):
-            return os.path.abspath(name)
+        if not name.startswith("<") and "_thundersync_" not in os.path.basename(name):
+            full = os.path.abspath(name)
+            if not full.startswith(_LIBRARY) and not any(p in full for p in _PACKAGES):
+                return full
         frame = frame.f_back
-    return None
+    return ""
 
 
 def _note_once(record):
-    """A record not yet written by this process, up to 4096 of them (a test reading a
+    """A record not yet written by this process, up to 4096 of each kind (a test reading a
     thousand files, once each, writes a bounded record)."""
-    noted = _state["noted"]
-    if record[-1] is not None and record not in noted and len(noted) < 4096:
+    noted = _state["noted"].setdefault(record[0], set())
+    if record not in noted and len(noted) < 4096:
         noted.add(record)
         _append(record)
 
 
-def _defined(sid, test_id, function):
-    """A test's function's file, where it lies in the work folder: its innermost function
-    through decorators' ``__wrapped__``."""
+def _defined(function):
+    """The file of a test's function, where it lies in the work folder: its innermost
+    function through decorators' ``__wrapped__``."""
     try:
         for _ in range(16):
             function = getattr(function, "__func__", function)
@@ -221,8 +244,8 @@ def _defined(sid, test_id, function):
                 break
             function = inner
         name = getattr(getattr(function, "__code__", None), "co_filename", None)
-        if sid is not None and isinstance(name, str) and _inside(name):
-            _note_once(("defined", sid, test_id, os.path.abspath(name)))
+        if isinstance(name, str) and _inside(name):
+            _note_once(("defined", os.path.abspath(name)))
     except Exception:  # noqa: BLE001
         pass
 
@@ -344,7 +367,7 @@ def pytest_collection_modifyitems(items):
             kind = type(item)
             if kind.__name__ == "Function" and kind.__module__ == "_pytest.python":
                 _state["functions"].add(item.nodeid)
-            _defined(_state.get("pytest_sid"), item.nodeid, getattr(item, "obj", None))
+            _defined(getattr(item, "obj", None))
     except Exception:  # noqa: BLE001
         pass
 
@@ -362,20 +385,17 @@ def pytest_pyfunc_call(pyfuncitem):
     yield
 
 
-pytest_pyfunc_call.pytest_impl = {  # pluggy's hookimpl marker, as @pytest.hookimpl sets it
-    "hookwrapper": True,
-    "wrapper": False,
-    "optionalhook": False,
-    "tryfirst": False,
-    "trylast": False,
-    "specname": None,
-}
+# pluggy's hookimpl marker, as @pytest.hookimpl sets it
+pytest_pyfunc_call.pytest_impl = dict.fromkeys(
+    ("wrapper", "optionalhook", "tryfirst", "trylast"), False
+)
+pytest_pyfunc_call.pytest_impl.update(hookwrapper=True, specname=None)
 
 
 def pytest_sessionfinish(session, exitstatus):
     sid = getattr(session.config, "_thundersync_witness_sid", None)
     if sid is not None:
-        _check_runners(sid)
+        _runners.report(sid, _inside, _append)
         _append(("finish", sid, int(exitstatus)))
 
 
@@ -408,7 +428,7 @@ def _describe(sid, test, test_id):
     """A test's one-line description (its docstring's first line), which a verbose runner
     prints in place of its name (``test_x (module.Class)\nWhat it checks ... ok``), and
     its method's file."""
-    _defined(sid, test_id, getattr(test, str(getattr(test, "_testMethodName", "")), None))
+    _defined(getattr(test, str(getattr(test, "_testMethodName", "")), None))
     try:
         text = test.shortDescription()
     except Exception:  # noqa: BLE001
@@ -466,22 +486,8 @@ def _patch_result(cls):
         result = stop_run(self)
         sid = getattr(self, "_thundersync_sid", None)
         if sid is not None:
-            _check_runners(sid)
+            _runners.report(sid, _inside, _append)
             _append(("finish", sid, 0 if self.wasSuccessful() else 1))
         return result
 
     cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run
-
-
-def _check_runners(sid):
-    """The runners' noted members replaced since the snapshot (``_runners.check``): code that
-    makes a failing test pass (``("tampered", ...)``) and the replacements that stand where
-    the reference solution's run shows the same (``("replaced", ...)``)."""
-    try:
-        changed, replaced = _runners.check(_inside)
-    except Exception:  # noqa: BLE001
-        changed, replaced = ["the runners' check"], []
-    if changed:
-        _append(("tampered", sid, sorted(changed)[:8]))
-    if replaced:
-        _append(("replaced", sid, sorted(replaced)[:64]))

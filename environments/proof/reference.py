@@ -49,6 +49,7 @@ class ReferenceRun:
             "solution_changed": sorted(ref.solution_changed) if ref else None,
             "defined": sorted(ref.defined) if ref else None,
             "reads": sorted(map(list, ref.reads)) if ref else None,
+            "written": sorted(ref.written) if ref else None,
             "error": self.error,
             "reward": self.reward,
         }
@@ -59,7 +60,7 @@ class ReferenceRun:
         reference = None
         if isinstance(tests, list) and isinstance(loads, list):
             replaced, changed = data.get("replaced"), data.get("solution_changed")
-            defined, reads = data.get("defined"), data.get("reads")
+            defined, reads, written = data.get("defined"), data.get("reads"), data.get("written")
             reference = witness.Reference(
                 frozenset(map(str, tests)),
                 frozenset(map(str, loads)),
@@ -71,6 +72,7 @@ class ReferenceRun:
                     for pair in (reads if isinstance(reads, list) else [])
                     if isinstance(pair, list) and len(pair) == 2
                 ),
+                frozenset(map(str, written)) if isinstance(written, list) else frozenset(),
             )
         error = data.get("error")
         return ReferenceRun(reference, str(error) if error else None, float(data.get("reward", 0)))

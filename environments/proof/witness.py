@@ -32,23 +32,15 @@ import ast
 import posixpath
 import re
 import shlex
-import tempfile
-import uuid
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
-from environments.sandboxes.protocol import GraderSetupError, Sandbox, own
+from environments.proof.watch import SENTINEL, Witness
+from environments.sandboxes.protocol import Sandbox, own
 
-PLUGIN = Path(__file__).with_name("_thundersync_witness.py")
-MODULE = PLUGIN.stem
-RUNNERS = Path(__file__).with_name("_thundersync_runners.py")
-STARTUP = Path(__file__).with_name("_thundersync_sitecustomize.py")
-FOLDER_NAME = ".thundersync-witness"
-VERSION = 8
+VERSION = 9
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
-_SENTINEL = ".sentinel"
 MAX_RECORD_FILES = 256
 """Python processes a verifier run may start before its records are too many to read."""
 MAX_RECORD_BYTES = 4 * 1024 * 1024
@@ -59,105 +51,11 @@ _MAX_LINE = 16 * 1024
 _LISTED = re.compile(r" *([0-9]{1,18}) ([^/\n]+\.proc)")
 """A line of ``observe``'s listing: a record file's size and name, as the witness names them."""
 PASSED = "passed"
-_LAUNCHERS = re.compile(
-    r"(?<![\w.-])(python[0-9.]*|pytest|py\.test|unittest|uvx?|pip[0-9.]*|tox|nox|poetry|pdm|"
-    r"hatch|pipenv|conda|mamba|micromamba)(?![\w-])"
-)
 
 
 def _suffix_either(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """Whether one of two non-empty paths (as parts) ends the other."""
     return bool(a and b) and (a[-len(b) :] == b or b[-len(a) :] == a)
-
-
-def python_named(name: str, text: str) -> str | None:
-    """The Python launcher a verifier's file ``name`` (with its ``text``) names, if any: a
-    Python file, or a word that starts Python (``python3``, ``pytest``, ``uv``...). A reference
-    run whose verifier names one while the witness saw no Python process was not watched (a
-    test script that exports its own ``PYTHONPATH``, ``env -i``, ``python -I``): its verdict
-    cannot stand for a pass (red team, 2026-12-07: an agent's ``os._exit(0)`` appended to the
-    module a unittest verifier imported scored 1)."""
-    if name.endswith(".py"):
-        return name
-    found = _LAUNCHERS.search(text)
-    return None if found is None else found[1]
-
-
-_WORD = re.compile(r"[^\s;&|()<>'\"`=]+")
-
-
-def work_files_named(texts: list[str], workdir: str, present: Collection[str]) -> list[str]:
-    """The work folder's files (of ``present``, relative to it) a verifier's scripts
-    (``texts``) name, which they may run: a path in the work folder, absolute or relative to
-    it (``/app/run_tests.sh``, ``./check``, ``run_tests.sh``), and the ``Makefile`` where they
-    name ``make`` (a recipe ``PYTHONPATH=src pytest`` names Python where the script does
-    not: red team, 2026-12-07)."""
-    root = workdir.rstrip("/") + "/"
-    found: list[str] = []
-    for text in texts:
-        for word in _WORD.findall(text):
-            if word == "make":
-                candidates = ["Makefile", "makefile", "GNUmakefile"]
-            elif word.startswith(root):
-                candidates = [posixpath.normpath(word[len(root) :])]
-            else:
-                candidates = [] if word.startswith("/") else [posixpath.normpath(word)]
-            found += [c for c in candidates if c in present and c not in found]
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class Witness:
-    """Where the witness and its records live in one grading sandbox, the sentinel's text, and
-    the work folder it watches."""
-
-    folder: str
-    nonce: str
-    workdir: str = "/app"
-
-    @property
-    def records(self) -> str:
-        return f"{self.folder}/records"
-
-    @property
-    def plugin(self) -> str:
-        return f"{self.folder}/plugin"
-
-    def variables(self, test_env: dict[str, str]) -> dict[str, str]:
-        """The variables starting the witness in every Python process and loading it into every
-        pytest session: the task's ``PYTEST_ADDOPTS`` (``test_env``) kept, the plugin added;
-        ``PYTHONPATH`` the witness's folder alone (``exports`` keeps the run's own after it);
-        ``PYTHONUSERBASE`` the grader's user site, whose ``.pth`` file starts the witness where
-        a script sets its own ``PYTHONPATH`` (``exports`` keeps the run's own user site in
-        ``THUNDERSYNC_WITNESS_USERBASE``, which the witness adds back)."""
-        addopts = f"{test_env.get('PYTEST_ADDOPTS', '')} -p {MODULE}".strip()
-        return {
-            "THUNDERSYNC_WITNESS": self.records,
-            "THUNDERSYNC_WITNESS_WORKDIR": self.workdir.rstrip("/"),
-            "PYTEST_ADDOPTS": addopts,
-            "PYTHONUSERBASE": f"{self.folder}/user",
-            "PYTHONPATH": self.plugin,
-        }
-
-    def exports(self, test_env: dict[str, str]) -> str:
-        """Shell exports of ``variables``, applied after the task's ``[verifier] env`` (whose
-        ``PYTHONPATH`` follows the witness's folder, and whose user site the witness keeps).
-        The user site is read again: the grader's pinned environment turned it off
-        (``PYTHONNOUSERSITE``), and it is now the grader's folder, under a fresh ``HOME``."""
-        words = [f"{name}={shlex.quote(value)}" for name, value in self.variables(test_env).items()]
-        kept = 'THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}"'
-        exported = f"export {kept} " + " ".join(words) + '"${PYTHONPATH:+:$PYTHONPATH}"'
-        return f"unset PYTHONNOUSERSITE && {exported}"
-
-    def user_site_line(self) -> str:
-        """The grader's user-site ``.pth`` line: Python runs it while it starts, before its
-        ``sitecustomize``, whatever ``PYTHONPATH`` says (not under ``-s``, ``-E``, ``-I``, nor
-        in a virtual environment without the system's packages)."""
-        code = (
-            f"try:\n if {self.plugin!r} not in sys.path:\n  sys.path.insert(0, {self.plugin!r})\n"
-            f" import {MODULE}\n {MODULE}.user_site()\nexcept Exception:\n pass\n"
-        )
-        return f"import sys; exec({code!r})\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,29 +75,35 @@ class Reference:
     task edits them (a module whose doctests are the tests; tests the task asks for), so none
     is one of the task's test files."""
     defined: frozenset[str] = frozenset()
-    """The work folder's files whose code the tests it passes run as their test functions (a
-    base class's methods in a helper module, a script run as ``__main__``)."""
+    """The work folder's files whose code its tests run as their test functions (a base
+    class's methods in a helper module, a script run as ``__main__``)."""
     reads: frozenset[tuple[str, str]] = frozenset()
     """``(file, reader)``: the work folder's other files its test processes read, each with
-    the work folder's code file that read it."""
+    the file of the code that read it ("": the runner's own read, such as its configuration)."""
+    written: frozenset[str] = frozenset()
+    """The work folder's files its test processes wrote: the run's output, not the tests'."""
 
     def test_files(self) -> frozenset[str]:
         """The work folder's files that hold the tests it passes, none the reference solution
         changes: the code files its test processes load that a test id names (pytest's
         ``path::name``, its path a suffix of the file's or the file's of it; unittest's
         ``module.Class.test``, its module's dotted name and the file's ending one another, so a
-        package's ``__init__.py`` is none), those whose code its tests run as their functions,
-        and the other files these read (expected values). The agent changing one changes the
-        task's tests, whatever its name: Django's ``tests.py`` run by ``python -m unittest
-        tests``, a base class's tests in ``cases.py``, ``python3 tests.py``, an
-        ``expected.json``; each scored 1 for a failing attempt (red team, 2026-12-07)."""
-        held = self._named() | (self.defined - self.solution_changed)
-        data = {path for path, reader in self.reads if reader in held or _conftest(reader)}
-        return frozenset(held | (data - self.solution_changed))
+        package's ``__init__.py`` is none; a non-code file too, for ``--doctest-glob``), those
+        whose code its tests run as their functions, and every other file its test or work
+        folder code reads (expected values, inputs; through a link, its target too) that the
+        run did not write itself (its output). The agent changing one changes the task's tests,
+        whatever its name: Django's ``tests.py`` run by ``python -m unittest tests``, a base
+        class's tests in ``cases.py``, ``python3 tests.py``, an ``expected.json`` read by the
+        tests, by a helper or by the code under test; each scored 1 for a failing attempt (red
+        team, 2026-12-07). Code the tests merely call (an assertion helper, a constants module)
+        is not held: docs/grading.md."""
+        data = {path for path, reader in self.reads if reader}
+        held = self._named() | self.defined | data
+        return frozenset(held - self.solution_changed - self.written)
 
     def _named(self) -> set[str]:
         held = set()
-        for path in self.loads - self.solution_changed:
+        for path in (self.loads | {path for path, _ in self.reads}) - self.solution_changed:
             whole = PurePosixPath(path).parts
             parts = tuple(PurePosixPath(path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
@@ -215,10 +119,6 @@ class Reference:
                     held.add(path)  # unittest's module.Class.test: the module's own file
                     break
         return held
-
-
-def _conftest(path: str) -> bool:
-    return PurePosixPath(path).name == "conftest.py"
 
 
 @dataclass
@@ -243,11 +143,13 @@ class Observation:
     described: dict[str, set[str]] = field(default_factory=dict)
     """A unittest test's one-line description (its docstring's first line) → the
     ``unittest:test id`` of each test it describes."""
-    defined: dict[str, set[str]] = field(default_factory=dict)
-    """``runner:test id`` → the work folder's files its test function's code lies in."""
+    defined: set[str] = field(default_factory=set)
+    """The work folder's files (relative) a test's function's code lies in."""
     reads: set[tuple[str, str]] = field(default_factory=set)
-    """``(file, reader)``, both relative to the work folder: a file other than code read by
-    the work folder's code (``reader``)."""
+    """``(file, reader)``: a file other than code read (relative to the work folder) and the
+    file of the code that read it (relative where in the work folder; "": the runner's own)."""
+    written: set[str] = field(default_factory=set)
+    """The work folder's files (relative) the run wrote."""
     problem: str | None = None
     """Why the records cannot be trusted (removed, changed, too many): contradicts any pass."""
     work_changed: frozenset[str] = frozenset()
@@ -269,56 +171,15 @@ class Observation:
         return frozenset(name for names in self.replaced.values() for name in names)
 
     def reference(self) -> Reference:
-        passed = self.passed()
-        defined = {path for test in passed for path in self.defined.get(test, ())}
         return Reference(
-            passed,
+            self.passed(),
             frozenset(self.loads),
             self.replacements(),
             self.work_changed,
-            frozenset(defined),
+            frozenset(self.defined),
             frozenset(self.reads),
+            frozenset(self.written),
         )
-
-
-def prepare(sandbox: Sandbox, verifier_folder: str, workdir: str = "/app") -> Witness:
-    """Make the witness's folder beside the verifier's log folder (outside the work folder
-    where the sandbox has /logs), upload the witness and its start-up hook, write the
-    sentinel."""
-    folder = posixpath.join(posixpath.dirname(verifier_folder.rstrip("/")), FOLDER_NAME)
-    seen = Witness(folder, uuid.uuid4().hex, workdir)
-    q, records = shlex.quote(folder), shlex.quote(seen.records)
-    made = sandbox.execute(
-        own(
-            f"rm -rf {q} && mkdir -p {q}/plugin {records} && chmod 777 {records} && "
-            f"echo {seen.nonce} > {records}/{_SENTINEL}"
-        ),
-        timeout=60,
-    )
-    if made.exit_code != 0:
-        raise GraderSetupError(f"cannot make {folder}: {made.output.strip()[-300:]}")
-    sandbox.upload(PLUGIN, f"{folder}/plugin/{MODULE}.py")
-    sandbox.upload(RUNNERS, f"{folder}/plugin/{RUNNERS.name}")
-    sandbox.upload(STARTUP, f"{folder}/plugin/sitecustomize.py")
-    with tempfile.TemporaryDirectory() as tmp:
-        line = Path(tmp, "_thundersync_witness.pth")
-        line.write_text(seen.user_site_line())
-        sandbox.upload(line, f"{folder}/{line.name}")
-    sites = " ".join(  # the user site Python looks for, one per version (3.13t: free-threaded)
-        f"{folder}/user/lib/python3.{minor}{t}/site-packages"
-        for minor in range(6, 21)
-        for t in ("", "t")
-    )
-    linked = sandbox.execute(
-        own(
-            f'for d in {sites}; do mkdir -p "$d" && '
-            f'cp {q}/_thundersync_witness.pth "$d"/ || exit 1; done'
-        ),
-        timeout=60,
-    )
-    if linked.exit_code != 0:
-        raise GraderSetupError(f"cannot make {folder}/user: {linked.output.strip()[-300:]}")
-    return seen
 
 
 def observe(sandbox: Sandbox, seen: Witness) -> Observation:
@@ -326,7 +187,7 @@ def observe(sandbox: Sandbox, seen: Witness) -> Observation:
     records = shlex.quote(seen.records)
     listed = sandbox.execute(
         own(
-            f"cd {records} && head -c 64 {_SENTINEL} && echo && "
+            f"cd {records} && head -c 64 {SENTINEL} && echo && "
             'for f in *.proc; do if [ -f "$f" ] && [ ! -L "$f" ]; then '
             'printf "%s %s\\n" "$(wc -c < "$f")" "$f"; fi; done | head -n '
             f"{MAX_RECORD_FILES + 1}"
@@ -400,15 +261,14 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
     elif kind == "test" and len(record) == 4:
         runner = observation.sessions.get(str(record[1]), "pytest")
         observation.outcomes.setdefault(f"{runner}:{record[3]}", []).append(str(record[2]))
-    elif kind == "defined" and len(record) == 4 and isinstance(record[3], str):
-        relative = work_relative(record[3], workdir)
+    elif kind in ("defined", "wrote") and len(record) == 2 and isinstance(record[1], str):
+        relative = work_relative(record[1], workdir)
         if relative is not None:
-            runner = observation.sessions.get(str(record[1]), "pytest")
-            observation.defined.setdefault(f"{runner}:{record[2]}", set()).add(relative)
+            (observation.defined if kind == "defined" else observation.written).add(relative)
     elif kind == "read" and len(record) == 3 and all(isinstance(f, str) for f in record[1:]):
-        path, reader = work_relative(record[1], workdir), work_relative(record[2], workdir)
-        if path is not None and reader is not None:
-            observation.reads.add((path, reader))
+        path, reader = work_relative(record[1], workdir), record[2]
+        if path is not None:
+            observation.reads.add((path, work_relative(reader, workdir) or reader))
 
 
 def _plain(value: object) -> bool:

@@ -36,13 +36,13 @@ import re
 import shlex
 from dataclasses import replace
 
-from environments.proof import witness
+from environments.proof import watch, witness
 from environments.proof.reference import ReferenceRun
 from environments.swebench.instance import SWEBenchInstance
 from environments.tasks import Grade
 
 BESIDE = "/logs/verifier"
-"""``witness.prepare`` makes the witness's folder beside this path, outside the repository
+"""``watch.prepare`` makes the witness's folder beside this path, outside the repository
 (Harbor's verifier folder: one outside the work folder that bubblewrap publishes too)."""
 PASSENV = "TOX_TESTENV_PASSENV"
 """tox 3 passes the variables it names into a test environment (it starts one without them)."""
@@ -64,18 +64,18 @@ def witness_id(name: str) -> str | None:
     return f"unittest:{where if where.endswith('.' + method) else f'{where}.{method}'}"
 
 
-def watch_command(watch: witness.Witness) -> str:
+def watch_command(seen: watch.Witness) -> str:
     """The exports for the eval script, run just before its test command (after its own
     activation and exports, which may set ``PYTHONPATH`` or ``PYTEST_ADDOPTS`` themselves):
     the witness's folder first on ``PYTHONPATH``, its plugin added to ``PYTEST_ADDOPTS``."""
-    variables = watch.variables({})
+    variables = seen.variables({})
     folder, records = shlex.quote(variables["PYTHONPATH"]), variables["THUNDERSYNC_WITNESS"]
     passed = " ".join([f"${{{PASSENV}:-}}", *variables, "THUNDERSYNC_WITNESS_USERBASE"])
     return (
         'export THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}" '
         f"THUNDERSYNC_WITNESS={shlex.quote(records)} "
         f"THUNDERSYNC_WITNESS_WORKDIR={shlex.quote(variables['THUNDERSYNC_WITNESS_WORKDIR'])} "
-        f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {witness.MODULE}" '
+        f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {watch.MODULE}" '
         f"PYTHONUSERBASE={shlex.quote(variables['PYTHONUSERBASE'])} "
         f'PYTHONPATH={folder}"${{PYTHONPATH:+:$PYTHONPATH}}" {PASSENV}="{passed}"'
     )

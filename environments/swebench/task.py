@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environments.actions import SUBMIT_WORD
-from environments.proof import reference, witness
+from environments.proof import reference, watch, witness
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
     GraderSetupError,
@@ -315,9 +315,9 @@ class SWEBenchTask:
             sandbox, TESTBED, TREE_BEFORE, chunk_bytes=chunk, test_folders=folders
         )
         recorder = tree_audit.injected(TESTBED, TREE_AFTER, before.site_dirs, folders)
-        watch = _watch(sandbox) if strict and (watched or standard is not None) else None
-        if watch is not None:  # the test command's own environment, as the script made it
-            recorder += f"{proof.watch_command(watch)}\n"
+        seen_by = _watch(sandbox) if strict and (watched or standard is not None) else None
+        if seen_by is not None:  # the test command's own environment, as the script made it
+            recorder += f"{proof.watch_command(seen_by)}\n"
         text, audited = tree_audit.with_audit(make_spec(self.instance).eval_script, recorder)
         write_text(sandbox, script, text)
         env = f"{PINNED_ENV} " if strict else ""
@@ -327,7 +327,7 @@ class SWEBenchTask:
             timeout=self.eval_timeout_s,
         )
         grade = self._graded_log(sandbox, log, patch, timed_out=result.timed_out, chunk=chunk)
-        seen = witness.observe(sandbox, watch) if watch and not grade.infra_failure else None
+        seen = witness.observe(sandbox, seen_by) if seen_by and not grade.infra_failure else None
         if seen is not None and grade.reward == 1.0 and isinstance(standard, witness.Reference):
             found += proof.contradictions(seen, standard, TESTBED)
         after = tree_audit.read_after(sandbox, TREE_AFTER, chunk_bytes=chunk) if audited else None
@@ -458,11 +458,11 @@ class SWEBenchTask:
         return [f"{apply} - <<'{_PATCH_DELIMITER}'\n{patch}{_PATCH_DELIMITER}"]
 
 
-def _watch(sandbox: Sandbox) -> witness.Witness:
+def _watch(sandbox: Sandbox) -> watch.Witness:
     """The witness prepared in a fresh grading sandbox (nothing of the agent's has run there
     yet: a failure is the sandbox's)."""
     try:
-        return witness.prepare(sandbox, proof.BESIDE, TESTBED)
+        return watch.prepare(sandbox, proof.BESIDE, TESTBED)
     except GraderSetupError as exc:
         raise SandboxError(f"the witness of the eval script: {exc}") from exc
 

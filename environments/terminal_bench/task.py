@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from environments import tamper, work
-from environments.proof import reference, witness
+from environments.proof import reference, watch, witness
 from environments.sandboxes.protocol import (
     AgentBrokeSandbox,
     GraderSetupError,
@@ -222,7 +222,7 @@ class TerminalBenchTask(TaskDefinition):
 
     def _python_named(self, pristine: work.WorkTree) -> str | None:
         """The first Python launcher the verifier's files name, or the work folder's scripts
-        they name (``witness.python_named``, ``witness.work_files_named``; a ``Makefile``, a
+        they name (``watch.python_named``, ``watch.work_files_named``; a ``Makefile``, a
         shell script, a file with a ``#!`` line; not a data file a test greps): a script that
         hands over to ``make`` or ``/app/run_tests.sh`` names no Python itself."""
         texts = []
@@ -231,15 +231,15 @@ class TerminalBenchTask(TaskDefinition):
                 text = host.read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
-            found = witness.python_named(rel, text)
+            found = watch.python_named(rel, text)
             if found is not None:
                 return found
             texts.append(text)
         workdir = self.environment.workdir
-        named = witness.work_files_named(texts, workdir, pristine.entries)
+        named = watch.work_files_named(texts, workdir, pristine.entries)
         for rel, text in pristine.read_many(named, 256 * 1024).items():
             runnable = text.startswith("#!") or rel.endswith((".sh", ".bash")) or "make" in rel
-            found = witness.python_named(rel, text) if runnable else None
+            found = watch.python_named(rel, text) if runnable else None
             if found is not None:
                 return f"{found}, in {posixpath.join(workdir, rel)}"
         return None
@@ -353,7 +353,7 @@ class TerminalBenchTask(TaskDefinition):
         paths = grading.prepare_grader(sandbox, workdir, self.test_uploads())
         script = f"{paths.tests}/{'run-tests.sh' if self.format == 'tb1' else 'test.sh'}"
         prefix = strict.pinned_environment(workdir) if pinned else ""
-        watch = witness.prepare(sandbox, paths.verifier, workdir) if pinned else None
+        watched = watch.prepare(sandbox, paths.verifier, workdir) if pinned else None
         if self.verifier_user is not None:  # as Harbor does: its user writes the reward there
             sandbox.execute(own(f"chmod a+rwx {paths.verifier}"), timeout=60)
         with users.running_as(sandbox, self.verifier_user):
@@ -364,7 +364,7 @@ class TerminalBenchTask(TaskDefinition):
                 self.test_timeout_s,
                 self.test_env,
                 prefix=prefix,
-                suffix=watch.exports(self.test_env) if watch is not None else "",
+                suffix=watched.exports(self.test_env) if watched is not None else "",
             )
         if self.format == "tb1":
             grade = grading.grade_tb1(result, self.test_timeout_s)
@@ -372,9 +372,9 @@ class TerminalBenchTask(TaskDefinition):
             grade = grading.grade_harbor(
                 sandbox, paths, result, self.test_timeout_s, self.reward_key
             )
-        if watch is None or grade.infra_failure:
+        if watched is None or grade.infra_failure:
             return grade, None
-        seen = witness.observe(sandbox, watch)
+        seen = witness.observe(sandbox, watched)
         if grade.reward <= 0.0:
             return grade, seen
         reasons = witness.contradictions(

@@ -62,7 +62,7 @@ class LocalSandbox:
         return ExecResult(output, proc.returncode, False, time.monotonic() - started, truncated)
 
     def upload(self, src: Path, dst: str) -> None:
-        shutil.copy(src, Path(self.workdir) / dst)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, Path(self.workdir) / dst)
 
     def download(self, src: str, dst: Path) -> None:
         shutil.copy(Path(self.workdir) / src, dst)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from environments.proof import witness
+from environments.proof import watch, witness
 from environments.sandboxes.protocol import ExecResult
 
 PASSING = "def test_ok():\n    assert True\n"
@@ -39,18 +39,18 @@ class HostShell:
         return ExecResult(done.stdout + done.stderr, done.returncode, False, 0.0)
 
     def upload(self, src: Path, dst: str) -> None:
-        shutil.copy(src, dst)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
 
 
 def watched_run(
     tmp_path: Path, test_source: str, command: str = "-m pytest -q -p no:cacheprovider test_task.py"
-) -> tuple[int, witness.Witness]:
+) -> tuple[int, watch.Witness]:
     """Run pytest on one test file in a work folder as a strict verifier would (the witness
     started through the exports); its exit status and the witness."""
     shell = HostShell()
     work = tmp_path / "app"
     work.mkdir(exist_ok=True)
-    seen = witness.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
+    seen = watch.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
     (work / "test_task.py").write_text(test_source)
     done = subprocess.run(
         f"{seen.exports({})} && {sys.executable} {command}",
@@ -64,7 +64,7 @@ def watched_run(
     return done.returncode, seen
 
 
-def judged(seen: witness.Witness, shell: HostShell | None = None, **kwargs) -> list[str]:
+def judged(seen: watch.Witness, shell: HostShell | None = None, **kwargs) -> list[str]:
     return witness.contradictions(
         witness.observe(shell or HostShell(), seen), workdir=seen.workdir, **kwargs
     )
@@ -232,7 +232,7 @@ def test_a_unittest_run_is_watched_test_by_test(tmp_path: Path) -> None:
 
 
 def test_the_task_pytest_options_are_kept() -> None:
-    seen = witness.Witness("/logs/.thundersync-witness", "nonce")
+    seen = watch.Witness("/logs/.thundersync-witness", "nonce")
     exports = seen.exports({"PYTEST_ADDOPTS": "-x --tb=short"})
     assert "PYTEST_ADDOPTS='-x --tb=short -p _thundersync_witness'" in exports
     # the witness's folder first: its sitecustomize starts before anything of the task's
@@ -486,4 +486,4 @@ def test_the_work_folders_test_files_are_those_its_reference_tests_came_from() -
 def test_a_verifier_naming_python_is_told_from_one_that_does_not(
     name: str, text: str, named: str | None
 ) -> None:
-    assert witness.python_named(name, text) == named
+    assert watch.python_named(name, text) == named

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from environments.proof import witness
+from environments.proof import watch, witness
 from tests.unit.environments.proof.test_witness import HostShell, watched_run
 
 CASES = (
@@ -84,6 +84,46 @@ def test_the_expected_values_a_test_reads_are_test_files(tmp_path: Path) -> None
     assert solved.test_files() == {"test_task.py", "more.json"}
 
 
+HELPER_READS = (
+    "from calc import add\nfrom helpers import expected\n\n\ndef test_add():\n"
+    "    assert add(2, 3) == expected()\n"
+)
+
+
+def test_what_any_code_reads_is_held_and_what_the_run_writes_is_not(tmp_path: Path) -> None:
+    """Expected values read through a helper module, through a link, and an input the code
+    under test reads: each is the task's (each scored 1 changed: red team, 2026-12-07). A
+    file the run writes before reading it is its output, which an honest attempt may leave
+    regenerated; pytest's own reads (its configuration) are the runner's, not the tests'."""
+    work = tmp_path / "app"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "expected.txt").write_text("5\n")
+    (work / "expected.txt").symlink_to("data/expected.txt")
+    (work / "stale.txt").write_text("old\n")
+    (work / "pytest.ini").write_text("[pytest]\n")
+    helpers = "def expected():\n    with open('expected.txt') as f:\n        return int(f.read())\n"
+    test = HELPER_READS + (
+        "\n\ndef test_output():\n    with open('stale.txt', 'w') as f:\n        f.write('new')\n"
+        "    with open('stale.txt') as f:\n        assert f.read() == 'new'\n"
+    )
+    command = "-m pytest -q -p no:cacheprovider test_task.py"
+    reference = reference_of(tmp_path, test, command, {"helpers.py": helpers})
+    assert ("expected.txt", "helpers.py") in reference.reads
+    assert reference.written == {"stale.txt"}
+    assert reference.test_files() == {"test_task.py", "expected.txt", "data/expected.txt"}
+
+
+def test_a_non_code_file_a_test_id_names_is_held() -> None:
+    """``pytest --doctest-glob='*.txt' checks.txt``: pytest itself reads the file its test id
+    names (a runner's read, held for the id)."""
+    reference = witness.Reference(
+        frozenset({"pytest:checks.txt::checks.txt"}),
+        frozenset(),
+        reads=frozenset({("checks.txt", ""), ("pytest.ini", "")}),
+    )
+    assert reference.test_files() == {"checks.txt"}
+
+
 def test_a_run_that_sets_its_own_pythonpath_is_still_watched(tmp_path: Path) -> None:
     """A ``Makefile`` recipe ``PYTHONPATH=src python3 -m unittest`` drops the grader's folder
     from the path; the grader's user site starts the witness, and the user site the run had
@@ -100,7 +140,7 @@ def test_a_run_that_sets_its_own_pythonpath_is_still_watched(tmp_path: Path) -> 
     work = tmp_path / "app"
     work.mkdir()
     shell = HostShell()
-    seen = witness.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
+    seen = watch.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
     (work / "test_task.py").write_text(source)
     done = subprocess.run(
         f"export PYTHONUSERBASE={tmp_path / 'own'} && {seen.exports({})} && "
@@ -125,7 +165,8 @@ def test_the_reference_keeps_its_sources_through_the_cache() -> None:
         frozenset({"unittest:__main__.T.test_add"}),
         frozenset({"calc.py"}),
         defined=frozenset({"tests.py"}),
-        reads=frozenset({("expected.json", "tests.py")}),
+        reads=frozenset({("expected.json", "tests.py"), ("out.json", "calc.py")}),
+        written=frozenset({"out.json"}),
     )
     back = ReferenceRun.from_json(ReferenceRun(reference).to_json()).reference
     assert back == reference

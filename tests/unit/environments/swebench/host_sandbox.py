@@ -50,7 +50,7 @@ class SubprocessSandbox:
         return Path(path.replace("/testbed", str(self.root), 1))
 
     def upload(self, src: Path, dst: str) -> None:
-        shutil.copy(src, self._host(dst))
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, self._host(dst))
 
     def download(self, src: str, dst: Path) -> None:
         raise NotImplementedError
