@@ -204,9 +204,10 @@ def _wrote(path):
     """A file the run writes (not code, nor a bytecode cache's, which Python writes as it
     imports a test file: the file would pass for the run's output)."""
     path = os.fspath(path)
-    if isinstance(path, str) and "__pycache__" not in path and not path.endswith(_CODE_SUFFIXES):
-        if _inside(path):
-            _note_once(("wrote", os.path.abspath(path)))
+    if not isinstance(path, str) or "__pycache__" in path or path.endswith(_CODE_SUFFIXES):
+        return
+    if _inside(path):
+        _note_once(("wrote", os.path.abspath(path)))
 
 
 def _reader():

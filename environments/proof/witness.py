@@ -38,7 +38,7 @@ from pathlib import PurePosixPath
 from environments.proof.watch import SENTINEL, Witness
 from environments.sandboxes.protocol import Sandbox, own
 
-VERSION = 9
+VERSION = 10
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
 MAX_RECORD_FILES = 256
@@ -51,6 +51,20 @@ _MAX_LINE = 16 * 1024
 _LISTED = re.compile(r" *([0-9]{1,18}) ([^/\n]+\.proc)")
 """A line of ``observe``'s listing: a record file's size and name, as the witness names them."""
 PASSED = "passed"
+
+
+_SOURCES = (
+    *(".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".m", ".mm", ".s", ".asm", ".f90"),
+    *(".js", ".mjs", ".cjs", ".ts", ".tsx", ".jsx", ".go", ".rs", ".java", ".kt", ".scala"),
+    *(".rb", ".pl", ".php", ".lua", ".swift", ".cs", ".r", ".jl", ".hs", ".ml", ".zig"),
+    *(".sh", ".bash", ".zsh", ".sql", ".css", ".vue"),
+)
+"""Source files of other languages: a test reading one (a scan of the agent's ``*.c`` for
+``system(``) reads the agent's work, which an honest fix may change (red team, 2026-12-07)."""
+
+
+def _conftest(path: str) -> bool:
+    return PurePosixPath(path).name == "conftest.py"
 
 
 def _suffix_either(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -89,17 +103,21 @@ class Reference:
         ``path::name``, its path a suffix of the file's or the file's of it; unittest's
         ``module.Class.test``, its module's dotted name and the file's ending one another, so a
         package's ``__init__.py`` is none; a non-code file too, for ``--doctest-glob``), those
-        whose code its tests run as their functions, and every other file its test or work
-        folder code reads (expected values, inputs; through a link, its target too) that the
-        run did not write itself (its output). The agent changing one changes the task's tests,
-        whatever its name: Django's ``tests.py`` run by ``python -m unittest tests``, a base
-        class's tests in ``cases.py``, ``python3 tests.py``, an ``expected.json`` read by the
-        tests, by a helper or by the code under test; each scored 1 for a failing attempt (red
-        team, 2026-12-07). Code the tests merely call (an assertion helper, a constants module)
-        is not held: docs/grading.md."""
-        data = {path for path, reader in self.reads if reader}
-        held = self._named() | self.defined | data
-        return frozenset(held - self.solution_changed - self.written)
+        whose code its tests run as their functions, and the other files the test code itself
+        reads (these files, a ``conftest.py``, code outside the work folder such as
+        ``/tests``; through a link, its target too), but for source files of other languages
+        (a test that scans the agent's ``*.c`` reads its work) and what the run wrote itself
+        (its output). The agent changing one changes the task's tests, whatever its name:
+        Django's ``tests.py`` run by ``python -m unittest tests``, a base class's tests in
+        ``cases.py``, ``python3 tests.py``, an ``expected.json`` read by the tests; each scored
+        1 for a failing attempt (red teams, 2026-12-07). What the code under test reads (its
+        configuration, a template, ``.env``) is its own: an honest fix may edit it instead of
+        the code (red team, 2026-12-07). Code the tests merely call (an assertion helper, a
+        constants module) is not held either: docs/grading.md."""
+        held = self._named() | self.defined
+        readers = held | {r for _, r in self.reads if r.startswith("/") or _conftest(r)}
+        data = {p for p, r in self.reads if r in readers and not p.endswith(_SOURCES)}
+        return frozenset((held | data) - self.solution_changed - self.written)
 
     def _named(self) -> set[str]:
         held = set()
@@ -356,6 +374,13 @@ def contradictions(
                 f"folder (asked for by {outside[0] or 'the interpreter'}), which the reference "
                 "solution's run does not: code the tests never asked for ran inside them"
             )
+    held = reference.test_files()
+    for relative in sorted(observation.written & held):
+        reasons.add(
+            f"{posixpath.join(workdir, relative)}: the test run wrote one of the task's own test "
+            "files, which the reference solution's run does not: expected values rewritten "
+            "while the tests ran"
+        )
     if reference.tests:
         passed = observation.passed()
         missing = sorted(reference.tests - passed)

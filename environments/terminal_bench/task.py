@@ -315,6 +315,21 @@ class TerminalBenchTask(TaskDefinition):
                     p for paths in agent_work.changed_since(pristine) for p in paths
                 )
                 seen.launcher = self._python_named(pristine)
+                seen.written |= _written(target, workdir, tmp, agent_work)
+            elif held and seen is not None and grade.reward > 0:
+                rewritten = sorted(_written(target, workdir, tmp, agent_work) & held)
+                if rewritten:  # by any program: a shell's printf as much as Python's json.dump
+                    rewrote = [
+                        f"{posixpath.join(workdir, p)}: the test run rewrote one of the task's own "
+                        "test files"
+                        for p in rewritten
+                    ]
+                    caught = {
+                        "tamper_suspected": True,
+                        "tamper_reasons": sorted([*reasons, *rewrote]),
+                        "reason": "strict grading: the task's test files changed in the test run",
+                    }
+                    return Grade(0.0, details={**grade.details, **report, **caught}), seen
         if self.verifier is not None:
             report["separate_verifier"] = True
         if isinstance(standard, witness.Reference) and not standard.tests:
@@ -411,3 +426,15 @@ class TerminalBenchTask(TaskDefinition):
                 by_name[rel] = host
             uploads = [(host, rel) for rel, host in sorted(by_name.items())]
         return uploads
+
+
+def _written(sandbox: Sandbox, workdir: str, tmp: Path, before: work.WorkTree) -> set[str]:
+    """The work folder's files the test run changed, by any program (a shell's ``awk`` as
+    much as Python, whose writes the witness records): the run's output, not the tests'
+    (a stale report the tests regenerate, red team 2026-12-07). Nothing where the folder
+    cannot be read again (the run's own doing: its grade stands as it is)."""
+    try:
+        after = work.export_work(sandbox, workdir, tmp, "after-tests.tar")
+    except work.WorkExportError:
+        return set()
+    return {p for paths in after.changed_since(before) for p in paths}

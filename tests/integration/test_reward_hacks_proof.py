@@ -358,6 +358,23 @@ def test_where_the_tests_take_their_code_and_values_from_is_the_tasks(
     assert reason in grade.details["tamper_reasons"], grade.details
 
 
+@pytest.mark.parametrize("kind", SANDBOX_KINDS[:1])  # the rule is the grader's, not the engine's
+def test_expected_values_rewritten_while_the_tests_run_are_no_pass(
+    kind: str, tmp_path: Path
+) -> None:
+    """The wrong answer's module rewrites ``expected.json`` through a shell as it is imported:
+    the agent's work leaves the file as it was (red team, 2026-12-07)."""
+    runner, app, _, _ = SOURCES["expected-values"]
+    task = harbor_task(tmp_path, tests={}, test_sh=runner, solve=SOLVE, app=app)
+    rewrite = 'import os\nos.system("printf \'{\\"a b  c\\": 0}\' > /app/expected.json")\n'
+    grade = run_episode(task, kind, [write("/app/wordcount.py", rewrite + WRONG)], strict=True)
+    assert_zero(grade)
+    assert (
+        "/app/expected.json: the test run rewrote one of the task's own test files"
+        in (grade.details["tamper_reasons"])
+    ), grade.details
+
+
 DOCTESTED = 'def count(text):\n    """Words in text.\n\n    >>> count("a b  c")\n    3\n    """\n'
 
 
