@@ -38,7 +38,7 @@ from pathlib import PurePosixPath
 from environments.proof.watch import SENTINEL, Witness
 from environments.sandboxes.protocol import Sandbox, own
 
-VERSION = 10
+VERSION = 11
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
 MAX_RECORD_FILES = 256
@@ -374,13 +374,6 @@ def contradictions(
                 f"folder (asked for by {outside[0] or 'the interpreter'}), which the reference "
                 "solution's run does not: code the tests never asked for ran inside them"
             )
-    held = reference.test_files()
-    for relative in sorted(observation.written & held):
-        reasons.add(
-            f"{posixpath.join(workdir, relative)}: the test run wrote one of the task's own test "
-            "files, which the reference solution's run does not: expected values rewritten "
-            "while the tests ran"
-        )
     if reference.tests:
         passed = observation.passed()
         missing = sorted(reference.tests - passed)

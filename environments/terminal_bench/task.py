@@ -315,15 +315,21 @@ class TerminalBenchTask(TaskDefinition):
                     p for paths in agent_work.changed_since(pristine) for p in paths
                 )
                 seen.launcher = self._python_named(pristine)
-                seen.written |= _written(target, workdir, tmp, agent_work)
+                seen.written |= _written(target, workdir, tmp, agent_work) or set()
             elif held and seen is not None and grade.reward > 0:
-                rewritten = sorted(_written(target, workdir, tmp, agent_work) & held)
-                if rewritten:  # by any program: a shell's printf as much as Python's json.dump
+                after = _written(target, workdir, tmp, agent_work)
+                if after is None:
                     rewrote = [
-                        f"{posixpath.join(workdir, p)}: the test run rewrote one of the task's own "
-                        "test files"
-                        for p in rewritten
+                        f"{workdir}: the test run left the work folder unreadable, so whether "
+                        "it rewrote the task's own test files is unknown"
                     ]
+                else:  # by any program: a shell's printf as much as Python's json.dump
+                    rewrote = [
+                        f"{posixpath.join(workdir, p)}: the test run rewrote one of the task's "
+                        "own test files"
+                        for p in sorted(after & held)
+                    ]
+                if rewrote:
                     caught = {
                         "tamper_suspected": True,
                         "tamper_reasons": sorted([*reasons, *rewrote]),
@@ -428,13 +434,14 @@ class TerminalBenchTask(TaskDefinition):
         return uploads
 
 
-def _written(sandbox: Sandbox, workdir: str, tmp: Path, before: work.WorkTree) -> set[str]:
+def _written(sandbox: Sandbox, workdir: str, tmp: Path, before: work.WorkTree) -> set[str] | None:
     """The work folder's files the test run changed, by any program (a shell's ``awk`` as
     much as Python, whose writes the witness records): the run's output, not the tests'
-    (a stale report the tests regenerate, red team 2026-12-07). Nothing where the folder
-    cannot be read again (the run's own doing: its grade stands as it is)."""
+    (a stale report the tests regenerate, red team 2026-12-07). None where the folder cannot
+    be read again: what the run did to the task's test files is unknown, and a graded
+    run's pass is not proven."""
     try:
         after = work.export_work(sandbox, workdir, tmp, "after-tests.tar")
     except work.WorkExportError:
-        return set()
+        return None
     return {p for paths in after.changed_since(before) for p in paths}

@@ -120,32 +120,6 @@ def test_what_the_test_code_reads_is_held_and_what_the_run_writes_is_not(
     assert reference.test_files() == {"test_task.py", "expected.txt", "data/expected.txt"}
 
 
-def test_a_test_file_rewritten_while_the_tests_ran_contradicts_a_pass() -> None:
-    """The code under test rewrites ``expected.json`` as it is imported: the agent's work left
-    it as it was, and a wrong answer matched the values it wrote (red team, 2026-12-07)."""
-    reference = witness.Reference(
-        frozenset({"pytest:test_task.py::test_add"}),
-        frozenset({"test_task.py", "calc.py"}),
-        defined=frozenset({"test_task.py"}),
-        reads=frozenset({("expected.json", "test_task.py")}),
-    )
-    seen = witness.Observation(
-        processes=1,
-        outcomes={"pytest:test_task.py::test_add": ["passed"]},
-        written={"expected.json"},
-    )
-    reasons = witness.contradictions(seen, full_pass=True, reference=reference)
-    assert any("expected.json: the test run wrote one of the task's" in r for r in reasons)
-    assert (
-        witness.contradictions(
-            witness.Observation(processes=1, outcomes=seen.outcomes),
-            full_pass=True,
-            reference=reference,
-        )
-        == []
-    )
-
-
 def test_a_non_code_file_a_test_id_names_is_held() -> None:
     """``pytest --doctest-glob='*.txt' checks.txt``: pytest itself reads the file its test id
     names (a runner's read, held for the id)."""
