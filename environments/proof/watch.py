@@ -27,6 +27,8 @@ FOLDER_NAME = ".thundersync-witness"
 SENTINEL = ".sentinel"
 """The records folder's file holding each run's nonce: removed or changed, no record stands."""
 
+KEEP_USER_SITE = 'THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}"'
+"""A shell assignment keeping the run's own user site, which the witness adds back."""
 _LAUNCHERS = re.compile(
     r"(?<![\w.-])(python[0-9.]*|pytest|py\.test|unittest|uvx?|pip[0-9.]*|tox|nox|poetry|pdm|"
     r"hatch|pipenv|conda|mamba|micromamba)(?![\w-])"
@@ -108,8 +110,7 @@ class Witness:
         The user site is read again: the grader's pinned environment turned it off
         (``PYTHONNOUSERSITE``), and it is now the grader's folder, under a fresh ``HOME``."""
         words = [f"{name}={shlex.quote(value)}" for name, value in self.variables(test_env).items()]
-        kept = 'THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}"'
-        exported = f"export {kept} " + " ".join(words) + '"${PYTHONPATH:+:$PYTHONPATH}"'
+        exported = f"export {KEEP_USER_SITE} " + " ".join(words) + '"${PYTHONPATH:+:$PYTHONPATH}"'
         return f"unset PYTHONNOUSERSITE && {exported}"
 
     def user_site_line(self) -> str:
@@ -142,14 +143,15 @@ def prepare(sandbox: Sandbox, verifier_folder: str, workdir: str = "/app") -> Wi
     with tempfile.TemporaryDirectory() as tmp:  # two uploads: a Docker call costs ~60 ms
         plugin, user = Path(tmp, "plugin"), Path(tmp, "user")
         plugin.mkdir()
-        for source, name in ((PLUGIN, f"{MODULE}.py"), (RUNNERS, RUNNERS.name)):
-            shutil.copyfile(source, plugin / name)
+        for source in (PLUGIN, RUNNERS):
+            shutil.copyfile(source, plugin / source.name)
         shutil.copyfile(STARTUP, plugin / "sitecustomize.py")
+        line = seen.user_site_line()
         for minor in range(6, 21):  # the user site Python looks for (3.13t: free-threaded)
             for threaded in ("", "t"):
                 site = user / "lib" / f"python3.{minor}{threaded}" / "site-packages"
                 site.mkdir(parents=True)
-                (site / f"{MODULE}.pth").write_text(seen.user_site_line())
+                (site / f"{MODULE}.pth").write_text(line)
         sandbox.upload(plugin, f"{folder}/plugin")
         sandbox.upload(user, f"{folder}/user")
     return seen

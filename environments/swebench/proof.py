@@ -72,8 +72,7 @@ def watch_command(seen: watch.Witness) -> str:
     folder, records = shlex.quote(variables["PYTHONPATH"]), variables["THUNDERSYNC_WITNESS"]
     passed = " ".join([f"${{{PASSENV}:-}}", *variables, "THUNDERSYNC_WITNESS_USERBASE"])
     return (
-        'export THUNDERSYNC_WITNESS_USERBASE="${PYTHONUSERBASE:-}" '
-        f"THUNDERSYNC_WITNESS={shlex.quote(records)} "
+        f"export {watch.KEEP_USER_SITE} THUNDERSYNC_WITNESS={shlex.quote(records)} "
         f"THUNDERSYNC_WITNESS_WORKDIR={shlex.quote(variables['THUNDERSYNC_WITNESS_WORKDIR'])} "
         f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {watch.MODULE}" '
         f"PYTHONUSERBASE={shlex.quote(variables['PYTHONUSERBASE'])} "
