@@ -2,8 +2,8 @@
 imports this module from beside itself while Python starts, before the work folder is on the
 import path; docs/design.md §6.1): each function, class and method of pytest's, pluggy's and
 unittest's modules noted as first loaded, and the ones replaced since named at each session's
-end. Same constraints as the witness: standard library only, Python 3.5 syntax, nothing
-imported."""
+end; unittest's results made to record each run and test (``record_unittest``). Same
+constraints as the witness: standard library only, Python 3.5 syntax, nothing imported."""
 
 # ruff: noqa: UP031 (Python 3.5 syntax)
 import sys
@@ -112,3 +112,73 @@ def report(sid, inside, append):
         append(("tampered", sid, sorted(changed)[:8]))
     if replaced:
         append(("replaced", sid, sorted(replaced)[:64]))
+
+
+def record_unittest(cls, append, new_session, defined, inside):
+    """``unittest.result.TestResult`` (``cls``) made to record, through the witness's
+    ``append``, each run's start (``new_session()`` names it) and end (with ``report``) and each
+    test's outcome, with its one-line description (its docstring's first line, which a verbose
+    runner prints in place of its name: ``test_x (module.Class)\\nWhat it checks ... ok``) and
+    its method's file (``defined``)."""
+    outcomes = {
+        "addSuccess": "passed",
+        "addFailure": "failed",
+        "addError": "error",
+        "addSkip": "skipped",
+        "addExpectedFailure": "xfailed",
+        "addUnexpectedSuccess": "xpassed",
+    }
+
+    def describe(sid, test, test_id):
+        defined(getattr(test, str(getattr(test, "_testMethodName", "")), None))
+        try:
+            text = test.shortDescription()
+        except Exception:  # noqa: BLE001
+            return
+        if text and isinstance(text, str):
+            append(("describe", sid, test_id, text))
+
+    def recording(method, outcome):
+        def wrapper(self, test, *args):
+            sid = getattr(self, "_thundersync_sid", None)
+            if sid is not None:
+                try:
+                    test_id = test.id()
+                except Exception:  # noqa: BLE001
+                    test_id = repr(test)
+                append(("test", sid, outcome, test_id))
+                describe(sid, test, test_id)
+            return method(self, test, *args)
+
+        return wrapper
+
+    for name, outcome in outcomes.items():
+        method = getattr(cls, name, None)
+        if method is not None:
+            setattr(cls, name, recording(method, outcome))
+    sub_test = getattr(cls, "addSubTest", None)
+    if sub_test is not None:
+
+        def add_sub_test(self, test, subtest, err):
+            sid = getattr(self, "_thundersync_sid", None)
+            if sid is not None and err is not None:
+                append(("test", sid, "subtest-failed", test.id()))
+            return sub_test(self, test, subtest, err)
+
+        cls.addSubTest = add_sub_test
+    start_run, stop_run = cls.startTestRun, cls.stopTestRun
+
+    def start_test_run(self):
+        self._thundersync_sid = new_session()
+        append(("session", self._thundersync_sid, "unittest"))
+        return start_run(self)
+
+    def stop_test_run(self):
+        result = stop_run(self)
+        sid = getattr(self, "_thundersync_sid", None)
+        if sid is not None:
+            report(sid, inside, append)
+            append(("finish", sid, 0 if self.wasSuccessful() else 1))
+        return result
+
+    cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run

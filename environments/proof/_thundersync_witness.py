@@ -10,9 +10,10 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
 - ``("load", path, importer)`` for each code file (a module found by the import system, or a
   ``.py``/``.pyc``/``.so`` file opened for reading) under ``$THUNDERSYNC_WITNESS_WORKDIR``, with
   the file of the code that asked for it (the first frame outside the import machinery);
-- ``("read", path, reader)`` for each other file there read (by its name and its link's
-  target; ``reader``: the innermost frame's file outside the standard library and installed
-  packages, "" for none), ``("wrote", path)`` for each written, and ``("defined", path)`` for
+- ``("read", path, reader, content)`` for each other file there read (by its name and its
+  link's target; ``reader``: the innermost frame's file outside the standard library and
+  installed packages, "" for none; ``content``: what it held as it was opened, ``_content``),
+  ``("wrote", path)`` for each written, and ``("defined", path)`` for
   each file whose code a test runs as its function (the tests' own files: ``witness.py``);
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
   sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
@@ -56,6 +57,9 @@ _state = {
     "functions": set(),
     "called": set(),
     "noted": {},
+    "hashing": set(),
+    "contents": {},
+    "sha256": None,
 }
 
 
@@ -153,7 +157,12 @@ def _note(name, spec):
             _load(place)
             return
     if name == "unittest.result":
-        _after_exec(spec, lambda module: _patch_result(module.TestResult))
+        _after_exec(
+            spec,
+            lambda module: _runners.record_unittest(
+                module.TestResult, _append, _session_id, _defined, _inside
+            ),
+        )
     elif name == "unittest":  # the package is whole: its modules' code as the runner's
         _after_exec(spec, lambda module: _runners.snapshot(("unittest",)))
 
@@ -166,7 +175,7 @@ def _audit(event, args):
     """Files under the work folder opened: a code file read by an import is a load (a test may
     read the agent's source as data: not one); any other file read is a read, and one written
     (or renamed into place) a write."""
-    if not _WORK:
+    if not _WORK or _thread_id() in _state["hashing"]:
         return
     try:
         if event in ("os.rename", "os.replace"):
@@ -192,10 +201,10 @@ def _audit(event, args):
         elif not reading:
             _wrote(text)
         else:
-            reader = _reader()
+            reader, content = _reader(), _content(text)
             for name in set((os.path.abspath(text), os.path.realpath(text))):
                 if _inside(name):
-                    _note_once(("read", name, reader))
+                    _note_once(("read", name, reader, content), ("read", reader))
     except Exception:  # noqa: BLE001
         pass
 
@@ -225,10 +234,60 @@ def _reader():
     return ""
 
 
-def _note_once(record):
+def _content(path):
+    """A regular file's size and the SHA-256 of its first 16 MiB as it is opened ("" if it
+    cannot be read), cached by its status (its change time moves with any write, and no call
+    sets it): a test that reads another file's content than the reference run's test did (its
+    ``open`` redirected, its folder changed, the file rewritten for the run and put back) reads
+    other expectations (red team, 2026-12-07)."""
+    ident, sha256 = _thread_id(), _state["sha256"]
+    _state["hashing"].add(ident)  # the file opened here is no read of the run's
+    try:
+        status = os.stat(path)
+        key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+        key += (status.st_ctime_ns,)
+        if sha256 is None or status.st_mode & 0o170000 != 0o100000:  # no FIFO: it would block
+            return ""
+        if key not in _state["contents"]:
+            digest, fd = sha256(), os.open(path, os.O_RDONLY)
+            try:
+                for _ in range(16):
+                    chunk = os.read(fd, 1 << 20)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+            finally:
+                os.close(fd)
+            _state["contents"][key] = "%d:%s" % (status.st_size, digest.hexdigest())
+        return _state["contents"][key]
+    except Exception:  # noqa: BLE001
+        return ""
+    finally:
+        _state["hashing"].discard(ident)
+
+
+def _hashlib():
+    """The standard library's SHA-256, imported from its own folders alone as the watch starts:
+    the work folder may be on the path already (``PYTHONPATH=/app``), where a ``hashlib.py``
+    would forge it."""
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in saved if p and (os.path.abspath(p) + "/").startswith(_LIBRARY)]
+        import hashlib
+
+        name = os.path.abspath(getattr(hashlib, "__file__", None) or _LIBRARY)
+        return hashlib.sha256 if name.startswith(_LIBRARY) else None
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        sys.path[:] = saved
+
+
+def _note_once(record, kind=None):
     """A record not yet written by this process, up to 4096 of each kind (a test reading a
-    thousand files, once each, writes a bounded record)."""
-    noted = _state["noted"].setdefault(record[0], set())
+    thousand files, once each, writes a bounded record; reads per reader, so the code under
+    test reading many cannot crowd out the test's own)."""
+    noted = _state["noted"].setdefault(kind or record[0], set())
     if record not in noted and len(noted) < 4096:
         noted.add(record)
         _append(record)
@@ -273,6 +332,7 @@ def start():
     _state["started"] = True
     _append(("start", os.getpid(), list(getattr(sys, "orig_argv", sys.argv) or [])))
     sys.meta_path.insert(0, _Watch())
+    _state["sha256"] = _hashlib()
     if hasattr(sys, "addaudithook"):
         sys.addaudithook(_audit)
 
@@ -293,25 +353,6 @@ def user_site():
         site.USER_BASE, site.USER_SITE = base, base + user[len(ours) :]
         if os.path.isdir(site.USER_SITE):
             site.addsitedir(site.USER_SITE)
-
-
-def chain_sitecustomize():
-    """The interpreter's own ``sitecustomize`` (found after the grader's folder on the path),
-    imported by the grader's as if the grader's were not there."""
-    here = os.path.dirname(_THIS)
-    ours = sys.modules.pop("sitecustomize", None)
-    saved = list(sys.path)
-    try:
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-        __import__("sitecustomize")
-    except ImportError:
-        pass
-    except Exception:  # noqa: BLE001 (the interpreter's own would have printed and gone on)
-        pass
-    finally:
-        sys.path[:] = saved
-        if ours is not None:
-            sys.modules["sitecustomize"] = ours
 
 
 # --- pytest ------------------------------------------------------------------------------------
@@ -423,72 +464,3 @@ def _after_exec(spec, then):
         loader.exec_module = exec_module
     except Exception:  # noqa: BLE001
         pass
-
-
-def _describe(sid, test, test_id):
-    """A test's one-line description (its docstring's first line), which a verbose runner
-    prints in place of its name (``test_x (module.Class)\nWhat it checks ... ok``), and
-    its method's file."""
-    _defined(getattr(test, str(getattr(test, "_testMethodName", "")), None))
-    try:
-        text = test.shortDescription()
-    except Exception:  # noqa: BLE001
-        return
-    if text and isinstance(text, str):
-        _append(("describe", sid, test_id, text))
-
-
-def _patch_result(cls):
-    outcomes = {
-        "addSuccess": "passed",
-        "addFailure": "failed",
-        "addError": "error",
-        "addSkip": "skipped",
-        "addExpectedFailure": "xfailed",
-        "addUnexpectedSuccess": "xpassed",
-    }
-
-    def recording(method, outcome):
-        def wrapper(self, test, *args):
-            sid = getattr(self, "_thundersync_sid", None)
-            if sid is not None:
-                try:
-                    test_id = test.id()
-                except Exception:  # noqa: BLE001
-                    test_id = repr(test)
-                _append(("test", sid, outcome, test_id))
-                _describe(sid, test, test_id)
-            return method(self, test, *args)
-
-        return wrapper
-
-    for name, outcome in outcomes.items():
-        method = getattr(cls, name, None)
-        if method is not None:
-            setattr(cls, name, recording(method, outcome))
-    sub_test = getattr(cls, "addSubTest", None)
-    if sub_test is not None:
-
-        def add_sub_test(self, test, subtest, err):
-            sid = getattr(self, "_thundersync_sid", None)
-            if sid is not None and err is not None:
-                _append(("test", sid, "subtest-failed", test.id()))
-            return sub_test(self, test, subtest, err)
-
-        cls.addSubTest = add_sub_test
-    start_run, stop_run = cls.startTestRun, cls.stopTestRun
-
-    def start_test_run(self):
-        self._thundersync_sid = _session_id()
-        _append(("session", self._thundersync_sid, "unittest"))
-        return start_run(self)
-
-    def stop_test_run(self):
-        result = stop_run(self)
-        sid = getattr(self, "_thundersync_sid", None)
-        if sid is not None:
-            _runners.report(sid, _inside, _append)
-            _append(("finish", sid, 0 if self.wasSuccessful() else 1))
-        return result
-
-    cls.startTestRun, cls.stopTestRun = start_test_run, stop_test_run

@@ -50,6 +50,7 @@ class ReferenceRun:
             "defined": sorted(ref.defined) if ref else None,
             "reads": sorted(map(list, ref.reads)) if ref else None,
             "written": sorted(ref.written) if ref else None,
+            "contents": sorted(map(list, ref.contents)) if ref else None,
             "error": self.error,
             "reward": self.reward,
         }
@@ -61,6 +62,7 @@ class ReferenceRun:
         if isinstance(tests, list) and isinstance(loads, list):
             replaced, changed = data.get("replaced"), data.get("solution_changed")
             defined, reads, written = data.get("defined"), data.get("reads"), data.get("written")
+            contents = data.get("contents")
             reference = witness.Reference(
                 frozenset(map(str, tests)),
                 frozenset(map(str, loads)),
@@ -73,6 +75,11 @@ class ReferenceRun:
                     if isinstance(pair, list) and len(pair) == 2
                 ),
                 frozenset(map(str, written)) if isinstance(written, list) else frozenset(),
+                frozenset(
+                    (str(row[0]), str(row[1]), str(row[2]))
+                    for row in (contents if isinstance(contents, list) else [])
+                    if isinstance(row, list) and len(row) == 3
+                ),
             )
         error = data.get("error")
         return ReferenceRun(reference, str(error) if error else None, float(data.get("reward", 0)))

@@ -6,6 +6,7 @@ failing attempt (red team, 2026-12-07)."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -174,7 +175,42 @@ def test_the_reference_keeps_its_sources_through_the_cache() -> None:
         defined=frozenset({"tests.py"}),
         reads=frozenset({("expected.json", "tests.py"), ("out.json", "calc.py")}),
         written=frozenset({"out.json"}),
+        contents=frozenset({("expected.json", "tests.py", "2:ab"), ("out.json", "calc.py", "")}),
     )
     back = ReferenceRun.from_json(ReferenceRun(reference).to_json()).reference
     assert back == reference
     assert back.test_files() == {"tests.py", "expected.json"}
+    assert back.test_reads() == {("expected.json", "tests.py"): {"2:ab"}}
+
+
+def test_what_a_test_reads_is_recorded_with_its_content_which_a_planted_hashlib_cannot_forge(
+    tmp_path: Path,
+) -> None:
+    """Each read carries the file's size and SHA-256 as it was opened, computed by the
+    standard library's ``hashlib`` even where the work folder, first on ``PYTHONPATH``, holds
+    one of its own that would report the task's digest for any content."""
+    work = tmp_path / "app"
+    work.mkdir()
+    (work / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (work / "expected.json").write_text('{"sum": 5}')
+    (work / "hashlib.py").write_text(
+        "class sha256:\n    def update(self, data):\n        pass\n\n"
+        "    def hexdigest(self):\n        return 'forged'\n"
+    )
+    shell = HostShell()
+    seen = watch.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
+    (work / "test_task.py").write_text(READS.split("\n\n\ndef test_more")[0] + "\n")
+    done = subprocess.run(
+        f"export PYTHONPATH={work} && {seen.exports({})} && "
+        f"{sys.executable} -m pytest -q -p no:cacheprovider test_task.py",
+        shell=True,
+        cwd=work,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    digest = hashlib.sha256(b'{"sum": 5}').hexdigest()
+    reference = witness.observe(shell, seen).reference()
+    assert reference.test_reads() == {("expected.json", "test_task.py"): {f"10:{digest}"}}
