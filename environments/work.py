@@ -93,6 +93,21 @@ class WorkTree:
                     texts[member.name] = handle.read(limit).decode("utf-8", errors="replace")
         return texts
 
+    def file_digest(self, path: str, workdir: str) -> str | None:
+        """The sha256 of the file at ``path``, through links inside the folder (``workdir``:
+        where it lies, for a link's absolute target; a few hops); None for no file there."""
+        for _ in range(8):
+            entry = self.entries.get(path)
+            if entry is None or entry.kind != "link":
+                return entry.digest if entry is not None and entry.kind == "file" else None
+            target = posixpath.join("/", posixpath.dirname(path), entry.digest)
+            if entry.digest.startswith("/"):  # absolute: inside the work folder, or not here
+                target = posixpath.relpath(posixpath.normpath(entry.digest), workdir)
+                if target.startswith(".."):
+                    return None
+            path = posixpath.normpath(target).lstrip("/")
+        return None
+
     def changed_since(self, pristine: WorkTree) -> tuple[list[str], list[str]]:
         """(added or changed files and links, deleted files and links) relative to
         ``pristine``; folders themselves are not listed."""

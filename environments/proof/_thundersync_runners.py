@@ -114,9 +114,10 @@ def report(sid, inside, append):
         append(("replaced", sid, sorted(replaced)[:64]))
 
 
-def record_unittest(cls, append, new_session, defined, inside):
+def record_unittest(cls, append, new_session, defined, inside, ending):
     """``unittest.result.TestResult`` (``cls``) made to record, through the witness's
-    ``append``, each run's start (``new_session()`` names it) and end (with ``report``) and each
+    ``append``, each run's start (``new_session()`` names it) and end (with ``report``, after
+    ``ending()``) and each
     test's outcome, with its one-line description (its docstring's first line, which a verbose
     runner prints in place of its name: ``test_x (module.Class)\\nWhat it checks ... ok``) and
     its method's file (``defined``)."""
@@ -178,6 +179,7 @@ def record_unittest(cls, append, new_session, defined, inside):
         sid = getattr(self, "_thundersync_sid", None)
         if sid is not None:
             report(sid, inside, append)
+            ending()
             append(("finish", sid, 0 if self.wasSuccessful() else 1))
         return result
 

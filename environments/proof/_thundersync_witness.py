@@ -12,9 +12,11 @@ It appends to one record file per process, in the folder ``$THUNDERSYNC_WITNESS`
   the file of the code that asked for it (the first frame outside the import machinery);
 - ``("read", path, reader, content)`` for each other file there read (by its name and its
   link's target; ``reader``: the innermost frame's file outside the standard library and
-  installed packages, "" for none; ``content``: what it held as it was opened, ``_content``),
-  ``("wrote", path)`` for each written, and ``("defined", path)`` for
-  each file whose code a test runs as its function (the tests' own files: ``witness.py``);
+  installed packages, "" for none; ``content``: what it held as it was opened, ``_content``;
+  a link's target read with ``"target"`` after them), ``("changed", path, reader)`` for each
+  file changed after the reader last read it (``_recheck``), ``("wrote", path)`` for each
+  written, and ``("defined", path)`` for each file whose code a test runs as its function
+  (the tests' own files: ``witness.py``);
 - ``("session", sid, runner)``, ``("test", sid, outcome, test_id)`` (with ``("describe",
   sid, test_id, first docstring line)`` for a unittest test that has one) and ``("finish", sid,
   status)`` (``("tampered", sid, names)`` before it when the test runners' own functions
@@ -59,6 +61,7 @@ _state = {
     "noted": {},
     "hashing": set(),
     "contents": {},
+    "hashed": {},
     "sha256": None,
 }
 
@@ -160,7 +163,7 @@ def _note(name, spec):
         _after_exec(
             spec,
             lambda module: _runners.record_unittest(
-                module.TestResult, _append, _session_id, _defined, _inside
+                module.TestResult, _append, _session_id, _defined, _inside, _recheck
             ),
         )
     elif name == "unittest":  # the package is whole: its modules' code as the runner's
@@ -201,10 +204,12 @@ def _audit(event, args):
         elif not reading:
             _wrote(text)
         else:
-            reader, content = _reader(), _content(text)
-            for name in set((os.path.abspath(text), os.path.realpath(text))):
-                if _inside(name):
-                    _note_once(("read", name, reader, content), ("read", reader))
+            reader = _reader()
+            content, name = _content(text, reader), os.path.abspath(text)
+            for path in set((name, os.path.realpath(text))):
+                if _inside(path):
+                    link = () if path == name else ("target",)
+                    _note_once(("read", path, reader, content) + link, ("read", reader))
     except Exception:  # noqa: BLE001
         pass
 
@@ -234,12 +239,12 @@ def _reader():
     return ""
 
 
-def _content(path):
-    """A regular file's size and the SHA-256 of its first 16 MiB as it is opened ("" if it
-    cannot be read), cached by its status (its change time moves with any write, and no call
-    sets it): a test that reads another file's content than the reference run's test did (its
-    ``open`` redirected, its folder changed, the file rewritten for the run and put back) reads
-    other expectations (red team, 2026-12-07)."""
+def _content(path, reader):
+    """A regular file's size and SHA-256 as it is opened (its size alone past 1 GiB; "" if
+    it cannot be read), cached by its status (its change time moves with any write, rename or
+    link, and no call sets it): a test that reads another file's content than the reference
+    run's test did (its ``open`` redirected, its folder changed, the file rewritten for the run
+    and put back) reads other expectations (red team, 2026-12-07)."""
     ident, sha256 = _thread_id(), _state["sha256"]
     _state["hashing"].add(ident)  # the file opened here is no read of the run's
     try:
@@ -251,19 +256,38 @@ def _content(path):
         if key not in _state["contents"]:
             digest, fd = sha256(), os.open(path, os.O_RDONLY)
             try:
-                for _ in range(16):
+                for _ in range(1024):
                     chunk = os.read(fd, 1 << 20)
                     if not chunk:
                         break
                     digest.update(chunk)
+                whole = not os.read(fd, 1)
             finally:
                 os.close(fd)
-            _state["contents"][key] = "%d:%s" % (status.st_size, digest.hexdigest())
+            hexdigest = digest.hexdigest() if whole else ""
+            _state["contents"][key] = "%d:%s" % (status.st_size, hexdigest)
+        _state["hashed"][(os.path.abspath(path), reader)] = key
         return _state["contents"][key]
     except Exception:  # noqa: BLE001
         return ""
     finally:
         _state["hashing"].discard(ident)
+
+
+def _recheck():
+    """Each file read and hashed, looked at again as a session ends and as the process
+    exits: one renamed, linked or written since its reader last read it (its status moved)
+    may have been other content when the reader read it than when it was hashed (another
+    process renamed a copy over it for the read and put it back: red team, 2026-12-08)."""
+    for (path, reader), key in list(_state["hashed"].items()):
+        try:
+            status = os.stat(path)
+            now = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+            now += (status.st_ctime_ns,)
+        except Exception:  # noqa: BLE001 (gone)
+            now = None
+        if now != key:
+            _note_once(("changed", path, reader))
 
 
 def _hashlib():
@@ -333,6 +357,12 @@ def start():
     _append(("start", os.getpid(), list(getattr(sys, "orig_argv", sys.argv) or [])))
     sys.meta_path.insert(0, _Watch())
     _state["sha256"] = _hashlib()
+    try:
+        import atexit  # built in: no path is searched
+
+        atexit.register(_recheck)
+    except Exception:  # noqa: BLE001
+        pass
     if hasattr(sys, "addaudithook"):
         sys.addaudithook(_audit)
 
@@ -438,6 +468,7 @@ def pytest_sessionfinish(session, exitstatus):
     sid = getattr(session.config, "_thundersync_witness_sid", None)
     if sid is not None:
         _runners.report(sid, _inside, _append)
+        _recheck()
         _append(("finish", sid, int(exitstatus)))
 
 

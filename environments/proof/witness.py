@@ -32,13 +32,14 @@ import ast
 import posixpath
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from environments.proof.watch import SENTINEL, Witness
 from environments.sandboxes.protocol import Sandbox, own
 
-VERSION = 12
+VERSION = 13
 """Bumped whenever what the witness records or the proof's rule changes (cached reference
 runs are keyed by it)."""
 MAX_RECORD_FILES = 256
@@ -187,7 +188,11 @@ class Observation:
     written: set[str] = field(default_factory=set)
     """The work folder's files (relative) the run wrote."""
     contents: set[tuple[str, str, str]] = field(default_factory=set)
-    """``(file, reader, content)``: each of ``reads`` with what the file held as it was read."""
+    """``(file, reader, content)``: each of ``reads`` by the name it was opened by (not a link's
+    target) with what the file held as it was read."""
+    changed: set[tuple[str, str]] = field(default_factory=set)
+    """``(file, reader)``: the work folder's files read, then renamed, linked or written during
+    the run after the reader last read them."""
     problem: str | None = None
     """Why the records cannot be trusted (removed, changed, too many): contradicts any pass."""
     work_changed: frozenset[str] = frozenset()
@@ -216,7 +221,7 @@ class Observation:
             self.work_changed,
             frozenset(self.defined),
             frozenset(self.reads),
-            frozenset(self.written),
+            frozenset(self.written | {path for path, _ in self.changed}),
             frozenset(self.contents),
         )
 
@@ -304,12 +309,17 @@ def _take(observation: Observation, line: str, workdir: str) -> None:
         relative = work_relative(record[1], workdir)
         if relative is not None:
             (observation.defined if kind == "defined" else observation.written).add(relative)
-    elif kind == "read" and len(record) in (3, 4) and all(isinstance(f, str) for f in record[1:]):
+    elif kind == "read" and len(record) in (4, 5) and all(isinstance(f, str) for f in record[1:]):
         path, reader = work_relative(record[1], workdir), record[2]
         if path is not None:
             reader = work_relative(reader, workdir) or reader
             observation.reads.add((path, reader))
-            observation.contents.add((path, reader, record[3] if len(record) == 4 else ""))
+            if len(record) == 4:  # by its name: what the test opened (a link's target is not)
+                observation.contents.add((path, reader, record[3]))
+    elif kind == "changed" and len(record) == 3 and all(isinstance(f, str) for f in record[1:]):
+        path = work_relative(record[1], workdir)
+        if path is not None:
+            observation.changed.add((path, work_relative(record[2], workdir) or record[2]))
 
 
 def _plain(value: object) -> bool:
@@ -416,12 +426,27 @@ def contradictions(
     return sorted(reasons)
 
 
+def outputs_read(observation: Observation, before: Callable[[str], str | None]) -> set[str]:
+    """The files the run's code read with other content than the work folder held as the
+    tests began (``before``: a file's sha256 then, or None): what the run made (a report a
+    shell script writes, which a test reads and then removes; one that names the date), not
+    the task's expectations, though no write of Python's showed it (red team, 2026-12-08)."""
+    made = set()
+    for path, _, content in observation.contents:
+        digest = content.partition(":")[2]
+        if digest and before(path) != digest:
+            made.add(path)
+    return made
+
+
 def _reread(
     observation: Observation, reference: Reference, workdir: str, *, full_pass: bool
 ) -> set[str]:
     """Why the tests' reads of the task's files contradict a pass: the expectations the
     reference run's tests read (an ``expected.json``), read there with other content (the file
-    rewritten for the run and put back, a link swapped), or, for a full pass, not read at all
+    rewritten for the run and put back, a link swapped), changed after the read (a copy renamed
+    over it for the read by another process and the file put back), or, for a full pass, not
+    read at all
     (``open`` redirected to a planted copy, a ``chdir`` to another folder: red team,
     2026-12-07). A partial pass may stop before a read; the content it reads must still be the
     task's."""
@@ -429,6 +454,11 @@ def _reread(
     for (path, reader), contents in sorted(reference.test_reads().items()):
         seen = {c for p, r, c in observation.contents if (p, r) == (path, reader)}
         where, by = posixpath.join(workdir, path), posixpath.join(workdir, reader)
+        if (path, reader) in observation.changed:
+            reasons.add(
+                f"{where}: renamed, linked or written while the tests ran, after they read it "
+                "(the reference solution's run leaves it be): what they read cannot be known"
+            )
         if seen - contents:
             reasons.add(
                 f"{where}: the tests ({by}) read other content there than the reference "

@@ -316,6 +316,9 @@ class TerminalBenchTask(TaskDefinition):
                 )
                 seen.launcher = self._python_named(pristine)
                 seen.written |= _written(target, workdir, tmp, agent_work) or set()
+                seen.written |= witness.outputs_read(
+                    seen, lambda path: agent_work.file_digest(path, workdir)
+                )
             elif held and seen is not None and grade.reward > 0:
                 after = _written(target, workdir, tmp, agent_work)
                 if after is None:

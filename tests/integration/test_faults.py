@@ -9,6 +9,7 @@ its pid; the shared daemon is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -246,8 +247,30 @@ def second_daemon() -> Iterator[Daemon]:
     finally:
         daemon.stop()
         log.close()
+        reap_shims(root)
         disk.unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def reap_shims(root: Path) -> None:
+    """Kill, by pid, what the daemon left behind: a container's shim outlives a daemon stopped
+    under it (this test's point), with the container's processes below it."""
+    shims = processes_with(f"{root}/")
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    doomed, todo = [], list(shims)
+    while todo:
+        pid = todo.pop()
+        doomed.append(pid)
+        todo.extend(children.get(pid, []))
+    for pid in reversed(doomed):  # the container's processes first, then their shim
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _pings(host: str) -> bool:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from environments import work
 from environments.proof import watch, witness
 from tests.unit.environments.proof.test_witness import HostShell, watched_run
 
@@ -119,6 +120,8 @@ def test_what_the_test_code_reads_is_held_and_what_the_run_writes_is_not(
     assert {("settings.cfg", "helpers.py"), ("main.c", "test_task.py")} <= reference.reads
     assert reference.written == {"stale.txt"}
     assert reference.test_files() == {"test_task.py", "expected.txt", "data/expected.txt"}
+    # what the test opened, by its name: the link's target is held, not read again by name
+    assert set(reference.test_reads()) == {("expected.txt", "test_task.py")}
 
 
 def test_a_non_code_file_a_test_id_names_is_held() -> None:
@@ -214,3 +217,64 @@ def test_what_a_test_reads_is_recorded_with_its_content_which_a_planted_hashlib_
     digest = hashlib.sha256(b'{"sum": 5}').hexdigest()
     reference = witness.observe(shell, seen).reference()
     assert reference.test_reads() == {("expected.json", "test_task.py"): {f"10:{digest}"}}
+
+
+def test_a_file_changed_after_the_tests_read_it_contradicts_a_pass(tmp_path: Path) -> None:
+    """A copy renamed over ``expected.json`` for the test's read and the file put back
+    leaves its content as it was but not its status: the witness looks at each file it
+    hashed again as the session ends (another process won that race 3 times in 5 against a
+    hash taken by path before the open: red team, 2026-12-08). In the reference run such a
+    file is the run's output."""
+    work = tmp_path / "app"
+    work.mkdir()
+    (work / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (work / "expected.json").write_text('{"sum": 5}')
+    swapped = READS.split("\n\n\ndef test_more")[0] + (
+        "\n    import os, shutil\n    shutil.copy('expected.json', 'kept.json')\n"
+        "    os.replace('kept.json', 'expected.json')\n"
+    )
+    code, seen = watched_run(tmp_path, swapped)
+    assert code == 0
+    observed = witness.observe(HostShell(), seen)
+    assert observed.changed == {("expected.json", "test_task.py")}
+    assert "expected.json" in observed.reference().written  # the run's own, there
+    digest = hashlib.sha256(b'{"sum": 5}').hexdigest()
+    standard = witness.Reference(
+        observed.passed(),
+        frozenset(observed.loads),
+        defined=frozenset(observed.defined),
+        reads=frozenset(observed.reads),
+        contents=frozenset({("expected.json", "test_task.py", f"10:{digest}")}),
+    )
+    assert observed.contents >= standard.contents  # the same content was read
+    reasons = witness.contradictions(
+        observed, full_pass=True, reference=standard, workdir=str(work)
+    )
+    assert any("renamed, linked or written while the tests ran" in r for r in reasons), reasons
+
+
+def test_what_the_run_made_before_its_tests_read_it_is_its_output() -> None:
+    """A file the tests read with other content than the work folder held as they began (or
+    none there) is the run's output: a report a shell script writes and a test removes, one
+    that names the date (each made the reference solution's own tests \"read other content\":
+    red team, 2026-12-08). A file too large to hash is judged by nothing here."""
+    observed = witness.Observation(
+        contents={
+            ("expected.json", "test_task.py", "2:aa"),
+            ("config/active.json", "test_task.py", "2:aa"),
+            ("report.txt", "test_task.py", "3:bb"),
+            ("huge.bin", "test_task.py", "9:"),
+        }
+    )
+    tree = work.WorkTree(
+        Path("unused.tar"),
+        {
+            "expected.json": work.Entry("file", "aa"),
+            "config": work.Entry("dir", ""),
+            "config/active.json": work.Entry("link", "/app/config/prod.json"),
+            "config/prod.json": work.Entry("file", "aa"),
+            "report.txt": work.Entry("file", "cc"),
+        },
+    )
+    assert witness.outputs_read(observed, lambda p: tree.file_digest(p, "/app")) == {"report.txt"}
+    assert tree.file_digest("config/active.json", "/srv") is None  # its target is elsewhere
