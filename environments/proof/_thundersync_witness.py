@@ -241,16 +241,17 @@ def _reader():
 
 def _content(path, reader):
     """A regular file's size and SHA-256 as it is opened (its size alone past 1 GiB; "" if
-    it cannot be read), cached by its status (its change time moves with any write, rename or
-    link, and no call sets it): a test that reads another file's content than the reference
-    run's test did (its ``open`` redirected, its folder changed, the file rewritten for the run
-    and put back) reads other expectations (red team, 2026-12-07)."""
+    it cannot be read), cached per reader by its status (its change time moves with any write,
+    rename or link, and no call sets it; a write through a shared mapping moves nothing, so a
+    reader's first read of it is hashed afresh: red team, 2026-12-08): a test that reads
+    another file's content than the reference run's test did (its ``open`` redirected, its
+    folder changed, the file rewritten for the run and put back) reads other expectations."""
     ident, sha256 = _thread_id(), _state["sha256"]
     _state["hashing"].add(ident)  # the file opened here is no read of the run's
     try:
         status = os.stat(path)
         key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-        key += (status.st_ctime_ns,)
+        key += (status.st_ctime_ns, reader)
         if sha256 is None or status.st_mode & 0o170000 != 0o100000:  # no FIFO: it would block
             return ""
         if key not in _state["contents"]:
@@ -283,11 +284,11 @@ def _recheck():
         try:
             status = os.stat(path)
             now = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-            now += (status.st_ctime_ns,)
+            now += (status.st_ctime_ns, reader)
         except Exception:  # noqa: BLE001 (gone)
             now = None
         if now != key:
-            _note_once(("changed", path, reader))
+            _note_once(("changed", path, reader), ("changed", reader))
 
 
 def _hashlib():

@@ -456,8 +456,9 @@ def _reread(
         where, by = posixpath.join(workdir, path), posixpath.join(workdir, reader)
         if (path, reader) in observation.changed:
             reasons.add(
-                f"{where}: renamed, linked or written while the tests ran, after they read it "
-                "(the reference solution's run leaves it be): what they read cannot be known"
+                f"{where}: changed on disk while the tests ran, after they read it (renamed, "
+                "linked, written, or its mode or owner changed; the reference solution's run "
+                "leaves it be): what they read cannot be known"
             )
         if seen - contents:
             reasons.add(

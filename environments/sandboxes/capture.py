@@ -82,19 +82,14 @@ def read_fd_until(fd: int, capture: OutputCapture, deadline: float) -> bool:
 
 
 def read_docker_frames_until(sock: Any, capture: OutputCapture, deadline: float) -> bool:
-    """Demultiplex Docker's framed exec stream into ``capture`` until EOF (True) or deadline."""
+    """Demultiplex Docker's framed exec stream into ``capture`` until EOF (True) or deadline:
+    first what the HTTP client already read past the response's headers (``_buffered``),
+    then the socket."""
     raw = getattr(sock, "_sock", sock)
     pending = b""
     need = 0  # payload bytes left in the current frame
+    chunk = _buffered(sock)
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        if not readable([raw.fileno()], min(remaining, 0.25)):
-            continue
-        chunk = raw.recv(READ_CHUNK_BYTES)
-        if not chunk:
-            return True
         data = pending + chunk
         pending = b""
         while data:
@@ -109,3 +104,32 @@ def read_docker_frames_until(sock: Any, capture: OutputCapture, deadline: float)
             else:
                 need = int.from_bytes(data[4:8], "big")
                 data = data[8:]
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        chunk = b""
+        if readable([raw.fileno()], min(remaining, 0.25)):
+            chunk = raw.recv(READ_CHUNK_BYTES)
+            if not chunk:
+                return True
+
+
+def _buffered(sock: Any) -> bytes:
+    """The stream's bytes the HTTP client read past the response's headers into its buffer,
+    which a read from the socket never sees: docker-py hands back the socket below the
+    response's buffered reader (``response.raw._fp.fp``), and where the exec's output came
+    with the headers (a short command on a loaded machine) it was lost. Under load, 4 of
+    1,000 execs came back empty or short this way (``cat reward.txt``: a reward of 0 for a
+    passing run; the witness's records taken for removed: 2026-12-08)."""
+    reader = getattr(getattr(getattr(sock, "_response", None), "raw", None), "_fp", None)
+    buffered, raw = getattr(reader, "fp", None), getattr(sock, "_sock", None)
+    if buffered is None or not hasattr(buffered, "read1") or raw is None:
+        return b""
+    timeout = raw.gettimeout()
+    raw.setblocking(False)  # the buffer's bytes, or what the socket holds now: never a wait
+    try:
+        return buffered.read1(READ_CHUNK_BYTES) or b""
+    except OSError:
+        return b""
+    finally:
+        raw.settimeout(timeout)

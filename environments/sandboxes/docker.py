@@ -12,7 +12,9 @@ grader's commands) and, when the command ends, SIGKILLs every other process in t
 (so background jobs and ``setsid`` daemons never outlive their call, as in the bubblewrap
 sandbox). A host-side deadline backs this up: if the exec has not ended shortly after its
 timeout, or the container died (``kill -9 -1`` kills its ``sleep``), the container is killed
-and restarted; its files persist.
+and restarted; its files persist. The exec's output is its framed stream, read from what the
+SDK's HTTP reader buffered past the upgrade's headers first (``capture._buffered``: under load a
+short command's whole output came with them, and was lost), then its exit status.
 
 Paths given to ``upload``/``download`` are container paths (relative ones are relative to
 ``workdir``); the container is its own filesystem, so unlike bubblewrap any path is allowed.
@@ -53,6 +55,7 @@ from environments.sandboxes.docker_daemon import (
     API_TIMEOUT_S,
     daemon_client,
     exec_bounded,
+    exec_status,
     make_workspace_volume,
     restart_failure,
 )
@@ -240,7 +243,7 @@ class DockerSandbox:
             exec_id, text = exec_bounded(self._client, self._container.id, argv, until)
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
-        return (self._exit_code(exec_id)[0] if exec_id else None), text
+        return (exec_status(self._client, exec_id, self.marker)[0] if exec_id else None), text
 
     def _restart(self) -> None:
         """Kill every process by restarting the container (its files persist). The daemon's
@@ -341,7 +344,7 @@ class DockerSandbox:
         finally:
             sock.close()
         duration = time.monotonic() - start
-        code, started = self._exit_code(exec_id) if ended else (None, True)
+        code, started = exec_status(self._client, exec_id, self.marker) if ended else (None, True)
         if not ended:
             self._restart()
         timed_out = not ended or (code == 137 and duration >= timeout - 0.05)
@@ -392,17 +395,6 @@ class DockerSandbox:
         except Exception as exc:
             raise SandboxError(f"container {self.marker}: cannot exec: {exc}") from exc
         return created["Id"]
-
-    def _exit_code(self, exec_id: str) -> tuple[int | None, bool]:
-        for _ in range(50):
-            try:
-                info = self._client.api.exec_inspect(exec_id)
-            except Exception as exc:
-                raise SandboxError(f"container {self.marker}: exec lost: {exc}") from exc
-            if not info.get("Running"):
-                return info.get("ExitCode"), bool(info.get("Pid"))
-            time.sleep(0.02)
-        return None, True
 
     def upload(self, src: Path, dst: str) -> None:
         """Copy a host file or folder to container path ``dst`` (its full new name)."""

@@ -1,11 +1,12 @@
 """The Docker daemon as the sandboxes reach it: whether one answers, a client of it, a bounded
-exec, and a sandbox's workspace disk served by it as a volume."""
+exec and an ended exec's status, and a sandbox's workspace disk served by it as a volume."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,6 +17,9 @@ from environments.sandboxes.protocol import AgentBrokeSandbox, SandboxError
 EXEC_BOUNDED_BYTES = 4096
 """The most of an ``exec_bounded`` command's output kept."""
 
+EXIT_WAIT_S = 10.0
+"""How long an exec whose output has ended may still be reported running (over a second on a
+loaded machine, where one second was once allowed)."""
 LOCAL_DAEMON_URL = "http+docker://localhost"  # the SDK's base_url for a unix:// socket
 API_TIMEOUT_S = 300
 
@@ -129,3 +133,20 @@ def exec_bounded(
     finally:
         sock.close()
     return (made["Id"] if ended else None), capture.text()[0]
+
+
+def exec_status(client: Any, exec_id: str, marker: str) -> tuple[int | None, bool]:
+    """An exec's exit status once its output has ended (None: still reported running after
+    ``EXIT_WAIT_S``), and whether it started (the runtime gave it a pid)."""
+    deadline, pause = time.monotonic() + EXIT_WAIT_S, 0.01
+    while True:
+        try:
+            info = client.api.exec_inspect(exec_id)
+        except Exception as exc:
+            raise SandboxError(f"container {marker}: exec lost: {exc}") from exc
+        if not info.get("Running"):
+            return info.get("ExitCode"), bool(info.get("Pid"))
+        if time.monotonic() >= deadline:
+            return None, True
+        time.sleep(pause)
+        pause = min(2 * pause, 0.2)
