@@ -46,6 +46,25 @@ def reference_of(
     return witness.observe(HostShell(), seen).reference()
 
 
+def run_in_shell(tmp_path: Path, test_source: str, before: str, command: str) -> watch.Witness:
+    """``test_task.py`` run by ``command`` in the work folder from a clean environment, with
+    ``before`` (shell) ahead of the witness's exports; it must pass."""
+    work = tmp_path / "app"
+    seen = watch.prepare(HostShell(), str(tmp_path / "logs" / "verifier"), str(work))
+    (work / "test_task.py").write_text(test_source)
+    done = subprocess.run(
+        f"{before} && {seen.exports({})} && {command}",
+        shell=True,
+        cwd=work,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return seen
+
+
 def test_a_base_class_in_a_helper_module_makes_it_a_test_file(tmp_path: Path) -> None:
     """``tests.py`` holds no test code; ``cases.py``'s base class does. Emptying its assert
     scored 1: the test ids name ``test_task`` alone."""
@@ -148,23 +167,14 @@ def test_a_run_that_sets_its_own_pythonpath_is_still_watched(tmp_path: Path) -> 
         "import unittest\n\nimport users_package\n\n\nclass T(unittest.TestCase):\n"
         "    def test_ok(self):\n        self.assertEqual(users_package.VALUE, 7)\n"
     )
-    work = tmp_path / "app"
-    work.mkdir()
-    shell = HostShell()
-    seen = watch.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
-    (work / "test_task.py").write_text(source)
-    done = subprocess.run(
-        f"export PYTHONUSERBASE={tmp_path / 'own'} && {seen.exports({})} && "
+    (tmp_path / "app").mkdir()
+    seen = run_in_shell(
+        tmp_path,
+        source,
+        f"export PYTHONUSERBASE={tmp_path / 'own'}",
         f"PYTHONPATH=src {python} -m unittest test_task",
-        shell=True,
-        cwd=work,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    observed = witness.observe(shell, seen)
+    observed = witness.observe(HostShell(), seen)
     assert observed.processes == 1
     assert observed.passed() == {"unittest:test_task.T.test_ok"}
 
@@ -200,22 +210,14 @@ def test_what_a_test_reads_is_recorded_with_its_content_which_a_planted_hashlib_
         "class sha256:\n    def update(self, data):\n        pass\n\n"
         "    def hexdigest(self):\n        return 'forged'\n"
     )
-    shell = HostShell()
-    seen = watch.prepare(shell, str(tmp_path / "logs" / "verifier"), str(work))
-    (work / "test_task.py").write_text(READS.split("\n\n\ndef test_more")[0] + "\n")
-    done = subprocess.run(
-        f"export PYTHONPATH={work} && {seen.exports({})} && "
+    seen = run_in_shell(
+        tmp_path,
+        READS.split("\n\n\ndef test_more")[0] + "\n",
+        f"export PYTHONPATH={work}",
         f"{sys.executable} -m pytest -q -p no:cacheprovider test_task.py",
-        shell=True,
-        cwd=work,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     digest = hashlib.sha256(b'{"sum": 5}').hexdigest()
-    reference = witness.observe(shell, seen).reference()
+    reference = witness.observe(HostShell(), seen).reference()
     assert reference.test_reads() == {("expected.json", "test_task.py"): {f"10:{digest}"}}
 
 
