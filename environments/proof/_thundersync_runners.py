@@ -117,10 +117,9 @@ def report(sid, inside, append):
 def record_unittest(cls, append, new_session, defined, inside, ending):
     """``unittest.result.TestResult`` (``cls``) made to record, through the witness's
     ``append``, each run's start (``new_session()`` names it) and end (with ``report``, after
-    ``ending()``) and each
-    test's outcome, with its one-line description (its docstring's first line, which a verbose
-    runner prints in place of its name: ``test_x (module.Class)\\nWhat it checks ... ok``) and
-    its method's file (``defined``)."""
+    ``ending()``) and each test's outcome, with its one-line description (its docstring's
+    first line, which a verbose runner prints in place of its name: ``test_x
+    (module.Class)\\nWhat it checks ... ok``) and its method's file (``defined``)."""
     outcomes = {
         "addSuccess": "passed",
         "addFailure": "failed",

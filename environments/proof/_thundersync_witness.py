@@ -178,14 +178,14 @@ def _audit(event, args):
     """Files under the work folder opened: a code file read by an import is a load (a test may
     read the agent's source as data: not one); any other file read is a read, and one written
     (or renamed into place) a write."""
-    if not _WORK or _thread_id() in _state["hashing"]:
+    if not _WORK:
         return
     try:
         if event in ("os.rename", "os.replace"):
             _wrote(args[1])
             return
-        if event != "open":
-            return
+        if event != "open" or _thread_id() in _state["hashing"]:
+            return  # (``_content``'s own open of the file it hashes: no read of the run's)
         path, mode, flags = args[0], args[1], args[2]
         if isinstance(path, int):
             return
@@ -247,13 +247,12 @@ def _content(path, reader):
     another file's content than the reference run's test did (its ``open`` redirected, its
     folder changed, the file rewritten for the run and put back) reads other expectations."""
     ident, sha256 = _thread_id(), _state["sha256"]
-    _state["hashing"].add(ident)  # the file opened here is no read of the run's
+    _state["hashing"].add(ident)
     try:
         status = os.stat(path)
-        key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-        key += (status.st_ctime_ns, reader)
         if sha256 is None or status.st_mode & 0o170000 != 0o100000:  # no FIFO: it would block
             return ""
+        key = (_status(status), reader)
         if key not in _state["contents"]:
             digest, fd = sha256(), os.open(path, os.O_RDONLY)
             try:
@@ -267,7 +266,7 @@ def _content(path, reader):
                 os.close(fd)
             hexdigest = digest.hexdigest() if whole else ""
             _state["contents"][key] = "%d:%s" % (status.st_size, hexdigest)
-        _state["hashed"][(os.path.abspath(path), reader)] = key
+        _state["hashed"][(os.path.abspath(path), reader)] = key[0]
         return _state["contents"][key]
     except Exception:  # noqa: BLE001
         return ""
@@ -280,15 +279,17 @@ def _recheck():
     exits: one renamed, linked or written since its reader last read it (its status moved)
     may have been other content when the reader read it than when it was hashed (another
     process renamed a copy over it for the read and put it back: red team, 2026-12-08)."""
-    for (path, reader), key in list(_state["hashed"].items()):
+    for (path, reader), then in list(_state["hashed"].items()):
         try:
-            status = os.stat(path)
-            now = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-            now += (status.st_ctime_ns, reader)
+            now = _status(os.stat(path))
         except Exception:  # noqa: BLE001 (gone)
             now = None
-        if now != key:
+        if now != then:
             _note_once(("changed", path, reader), ("changed", reader))
+
+
+def _status(status):
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
 
 
 def _hashlib():

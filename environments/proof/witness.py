@@ -118,25 +118,26 @@ class Reference:
         configuration, a template, ``.env``) is its own: an honest fix may edit it instead of
         the code (red team, 2026-12-07). Code the tests merely call (an assertion helper, a
         constants module) is not held either: docs/grading.md."""
-        held = self._named() | self.defined
-        readers = self._readers(held)
-        data = {p for p, r in self.reads if r in readers and not p.endswith(_SOURCES)}
-        return frozenset((held | data) - self.solution_changed - self.written)
+        return self._held()[0]
 
     def test_reads(self) -> dict[tuple[str, str], frozenset[str]]:
         """``(test file, reader)`` → the contents the test code (``reader``: a test file, a
         conftest, code outside the work folder) read there: the expectations a graded run's
         tests must read again, the same (``contradictions``)."""
-        held = self.test_files()
-        readers = self._readers(self._named() | self.defined)
+        held, readers = self._held()
         seen: dict[tuple[str, str], set[str]] = {}
         for path, reader, content in self.contents:
             if path in held and reader in readers:
                 seen.setdefault((path, reader), set()).add(content)
         return {read: frozenset(contents) for read, contents in seen.items()}
 
-    def _readers(self, held: set[str]) -> set[str]:
-        return held | {r for _, r in self.reads if r.startswith("/") or _conftest(r)}
+    def _held(self) -> tuple[frozenset[str], set[str]]:
+        """``test_files``, and the test code that reads: those files, a conftest, code
+        outside the work folder."""
+        code = self._named() | self.defined
+        readers = code | {r for _, r in self.reads if r.startswith("/") or _conftest(r)}
+        data = {p for p, r in self.reads if r in readers and not p.endswith(_SOURCES)}
+        return frozenset((code | data) - self.solution_changed - self.written), readers
 
     def _named(self) -> set[str]:
         held = set()
@@ -446,10 +447,9 @@ def _reread(
     reference run's tests read (an ``expected.json``), read there with other content (the file
     rewritten for the run and put back, a link swapped), changed after the read (a copy renamed
     over it for the read by another process and the file put back), or, for a full pass, not
-    read at all
-    (``open`` redirected to a planted copy, a ``chdir`` to another folder: red team,
-    2026-12-07). A partial pass may stop before a read; the content it reads must still be the
-    task's."""
+    read at all (``open`` redirected to a planted copy, a ``chdir`` to another folder: red
+    team, 2026-12-07). A partial pass may stop before a read; the content it reads must still
+    be the task's."""
     reasons = set()
     for (path, reader), contents in sorted(reference.test_reads().items()):
         seen = {c for p, r, c in observation.contents if (p, r) == (path, reader)}
